@@ -1,0 +1,181 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace attnres {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::BF16: return 2;
+    case DType::I32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::BF16: return "BF16";
+    case DType::I32: return "I32";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& name) {
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::I32})
+    if (name == dtype_name(t)) return t;
+  fail("unsupported dtype '", name, "'");
+}
+
+const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    ATTNRES_CHECK(d >= 0, "negative dimension in shape ", shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (device != Device::CPU)
+    fail("cannot allocate ", bytes, " bytes on ", device_name(device),
+         ": the CUDA backend does not allocate through core::Storage yet");
+  // aligned_alloc needs a size that is a multiple of the alignment.
+  size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (!data_) fail("out of host memory allocating ", bytes, " bytes");
+}
+
+Storage::~Storage() { std::free(data_); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero_();
+  return t;
+}
+
+template <typename T>
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
+  Tensor t = empty(shape, dtype_of<T>());
+  ATTNRES_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "from_vector: ", values.size(),
+                " values for shape ", shape_str(shape));
+  std::memcpy(t.raw(), values.data(), t.nbytes());
+  return t;
+}
+template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&);
+template Tensor Tensor::from_vector<double>(const std::vector<double>&, const Shape&);
+template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&);
+
+int64_t Tensor::dim(int i) const {
+  int n = ndim();
+  if (i < 0) i += n;
+  ATTNRES_CHECK(i >= 0 && i < n, "dim ", i, " of a tensor with shape ", shape_str(shape_));
+  return shape_[i];
+}
+
+void* Tensor::raw() const {
+  ATTNRES_CHECK(defined(), "raw() of an undefined tensor");
+  return static_cast<char*>(storage_->data()) + offset_bytes_;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  ATTNRES_CHECK(shape_numel(shape) == numel_, "reshape ", shape_str(shape_), " -> ",
+                shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t count) const {
+  ATTNRES_CHECK(ndim() >= 1 && begin >= 0 && count >= 0 && begin + count <= shape_[0],
+                "rows(", begin, ", ", count, ") of ", shape_str(shape_));
+  int64_t row_elems = shape_[0] == 0 ? 0 : numel_ / shape_[0];
+  Tensor t = *this;
+  t.shape_[0] = count;
+  t.numel_ = count * row_elems;
+  t.offset_bytes_ += static_cast<size_t>(begin * row_elems) * dtype_size(dtype_);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device_);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  ATTNRES_CHECK(is_cpu(), "to(dtype) is a host conversion");
+  if (dtype == dtype_) return clone();
+  Tensor t = empty(shape_, dtype, device_);
+  auto convert = [&](auto* dst) {
+    using D = std::remove_pointer_t<decltype(dst)>;
+    switch (dtype_) {
+      case DType::F32: { const float* s = data<float>(); for (int64_t i = 0; i < numel_; ++i) dst[i] = static_cast<D>(s[i]); break; }
+      case DType::F64: { const double* s = data<double>(); for (int64_t i = 0; i < numel_; ++i) dst[i] = static_cast<D>(s[i]); break; }
+      case DType::I32: { const int32_t* s = data<int32_t>(); for (int64_t i = 0; i < numel_; ++i) dst[i] = static_cast<D>(s[i]); break; }
+      default: fail("to(): unsupported source dtype ", dtype_name(dtype_));
+    }
+  };
+  switch (dtype) {
+    case DType::F32: convert(t.data<float>()); break;
+    case DType::F64: convert(t.data<double>()); break;
+    case DType::I32: convert(t.data<int32_t>()); break;
+    default: fail("to(): unsupported target dtype ", dtype_name(dtype));
+  }
+  return t;
+}
+
+void Tensor::zero_() {
+  ATTNRES_CHECK(is_cpu(), "zero_() on ", device_name(device_), " needs the CUDA backend");
+  std::memset(raw(), 0, nbytes());
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  ATTNRES_CHECK(src.numel_ == numel_ && src.dtype_ == dtype_, "copy_from ", src.describe(),
+                " into ", describe());
+  ATTNRES_CHECK(is_cpu() && src.is_cpu(), "copy_from across devices needs the CUDA backend");
+  std::memmove(raw(), src.raw(), nbytes());
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "undefined tensor";
+  return detail::concat(dtype_name(dtype_), shape_str(shape_), " ", device_name(device_));
+}
+
+void check_shape(const Tensor& t, const Shape& expected, const char* what) {
+  ATTNRES_CHECK(t.defined(), what, " is undefined, expected shape ", shape_str(expected));
+  if (t.shape() != expected)
+    fail(what, ": expected shape ", shape_str(expected), ", got ", shape_str(t.shape()));
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* what) {
+  if (a.dtype() != b.dtype())
+    fail(what, ": dtype mismatch ", dtype_name(a.dtype()), " vs ", dtype_name(b.dtype()));
+}
+
+}  // namespace attnres

@@ -1,0 +1,19 @@
+// AdamW with PyTorch semantics (MODEL.md section 4), one tensor at a time.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace attnres::kernels {
+
+struct AdamWStep {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t t;  // 1-based step number, for bias correction
+};
+
+// p *= (1 - lr*wd) if decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). p, g, m, v same shape.
+void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& step,
+                  bool decay);
+
+}  // namespace attnres::kernels

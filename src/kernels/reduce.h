@@ -1,0 +1,17 @@
+// Reductions and elementwise helpers: global grad norm, residual adds.
+#pragma once
+#include "core/tensor.h"
+
+namespace attnres::kernels {
+
+// sum(x^2) accumulated in double in a fixed order (fixed-size blocks, blocks
+// summed serially), so the result does not depend on the thread count.
+double sum_squares(const Tensor& x);
+
+void scale_(Tensor& x, double s);                          // x *= s
+void add_(Tensor& y, const Tensor& x);                     // y += x
+void add(Tensor& out, const Tensor& a, const Tensor& b);   // out = a + b
+// True if every element is finite.
+bool all_finite(const Tensor& x);
+
+}  // namespace attnres::kernels

@@ -1,0 +1,88 @@
+// Shared test utilities: random tensors, finite differences, comparisons.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace attnres::testing {
+
+// Fill with N(0, stddev) (never zeros), deterministic in `seed`.
+inline void fill_normal(Tensor& t, uint64_t seed, double stddev = 1.0) {
+  auto fill = [&](auto* p) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      p[i] = static_cast<std::remove_pointer_t<decltype(p)>>(stddev * random_normal(seed, 7, i));
+  };
+  if (t.dtype() == DType::F32) fill(t.data<float>());
+  else if (t.dtype() == DType::F64) fill(t.data<double>());
+  else throw Error("fill_normal: float tensors only");
+}
+
+inline Tensor randn(const Shape& shape, uint64_t seed, DType dtype = DType::F64, double stddev = 1.0) {
+  Tensor t = Tensor::empty(shape, dtype);
+  fill_normal(t, seed, stddev);
+  return t;
+}
+
+// Random token ids in [0, vocab).
+inline Tensor random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Tensor t = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i)
+    t.data<int32_t>()[i] = static_cast<int32_t>(random_u64(seed, 11, i) % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+// Value of element i as double, whatever the float dtype.
+inline double at(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::F32 ? t.data<float>()[i] : t.data<double>()[i];
+}
+inline void set(Tensor& t, int64_t i, double v) {
+  if (t.dtype() == DType::F32) t.data<float>()[i] = static_cast<float>(v);
+  else t.data<double>()[i] = v;
+}
+
+// Largest |a-b| / max(|a|, |b|, floor) over all elements.
+inline double max_rel_diff(const Tensor& a, const Tensor& b, double floor = 1e-6) {
+  if (a.numel() != b.numel()) return INFINITY;
+  double worst = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double x = at(a, i), y = at(b, i);
+    double d = std::fabs(x - y) / std::max({std::fabs(x), std::fabs(y), floor});
+    if (!(d <= worst)) worst = d;  // NaN-propagating max
+  }
+  return worst;
+}
+
+// Central finite difference of scalar loss() w.r.t. every element of x (F64),
+// compared with `analytic`. Returns the worst relative error, with an absolute
+// floor so elements with tiny gradients don't dominate.
+inline double fd_check(Tensor& x, const Tensor& analytic, const std::function<double()>& loss,
+                       double h = 1e-6, double floor = 1e-7) {
+  double worst = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double orig = at(x, i);
+    set(x, i, orig + h);
+    double lp = loss();
+    set(x, i, orig - h);
+    double lm = loss();
+    set(x, i, orig);
+    double num = (lp - lm) / (2 * h);
+    double ana = at(analytic, i);
+    double d = std::fabs(num - ana) / std::max({std::fabs(num), std::fabs(ana), floor});
+    if (!(d <= worst)) worst = d;
+  }
+  return worst;
+}
+
+// sum(w * y) for a fixed random weighting w: a scalar loss whose gradient
+// w.r.t. y is w, used to drive backward passes in tests.
+inline double weighted_sum(const Tensor& y, const Tensor& w) {
+  double s = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) s += at(y, i) * at(w, i);
+  return s;
+}
+
+}  // namespace attnres::testing
