@@ -1,0 +1,1 @@
+// Placeholder translation unit for a layer with no sources yet.
