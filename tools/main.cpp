@@ -1,3 +1,57 @@
-// attnres: one binary, subcommands train | eval | generate | tokenize | inspect.
+// attnres: one binary, subcommands train | eval | generate | tokenize | inspect | bench.
 #include <cstdio>
-int main() { std::puts("attnres: under construction"); return 0; }
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "tools/commands.h"
+
+namespace {
+
+const char* kUsage = R"(attnres: pretraining with Attention Residuals
+
+usage:
+  attnres train CONFIG.json [--section.key=value ...]
+  attnres eval --checkpoint DIR --data GLOB [--batches N]
+  attnres generate --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
+  attnres tokenize train|encode ...      (attnres tokenize --help)
+  attnres inspect checkpoint DIR | config CONFIG.json | attention --checkpoint DIR --data GLOB
+  attnres bench [--mode baseline|full|block|all] [--steps N] [...]   CPU training benchmark
+
+Logs go to stderr, machine-readable results to stdout. Exit codes: 0 ok, 1 runtime
+error, 2 bad input (config, data, checkpoint, arguments), 3 non-finite loss/gradient,
+128+N stopped by signal N (after writing a checkpoint).
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  attnres::init_logging(0);
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  attnres::tools::Args args(argv + 2, argv + argc);
+  using namespace attnres::tools;
+  try {
+    if (cmd == "train") return cmd_train(args);
+    if (cmd == "eval") return cmd_eval(args);
+    if (cmd == "generate") return cmd_generate(args);
+    if (cmd == "tokenize") return cmd_tokenize(args);
+    if (cmd == "inspect") return cmd_inspect(args);
+    if (cmd == "bench") return cmd_bench(args);
+    std::fprintf(stderr, "attnres: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const attnres::Error& e) {
+    // Bad input of any kind: the message names the key / file and the reason.
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

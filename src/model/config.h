@@ -1,0 +1,39 @@
+// Model hyper-parameters (MODEL.md section 1) and their validation.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace attnres::model {
+
+enum class ResidualMode { Baseline, Full, Block };
+const char* residual_mode_name(ResidualMode m);  // "baseline" | "full" | "block"
+
+struct ModelConfig {
+  int64_t vocab_size = 0;
+  int64_t d_model = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t d_ff = 0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;
+  ResidualMode mode = ResidualMode::Baseline;
+  // Exactly one of block_size / n_blocks is set in `block` mode (0 = unset).
+  int64_t block_size = 0;
+  int64_t n_blocks = 0;
+  std::string init_from;
+
+  int64_t head_dim() const { return d_model / n_heads; }
+  int64_t n_sublayers() const { return 2 * n_layers; }
+  bool attnres() const { return mode != ResidualMode::Baseline; }
+  // Sublayers per block S: 1 for full, block_size or ceil(2L / n_blocks) for block.
+  int64_t resolved_block_size() const;
+  // Number of sources the final Mix sees: embedding + completed blocks (+ partial).
+  int64_t final_sources() const;
+
+  // Throws attnres::Error naming the offending `model.*` key and the reason.
+  void validate() const;
+};
+
+}  // namespace attnres::model

@@ -1,0 +1,410 @@
+#include "model/model.h"
+
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/embedding.h"
+#include "kernels/matmul.h"
+#include "kernels/mix.h"
+#include "kernels/reduce.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
+namespace attnres::model {
+
+namespace k = attnres::kernels;
+
+Model::Model(const ModelConfig& cfg, DType dtype, const ModelParts& parts)
+    : cfg_(cfg), dtype_(dtype), params_(make_params(cfg, dtype, parts)) {
+  cfg_.validate();
+}
+
+Tensor Model::new_act(int64_t rows, int64_t cols) const {
+  return Tensor::empty({rows, cols}, dtype_);
+}
+
+const Param& Model::out_proj() const {
+  return p(cfg_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+}
+Param& Model::out_proj() {
+  return p(cfg_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+}
+
+// ---------------------------------------------------------------------------
+// Embedding
+// ---------------------------------------------------------------------------
+
+void Model::embed_forward(const Tensor& tokens, int64_t B, int64_t T, DepthState& st,
+                          Activations& acts) const {
+  ATTNRES_CHECK(tokens.numel() == B * T, "embed_forward: ", tokens.numel(), " tokens for B*T = ",
+                B * T);
+  acts.B = B;
+  acts.T = T;
+  acts.tokens = tokens;
+  Tensor e = new_act(B * T, cfg_.d_model);
+  k::embedding_forward(e, p("model.embed_tokens.weight").value, tokens);
+  st = DepthState{};
+  if (cfg_.attnres()) {
+    // b_0 = e: the embedding is always a source of its own.
+    Tensor rstd = Tensor::empty({B * T}, dtype_);
+    k::mix_source_rstd(rstd, e, static_cast<float>(cfg_.norm_eps));
+    st.sources.push_back(e);
+    st.source_rstd.push_back(rstd);
+  } else {
+    st.hidden = e;
+  }
+}
+
+void Model::embed_backward(const Activations& acts, DepthGrad& g) {
+  const Tensor& de = cfg_.attnres() ? g.sources.at(0) : g.hidden;
+  if (cfg_.attnres())
+    ATTNRES_CHECK(g.sources.size() == 1 && !g.partial.defined(),
+                  "embed_backward: depth gradient should hold only b_0, has ", g.sources.size());
+  k::embedding_backward(p("model.embed_tokens.weight").grad, de, acts.tokens);
+}
+
+// ---------------------------------------------------------------------------
+// Sublayer functions f_s
+// ---------------------------------------------------------------------------
+
+void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
+                              DecodeCache* cache) const {
+  const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
+  const float theta = static_cast<float>(cfg_.rope_theta);
+  a.q = new_act(N, H * hd);
+  a.k = new_act(N, Hkv * hd);
+  a.v = new_act(N, Hkv * hd);
+  k::matmul_forward(a.q, a.u, p(layer_param(l, "self_attn.q_proj.weight")).value);
+  k::matmul_forward(a.k, a.u, p(layer_param(l, "self_attn.k_proj.weight")).value);
+  k::matmul_forward(a.v, a.u, p(layer_param(l, "self_attn.v_proj.weight")).value);
+  const int64_t pos0 = cache ? cache->pos : 0;
+  k::rope_forward(a.q, B, T, H, hd, theta, pos0);
+  k::rope_forward(a.k, B, T, Hkv, hd, theta, pos0);
+  a.att = new_act(N, H * hd);
+  if (cache) {  // one new token: append its k/v, attend over the cache
+    ATTNRES_CHECK(B == 1 && T == 1, "decoding feeds one token at a time");
+    ATTNRES_CHECK(cache->pos < cache->max_len, "decode cache full (", cache->max_len, " tokens)");
+    cache->k[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1).copy_from(a.k);
+    cache->v[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1).copy_from(a.v);
+    k::attention_decode(a.att, a.q, cache->k[l], cache->v[l], cache->pos + 1, {1, 1, H, Hkv, hd});
+  } else {
+    a.lse = Tensor::empty({B, H, T}, dtype_);
+    k::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd});
+  }
+  k::matmul_forward(y, a.att, p(layer_param(l, "self_attn.o_proj.weight")).value);
+}
+
+void Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
+                               int64_t B, int64_t T) {
+  const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
+  const float theta = static_cast<float>(cfg_.rope_theta);
+  Param& wq = p(layer_param(l, "self_attn.q_proj.weight"));
+  Param& wk = p(layer_param(l, "self_attn.k_proj.weight"));
+  Param& wv = p(layer_param(l, "self_attn.v_proj.weight"));
+  Param& wo = p(layer_param(l, "self_attn.o_proj.weight"));
+  Tensor datt = Tensor::zeros({N, H * hd}, dtype_);
+  k::matmul_backward(&datt, &wo.grad, dy, a.att, wo.value);
+  Tensor dq = Tensor::zeros({N, H * hd}, dtype_);
+  Tensor dk = Tensor::zeros({N, Hkv * hd}, dtype_);
+  Tensor dv = Tensor::zeros({N, Hkv * hd}, dtype_);
+  k::attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, {B, T, H, Hkv, hd});
+  k::rope_backward(dq, B, T, H, hd, theta);
+  k::rope_backward(dk, B, T, Hkv, hd, theta);
+  Tensor du = Tensor::zeros({N, cfg_.d_model}, dtype_);
+  k::matmul_backward(&du, &wq.grad, dq, a.u, wq.value);
+  k::matmul_backward(&du, &wk.grad, dk, a.u, wk.value);
+  k::matmul_backward(&du, &wv.grad, dv, a.u, wv.value);
+  Param& g = p(layer_param(l, "input_layernorm.weight"));
+  k::rmsnorm_backward(dx, &g.grad, du, a.x, a.norm_rstd, &g.value);
+}
+
+void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const {
+  const int64_t N = a.u.dim(0), F = cfg_.d_ff;
+  a.gate = new_act(N, F);
+  a.up = new_act(N, F);
+  a.h = new_act(N, F);
+  k::matmul_forward(a.gate, a.u, p(layer_param(l, "mlp.gate_proj.weight")).value);
+  k::matmul_forward(a.up, a.u, p(layer_param(l, "mlp.up_proj.weight")).value);
+  k::swiglu_forward(a.h, a.gate, a.up);
+  k::matmul_forward(y, a.h, p(layer_param(l, "mlp.down_proj.weight")).value);
+}
+
+void Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx) {
+  const int64_t N = a.u.dim(0), F = cfg_.d_ff;
+  Param& wg = p(layer_param(l, "mlp.gate_proj.weight"));
+  Param& wu = p(layer_param(l, "mlp.up_proj.weight"));
+  Param& wd = p(layer_param(l, "mlp.down_proj.weight"));
+  Tensor dh = Tensor::zeros({N, F}, dtype_);
+  k::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value);
+  Tensor dgate = Tensor::zeros({N, F}, dtype_);
+  Tensor dup = Tensor::zeros({N, F}, dtype_);
+  k::swiglu_backward(dgate, dup, dh, a.gate, a.up);
+  Tensor du = Tensor::zeros({N, cfg_.d_model}, dtype_);
+  k::matmul_backward(&du, &wg.grad, dgate, a.u, wg.value);
+  k::matmul_backward(&du, &wu.grad, dup, a.u, wu.value);
+  Param& g = p(layer_param(l, "post_attention_layernorm.weight"));
+  k::rmsnorm_backward(dx, &g.grad, du, a.x, a.norm_rstd, &g.value);
+}
+
+// ---------------------------------------------------------------------------
+// One sublayer with its residual bookkeeping
+// ---------------------------------------------------------------------------
+//
+// AttnRes (block size S; full = S 1). Sublayer s is position i = s mod S of
+// its block. Its sources are the completed blocks, plus the partial sum p of
+// the block's earlier outputs when i > 0. After f_s: p = y (i == 0) or
+// p + y; when i == S-1 the block is complete and p becomes a new source.
+
+void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
+                             DecodeCache* cache) const {
+  const int64_t l = s / 2, N = B * T, d = cfg_.d_model;
+  const bool is_attn = (s % 2 == 0);
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  const int64_t S = cfg_.resolved_block_size();
+  const int64_t i = cfg_.attnres() ? s % S : 0;
+
+  if (cfg_.attnres()) {
+    a.mix_sources = st.sources;
+    a.mix_rstd = st.source_rstd;
+    if (i > 0) {
+      ATTNRES_CHECK(st.partial.defined(), "sublayer ", s, ": partial sum missing");
+      Tensor prstd = Tensor::empty({N}, dtype_);
+      k::mix_source_rstd(prstd, st.partial, eps);
+      a.mix_sources.push_back(st.partial);
+      a.mix_rstd.push_back(prstd);
+    }
+    a.x = new_act(N, d);
+    a.mix_probs = Tensor::empty({N, static_cast<int64_t>(a.mix_sources.size())}, dtype_);
+    const char* q = is_attn ? "attn_res.query" : "mlp_res.query";
+    k::mix_forward(a.x, a.mix_probs, p(layer_param(l, q)).value, a.mix_sources, a.mix_rstd);
+  } else {
+    a.x = st.hidden;
+  }
+
+  a.u = new_act(N, d);
+  a.norm_rstd = Tensor::empty({N}, dtype_);
+  const char* gain = is_attn ? "input_layernorm.weight" : "post_attention_layernorm.weight";
+  k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &p(layer_param(l, gain)).value, eps);
+
+  Tensor y = new_act(N, d);
+  if (is_attn) attention_forward(l, a, y, B, T, cache);
+  else mlp_forward(l, a, y);
+
+  if (!cfg_.attnres()) {
+    k::add_(y, st.hidden);  // x_{s+1} = x_s + y_s (y's buffer becomes the new stream)
+    st.hidden = y;
+    return;
+  }
+  if (i == 0) {
+    st.partial = y;
+  } else {
+    k::add_(y, st.partial);  // new partial; the old one stays saved as a Mix source
+    st.partial = y;
+  }
+  if (i == S - 1) {  // block complete: it becomes a source
+    Tensor rstd = Tensor::empty({N}, dtype_);
+    k::mix_source_rstd(rstd, st.partial, eps);
+    st.sources.push_back(st.partial);
+    st.source_rstd.push_back(rstd);
+    st.partial = Tensor();
+  }
+}
+
+void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t B, int64_t T) {
+  const int64_t l = s / 2, N = B * T, d = cfg_.d_model;
+  const bool is_attn = (s % 2 == 0);
+  const int64_t S = cfg_.resolved_block_size();
+  const int64_t i = cfg_.attnres() ? s % S : 0;
+
+  Tensor dy;  // gradient of this sublayer's output y_s
+  Tensor dx = Tensor::zeros({N, d}, dtype_);
+  if (!cfg_.attnres()) {
+    // x_{s+1} = x_s + y_s: dy = dx_{s+1}, and dx_s = dx_{s+1} + f_s'(dy).
+    dy = g.hidden;
+    dx.copy_from(g.hidden);
+  } else {
+    if (i == S - 1) {  // undo the push: the block's gradient is the partial's
+      ATTNRES_CHECK(!g.partial.defined() && !g.sources.empty(), "sublayer ", s,
+                    ": depth gradient out of step");
+      g.partial = g.sources.back();
+      g.sources.pop_back();
+    }
+    // p_after = p_before + y (or = y at i == 0): both receive dp_after.
+    dy = g.partial;
+    if (i == 0) g.partial = Tensor();
+  }
+
+  // f_s backward: dy -> dx (dy is fully consumed here, before the Mix
+  // backward below may add more into the same buffer as d p_before).
+  if (is_attn) attention_backward(l, a, dy, dx, B, T);
+  else mlp_backward(l, a, dy, dx);
+
+  if (!cfg_.attnres()) {
+    g.hidden = dx;
+    return;
+  }
+  std::vector<Tensor> dsrc = g.sources;
+  if (i > 0) dsrc.push_back(g.partial);
+  ATTNRES_CHECK(dsrc.size() == a.mix_sources.size(), "sublayer ", s, ": ", dsrc.size(),
+                " source gradients for ", a.mix_sources.size(), " sources");
+  Param& q = p(layer_param(l, is_attn ? "attn_res.query" : "mlp_res.query"));
+  k::mix_backward(dsrc, q.grad, dx, q.value, a.mix_sources, a.mix_rstd, a.mix_probs);
+}
+
+// ---------------------------------------------------------------------------
+// Chunks of layers
+// ---------------------------------------------------------------------------
+
+void Model::layers_forward(int64_t l0, int64_t l1, DepthState& st, Activations& acts) const {
+  acts.first_sublayer = 2 * l0;
+  acts.sub.assign(static_cast<size_t>(2 * (l1 - l0)), SublayerActs{});
+  for (int64_t s = 2 * l0; s < 2 * l1; ++s)
+    sublayer_forward(s, st, acts.sub[s - 2 * l0], acts.B, acts.T);
+}
+
+void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad& g) {
+  ATTNRES_CHECK(acts.first_sublayer == 2 * l0 && acts.sub.size() == size_t(2 * (l1 - l0)),
+                "layers_backward: activations are for another layer range");
+  for (int64_t s = 2 * l1 - 1; s >= 2 * l0; --s) {
+    sublayer_backward(s, acts.sub[s - 2 * l0], g, acts.B, acts.T);
+    acts.sub[s - 2 * l0] = SublayerActs{};  // free as we go
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Head: final Mix, norm, LM head, loss
+// ---------------------------------------------------------------------------
+
+Tensor Model::final_mix(const DepthState& st, Activations& acts) const {
+  if (!cfg_.attnres()) return st.hidden;  // baseline: z is the residual stream
+  const int64_t N = st.sources.at(0).dim(0);
+  acts.final_sources = st.sources;
+  acts.final_rstd = st.source_rstd;
+  if (st.partial.defined()) {  // 2L % S != 0: the unfinished block is a source too
+    Tensor prstd = Tensor::empty({N}, dtype_);
+    k::mix_source_rstd(prstd, st.partial, static_cast<float>(cfg_.norm_eps));
+    acts.final_sources.push_back(st.partial);
+    acts.final_rstd.push_back(prstd);
+  }
+  Tensor z = new_act(N, cfg_.d_model);
+  acts.final_probs = Tensor::empty({N, static_cast<int64_t>(acts.final_sources.size())}, dtype_);
+  k::mix_forward(z, acts.final_probs, p("model.final_res.query").value, acts.final_sources,
+                 acts.final_rstd);
+  return z;
+}
+
+double Model::head_forward(const DepthState& st, const Tensor& targets, Activations& acts,
+                           DepthGrad* grad, double grad_scale) {
+  const int64_t N = acts.B * acts.T, d = cfg_.d_model;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  acts.z = final_mix(st, acts);
+  acts.h = new_act(N, d);
+  acts.z_rstd = Tensor::empty({N}, dtype_);
+  Param& g_final = p("model.norm.weight");
+  k::rmsnorm_forward(acts.h, acts.z_rstd, acts.z, &g_final.value, eps);
+  Param& w_out = out_proj();
+  if (!grad) return k::lm_head_cross_entropy(acts.h, w_out.value, targets, nullptr, nullptr, 0.0);
+
+  Tensor dh = Tensor::zeros({N, d}, dtype_);
+  double loss =
+      k::lm_head_cross_entropy(acts.h, w_out.value, targets, &dh, &w_out.grad, grad_scale);
+  Tensor dz = Tensor::zeros({N, d}, dtype_);
+  k::rmsnorm_backward(dz, &g_final.grad, dh, acts.z, acts.z_rstd, &g_final.value);
+
+  *grad = DepthGrad{};
+  if (!cfg_.attnres()) {
+    grad->hidden = dz;
+    return loss;
+  }
+  for (size_t j = 0; j < st.sources.size(); ++j) grad->sources.push_back(Tensor::zeros({N, d}, dtype_));
+  if (st.partial.defined()) grad->partial = Tensor::zeros({N, d}, dtype_);
+  std::vector<Tensor> dsrc = grad->sources;
+  if (st.partial.defined()) dsrc.push_back(grad->partial);
+  Param& q = p("model.final_res.query");
+  k::mix_backward(dsrc, q.grad, dz, q.value, acts.final_sources, acts.final_rstd,
+                  acts.final_probs);
+  return loss;
+}
+
+// ---------------------------------------------------------------------------
+// Whole model
+// ---------------------------------------------------------------------------
+
+double Model::forward_backward(const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T,
+                               double grad_scale) {
+  DepthState st;
+  Activations acts;
+  embed_forward(tokens, B, T, st, acts);
+  layers_forward(0, cfg_.n_layers, st, acts);
+  DepthGrad g;
+  double loss = head_forward(st, targets, acts, &g, grad_scale);
+  st = DepthState{};  // the activations keep what backward needs
+  layers_backward(0, cfg_.n_layers, acts, g);
+  embed_backward(acts, g);
+  return loss;
+}
+
+double Model::forward_loss(const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) {
+  DepthState st;
+  Activations acts;
+  embed_forward(tokens, B, T, st, acts);
+  layers_forward(0, cfg_.n_layers, st, acts);
+  acts.sub.clear();
+  return head_forward(st, targets, acts, nullptr, 0.0);
+}
+
+DecodeCache Model::new_decode_cache(int64_t max_len) const {
+  DecodeCache c;
+  c.max_len = max_len;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    c.k.push_back(Tensor::zeros({1, max_len, cfg_.n_kv_heads * cfg_.head_dim()}, dtype_));
+    c.v.push_back(Tensor::zeros({1, max_len, cfg_.n_kv_heads * cfg_.head_dim()}, dtype_));
+  }
+  return c;
+}
+
+std::vector<float> Model::decode_step(int32_t token, DecodeCache& cache) const {
+  DepthState st;
+  Activations acts;
+  Tensor tok = Tensor::from_vector(std::vector<int32_t>{token}, {1});
+  embed_forward(tok, 1, 1, st, acts);
+  SublayerActs a;
+  for (int64_t s = 0; s < cfg_.n_sublayers(); ++s) sublayer_forward(s, st, a, 1, 1, &cache);
+  ++cache.pos;
+  // Head without the loss: final Mix (or stream), norm, logits.
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  Tensor z = final_mix(st, acts);
+  Tensor h = new_act(1, cfg_.d_model), zr = Tensor::empty({1}, dtype_);
+  k::rmsnorm_forward(h, zr, z, &p("model.norm.weight").value, eps);
+  Tensor logits = new_act(1, cfg_.vocab_size);
+  k::matmul_forward(logits, h, out_proj().value);
+  Tensor l32 = logits.to(DType::F32);
+  return std::vector<float>(l32.data<float>(), l32.data<float>() + cfg_.vocab_size);
+}
+
+std::vector<std::vector<double>> Model::depth_attention(const Tensor& tokens, int64_t B,
+                                                        int64_t T) {
+  ATTNRES_CHECK(cfg_.attnres(), "depth attention exists only in the AttnRes modes");
+  DepthState st;
+  Activations acts;
+  embed_forward(tokens, B, T, st, acts);
+  layers_forward(0, cfg_.n_layers, st, acts);
+  Tensor dummy_targets = Tensor::zeros({B * T}, DType::I32);
+  head_forward(st, dummy_targets, acts, nullptr, 0.0);
+  auto mean_rows = [&](const Tensor& probs) {
+    const int64_t n = probs.dim(0), kk = probs.dim(1);
+    Tensor p64 = probs.to(DType::F64);
+    std::vector<double> m(static_cast<size_t>(kk), 0.0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < kk; ++j) m[j] += p64.data<double>()[r * kk + j] / n;
+    return m;
+  };
+  std::vector<std::vector<double>> out;
+  for (const auto& a : acts.sub) out.push_back(mean_rows(a.mix_probs));
+  out.push_back(mean_rows(acts.final_probs));
+  return out;
+}
+
+}  // namespace attnres::model

@@ -1,0 +1,119 @@
+// The transformer with the three residual modes of MODEL.md, organised as
+// embedding -> chunks of layers over a DepthState -> head. A single process
+// runs one chunk holding every layer; the pipeline runtime splits the layers
+// into chunks and moves DepthStates between ranks. The forward pass of a chunk
+// stores what its backward needs in an Activations record owned by the caller,
+// so any number of microbatches can be in flight.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/depth_state.h"
+#include "model/params.h"
+
+namespace attnres::model {
+
+// Saved tensors of one sublayer (attention or MLP).
+struct SublayerActs {
+  // Depth Mix (attnres modes): the sources it read, their RMS stats, softmax weights.
+  std::vector<Tensor> mix_sources, mix_rstd;
+  Tensor mix_probs;
+  Tensor x;           // sublayer input (Mix output, or the baseline stream)
+  Tensor norm_rstd;   // RMSNorm statistics of x
+  Tensor u;           // RMSNorm(x; g)
+  // attention: q, k (after RoPE), v, attention output and its log-sum-exp
+  Tensor q, k, v, att, lse;
+  // MLP: gate/up projections and SwiGLU output
+  Tensor gate, up, h;
+};
+
+// Everything one microbatch's forward through a chunk saved for backward.
+struct Activations {
+  int64_t B = 0, T = 0;
+  Tensor tokens;                      // embedding chunk only
+  int64_t first_sublayer = 0;
+  std::vector<SublayerActs> sub;      // in forward order
+  // head: final Mix, norm, LM head
+  std::vector<Tensor> final_sources, final_rstd;
+  Tensor final_probs, z, z_rstd, h;
+};
+
+// Per-layer key/value caches for incremental decoding of one sequence.
+struct DecodeCache {
+  std::vector<Tensor> k, v;  // per layer [1, max_len, Hkv*hd]
+  int64_t pos = 0;           // tokens consumed so far
+  int64_t max_len = 0;
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& cfg, DType dtype = DType::F32, const ModelParts& parts = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  ParamTable& params() { return params_; }
+  const ParamTable& params() const { return params_; }
+  DType dtype() const { return dtype_; }
+
+  // ---- chunked API (pipeline building blocks) ----
+  // Start a depth state from tokens I32 [B*T].
+  void embed_forward(const Tensor& tokens, int64_t B, int64_t T, DepthState& st,
+                     Activations& acts) const;
+  // Run layers [l0, l1) on `st` in place.
+  void layers_forward(int64_t l0, int64_t l1, DepthState& st, Activations& acts) const;
+  // Final Mix + norm + LM head + cross-entropy. Returns the summed token loss;
+  // when `grad` is given, also starts the backward pass: parameter gradients
+  // accumulate and `grad` receives dL/d(state) for loss * grad_scale.
+  double head_forward(const DepthState& st, const Tensor& targets, Activations& acts,
+                      DepthGrad* grad, double grad_scale);
+  // Backward through layers [l0, l1) (the same range as the forward that made `acts`).
+  void layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad& grad);
+  void embed_backward(const Activations& acts, DepthGrad& grad);
+
+  // ---- whole model in one process ----
+  // Forward + backward of one microbatch: returns the summed token loss and
+  // accumulates parameter gradients of loss_sum * grad_scale.
+  double forward_backward(const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T,
+                          double grad_scale);
+  double forward_loss(const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T);
+
+  // ---- generation ----
+  DecodeCache new_decode_cache(int64_t max_len) const;
+  // Feed the next token of a sequence; returns the logits [V] for the token after it.
+  // Uses the same sublayer and residual code as training, with attention over
+  // the cache instead of the whole sequence.
+  std::vector<float> decode_step(int32_t token, DecodeCache& cache) const;
+
+  // Average softmax weights of every Mix over tokens, [sublayer][source];
+  // the last row is the final Mix. For `inspect attention` (AttnRes modes).
+  std::vector<std::vector<double>> depth_attention(const Tensor& tokens, int64_t B, int64_t T);
+
+ private:
+  struct LayerRefs;
+  void sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
+                        DecodeCache* cache = nullptr) const;
+  // z = final Mix over all sources (AttnRes) or the stream (baseline); fills
+  // acts.final_* for the backward pass.
+  Tensor final_mix(const DepthState& st, Activations& acts) const;
+  void sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t B, int64_t T);
+  // f_s: from the sublayer input x to its output y (both [N, d]).
+  void attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
+                         DecodeCache* cache) const;
+  void attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx, int64_t B,
+                          int64_t T);
+  void mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const;
+  void mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx);
+  Tensor new_act(int64_t rows, int64_t cols) const;
+  const Param& p(const std::string& name) const { return params_.get(name); }
+  Param& p(const std::string& name) { return params_.get(name); }
+  const Param& out_proj() const;
+  Param& out_proj();
+
+  ModelConfig cfg_;
+  DType dtype_;
+  ParamTable params_;
+};
+
+}  // namespace attnres::model

@@ -1,0 +1,43 @@
+// Model-level checkpoints on top of checkpoint_io's atomic directories:
+//   step_XXXXXXXX/model.safetensors      fp32 weights, MODEL.md section 3 names
+//                 optimizer.safetensors  AdamW moments (exp_avg.*, exp_avg_sq.*)
+//                 config.json            Hugging Face LlamaConfig + residual settings
+//                 state.json             step, tokens, data cursor, RNG, resolved config
+//                 tokenizer.json         copy of data.tokenizer, when configured
+//                 manifest.json          sizes + checksums (written last by checkpoint_io)
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "train/config.h"
+#include "train/optimizer.h"
+
+namespace attnres::train {
+
+struct TrainState {
+  int64_t step = 0;    // optimizer steps completed
+  int64_t tokens = 0;  // training tokens consumed
+};
+
+// Hugging Face LlamaConfig fields plus our residual settings.
+nlohmann::json hf_config(const model::ModelConfig& m);
+
+// Write a complete checkpoint for `state.step`; returns its directory.
+std::string save_checkpoint(const Config& cfg, const model::Model& model, const AdamW& opt,
+                            const TrainState& state);
+
+// Verify, then load weights, optimizer state and counters from `dir`.
+// Throws (naming the file) on damage or on a model that doesn't match.
+TrainState load_checkpoint(const std::string& dir, model::Model& model, AdamW& opt);
+
+// Load weights only, from a safetensors file or a checkpoint directory (model.init_from,
+// eval, generate). Every parameter of the table must be present with its shape.
+void load_weights(const std::string& path, model::ParamTable& params);
+
+// The resolved training config stored in a checkpoint's state.json.
+Config config_from_checkpoint(const std::string& dir);
+
+}  // namespace attnres::train

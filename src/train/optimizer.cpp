@@ -1,0 +1,64 @@
+#include "train/optimizer.h"
+
+#include <cmath>
+#include <unordered_map>
+
+#include "kernels/adamw.h"
+#include "kernels/reduce.h"
+
+namespace attnres::train {
+
+namespace k = attnres::kernels;
+
+AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg) : params_(params), cfg_(cfg) {
+  for (const auto& p : params_.all()) {
+    m_.push_back(Tensor::zeros(p.value.shape(), p.value.dtype()));
+    v_.push_back(Tensor::zeros(p.value.shape(), p.value.dtype()));
+  }
+}
+
+double AdamW::grad_norm() const {
+  double sq = 0;
+  for (const auto& p : params_.all()) sq += k::sum_squares(p.grad);  // fixed order
+  return std::sqrt(sq);
+}
+
+void AdamW::step(double lr, double norm) {
+  if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) {
+    const double s = cfg_.grad_clip / (norm + 1e-6);
+    for (auto& p : params_.all()) k::scale_(p.grad, s);
+  }
+  ++t_;
+  const k::AdamWStep st{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_};
+  auto& ps = params_.all();
+  for (size_t i = 0; i < ps.size(); ++i)
+    k::adamw_update(ps[i].value, ps[i].grad, m_[i], v_[i], st, ps[i].decay);
+}
+
+std::vector<NamedTensor> AdamW::state_tensors() const {
+  std::vector<NamedTensor> out;
+  const auto& ps = params_.all();
+  for (size_t i = 0; i < ps.size(); ++i) out.push_back({"exp_avg." + ps[i].name, m_[i]});
+  for (size_t i = 0; i < ps.size(); ++i) out.push_back({"exp_avg_sq." + ps[i].name, v_[i]});
+  return out;
+}
+
+void AdamW::load_state_tensors(const std::vector<NamedTensor>& tensors, const std::string& source) {
+  std::unordered_map<std::string, const Tensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t.tensor;
+  const auto& ps = params_.all();
+  auto load = [&](const std::string& name, Tensor& dst) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) fail(source, ": optimizer state lacks tensor '", name, "'");
+    if (it->second->shape() != dst.shape())
+      fail(source, ": optimizer tensor '", name, "' has shape ", shape_str(it->second->shape()),
+           ", the model needs ", shape_str(dst.shape()));
+    dst.copy_from(it->second->dtype() == dst.dtype() ? *it->second : it->second->to(dst.dtype()));
+  };
+  for (size_t i = 0; i < ps.size(); ++i) {
+    load("exp_avg." + ps[i].name, m_[i]);
+    load("exp_avg_sq." + ps[i].name, v_[i]);
+  }
+}
+
+}  // namespace attnres::train

@@ -1,0 +1,38 @@
+// AdamW over a ParamTable, with global-norm gradient clipping (MODEL.md §4).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "model/params.h"
+#include "train/config.h"
+
+namespace attnres::train {
+
+class AdamW {
+ public:
+  AdamW(model::ParamTable& params, const OptimizerConfig& cfg);
+
+  // Global L2 norm of all gradients (deterministic, accumulated in double).
+  double grad_norm() const;
+  // Clip (if cfg.grad_clip > 0 and norm > clip: g *= clip / (norm + 1e-6)),
+  // then one AdamW update at learning rate lr. `norm` is grad_norm()'s value.
+  void step(double lr, double norm);
+
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+
+  // First/second moments as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>").
+  std::vector<NamedTensor> state_tensors() const;
+  // Restore from state_tensors() output; every moment must be present with the
+  // right shape, else the error names the missing/mismatched tensor and `source`.
+  void load_state_tensors(const std::vector<NamedTensor>& tensors, const std::string& source);
+
+ private:
+  model::ParamTable& params_;
+  OptimizerConfig cfg_;
+  std::vector<Tensor> m_, v_;
+  int64_t t_ = 0;
+};
+
+}  // namespace attnres::train

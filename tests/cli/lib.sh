@@ -1,0 +1,49 @@
+# Shared setup for the CLI tests: a temp dir, a small real-text corpus turned
+# into shards by `attnres tokenize`, and a tiny base config.
+# Usage: source lib.sh BIN SRC
+set -euo pipefail
+BIN="$1"; SRC="$2"
+WORK=$(mktemp -d /tmp/attnres_cli.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "ok: $*"; }
+
+# expect_error "description" "substring" cmd... : cmd must exit 2 and print substring on stderr.
+expect_error() {
+  local what="$1" needle="$2"; shift 2
+  local rc=0
+  "$@" >out.txt 2>err.txt || rc=$?
+  [[ $rc -eq 2 ]] || { cat err.txt >&2; fail "$what: exit code $rc, expected 2"; }
+  grep -qF -- "$needle" err.txt || { cat err.txt >&2; fail "$what: message lacks '$needle'"; }
+  pass "$what -> $(grep -m1 error: err.txt)"
+}
+
+make_corpus() {
+  mkdir -p corpus
+  # Several documents of real-looking English so BPE and the loader have work.
+  for i in 1 2 3 4 5 6; do
+    for j in $(seq 1 40); do
+      echo "Document $i line $j: the quick brown fox jumps over the lazy dog while the jury said that the election was fair."
+    done > corpus/doc$i.txt
+  done
+  "$BIN" tokenize train --input corpus --format text --vocab-size 300 --output tok.json >/dev/null
+  "$BIN" tokenize encode --tokenizer tok.json --input corpus --format text --output-dir shards \
+    --val-fraction 0.34 --name tiny >/dev/null
+}
+
+write_config() {
+  cat > base.json <<JSON
+{"model": {"vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+           "d_ff": 64, "residual": {"mode": "block", "block_size": 3}},
+ "optimizer": {"lr": 3e-3},
+ "schedule": {"type": "cosine", "warmup_steps": 2},
+ "training": {"steps": 12, "micro_batch_size": 2, "seq_len": 16, "grad_accum": 2, "seed": 7},
+ "data": {"train": "shards/tiny_train_*.bin", "val": "shards/tiny_val_*.bin", "shuffle": true,
+          "tokenizer": "tok.json"},
+ "checkpoint": {"dir": "ckpt", "every": 4, "keep_last": 0},
+ "eval": {"every": 6, "batches": 2},
+ "run": {"dir": "run", "log_every": 1}}
+JSON
+}

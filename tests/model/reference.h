@@ -1,0 +1,181 @@
+// A literal, slow, double-precision transcription of MODEL.md section 2,
+// written independently of src/model (plain vectors, no kernels) so the tests
+// can check that the real model computes exactly the specified function.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace attnres::reference {
+
+using Vec = std::vector<double>;
+using Seq = std::vector<Vec>;  // one vector per position
+
+// Parameters fetched by name as flat row-major doubles.
+using ParamFn = std::function<Vec(const std::string&)>;
+
+inline Vec rmsnorm(const Vec& x, const Vec* g, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  double r = 1.0 / std::sqrt(ss / x.size() + eps);
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * (g ? (*g)[i] : 1.0);
+  return y;
+}
+
+// y = W x for W [out, in] row-major.
+inline Vec linear(const Vec& W, const Vec& x) {
+  size_t in = x.size(), out = W.size() / in;
+  Vec y(out, 0.0);
+  for (size_t o = 0; o < out; ++o)
+    for (size_t i = 0; i < in; ++i) y[o] += W[o * in + i] * x[i];
+  return y;
+}
+
+inline Vec add(Vec a, const Vec& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+// Mix(w, [v_1..v_k]) = sum_j a_j v_j, a = softmax_j(w . RMSNorm(v_j)).
+inline Vec mix(const Vec& w, const std::vector<Vec>& vs, double eps) {
+  std::vector<double> logit;
+  for (const auto& v : vs) {
+    Vec k = rmsnorm(v, nullptr, eps);
+    double s = 0;
+    for (size_t i = 0; i < w.size(); ++i) s += w[i] * k[i];
+    logit.push_back(s);
+  }
+  double m = *std::max_element(logit.begin(), logit.end()), z = 0;
+  for (double& l : logit) z += (l = std::exp(l - m));
+  Vec out(w.size(), 0.0);
+  for (size_t j = 0; j < vs.size(); ++j)
+    for (size_t i = 0; i < w.size(); ++i) out[i] += logit[j] / z * vs[j][i];
+  return out;
+}
+
+// Hugging Face rotate-half RoPE at position t.
+inline void rope(Vec& x, size_t n_heads, size_t hd, size_t t, double theta) {
+  for (size_t h = 0; h < n_heads; ++h)
+    for (size_t i = 0; i < hd / 2; ++i) {
+      double ang = t * std::pow(theta, -2.0 * i / hd);
+      double a = x[h * hd + i], b = x[h * hd + i + hd / 2];
+      x[h * hd + i] = a * std::cos(ang) - b * std::sin(ang);
+      x[h * hd + i + hd / 2] = b * std::cos(ang) + a * std::sin(ang);
+    }
+}
+
+inline std::string lp(int64_t l, const char* s) {
+  return "model.layers." + std::to_string(l) + "." + s;
+}
+
+// f_s applied to a whole sequence of sublayer inputs x[t].
+inline Seq sublayer(const model::ModelConfig& c, const ParamFn& P, int64_t s, const Seq& x) {
+  const size_t T = x.size(), H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim();
+  const int64_t l = s / 2;
+  Seq u(T), y(T);
+  if (s % 2 == 0) {
+    Vec g = P(lp(l, "input_layernorm.weight"));
+    Seq q(T), k(T), v(T);
+    for (size_t t = 0; t < T; ++t) {
+      u[t] = rmsnorm(x[t], &g, c.norm_eps);
+      q[t] = linear(P(lp(l, "self_attn.q_proj.weight")), u[t]);
+      k[t] = linear(P(lp(l, "self_attn.k_proj.weight")), u[t]);
+      v[t] = linear(P(lp(l, "self_attn.v_proj.weight")), u[t]);
+      rope(q[t], H, hd, t, c.rope_theta);
+      rope(k[t], Hkv, hd, t, c.rope_theta);
+    }
+    for (size_t t = 0; t < T; ++t) {
+      Vec att(H * hd, 0.0);
+      for (size_t h = 0; h < H; ++h) {
+        size_t j = h / (H / Hkv);  // KV head serving query head h
+        std::vector<double> sc(t + 1);
+        for (size_t s2 = 0; s2 <= t; ++s2) {
+          double d = 0;
+          for (size_t i = 0; i < hd; ++i) d += q[t][h * hd + i] * k[s2][j * hd + i];
+          sc[s2] = d / std::sqrt(double(hd));
+        }
+        double m = *std::max_element(sc.begin(), sc.end()), z = 0;
+        for (double& e : sc) z += (e = std::exp(e - m));
+        for (size_t s2 = 0; s2 <= t; ++s2)
+          for (size_t i = 0; i < hd; ++i) att[h * hd + i] += sc[s2] / z * v[s2][j * hd + i];
+      }
+      y[t] = linear(P(lp(l, "self_attn.o_proj.weight")), att);
+    }
+  } else {
+    Vec g = P(lp(l, "post_attention_layernorm.weight"));
+    for (size_t t = 0; t < T; ++t) {
+      u[t] = rmsnorm(x[t], &g, c.norm_eps);
+      Vec a = linear(P(lp(l, "mlp.gate_proj.weight")), u[t]);
+      Vec b = linear(P(lp(l, "mlp.up_proj.weight")), u[t]);
+      for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] / (1 + std::exp(-a[i])) * b[i];
+      y[t] = linear(P(lp(l, "mlp.down_proj.weight")), a);
+    }
+  }
+  return y;
+}
+
+// Summed token cross-entropy of one sequence, straight from MODEL.md section 2.
+inline double sequence_loss(const model::ModelConfig& c, const ParamFn& P,
+                            const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+  const size_t T = tokens.size(), d = c.d_model, L2 = c.n_sublayers();
+  Vec E = P("model.embed_tokens.weight");
+  Seq e(T);
+  for (size_t t = 0; t < T; ++t) e[t] = Vec(E.begin() + tokens[t] * d, E.begin() + (tokens[t] + 1) * d);
+
+  Seq z(T);
+  if (!c.attnres()) {
+    Seq x = e;  // x_s = e + sum_{i<s} y_i
+    for (size_t s = 0; s < L2; ++s) {
+      Seq y = sublayer(c, P, s, x);
+      for (size_t t = 0; t < T; ++t) x[t] = add(x[t], y[t]);
+    }
+    z = x;
+  } else {
+    // Block AttnRes (full = S 1): blocks b_0 = e, b_n = sum of block n's outputs.
+    const size_t S = c.resolved_block_size();
+    std::vector<Seq> blocks{e};
+    Seq partial;  // empty = no partial
+    for (size_t s = 0; s < L2; ++s) {
+      const size_t i = s % S;
+      Vec w = P(lp(s / 2, s % 2 == 0 ? "attn_res.query" : "mlp_res.query"));
+      Seq x(T);
+      for (size_t t = 0; t < T; ++t) {
+        std::vector<Vec> src;
+        for (const auto& b : blocks) src.push_back(b[t]);
+        if (i > 0) src.push_back(partial[t]);
+        x[t] = mix(w, src, c.norm_eps);
+      }
+      Seq y = sublayer(c, P, s, x);
+      if (i == 0) partial = y;
+      else for (size_t t = 0; t < T; ++t) partial[t] = add(partial[t], y[t]);
+      if (i == S - 1) {
+        blocks.push_back(partial);
+        partial.clear();
+      }
+    }
+    Vec w = P("model.final_res.query");
+    for (size_t t = 0; t < T; ++t) {
+      std::vector<Vec> src;
+      for (const auto& b : blocks) src.push_back(b[t]);
+      if (!partial.empty()) src.push_back(partial[t]);  // only when 2L % S != 0
+      z[t] = mix(w, src, c.norm_eps);
+    }
+  }
+  Vec g = P("model.norm.weight");
+  Vec W = P(c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  double loss = 0;
+  for (size_t t = 0; t < T; ++t) {
+    Vec logits = linear(W, rmsnorm(z[t], &g, c.norm_eps));
+    double m = *std::max_element(logits.begin(), logits.end()), sum = 0;
+    for (double v : logits) sum += std::exp(v - m);
+    loss += m + std::log(sum) - logits[targets[t]];
+  }
+  return loss;
+}
+
+}  // namespace attnres::reference

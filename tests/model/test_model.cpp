@@ -1,0 +1,195 @@
+// Whole-model tests: the model computes MODEL.md's function (against the
+// literal reference in reference.h), its gradients are right (finite
+// differences in float64), and decoding with a KV cache agrees with training.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "model/flops.h"
+#include "model/model.h"
+#include "reference.h"
+#include "testing.h"
+
+using namespace attnres;
+using model::ModelConfig;
+using model::ResidualMode;
+
+namespace {
+
+ModelConfig tiny(ResidualMode mode, int64_t block_size = 0, int64_t n_blocks = 0, bool tie = false,
+                 int64_t layers = 2) {
+  ModelConfig c;
+  c.vocab_size = 11;
+  c.d_model = 8;
+  c.n_layers = layers;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.d_ff = 12;
+  c.tie_embeddings = tie;
+  c.mode = mode;
+  c.block_size = block_size;
+  c.n_blocks = n_blocks;
+  c.validate();
+  return c;
+}
+
+// Random parameters everywhere (queries and gains too, so every Mix and norm
+// is exercised away from its zero/one initialisation).
+void randomize(model::ParamTable& t, uint64_t seed) {
+  uint64_t i = 0;
+  for (auto& p : t.all()) {
+    testing::fill_normal(p.value, seed + i++, 0.5);
+    if (p.value.ndim() == 1 && p.name.find("layernorm") != std::string::npos)
+      for (int64_t j = 0; j < p.value.numel(); ++j) testing::set(p.value, j, 1.0 + 0.3 * testing::at(p.value, j));
+  }
+}
+
+reference::ParamFn param_fn(const model::ParamTable& t) {
+  return [&t](const std::string& name) {
+    Tensor v = t.get(name).value.to(DType::F64);
+    return reference::Vec(v.data<double>(), v.data<double>() + v.numel());
+  };
+}
+
+struct Case {
+  const char* name;
+  ModelConfig cfg;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"baseline", tiny(ResidualMode::Baseline)},
+      {"full", tiny(ResidualMode::Full)},
+      {"block S=2", tiny(ResidualMode::Block, 2)},
+      {"block S=3 (uneven: final partial)", tiny(ResidualMode::Block, 3)},
+      {"block n_blocks=2 of 6 sublayers", tiny(ResidualMode::Block, 0, 2, false, 3)},
+      {"block S=4 = all sublayers", tiny(ResidualMode::Block, 4)},
+      {"full, tied embeddings", tiny(ResidualMode::Full, 0, 0, true)},
+      {"baseline, tied embeddings", tiny(ResidualMode::Baseline, 0, 0, true)},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("block sizes and final source counts follow MODEL.md", "[model]") {
+  ModelConfig c = tiny(ResidualMode::Block, 6);
+  c.n_layers = 27;
+  c.validate();
+  CHECK(c.final_sources() == 10);  // the paper's 48B setting: L = 27, S = 6
+  c.block_size = 0;
+  c.n_blocks = 8;
+  CHECK(c.resolved_block_size() == 7);  // ceil(54 / 8)
+  CHECK(tiny(ResidualMode::Full).resolved_block_size() == 1);
+  CHECK(tiny(ResidualMode::Full).final_sources() == 5);  // e + 4 sublayer outputs
+  CHECK(tiny(ResidualMode::Block, 3).final_sources() == 3);  // e, b_1, partial
+}
+
+TEST_CASE("model loss equals the literal MODEL.md reference", "[model]") {
+  for (const auto& tc : cases()) {
+    SECTION(tc.name) {
+      model::Model m(tc.cfg, DType::F64);
+      randomize(m.params(), 42);
+      const int64_t B = 2, T = 5;
+      Tensor tokens = testing::random_tokens(B * T, tc.cfg.vocab_size, 1);
+      Tensor targets = testing::random_tokens(B * T, tc.cfg.vocab_size, 2);
+      double ours = m.forward_loss(tokens, targets, B, T);
+      double ref = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        std::vector<int32_t> tk(tokens.data<int32_t>() + b * T, tokens.data<int32_t>() + (b + 1) * T);
+        std::vector<int32_t> tg(targets.data<int32_t>() + b * T, targets.data<int32_t>() + (b + 1) * T);
+        ref += reference::sequence_loss(tc.cfg, param_fn(m.params()), tk, tg);
+      }
+      CHECK(ours == Approx(ref).epsilon(1e-12));
+      // forward_backward reports the same loss as forward_loss.
+      CHECK(m.forward_backward(tokens, targets, B, T, 1.0) == Approx(ref).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("whole-model gradients match finite differences (float64)", "[model]") {
+  for (const auto& tc : cases()) {
+    SECTION(tc.name) {
+      model::Model m(tc.cfg, DType::F64);
+      randomize(m.params(), 7);
+      const int64_t B = 2, T = 3;
+      Tensor tokens = testing::random_tokens(B * T, tc.cfg.vocab_size, 3);
+      Tensor targets = testing::random_tokens(B * T, tc.cfg.vocab_size, 4);
+      m.params().zero_grads();
+      m.forward_backward(tokens, targets, B, T, 1.0);
+      auto loss = [&]() { return m.forward_loss(tokens, targets, B, T); };
+      for (auto& p : m.params().all()) {
+        INFO(p.name);
+        CHECK(testing::fd_check(p.value, p.grad, loss, 1e-6, 1e-6) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("float32 model agrees with float64", "[model]") {
+  ModelConfig c = tiny(ResidualMode::Block, 3);
+  model::Model m64(c, DType::F64), m32(c, DType::F32);
+  randomize(m64.params(), 5);
+  for (size_t i = 0; i < m64.params().all().size(); ++i)
+    m32.params().all()[i].value.copy_from(m64.params().all()[i].value.to(DType::F32));
+  Tensor tokens = testing::random_tokens(8, c.vocab_size, 1), targets = testing::random_tokens(8, c.vocab_size, 2);
+  double l64 = m64.forward_backward(tokens, targets, 2, 4, 1.0);
+  double l32 = m32.forward_backward(tokens, targets, 2, 4, 1.0);
+  CHECK(l32 == Approx(l64).epsilon(1e-5));
+  for (size_t i = 0; i < m64.params().all().size(); ++i) {
+    INFO(m64.params().all()[i].name);
+    CHECK(testing::max_rel_diff(m32.params().all()[i].grad, m64.params().all()[i].grad, 1e-3) < 1e-3);
+  }
+}
+
+TEST_CASE("KV-cache decoding reproduces the training forward", "[model]") {
+  for (const auto& tc : cases()) {
+    SECTION(tc.name) {
+      model::Model m(tc.cfg, DType::F64);
+      randomize(m.params(), 9);
+      const int64_t T = 6;
+      Tensor tokens = testing::random_tokens(T, tc.cfg.vocab_size, 5);
+      Tensor targets = testing::random_tokens(T, tc.cfg.vocab_size, 6);
+      auto cache = m.new_decode_cache(T);
+      double loss = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        auto logits = m.decode_step(tokens.data<int32_t>()[t], cache);
+        double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
+        for (float v : logits) z += std::exp(v - mx);
+        loss += mx + std::log(z) - logits[targets.data<int32_t>()[t]];
+      }
+      // decode_step returns float logits, hence the float tolerance.
+      CHECK(loss == Approx(m.forward_loss(tokens, targets, 1, T)).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("initialisation follows MODEL.md section 3 and depends only on the seed", "[model]") {
+  ModelConfig c = tiny(ResidualMode::Block, 2);
+  model::Model a(c), b(c);
+  a.params().init(3);
+  b.params().init(3);
+  for (size_t i = 0; i < a.params().all().size(); ++i)
+    CHECK(testing::max_rel_diff(a.params().all()[i].value, b.params().all()[i].value) == 0);
+  CHECK(testing::at(a.params().get("model.layers.0.attn_res.query").value, 0) == 0.0);
+  CHECK(testing::at(a.params().get("model.norm.weight").value, 3) == 1.0);
+  // Standard deviations: 0.02, and 0.02/sqrt(2L) for output projections (on a bigger model).
+  ModelConfig big = c;
+  big.d_model = 64;
+  big.d_ff = 256;
+  big.n_heads = 4;
+  big.n_kv_heads = 2;
+  model::Model m(big);
+  m.params().init(1);
+  auto stddev = [](const Tensor& t) {
+    double s = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) s += testing::at(t, i) * testing::at(t, i);
+    return std::sqrt(s / t.numel());
+  };
+  CHECK(stddev(m.params().get("model.layers.1.mlp.up_proj.weight").value) == Approx(0.02).epsilon(0.03));
+  CHECK(stddev(m.params().get("model.layers.1.mlp.down_proj.weight").value) ==
+        Approx(0.02 / std::sqrt(4.0)).epsilon(0.03));
+  // A table restricted to some layers gets identical values for them.
+  model::Model part(big, DType::F32, {1, 2, false, false});
+  part.params().init(1);
+  CHECK(testing::max_rel_diff(part.params().get("model.layers.1.mlp.up_proj.weight").value,
+                              m.params().get("model.layers.1.mlp.up_proj.weight").value) == 0);
+}

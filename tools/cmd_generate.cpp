@@ -1,0 +1,91 @@
+// attnres generate --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T]
+//                  [--top-k K] [--seed S] [--tokenizer FILE]
+// Samples a continuation with the KV-cache decoder.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include "core/rng.h"
+#include "data/bpe.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+#include "train/checkpoint.h"
+
+namespace attnres::tools {
+
+namespace {
+
+// Sample from softmax(logits / temperature) restricted to the top_k largest;
+// temperature 0 = greedy. `u` is a uniform number in (0, 1].
+int32_t sample(std::vector<float> logits, double temperature, int64_t top_k, double u) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  std::vector<int32_t> idx(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  if (temperature <= 0)
+    return *std::max_element(idx.begin(), idx.end(),
+                             [&](int32_t a, int32_t b) { return logits[a] < logits[b]; });
+  const int64_t k = top_k > 0 ? std::min(top_k, V) : V;
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::vector<double> p(k);
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) sum += p[i] = std::exp((logits[idx[i]] - logits[idx[0]]) / temperature);
+  double acc = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    acc += p[i] / sum;
+    if (u <= acc) return idx[i];
+  }
+  return idx[k - 1];
+}
+
+}  // namespace
+
+int cmd_generate(const Args& args) {
+  Flags f(args, "generate", {"checkpoint", "prompt", "tokens", "temperature", "top-k", "seed", "tokenizer"},
+          {"help"});
+  if (f.has("help")) {
+    std::puts("usage: attnres generate --checkpoint DIR --prompt TEXT [--tokens 100]\n"
+              "         [--temperature 0.8] [--top-k 40] [--seed 1] [--tokenizer FILE]\n"
+              "  The tokenizer defaults to DIR/tokenizer.json (copied there by the trainer).");
+    return 0;
+  }
+  const std::string dir = f.required("checkpoint", "generate");
+  const std::string prompt = f.required("prompt", "generate");
+  const int64_t n = f.get_int("tokens", 100, "generate");
+  const double temperature = f.get_double("temperature", 0.8, "generate");
+  const int64_t top_k = f.get_int("top-k", 40, "generate");
+  const uint64_t seed = static_cast<uint64_t>(f.get_int("seed", 1, "generate"));
+  std::string tok_path = f.get("tokenizer", (std::filesystem::path(dir) / "tokenizer.json").string());
+  if (!std::filesystem::exists(tok_path))
+    fail("generate: tokenizer '", tok_path, "' not found (pass --tokenizer, or set data.tokenizer "
+         "when training so checkpoints carry a copy)");
+  auto tokenizer = data::BpeTokenizer::load(tok_path);
+
+  train::Config cfg = train::config_from_checkpoint(dir);
+  if (tokenizer.vocab_size() > cfg.model.vocab_size)
+    fail("generate: tokenizer '", tok_path, "' has ", tokenizer.vocab_size(),
+         " tokens but the model's vocab_size is ", cfg.model.vocab_size);
+  model::Model model(cfg.model, DType::F32);
+  train::load_weights(dir, model.params());
+
+  std::vector<int32_t> ids{tokenizer.eot()};  // documents start with EOT, as in training
+  auto enc = tokenizer.encode(prompt);
+  ids.insert(ids.end(), enc.begin(), enc.end());
+  auto cache = model.new_decode_cache(static_cast<int64_t>(ids.size()) + n);
+  std::vector<float> logits;
+  for (int32_t id : ids) logits = model.decode_step(id, cache);
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < n; ++i) {
+    logits.resize(tokenizer.vocab_size());  // never sample ids the tokenizer can't decode
+    int32_t next = sample(logits, temperature, top_k, random_uniform(seed, 0x5eed, i));
+    if (next == tokenizer.eot()) break;
+    out.push_back(next);
+    logits = model.decode_step(next, cache);
+  }
+  std::printf("%s%s\n", prompt.c_str(), tokenizer.decode(out).c_str());
+  return 0;
+}
+
+}  // namespace attnres::tools
