@@ -8,31 +8,18 @@
 
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include "core/fileio.h"
 #include "core/rng.h"
 
 using namespace attnres;
 namespace fs = std::filesystem;
 
+using attnres::testing::TempDir;
+
 namespace {
 
-// A fresh directory under /tmp, deleted with everything in it at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnres_fileio_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path) / name).string(); }
-  size_t entries() const {
-    return static_cast<size_t>(std::distance(fs::directory_iterator(path), fs::directory_iterator()));
-  }
-};
 
 std::vector<unsigned char> random_bytes(size_t n, uint64_t seed) {
   std::vector<unsigned char> v(n);
@@ -115,7 +102,7 @@ TEST_CASE("file helpers name the file in their errors", "[core]") {
   TempDir dir;
   REQUIRE_THROWS_WITH(read_text_file(dir / "missing.txt"),
                       Catch::Contains(dir / "missing.txt") && Catch::Contains("No such file"));
-  REQUIRE_THROWS_WITH(read_text_file(dir.path), Catch::Contains(dir.path) && Catch::Contains("directory"));
+  REQUIRE_THROWS_WITH(read_text_file(dir.path()), Catch::Contains(dir.path()) && Catch::Contains("directory"));
   REQUIRE_THROWS_WITH(write_text_file_atomic(dir / "no/such/dir/f.txt", "x"),
                       Catch::Contains(dir / "no/such/dir/f.txt"));
   REQUIRE_THROWS_WITH(file_size(dir / "missing.bin"), Catch::Contains(dir / "missing.bin"));

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include "temp_dir.h"
 #include <nlohmann/json.hpp>
 
 #include "core/fileio.h"
@@ -17,21 +19,10 @@ using namespace attnres;
 namespace fs = std::filesystem;
 using Catch::Contains;
 
+using attnres::testing::TempDir;
+
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnres_st_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path) / name).string(); }
-};
 
 std::string file_bytes(const std::string& path) { return read_text_file(path); }
 
@@ -105,7 +96,7 @@ TEST_CASE("safetensors round trip is bit exact", "[core]") {
   CHECK(header.at("scalar").shape.empty());
 
   // Only the final file remains: the temporary was renamed onto it.
-  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
+  CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 1);
 }
 
 TEST_CASE("safetensors file follows the format byte for byte", "[core]") {
@@ -294,7 +285,7 @@ TEST_CASE("safetensors writer rejects bad input and leaves the old file", "[core
   const auto back = read_safetensors(f);
   REQUIRE(back.size() == 1);
   CHECK(back[0].name == "keep");
-  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
+  CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 1);
 }
 
 TEST_CASE("safetensors metadata can override format", "[core]") {

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include "temp_dir.h"
 #include <nlohmann/json.hpp>
 
 #include "core/fileio.h"
@@ -20,21 +22,10 @@ using namespace attnres::train;
 namespace fs = std::filesystem;
 using Catch::Contains;
 
+using attnres::testing::TempDir;
+
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnres_ckpt_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path) / name).string(); }
-};
 
 // Every name directly under `dir`, hidden ones included.
 std::set<std::string> names_in(const std::string& dir) {
@@ -88,9 +79,9 @@ TEST_CASE("checkpoint names", "[train]") {
 
 TEST_CASE("commit publishes a complete, verifiable checkpoint", "[train]") {
   TempDir root;
-  const std::string dir = save(root.path, 10);
+  const std::string dir = save(root.path(), 10);
   CHECK(dir == root / "step_00000010");
-  CHECK(names_in(root.path) == std::set<std::string>{"step_00000010"});  // no temp dir left
+  CHECK(names_in(root.path()) == std::set<std::string>{"step_00000010"});  // no temp dir left
   CHECK(names_in(dir) == std::set<std::string>{"manifest.json", "shards", "state.json", "weights.bin"});
 
   const auto m = nlohmann::json::parse(read_text_file(dir + "/manifest.json"));
@@ -102,14 +93,14 @@ TEST_CASE("commit publishes a complete, verifiable checkpoint", "[train]") {
 
   REQUIRE_NOTHROW(verify_checkpoint(dir));
   CHECK(checkpoint_step(dir) == 10);
-  CHECK(list_checkpoints(root.path) == std::vector<std::string>{dir});
+  CHECK(list_checkpoints(root.path()) == std::vector<std::string>{dir});
 }
 
 TEST_CASE("safetensors inside a checkpoint", "[train]") {
   TempDir root;
   std::string dir;
   {
-    CheckpointWriter w(root.path, 3);
+    CheckpointWriter w(root.path(), 3);
     write_safetensors(w.path_for("model.safetensors"),
                       {{"w", Tensor::from_vector<float>({1, 2, 3}, {3})}});
     dir = w.commit();
@@ -122,7 +113,7 @@ TEST_CASE("safetensors inside a checkpoint", "[train]") {
 
 TEST_CASE("verify_checkpoint detects damage and names the file", "[train]") {
   TempDir root;
-  const std::string dir = save(root.path, 7);
+  const std::string dir = save(root.path(), 7);
   const std::string weights = dir + "/weights.bin";
 
   SECTION("truncated file") {
@@ -164,7 +155,7 @@ TEST_CASE("an uncommitted writer leaves nothing behind", "[train]") {
   TempDir root;
   std::string temp;
   try {
-    CheckpointWriter w(root.path, 5);
+    CheckpointWriter w(root.path(), 5);
     temp = w.temp_dir();
     CHECK(fs::path(temp).filename().string() ==
           ".tmp_step_00000005_" + std::to_string(::getpid()));
@@ -173,14 +164,14 @@ TEST_CASE("an uncommitted writer leaves nothing behind", "[train]") {
   } catch (const std::runtime_error&) {
   }
   CHECK_FALSE(fs::exists(temp));
-  CHECK(names_in(root.path).empty());
-  CHECK(list_checkpoints(root.path).empty());
-  CHECK_FALSE(find_latest_checkpoint(root.path).has_value());
+  CHECK(names_in(root.path()).empty());
+  CHECK(list_checkpoints(root.path()).empty());
+  CHECK_FALSE(find_latest_checkpoint(root.path()).has_value());
 }
 
 TEST_CASE("writer rejects reserved and escaping file names", "[train]") {
   TempDir root;
-  CheckpointWriter w(root.path, 1);
+  CheckpointWriter w(root.path(), 1);
   REQUIRE_THROWS_WITH(w.path_for("manifest.json"), Contains("reserved"));
   REQUIRE_THROWS_WITH(w.path_for("../evil"), Contains("relative path inside"));
   REQUIRE_THROWS_WITH(w.path_for("/etc/passwd"), Contains("relative path inside"));
@@ -191,9 +182,9 @@ TEST_CASE("find_latest_checkpoint skips damaged and incomplete ones", "[train]")
   CHECK_FALSE(find_latest_checkpoint(root / "does_not_exist").has_value());
   CHECK(list_checkpoints(root / "does_not_exist").empty());
 
-  const std::string good = save(root.path, 10);
-  const std::string damaged = save(root.path, 20);
-  const std::string incomplete = save(root.path, 30);
+  const std::string good = save(root.path(), 10);
+  const std::string damaged = save(root.path(), 20);
+  const std::string incomplete = save(root.path(), 30);
   flip_byte(damaged + "/weights.bin", 3);
   fs::remove(incomplete + "/manifest.json");
   // Names that are not checkpoints are ignored.
@@ -203,58 +194,58 @@ TEST_CASE("find_latest_checkpoint skips damaged and incomplete ones", "[train]")
   write_text_file_atomic(root / "step_00000050", "a file, not a dir");
   write_text_file_atomic(root / "notes.txt", "");
 
-  CHECK(list_checkpoints(root.path) == std::vector<std::string>{good, damaged, incomplete});
-  const auto latest = find_latest_checkpoint(root.path);
+  CHECK(list_checkpoints(root.path()) == std::vector<std::string>{good, damaged, incomplete});
+  const auto latest = find_latest_checkpoint(root.path());
   REQUIRE(latest.has_value());
   CHECK(*latest == good);
 }
 
 TEST_CASE("list_checkpoints sorts by step, not by name", "[train]") {
   TempDir root;
-  const std::string big = save(root.path, 100'000'000);  // 9 digits
-  const std::string small = save(root.path, 99'999'999);
-  CHECK(list_checkpoints(root.path) == std::vector<std::string>{small, big});
-  CHECK(find_latest_checkpoint(root.path) == big);
+  const std::string big = save(root.path(), 100'000'000);  // 9 digits
+  const std::string small = save(root.path(), 99'999'999);
+  CHECK(list_checkpoints(root.path()) == std::vector<std::string>{small, big});
+  CHECK(find_latest_checkpoint(root.path()) == big);
 }
 
 TEST_CASE("prune_checkpoints keeps the newest K", "[train]") {
   TempDir root;
   std::vector<std::string> dirs;
-  for (int s : {1, 2, 3, 4, 5}) dirs.push_back(save(root.path, s * 100));
+  for (int s : {1, 2, 3, 4, 5}) dirs.push_back(save(root.path(), s * 100));
 
-  prune_checkpoints(root.path, 0);  // keep all
-  CHECK(list_checkpoints(root.path).size() == 5);
+  prune_checkpoints(root.path(), 0);  // keep all
+  CHECK(list_checkpoints(root.path()).size() == 5);
 
-  prune_checkpoints(root.path, 2);
-  CHECK(list_checkpoints(root.path) == std::vector<std::string>{dirs[3], dirs[4]});
-  CHECK(names_in(root.path) == std::set<std::string>{"step_00000400", "step_00000500"});
+  prune_checkpoints(root.path(), 2);
+  CHECK(list_checkpoints(root.path()) == std::vector<std::string>{dirs[3], dirs[4]});
+  CHECK(names_in(root.path()) == std::set<std::string>{"step_00000400", "step_00000500"});
 
-  prune_checkpoints(root.path, 2);  // idempotent
-  CHECK(list_checkpoints(root.path).size() == 2);
+  prune_checkpoints(root.path(), 2);  // idempotent
+  CHECK(list_checkpoints(root.path()).size() == 2);
 }
 
 TEST_CASE("prune_checkpoints never deletes the newest valid checkpoint", "[train]") {
   TempDir root;
-  const std::string a = save(root.path, 1), b = save(root.path, 2), c = save(root.path, 3);
+  const std::string a = save(root.path(), 1), b = save(root.path(), 2), c = save(root.path(), 3);
   flip_byte(b + "/weights.bin", 0);
   flip_byte(c + "/weights.bin", 0);
-  prune_checkpoints(root.path, 1);
+  prune_checkpoints(root.path(), 1);
   // c is kept (newest), a survives as the only intact one, damaged b goes.
-  CHECK(list_checkpoints(root.path) == std::vector<std::string>{a, c});
-  CHECK(find_latest_checkpoint(root.path) == a);
+  CHECK(list_checkpoints(root.path()) == std::vector<std::string>{a, c});
+  CHECK(find_latest_checkpoint(root.path()) == a);
 }
 
 TEST_CASE("prune_checkpoints leaves incomplete step dirs alone", "[train]") {
   TempDir root;
-  const std::string a = save(root.path, 1), b = save(root.path, 2), c = save(root.path, 3);
+  const std::string a = save(root.path(), 1), b = save(root.path(), 2), c = save(root.path(), 3);
   fs::remove(a + "/manifest.json");
-  prune_checkpoints(root.path, 1);
-  CHECK(list_checkpoints(root.path) == std::vector<std::string>{a, c});
+  prune_checkpoints(root.path(), 1);
+  CHECK(list_checkpoints(root.path()) == std::vector<std::string>{a, c});
 }
 
 TEST_CASE("prune_checkpoints removes temp dirs of dead processes only", "[train]") {
   TempDir root;
-  save(root.path, 1);
+  save(root.path(), 1);
   const std::string stale = root / (".tmp_step_00000002_" + std::to_string(dead_pid()));
   const std::string stale_old = root / (".old_step_00000001_" + std::to_string(dead_pid()));
   const std::string mine = root / (".tmp_step_00000003_" + std::to_string(::getpid()));
@@ -263,26 +254,26 @@ TEST_CASE("prune_checkpoints removes temp dirs of dead processes only", "[train]
     fs::create_directories(d);
     write_text_file_atomic(d + "/f", "x");
   }
-  prune_checkpoints(root.path, 0);
+  prune_checkpoints(root.path(), 0);
   CHECK_FALSE(fs::exists(stale));
   CHECK_FALSE(fs::exists(stale_old));
   CHECK(fs::exists(mine));   // a writer in this process may be using it
   CHECK(fs::exists(other));  // not a name we make
-  CHECK(list_checkpoints(root.path).size() == 1);
+  CHECK(list_checkpoints(root.path()).size() == 1);
 }
 
 TEST_CASE("re-committing an existing step replaces it", "[train]") {
   TempDir root;
-  const std::string first = save(root.path, 8, "first");
-  const std::string second = save(root.path, 8, "second");
+  const std::string first = save(root.path(), 8, "first");
+  const std::string second = save(root.path(), 8, "second");
   CHECK(first == second);
   CHECK(read_text_file(second + "/shards/rank0.txt") == "second");
   REQUIRE_NOTHROW(verify_checkpoint(second));
-  CHECK(names_in(root.path) == std::set<std::string>{"step_00000008"});  // old copy deleted
+  CHECK(names_in(root.path()) == std::set<std::string>{"step_00000008"});  // old copy deleted
 
   // Replacing a damaged copy also works (e.g. re-saving after resuming from an older one).
   flip_byte(second + "/weights.bin", 1);
-  save(root.path, 8, "third");
+  save(root.path(), 8, "third");
   REQUIRE_NOTHROW(verify_checkpoint(second));
   CHECK(read_text_file(second + "/shards/rank0.txt") == "third");
 }
@@ -292,7 +283,7 @@ TEST_CASE("a leftover temp dir with our own name is cleared", "[train]") {
   const std::string leftover = root / (".tmp_step_00000004_" + std::to_string(::getpid()));
   fs::create_directories(leftover);
   write_text_file_atomic(leftover + "/junk.bin", "from a crashed process with our pid");
-  const std::string dir = save(root.path, 4);
+  const std::string dir = save(root.path(), 4);
   CHECK_FALSE(fs::exists(dir + "/junk.bin"));
   CHECK_FALSE(fs::exists(leftover));
   verify_checkpoint(dir);

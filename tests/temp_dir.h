@@ -1,15 +1,14 @@
-// A unique scratch directory under /tmp for a test, removed with its contents
-// when the test ends (also when it fails).
+// Test scratch space: a unique directory under /tmp, removed with everything
+// in it when the TempDir goes out of scope (also when the test fails), and
+// small helpers to write and read raw bytes.
 #pragma once
-#include <unistd.h>
+#include <stdlib.h>
 
-#include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <system_error>
-#include <vector>
 
 #include "core/error.h"
 
@@ -18,11 +17,9 @@ namespace attnres::testing {
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = "/tmp/attnres_test_data_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw Error("mkdtemp failed");
-    path_ = buf.data();
+    std::string tmpl = (std::filesystem::temp_directory_path() / "attnres_test_XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw Error("mkdtemp failed");
+    path_ = tmpl;
   }
   ~TempDir() {
     std::error_code ec;
@@ -32,7 +29,12 @@ class TempDir {
   TempDir& operator=(const TempDir&) = delete;
 
   const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::string file(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
+  std::string operator/(const std::string& name) const { return file(name); }
+  size_t entries() const {
+    return static_cast<size_t>(std::distance(std::filesystem::directory_iterator(path_),
+                                             std::filesystem::directory_iterator()));
+  }
 
  private:
   std::string path_;
