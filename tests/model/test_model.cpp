@@ -71,8 +71,9 @@ std::vector<Case> cases() {
 }  // namespace
 
 TEST_CASE("block sizes and final source counts follow MODEL.md", "[model]") {
-  ModelConfig c = tiny(ResidualMode::Block, 6);
+  ModelConfig c = tiny(ResidualMode::Block, 3);
   c.n_layers = 27;
+  c.block_size = 6;
   c.validate();
   CHECK(c.final_sources() == 10);  // the paper's 48B setting: L = 27, S = 6
   c.block_size = 0;
@@ -118,7 +119,9 @@ TEST_CASE("whole-model gradients match finite differences (float64)", "[model]")
       auto loss = [&]() { return m.forward_loss(tokens, targets, B, T); };
       for (auto& p : m.params().all()) {
         INFO(p.name);
-        CHECK(testing::fd_check(p.value, p.grad, loss, 1e-6, 1e-6) < 1e-5);
+        // h = 3e-5 balances truncation (~h^2) against round-off (~1e-16/h) for
+        // these O(1) weights; both stay under 1e-6 relative here.
+        CHECK(testing::fd_check(p.value, p.grad, loss, 3e-5, 1e-6) < 1e-5);
       }
     }
   }

@@ -1,0 +1,54 @@
+// AdamW dispatcher: argument and hyper-parameter checks, dtype dispatch.
+#include "kernels/adamw.h"
+
+#include <cmath>
+
+#include "kernels/common.h"
+#include "kernels/cpu/adamw.h"
+
+namespace attnres::kernels {
+
+namespace {
+
+// `t` must be defined, live where `ref` lives, have `ref`'s dtype and shape.
+void check_like(const char* op, const char* name, const Tensor& t, const Tensor& ref) {
+  if (!t.defined()) fail(op, ": ", name, " is undefined");
+  if (t.device() != ref.device())
+    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
+  if (t.dtype() != ref.dtype())
+    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
+  if (t.shape() != ref.shape())
+    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(ref.shape()),
+         " (the shape of p)");
+}
+
+}  // namespace
+
+void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& step,
+                  bool decay) {
+  const char* op = "adamw_update";
+  if (!p.defined()) fail(op, ": p is undefined");
+  check_like(op, "g", g, p);
+  check_like(op, "m", m, p);
+  check_like(op, "v", v, p);
+  if (step.t < 1) fail(op, ": step t must be >= 1 (bias correction), got ", step.t);
+  if (!(step.beta1 >= 0 && step.beta1 < 1)) fail(op, ": beta1 must be in [0, 1), got ", step.beta1);
+  if (!(step.beta2 >= 0 && step.beta2 < 1)) fail(op, ": beta2 must be in [0, 1), got ", step.beta2);
+  if (!(step.lr >= 0)) fail(op, ": lr must be >= 0, got ", step.lr);
+  if (!(step.eps >= 0)) fail(op, ": eps must be >= 0, got ", step.eps);
+  if (!(step.weight_decay >= 0)) fail(op, ": weight_decay must be >= 0, got ", step.weight_decay);
+
+  // Per-step scalars in double, rounded once to the tensor's type.
+  const double bc1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.t));
+  const double bc2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.t));
+  const double decay_factor = decay ? 1.0 - step.lr * step.weight_decay : 1.0;
+  dispatch_cpu_float(p, op, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::adamw_update<T>(p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), p.numel(),
+                         static_cast<T>(step.lr), static_cast<T>(step.beta1),
+                         static_cast<T>(step.beta2), static_cast<T>(step.eps),
+                         static_cast<T>(decay_factor), static_cast<T>(bc1), static_cast<T>(bc2));
+  });
+}
+
+}  // namespace attnres::kernels

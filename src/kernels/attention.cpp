@@ -1,0 +1,98 @@
+// Attention dispatcher: shape/dtype checks and dtype dispatch.
+#include "kernels/attention.h"
+
+#include "kernels/common.h"
+#include "kernels/cpu/attention.h"
+
+namespace attnres::kernels {
+
+namespace {
+
+// `t` must be defined, live where `ref` lives, have `ref`'s dtype and `shape`.
+void check_arg(const char* op, const char* name, const Tensor& t, const Tensor& ref,
+               const Shape& shape) {
+  if (!t.defined()) fail(op, ": ", name, " is undefined");
+  if (t.device() != ref.device())
+    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
+  if (t.dtype() != ref.dtype())
+    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
+  if (t.shape() != shape)
+    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(shape));
+}
+
+// Head counts must be positive and H a multiple of Hkv (each KV head serves
+// H/Hkv query heads); B and T may be 0 (nothing to do).
+void check_heads(const char* op, const AttnShape& s, bool need_t) {
+  if (s.B < 0 || (need_t && s.T < 0) || s.H < 1 || s.Hkv < 1 || s.hd < 1)
+    fail(op, ": bad shape B=", s.B, " T=", s.T, " H=", s.H, " Hkv=", s.Hkv, " hd=", s.hd);
+  if (s.H % s.Hkv != 0)
+    fail(op, ": H=", s.H, " is not a multiple of Hkv=", s.Hkv);
+}
+
+}  // namespace
+
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttnShape& s) {
+  const char* op = "attention_forward";
+  check_heads(op, s, true);
+  if (!q.defined()) fail(op, ": q is undefined");
+  const int64_t N = s.B * s.T;
+  check_arg(op, "q", q, q, {N, s.H * s.hd});
+  check_arg(op, "k", k, q, {N, s.Hkv * s.hd});
+  check_arg(op, "v", v, q, {N, s.Hkv * s.hd});
+  check_arg(op, "out", out, q, {N, s.H * s.hd});
+  check_arg(op, "lse", lse, q, {s.B, s.H, s.T});
+  dispatch_cpu_float(q, op, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_forward<T>(out.data<T>(), lse.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
+                              s.B, s.T, s.H, s.Hkv, s.hd);
+  });
+}
+
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const AttnShape& s) {
+  const char* op = "attention_backward";
+  check_heads(op, s, true);
+  if (!q.defined()) fail(op, ": q is undefined");
+  const int64_t N = s.B * s.T;
+  check_arg(op, "q", q, q, {N, s.H * s.hd});
+  check_arg(op, "k", k, q, {N, s.Hkv * s.hd});
+  check_arg(op, "v", v, q, {N, s.Hkv * s.hd});
+  check_arg(op, "out", out, q, {N, s.H * s.hd});
+  check_arg(op, "lse", lse, q, {s.B, s.H, s.T});
+  check_arg(op, "dout", dout, q, {N, s.H * s.hd});
+  check_arg(op, "dq", dq, q, {N, s.H * s.hd});
+  check_arg(op, "dk", dk, q, {N, s.Hkv * s.hd});
+  check_arg(op, "dv", dv, q, {N, s.Hkv * s.hd});
+  dispatch_cpu_float(q, op, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_backward<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(),
+                               q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
+                               lse.data<T>(), s.B, s.T, s.H, s.Hkv, s.hd);
+  });
+}
+
+void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      int64_t len, const AttnShape& s) {
+  const char* op = "attention_decode";
+  check_heads(op, s, false);  // s.T is ignored here
+  if (!q.defined()) fail(op, ": q is undefined");
+  if (!k_cache.defined() || k_cache.ndim() != 3)
+    fail(op, ": k_cache must be 3-D [B, Tmax, Hkv*hd], got ",
+         k_cache.defined() ? shape_str(k_cache.shape()) : std::string("undefined"));
+  const int64_t Tmax = k_cache.dim(1);
+  check_arg(op, "q", q, q, {s.B, s.H * s.hd});
+  check_arg(op, "k_cache", k_cache, q, {s.B, Tmax, s.Hkv * s.hd});
+  check_arg(op, "v_cache", v_cache, q, {s.B, Tmax, s.Hkv * s.hd});
+  check_arg(op, "out", out, q, {s.B, s.H * s.hd});
+  if (len < 1 || len > Tmax)
+    fail(op, ": len=", len, " is outside the cache [1, ", Tmax, "]");
+  dispatch_cpu_float(q, op, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_decode<T>(out.data<T>(), q.data<T>(), k_cache.data<T>(), v_cache.data<T>(),
+                             s.B, Tmax, len, s.H, s.Hkv, s.hd);
+  });
+}
+
+}  // namespace attnres::kernels

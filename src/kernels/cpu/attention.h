@@ -1,0 +1,28 @@
+// CPU causal grouped-query attention on raw row-major arrays.
+//
+// q, out, dq, dout: [B*T, H*hd]; k, v, dk, dv: [B*T, Hkv*hd]; lse: [B, H, T].
+// Query head h reads KV head h / (H/Hkv).
+#pragma once
+#include <cstdint>
+
+namespace attnres::kernels::cpu {
+
+// out = softmax(mask(q k^T / sqrt(hd))) v per head; lse = log-sum-exp of each
+// query row's scaled, masked scores.
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tlen,
+                       int64_t H, int64_t Hkv, int64_t hd);
+
+// dq, dk, dv += gradients, probabilities recomputed from q, k and lse.
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                        int64_t hd);
+
+// One query per sequence over cache positions [0, len):
+// q, out [B, H*hd]; k_cache, v_cache [B, Tmax, Hkv*hd].
+template <typename T>
+void attention_decode(T* out, const T* q, const T* k_cache, const T* v_cache, int64_t B,
+                      int64_t Tmax, int64_t len, int64_t H, int64_t Hkv, int64_t hd);
+
+}  // namespace attnres::kernels::cpu

@@ -1,0 +1,68 @@
+// LM head + cross-entropy dispatcher: argument checks, target validation and
+// dtype dispatch.
+#include "kernels/cross_entropy.h"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/common.h"
+#include "kernels/cpu/cross_entropy.h"
+
+namespace attnres::kernels {
+
+namespace {
+
+// `t` must be defined, live where `ref` lives, have `ref`'s dtype and `shape`.
+void check_arg(const char* op, const char* name, const Tensor& t, const Tensor& ref,
+               const Shape& shape) {
+  if (!t.defined()) fail(op, ": ", name, " is undefined");
+  if (t.device() != ref.device())
+    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
+  if (t.dtype() != ref.dtype())
+    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
+  if (t.shape() != shape)
+    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(shape));
+}
+
+void check_2d(const char* op, const char* name, const Tensor& t) {
+  if (!t.defined()) fail(op, ": ", name, " is undefined");
+  if (t.ndim() != 2) fail(op, ": ", name, " must be 2-D, got ", shape_str(t.shape()));
+}
+
+}  // namespace
+
+double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
+                             Tensor* dw, double grad_scale) {
+  const char* op = "lm_head_cross_entropy";
+  check_2d(op, "h", h);
+  check_2d(op, "w", w);
+  const int64_t N = h.dim(0), d = h.dim(1), V = w.dim(0);
+  check_arg(op, "w", w, h, {V, d});
+  if (dh) check_arg(op, "dh", *dh, h, {N, d});
+  if (dw) check_arg(op, "dw", *dw, h, {V, d});
+  if (!std::isfinite(grad_scale)) fail(op, ": grad_scale must be finite, got ", grad_scale);
+
+  // Targets index the logit row; an id outside [0, V) would read out of
+  // bounds, so name the first offender (a data / vocab_size mismatch).
+  if (!targets.defined()) fail(op, ": targets is undefined");
+  if (targets.dtype() != DType::I32)
+    fail(op, ": targets must be I32, got ", dtype_name(targets.dtype()));
+  if (!targets.is_cpu()) fail(op, ": targets must be on the cpu");
+  if (targets.shape() != Shape{N})
+    fail(op, ": targets has shape ", shape_str(targets.shape()), ", expected ", shape_str({N}));
+  const int32_t* ids = targets.data<int32_t>();
+  for (int64_t i = 0; i < N; ++i)
+    if (ids[i] < 0 || ids[i] >= V)
+      fail(op, ": target id ", ids[i], " at position ", i, " is outside the vocabulary [0, ", V,
+           ")");
+
+  double loss = 0;
+  dispatch_cpu_float(h, op, [&](auto tag) {
+    using T = decltype(tag);
+    loss = cpu::lm_head_cross_entropy<T>(h.data<T>(), w.data<T>(), ids, dh ? dh->data<T>() : nullptr,
+                                         dw ? dw->data<T>() : nullptr, N, V, d, grad_scale);
+  });
+  return loss;
+}
+
+}  // namespace attnres::kernels

@@ -1,0 +1,71 @@
+// Matmul dispatcher: argument checks and dtype dispatch.
+#include "kernels/matmul.h"
+
+#include <cstdint>
+
+#include "kernels/common.h"
+#include "kernels/cpu/matmul.h"
+
+namespace attnres::kernels {
+
+namespace {
+
+// `t` must be defined, live where `ref` lives, have `ref`'s dtype and `shape`.
+void check_arg(const char* op, const char* name, const Tensor& t, const Tensor& ref,
+               const Shape& shape) {
+  if (!t.defined()) fail(op, ": ", name, " is undefined");
+  if (t.device() != ref.device())
+    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
+  if (t.dtype() != ref.dtype())
+    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
+  if (t.shape() != shape)
+    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(shape));
+}
+
+// Reads M, K from x [M, K] and N from w [N, K]; checks both are 2-D and that
+// the inner dims agree. OpenBLAS takes 32-bit dims (blasint = int).
+void matmul_dims(const char* op, const Tensor& x, const Tensor& w, int64_t& M, int64_t& N,
+                 int64_t& K) {
+  if (!x.defined() || x.ndim() != 2)
+    fail(op, ": x must be 2-D [M, K], got ", x.defined() ? shape_str(x.shape()) : "undefined");
+  if (!w.defined() || w.ndim() != 2)
+    fail(op, ": w must be 2-D [N, K], got ", w.defined() ? shape_str(w.shape()) : "undefined");
+  M = x.dim(0);
+  K = x.dim(1);
+  N = w.dim(0);
+  if (w.dim(1) != K)
+    fail(op, ": inner dims differ: x ", shape_str(x.shape()), " vs w ", shape_str(w.shape()),
+         " (w is [out, in])");
+  check_arg(op, "w", w, x, {N, K});
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+    fail(op, ": dims [", M, ", ", N, ", ", K, "] exceed the BLAS 32-bit index range");
+}
+
+}  // namespace
+
+void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
+  const char* op = "matmul_forward";
+  int64_t M, N, K;
+  matmul_dims(op, x, w, M, N, K);
+  check_arg(op, "y", y, x, {M, N});
+  dispatch_cpu_float(x, op, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::matmul_forward<T>(y.data<T>(), x.data<T>(), w.data<T>(), M, N, K, accumulate);
+  });
+}
+
+void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  const char* op = "matmul_backward";
+  int64_t M, N, K;
+  matmul_dims(op, x, w, M, N, K);
+  check_arg(op, "dy", dy, x, {M, N});
+  if (dx) check_arg(op, "dx", *dx, x, {M, K});
+  if (dw) check_arg(op, "dw", *dw, x, {N, K});
+  dispatch_cpu_float(x, op, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() : nullptr,
+                            dy.data<T>(), x.data<T>(), w.data<T>(), M, N, K);
+  });
+}
+
+}  // namespace attnres::kernels

@@ -1,0 +1,256 @@
+// AttnRes depth Mix: forward vs an explicit per-row softmax, gradients (w and
+// every source, through the rstd path) vs finite differences for k = 1, 2, 5,
+// k = 1 identity, accumulation, precision, determinism and errors.
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/mix.h"
+#include "testing.h"
+
+using namespace attnres;
+using namespace attnres::testing;
+namespace k = attnres::kernels;
+
+namespace {
+
+constexpr float kEps = 1e-5f;
+// Finite-difference step and gradient floor. The loss sums N*d terms, so its
+// rounding noise divided by a small step swamps gradient elements far below
+// the typical O(0.1..1) size; comparing those against a 1e-3 floor keeps the
+// check tight where it matters (an absolute error of 1e-9 still fails it).
+// h = 1e-4 keeps the O(h^2) truncation error near 1e-7.
+constexpr double kH = 1e-4, kFloor = 1e-3;
+
+// max |a - b| over max |b| (see test_rmsnorm.cpp).
+double scaled_diff(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    num = std::max(num, std::fabs(at(a, i) - at(b, i)));
+    den = std::max(den, std::fabs(at(b, i)));
+  }
+  return num / den;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+std::vector<Tensor> random_sources(int64_t kk, int64_t N, int64_t d, uint64_t seed,
+                                   DType dt = DType::F64) {
+  std::vector<Tensor> v;
+  // Different scales per source so the softmax is far from uniform.
+  for (int64_t j = 0; j < kk; ++j) v.push_back(randn({N, d}, seed + j, dt, 0.5 + 0.4 * j));
+  return v;
+}
+
+std::vector<Tensor> rstds_of(const std::vector<Tensor>& sources) {
+  std::vector<Tensor> r;
+  for (const Tensor& v : sources) {
+    Tensor t = Tensor::empty({v.dim(0)}, v.dtype());
+    k::mix_source_rstd(t, v, kEps);
+    r.push_back(t);
+  }
+  return r;
+}
+
+struct MixOut {
+  Tensor out, probs;
+};
+
+MixOut mix(const Tensor& w, const std::vector<Tensor>& sources, const std::vector<Tensor>& rstds) {
+  const int64_t N = sources[0].dim(0), d = sources[0].dim(1);
+  MixOut m{Tensor::empty({N, d}, w.dtype()),
+           Tensor::empty({N, static_cast<int64_t>(sources.size())}, w.dtype())};
+  k::mix_forward(m.out, m.probs, w, sources, rstds);
+  return m;
+}
+
+std::vector<Tensor> zeros_like(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> z;
+  for (const Tensor& t : ts) z.push_back(Tensor::zeros(t.shape(), t.dtype()));
+  return z;
+}
+
+}  // namespace
+
+TEST_CASE("mix_source_rstd and mix forward match an explicit per-row softmax", "[kernels]") {
+  const int64_t N = 7, d = 12;
+  for (int64_t kk : {int64_t(1), int64_t(2), int64_t(5)}) {
+    std::vector<Tensor> src = random_sources(kk, N, d, 10 * kk);
+    Tensor w = randn({d}, 3);
+    std::vector<Tensor> rs = rstds_of(src);
+    MixOut m = mix(w, src, rs);
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<double> logit(kk), a(kk);
+      for (int64_t j = 0; j < kk; ++j) {
+        double ss = 0, dot = 0;
+        for (int64_t c = 0; c < d; ++c) ss += at(src[j], n * d + c) * at(src[j], n * d + c);
+        const double r = 1 / std::sqrt(ss / d + kEps);
+        REQUIRE(at(rs[j], n) == Approx(r).epsilon(1e-14));
+        for (int64_t c = 0; c < d; ++c) dot += w.data<double>()[c] * at(src[j], n * d + c) * r;
+        logit[j] = dot;
+      }
+      double z = 0;
+      for (int64_t j = 0; j < kk; ++j) z += std::exp(logit[j]);
+      for (int64_t j = 0; j < kk; ++j) {
+        a[j] = std::exp(logit[j]) / z;
+        REQUIRE(at(m.probs, n * kk + j) == Approx(a[j]).epsilon(1e-13));
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        double o = 0;
+        for (int64_t j = 0; j < kk; ++j) o += a[j] * at(src[j], n * d + c);
+        REQUIRE(at(m.out, n * d + c) == Approx(o).epsilon(1e-12).margin(1e-14));
+      }
+    }
+  }
+}
+
+TEST_CASE("mix backward matches finite differences for w and every source", "[kernels]") {
+  const int64_t N = 7, d = 12;
+  for (int64_t kk : {int64_t(1), int64_t(2), int64_t(5)}) {
+    std::vector<Tensor> src = random_sources(kk, N, d, 20 * kk);
+    Tensor w = randn({d}, 4);
+    Tensor wt = randn({N, d}, 5);
+    // rstd is recomputed from the (perturbed) sources, so the finite
+    // differences see the rstd path that the backward must include.
+    auto loss = [&] { return weighted_sum(mix(w, src, rstds_of(src)).out, wt); };
+    std::vector<Tensor> rs = rstds_of(src);
+    MixOut m = mix(w, src, rs);
+    std::vector<Tensor> dsrc = zeros_like(src);
+    Tensor dw = Tensor::zeros({d}, DType::F64);
+    k::mix_backward(dsrc, dw, wt, w, src, rs, m.probs);
+    INFO("k=" << kk);
+    REQUIRE(fd_check(w, dw, loss, kH, kFloor) < 1e-6);
+    for (int64_t j = 0; j < kk; ++j) {
+      INFO("source " << j);
+      REQUIRE(fd_check(src[j], dsrc[j], loss, kH, kFloor) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("mix with one source is the identity", "[kernels]") {
+  for (DType dt : {DType::F64, DType::F32}) {
+    const int64_t N = 9, d = 12;
+    std::vector<Tensor> src = random_sources(1, N, d, 30, dt);
+    Tensor w = randn({d}, 31, dt, 3.0);
+    std::vector<Tensor> rs = rstds_of(src);
+    MixOut m = mix(w, src, rs);
+    REQUIRE(same_bits(m.out, src[0]));
+    for (int64_t n = 0; n < N; ++n) REQUIRE(at(m.probs, n) == 1.0);
+    Tensor dout = randn({N, d}, 32, dt);
+    std::vector<Tensor> dsrc = zeros_like(src);
+    Tensor dw = Tensor::zeros({d}, dt);
+    k::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
+    REQUIRE(same_bits(dsrc[0], dout));
+    for (int64_t c = 0; c < d; ++c) REQUIRE(at(dw, c) == 0.0);
+  }
+}
+
+TEST_CASE("mix backward accumulates; float32 agrees with float64", "[kernels]") {
+  const int64_t N = 37, d = 24, kk = 5;
+  std::vector<Tensor> src = random_sources(kk, N, d, 40);
+  Tensor w = randn({d}, 41), dout = randn({N, d}, 42);
+  std::vector<Tensor> rs = rstds_of(src);
+  MixOut m = mix(w, src, rs);
+  std::vector<Tensor> dsrc = zeros_like(src);
+  Tensor dw = Tensor::zeros({d}, DType::F64);
+  k::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
+  std::vector<Tensor> once;
+  for (const Tensor& t : dsrc) once.push_back(t.clone());
+  Tensor dw1 = dw.clone();
+  k::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
+  for (int64_t j = 0; j < kk; ++j)
+    for (int64_t i = 0; i < dsrc[j].numel(); ++i)
+      REQUIRE(at(dsrc[j], i) == Approx(2 * at(once[j], i)).margin(1e-14));
+  for (int64_t c = 0; c < d; ++c) REQUIRE(at(dw, c) == Approx(2 * at(dw1, c)).margin(1e-14));
+
+  std::vector<Tensor> src32;
+  for (const Tensor& t : src) src32.push_back(t.to(DType::F32));
+  Tensor w32 = w.to(DType::F32);
+  std::vector<Tensor> rs32 = rstds_of(src32);
+  MixOut m32 = mix(w32, src32, rs32);
+  REQUIRE(max_rel_diff(rs32[2], rs[2]) < 1e-6);
+  REQUIRE(scaled_diff(m32.probs, m.probs) < 1e-5);
+  REQUIRE(scaled_diff(m32.out, m.out) < 1e-5);
+  std::vector<Tensor> dsrc32 = zeros_like(src32);
+  Tensor dw32 = Tensor::zeros({d}, DType::F32);
+  k::mix_backward(dsrc32, dw32, dout.to(DType::F32), w32, src32, rs32, m32.probs);
+  for (int64_t j = 0; j < kk; ++j) REQUIRE(scaled_diff(dsrc32[j], once[j]) < 1e-5);
+  REQUIRE(scaled_diff(dw32, dw1) < 1e-5);
+}
+
+TEST_CASE("mix is deterministic and independent of the thread count", "[kernels]") {
+  const int64_t N = 1501, d = 64, kk = 5;  // several dw row chunks, parallel path
+  std::vector<Tensor> src = random_sources(kk, N, d, 50, DType::F32);
+  Tensor w = randn({d}, 51, DType::F32), dout = randn({N, d}, 52, DType::F32);
+  std::vector<Tensor> rs = rstds_of(src);
+  const int saved = omp_get_max_threads();
+  MixOut m[3];
+  std::vector<Tensor> dsrc[3];
+  Tensor dw[3];
+  for (int r = 0; r < 3; ++r) {  // 2 threads, 2 threads again, 1 thread
+    omp_set_num_threads(r == 2 ? 1 : 2);
+    m[r] = mix(w, src, rs);
+    dsrc[r] = zeros_like(src);
+    dw[r] = Tensor::zeros({d}, DType::F32);
+    k::mix_backward(dsrc[r], dw[r], dout, w, src, rs, m[r].probs);
+  }
+  omp_set_num_threads(saved);
+  for (int r = 1; r < 3; ++r) {
+    INFO("run " << r);
+    REQUIRE(same_bits(m[r].out, m[0].out));
+    REQUIRE(same_bits(m[r].probs, m[0].probs));
+    REQUIRE(same_bits(dw[r], dw[0]));
+    for (int64_t j = 0; j < kk; ++j) REQUIRE(same_bits(dsrc[r][j], dsrc[0][j]));
+  }
+}
+
+TEST_CASE("mix rejects bad arguments", "[kernels]") {
+  const int64_t N = 4, d = 6;
+  std::vector<Tensor> src = random_sources(2, N, d, 60);
+  std::vector<Tensor> rs = rstds_of(src);
+  Tensor w = randn({d}, 61);
+  Tensor out = Tensor::empty({N, d}, DType::F64), probs = Tensor::empty({N, 2}, DType::F64);
+  REQUIRE_NOTHROW(k::mix_forward(out, probs, w, src, rs));
+
+  std::vector<Tensor> none;
+  REQUIRE_THROWS_AS(k::mix_forward(out, probs, w, none, none), Error);
+  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w, none, none),
+                      Catch::Contains("mix_forward: needs at least one source"));
+  std::vector<Tensor> one_rstd{rs[0]};
+  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w, src, one_rstd),
+                      Catch::Contains("2 sources but 1 rstds"));
+  std::vector<Tensor> bad_src{src[0], randn({N, d + 1}, 62)};
+  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w, bad_src, rs),
+                      Catch::Contains("mix_forward: sources[1] has shape [4, 7], expected [4, 6]"));
+  std::vector<Tensor> bad_rs{rs[0], Tensor::empty({N + 1}, DType::F64)};
+  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w, src, bad_rs),
+                      Catch::Contains("rstds[1] has shape [5], expected [4]"));
+  Tensor bad_probs = Tensor::empty({N, 3}, DType::F64);
+  REQUIRE_THROWS_WITH(k::mix_forward(out, bad_probs, w, src, rs),
+                      Catch::Contains("probs has shape [4, 3], expected [4, 2]"));
+  Tensor w32 = w.to(DType::F32);
+  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w32, src, rs),
+                      Catch::Contains("sources[0] is F64, expected F32"));
+  Tensor w2 = randn({1, d}, 63);
+  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w2, src, rs), Catch::Contains("w must be 1-D"));
+
+  std::vector<Tensor> dsrc = zeros_like(src);
+  Tensor dw = Tensor::zeros({d}, DType::F64), dout = randn({N, d}, 64);
+  REQUIRE_NOTHROW(k::mix_backward(dsrc, dw, dout, w, src, rs, probs));
+  std::vector<Tensor> dsrc1{dsrc[0]};
+  REQUIRE_THROWS_WITH(k::mix_backward(dsrc1, dw, dout, w, src, rs, probs),
+                      Catch::Contains("mix_backward: 2 sources but 1 dsources"));
+  Tensor bad_dw = Tensor::zeros({d + 1}, DType::F64);
+  REQUIRE_THROWS_WITH(k::mix_backward(dsrc, bad_dw, dout, w, src, rs, probs),
+                      Catch::Contains("dw has shape [7], expected [6]"));
+
+  Tensor rstd = Tensor::empty({N + 1}, DType::F64);
+  REQUIRE_THROWS_WITH(k::mix_source_rstd(rstd, src[0], kEps),
+                      Catch::Contains("mix_source_rstd: rstd has shape [5], expected [4]"));
+}
