@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/device.h"
+
 namespace attnres {
 
 size_t dtype_size(DType t) {
@@ -52,16 +54,20 @@ int64_t shape_numel(const Shape& s) {
 }
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  if (device != Device::CPU)
-    fail("cannot allocate ", bytes, " bytes on ", device_name(device),
-         ": the CUDA backend does not allocate through core::Storage yet");
+  if (device == Device::CUDA) {
+    data_ = cuda::alloc(bytes);
+    return;
+  }
   // aligned_alloc needs a size that is a multiple of the alignment.
   size_t rounded = (bytes + 63) / 64 * 64;
   data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (!data_) fail("out of host memory allocating ", bytes, " bytes");
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  if (device_ == Device::CUDA) cuda::release(data_);
+  else std::free(data_);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   Tensor t;
@@ -89,6 +95,7 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
 }
 template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&);
 template Tensor Tensor::from_vector<double>(const std::vector<double>&, const Shape&);
+template Tensor Tensor::from_vector<bf16_t>(const std::vector<bf16_t>&, const Shape&);
 template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&);
 
 int64_t Tensor::dim(int i) const {
@@ -128,38 +135,67 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+namespace {
+// Element i of a host tensor of any dtype, widened to double (exact for every
+// dtype we have), and the narrowing store back.
+double load_as_double(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::F64: return static_cast<const double*>(p)[i];
+    case DType::I32: return static_cast<const int32_t*>(p)[i];
+    case DType::BF16: return bf16_to_float(static_cast<const bf16_t*>(p)[i]);
+  }
+  return 0;
+}
+void store_from_double(void* p, DType t, int64_t i, double v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::F64: static_cast<double*>(p)[i] = v; break;
+    case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    // Via float: double -> float rounding then float -> bf16 rounding can
+    // differ from a direct rounding only on exact float ties, which a value
+    // that came from float never hits.
+    case DType::BF16: static_cast<bf16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
+  }
+}
+}  // namespace
+
 Tensor Tensor::to(DType dtype) const {
-  ATTNRES_CHECK(is_cpu(), "to(dtype) is a host conversion");
+  ATTNRES_CHECK(is_cpu(), "to(dtype) is a host conversion; move ", describe(), " to the cpu first");
   if (dtype == dtype_) return clone();
   Tensor t = empty(shape_, dtype, device_);
-  auto convert = [&](auto* dst) {
-    using D = std::remove_pointer_t<decltype(dst)>;
-    switch (dtype_) {
-      case DType::F32: { const float* s = data<float>(); for (int64_t i = 0; i < numel_; ++i) dst[i] = static_cast<D>(s[i]); break; }
-      case DType::F64: { const double* s = data<double>(); for (int64_t i = 0; i < numel_; ++i) dst[i] = static_cast<D>(s[i]); break; }
-      case DType::I32: { const int32_t* s = data<int32_t>(); for (int64_t i = 0; i < numel_; ++i) dst[i] = static_cast<D>(s[i]); break; }
-      default: fail("to(): unsupported source dtype ", dtype_name(dtype_));
-    }
-  };
-  switch (dtype) {
-    case DType::F32: convert(t.data<float>()); break;
-    case DType::F64: convert(t.data<double>()); break;
-    case DType::I32: convert(t.data<int32_t>()); break;
-    default: fail("to(): unsupported target dtype ", dtype_name(dtype));
+  const void* src = raw();
+  void* dst = t.raw();
+  if (dtype_ == DType::F32 && dtype == DType::BF16) {  // the hot case: weights for a bf16 run
+    const float* s = static_cast<const float*>(src);
+    bf16_t* d = static_cast<bf16_t*>(dst);
+    for (int64_t i = 0; i < numel_; ++i) d[i] = float_to_bf16(s[i]);
+    return t;
   }
+  for (int64_t i = 0; i < numel_; ++i) store_from_double(dst, dtype, i, load_as_double(src, dtype_, i));
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
   return t;
 }
 
 void Tensor::zero_() {
-  ATTNRES_CHECK(is_cpu(), "zero_() on ", device_name(device_), " needs the CUDA backend");
-  std::memset(raw(), 0, nbytes());
+  if (is_cuda()) cuda::zero(raw(), nbytes());
+  else std::memset(raw(), 0, nbytes());
 }
 
 void Tensor::copy_from(const Tensor& src) {
   ATTNRES_CHECK(src.numel_ == numel_ && src.dtype_ == dtype_, "copy_from ", src.describe(),
                 " into ", describe());
-  ATTNRES_CHECK(is_cpu() && src.is_cpu(), "copy_from across devices needs the CUDA backend");
-  std::memmove(raw(), src.raw(), nbytes());
+  if (is_cpu() && src.is_cpu()) {
+    std::memmove(raw(), src.raw(), nbytes());
+    return;
+  }
+  auto side = [](const Tensor& t) { return t.is_cpu() ? cuda::Side::Host : cuda::Side::Device; };
+  cuda::copy(raw(), side(*this), src.raw(), side(src), nbytes());
 }
 
 std::string Tensor::describe() const {

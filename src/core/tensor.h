@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/error.h"
 
 namespace attnres {
@@ -27,13 +28,15 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[2, 3]"
 int64_t shape_numel(const Shape& s);
 
-// C++ type <-> DType (F32 = float, F64 = double, I32 = int32_t).
+// C++ type <-> DType (F32 = float, F64 = double, I32 = int32_t, BF16 = bf16_t).
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::F32; }
 template <> constexpr DType dtype_of<double>() { return DType::F64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <> constexpr DType dtype_of<bf16_t>() { return DType::BF16; }
 
-// Owns one allocation on one device. Host memory is 64-byte aligned.
+// Owns one allocation on one device. Host memory is 64-byte aligned; device
+// memory comes from the CUDA caching allocator (core/device.h).
 class Storage {
  public:
   Storage(size_t bytes, Device device);
@@ -68,6 +71,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   bool is_cpu() const { return device_ == Device::CPU; }
+  bool is_cuda() const { return device_ == Device::CUDA; }
 
   // Typed pointer to the first element; checks that T matches the dtype.
   template <typename T>
@@ -83,8 +87,9 @@ class Tensor {
   Tensor rows(int64_t begin, int64_t count) const;    // slice of dim 0, shares storage
   Tensor clone() const;                               // deep copy
   Tensor to(DType dtype) const;                       // host conversion (copy)
+  Tensor to(Device device) const;                     // copy to device (or clone if same)
   void zero_();
-  void copy_from(const Tensor& src);                  // same numel and dtype
+  void copy_from(const Tensor& src);                  // same numel and dtype, any devices
   std::string describe() const;                       // "F32[2, 3] cpu"
 
  private:

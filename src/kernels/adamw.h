@@ -12,8 +12,11 @@ struct AdamWStep {
 };
 
 // p *= (1 - lr*wd) if decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-// p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). p, g, m, v same shape.
+// p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). p, g, m, v same shape
+// and dtype. Mixed precision: p is the fp32 master copy and `p_lowp`, if given,
+// receives p rounded to bf16 (the weights the model computes with) in the
+// same pass.
 void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& step,
-                  bool decay);
+                  bool decay, Tensor* p_lowp = nullptr);
 
 }  // namespace attnres::kernels

@@ -3,22 +3,13 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/attention.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/attention.h"
+#endif
 
 namespace attnres::kernels {
 
 namespace {
-
-// `t` must be defined, live where `ref` lives, have `ref`'s dtype and `shape`.
-void check_arg(const char* op, const char* name, const Tensor& t, const Tensor& ref,
-               const Shape& shape) {
-  if (!t.defined()) fail(op, ": ", name, " is undefined");
-  if (t.device() != ref.device())
-    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
-  if (t.dtype() != ref.dtype())
-    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
-  if (t.shape() != shape)
-    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(shape));
-}
 
 // Head counts must be positive and H a multiple of Hkv (each KV head serves
 // H/Hkv query heads); B and T may be 0 (nothing to do).
@@ -41,7 +32,8 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
   check_arg(op, "k", k, q, {N, s.Hkv * s.hd});
   check_arg(op, "v", v, q, {N, s.Hkv * s.hd});
   check_arg(op, "out", out, q, {N, s.H * s.hd});
-  check_arg(op, "lse", lse, q, {s.B, s.H, s.T});
+  check_arg(op, "lse", lse, q.device(), stat_dtype(q.dtype()), {s.B, s.H, s.T});
+  ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_forward(out, lse, q, k, v, s));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_forward<T>(out.data<T>(), lse.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
@@ -60,11 +52,12 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   check_arg(op, "k", k, q, {N, s.Hkv * s.hd});
   check_arg(op, "v", v, q, {N, s.Hkv * s.hd});
   check_arg(op, "out", out, q, {N, s.H * s.hd});
-  check_arg(op, "lse", lse, q, {s.B, s.H, s.T});
+  check_arg(op, "lse", lse, q.device(), stat_dtype(q.dtype()), {s.B, s.H, s.T});
   check_arg(op, "dout", dout, q, {N, s.H * s.hd});
   check_arg(op, "dq", dq, q, {N, s.H * s.hd});
   check_arg(op, "dk", dk, q, {N, s.Hkv * s.hd});
   check_arg(op, "dv", dv, q, {N, s.Hkv * s.hd});
+  ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_backward<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(),
@@ -88,6 +81,7 @@ void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const
   check_arg(op, "out", out, q, {s.B, s.H * s.hd});
   if (len < 1 || len > Tmax)
     fail(op, ": len=", len, " is outside the cache [1, ", Tmax, "]");
+  ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_decode(out, q, k_cache, v_cache, len, s));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_decode<T>(out.data<T>(), q.data<T>(), k_cache.data<T>(), v_cache.data<T>(),

@@ -7,29 +7,11 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/cross_entropy.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/cross_entropy.h"
+#endif
 
 namespace attnres::kernels {
-
-namespace {
-
-// `t` must be defined, live where `ref` lives, have `ref`'s dtype and `shape`.
-void check_arg(const char* op, const char* name, const Tensor& t, const Tensor& ref,
-               const Shape& shape) {
-  if (!t.defined()) fail(op, ": ", name, " is undefined");
-  if (t.device() != ref.device())
-    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
-  if (t.dtype() != ref.dtype())
-    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
-  if (t.shape() != shape)
-    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(shape));
-}
-
-void check_2d(const char* op, const char* name, const Tensor& t) {
-  if (!t.defined()) fail(op, ": ", name, " is undefined");
-  if (t.ndim() != 2) fail(op, ": ", name, " must be 2-D, got ", shape_str(t.shape()));
-}
-
-}  // namespace
 
 double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
                              Tensor* dw, double grad_scale) {
@@ -39,7 +21,7 @@ double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& tar
   const int64_t N = h.dim(0), d = h.dim(1), V = w.dim(0);
   check_arg(op, "w", w, h, {V, d});
   if (dh) check_arg(op, "dh", *dh, h, {N, d});
-  if (dw) check_arg(op, "dw", *dw, h, {V, d});
+  if (dw) check_arg(op, "dw", *dw, h.device(), grad_dtype(h.dtype()), {V, d});
   if (!std::isfinite(grad_scale)) fail(op, ": grad_scale must be finite, got ", grad_scale);
 
   // Targets index the logit row; an id outside [0, V) would read out of
@@ -47,9 +29,12 @@ double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& tar
   if (!targets.defined()) fail(op, ": targets is undefined");
   if (targets.dtype() != DType::I32)
     fail(op, ": targets must be I32, got ", dtype_name(targets.dtype()));
-  if (!targets.is_cpu()) fail(op, ": targets must be on the cpu");
+  if (targets.device() != h.device())
+    fail(op, ": targets are on ", device_name(targets.device()), ", h on ", device_name(h.device()));
   if (targets.shape() != Shape{N})
     fail(op, ": targets has shape ", shape_str(targets.shape()), ", expected ", shape_str({N}));
+  // (The CUDA kernel checks the ids on the device and reports the same way.)
+  ATTNRES_CUDA_DISPATCH(h, op, cuda::lm_head_cross_entropy(h, w, targets, dh, dw, grad_scale));
   const int32_t* ids = targets.data<int32_t>();
   for (int64_t i = 0; i < N; ++i)
     if (ids[i] < 0 || ids[i] >= V)

@@ -5,22 +5,13 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/matmul.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/matmul.h"
+#endif
 
 namespace attnres::kernels {
 
 namespace {
-
-// `t` must be defined, live where `ref` lives, have `ref`'s dtype and `shape`.
-void check_arg(const char* op, const char* name, const Tensor& t, const Tensor& ref,
-               const Shape& shape) {
-  if (!t.defined()) fail(op, ": ", name, " is undefined");
-  if (t.device() != ref.device())
-    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
-  if (t.dtype() != ref.dtype())
-    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
-  if (t.shape() != shape)
-    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(shape));
-}
 
 // Reads M, K from x [M, K] and N from w [N, K]; checks both are 2-D and that
 // the inner dims agree. OpenBLAS takes 32-bit dims (blasint = int).
@@ -48,6 +39,7 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, bool accumulate
   int64_t M, N, K;
   matmul_dims(op, x, w, M, N, K);
   check_arg(op, "y", y, x, {M, N});
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_forward(y, x, w, accumulate));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::matmul_forward<T>(y.data<T>(), x.data<T>(), w.data<T>(), M, N, K, accumulate);
@@ -60,7 +52,8 @@ void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, 
   matmul_dims(op, x, w, M, N, K);
   check_arg(op, "dy", dy, x, {M, N});
   if (dx) check_arg(op, "dx", *dx, x, {M, K});
-  if (dw) check_arg(op, "dw", *dw, x, {N, K});
+  if (dw) check_arg(op, "dw", *dw, x.device(), grad_dtype(x.dtype()), {N, K});
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() : nullptr,

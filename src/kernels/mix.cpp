@@ -7,22 +7,13 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/mix.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/mix.h"
+#endif
 
 namespace attnres::kernels {
 
 namespace {
-
-// `t` must be defined, live where `ref` lives, have `ref`'s dtype and `shape`.
-void check_arg(const char* op, const std::string& name, const Tensor& t, const Tensor& ref,
-               const Shape& shape) {
-  if (!t.defined()) fail(op, ": ", name, " is undefined");
-  if (t.device() != ref.device())
-    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
-  if (t.dtype() != ref.dtype())
-    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
-  if (t.shape() != shape)
-    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(shape));
-}
 
 std::string indexed(const char* name, size_t j) { return std::string(name) + "[" + std::to_string(j) + "]"; }
 
@@ -41,8 +32,8 @@ std::pair<int64_t, int64_t> check_sources(const char* op, const Tensor& w,
          sources[0].defined() ? shape_str(sources[0].shape()) : std::string("undefined"));
   const int64_t N = sources[0].dim(0);
   for (size_t j = 0; j < sources.size(); ++j) {
-    check_arg(op, indexed("sources", j), sources[j], w, {N, d});
-    check_arg(op, indexed("rstds", j), rstds[j], w, {N});
+    check_arg(op, indexed("sources", j).c_str(), sources[j], w, {N, d});
+    check_arg(op, indexed("rstds", j).c_str(), rstds[j], w.device(), stat_dtype(w.dtype()), {N});
   }
   return {N, d};
 }
@@ -62,8 +53,9 @@ void mix_source_rstd(Tensor& rstd, const Tensor& v, float eps) {
     fail(op, ": v must be 2-D [N, d], got ",
          v.defined() ? shape_str(v.shape()) : std::string("undefined"));
   const int64_t N = v.dim(0), d = v.dim(1);
-  check_arg(op, "rstd", rstd, v, {N});
+  check_arg(op, "rstd", rstd, v.device(), stat_dtype(v.dtype()), {N});
   if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
+  ATTNRES_CUDA_DISPATCH(v, op, cuda::mix_source_rstd(rstd, v, eps));
   dispatch_cpu_float(v, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::mix_source_rstd<T>(rstd.data<T>(), v.data<T>(), N, d, static_cast<T>(eps));
@@ -78,7 +70,8 @@ void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor>
   const int64_t N = Nd.first, d = Nd.second;
   const int64_t k = static_cast<int64_t>(sources.size());
   check_arg(op, "out", out, w, {N, d});
-  check_arg(op, "probs", probs, w, {N, k});
+  check_arg(op, "probs", probs, w.device(), stat_dtype(w.dtype()), {N, k});
+  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_forward(out, probs, w, sources, rstds));
   dispatch_cpu_float(w, op, [&](auto tag) {
     using T = decltype(tag);
     const std::vector<const T*> src = const_ptrs<T>(sources), rs = const_ptrs<T>(rstds);
@@ -95,10 +88,12 @@ void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const T
   const int64_t k = static_cast<int64_t>(sources.size());
   if (dsources.size() != sources.size())
     fail(op, ": ", sources.size(), " sources but ", dsources.size(), " dsources");
-  for (size_t j = 0; j < dsources.size(); ++j) check_arg(op, indexed("dsources", j), dsources[j], w, {N, d});
-  check_arg(op, "dw", dw, w, {d});
+  for (size_t j = 0; j < dsources.size(); ++j)
+    check_arg(op, indexed("dsources", j).c_str(), dsources[j], w, {N, d});
+  check_arg(op, "dw", dw, w.device(), grad_dtype(w.dtype()), {d});
   check_arg(op, "dout", dout, w, {N, d});
-  check_arg(op, "probs", probs, w, {N, k});
+  check_arg(op, "probs", probs, w.device(), stat_dtype(w.dtype()), {N, k});
+  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_backward(dsources, dw, dout, w, sources, rstds, probs));
   dispatch_cpu_float(w, op, [&](auto tag) {
     using T = decltype(tag);
     const std::vector<const T*> src = const_ptrs<T>(sources), rs = const_ptrs<T>(rstds);

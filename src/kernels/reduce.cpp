@@ -3,6 +3,9 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/reduce.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/reduce.h"
+#endif
 
 namespace attnres::kernels {
 
@@ -26,6 +29,8 @@ void check_like(const char* op, const char* name, const Tensor& t, const char* r
 }  // namespace
 
 double sum_squares(const Tensor& x) {
+  if (!x.defined()) fail("sum_squares: x is undefined");
+  ATTNRES_CUDA_DISPATCH(x, "sum_squares", cuda::sum_squares(x));
   double result = 0;
   dispatch_cpu_float(x, "sum_squares", [&](auto tag) {
     using T = decltype(tag);
@@ -35,6 +40,8 @@ double sum_squares(const Tensor& x) {
 }
 
 void scale_(Tensor& x, double s) {
+  if (!x.defined()) fail("scale_: x is undefined");
+  ATTNRES_CUDA_DISPATCH(x, "scale_", cuda::scale_(x, s));
   dispatch_cpu_float(x, "scale_", [&](auto tag) {
     using T = decltype(tag);
     cpu::scale_<T>(x.data<T>(), x.numel(), static_cast<T>(s));
@@ -44,6 +51,7 @@ void scale_(Tensor& x, double s) {
 void add_(Tensor& y, const Tensor& x) {
   if (!y.defined()) fail("add_: y is undefined");
   check_like("add_", "x", x, "y", y);
+  ATTNRES_CUDA_DISPATCH(y, "add_", cuda::add_(y, x));
   dispatch_cpu_float(y, "add_", [&](auto tag) {
     using T = decltype(tag);
     cpu::add_<T>(y.data<T>(), x.data<T>(), y.numel());
@@ -54,6 +62,7 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   if (!a.defined()) fail("add: a is undefined");
   check_like("add", "b", b, "a", a);
   check_like("add", "out", out, "a", a);
+  ATTNRES_CUDA_DISPATCH(a, "add", cuda::add(out, a, b));
   dispatch_cpu_float(a, "add", [&](auto tag) {
     using T = decltype(tag);
     cpu::add<T>(out.data<T>(), a.data<T>(), b.data<T>(), a.numel());
@@ -61,12 +70,26 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 bool all_finite(const Tensor& x) {
+  if (!x.defined()) fail("all_finite: x is undefined");
+  ATTNRES_CUDA_DISPATCH(x, "all_finite", cuda::all_finite(x));
   bool result = true;
   dispatch_cpu_float(x, "all_finite", [&](auto tag) {
     using T = decltype(tag);
     result = cpu::all_finite<T>(x.data<T>(), x.numel());
   });
   return result;
+}
+
+void convert(Tensor& dst, const Tensor& src) {
+  const char* op = "convert";
+  if (!src.defined()) fail(op, ": src is undefined");
+  check_arg(op, "dst", dst, src.device(), dst.dtype(), src.shape());
+  if (dst.dtype() == src.dtype()) {
+    dst.copy_from(src);
+    return;
+  }
+  ATTNRES_CUDA_DISPATCH(src, op, cuda::convert(dst, src));
+  dst.copy_from(src.to(dst.dtype()));
 }
 
 }  // namespace attnres::kernels

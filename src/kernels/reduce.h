@@ -13,5 +13,8 @@ void add_(Tensor& y, const Tensor& x);                     // y += x
 void add(Tensor& out, const Tensor& a, const Tensor& b);   // out = a + b
 // True if every element is finite.
 bool all_finite(const Tensor& x);
+// dst = src converted to dst's dtype (same shape and device; F32 <-> BF16 on
+// CUDA rounds to nearest even).
+void convert(Tensor& dst, const Tensor& src);
 
 }  // namespace attnres::kernels

@@ -3,6 +3,9 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/rope.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/rope.h"
+#endif
 
 namespace attnres::kernels {
 
@@ -25,6 +28,7 @@ void check_rope(const char* op, const Tensor& x, int64_t B, int64_t T, int64_t n
 void rope_apply(const char* op, Tensor& x, int64_t B, int64_t T, int64_t n_heads, int64_t head_dim,
                 float theta, int64_t pos0, bool inverse) {
   check_rope(op, x, B, T, n_heads, head_dim, theta, pos0);
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::rope_rotate(x, B, T, n_heads, head_dim, theta, pos0, inverse));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using U = decltype(tag);
     cpu::rope_rotate<U>(x.data<U>(), B, T, n_heads, head_dim, static_cast<double>(theta), pos0,

@@ -3,6 +3,9 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/swiglu.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/swiglu.h"
+#endif
 
 namespace attnres::kernels {
 
@@ -27,6 +30,7 @@ void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up) {
   if (!gate.defined()) fail(op, ": gate is undefined");
   check_like(op, "up", up, gate);
   check_like(op, "h", h, gate);
+  ATTNRES_CUDA_DISPATCH(gate, op, cuda::swiglu_forward(h, gate, up));
   dispatch_cpu_float(gate, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::swiglu_forward<T>(h.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
@@ -41,6 +45,7 @@ void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor&
   check_like(op, "dh", dh, gate);
   check_like(op, "dgate", dgate, gate);
   check_like(op, "dup", dup, gate);
+  ATTNRES_CUDA_DISPATCH(gate, op, cuda::swiglu_backward(dgate, dup, dh, gate, up));
   dispatch_cpu_float(gate, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::swiglu_backward<T>(dgate.data<T>(), dup.data<T>(), dh.data<T>(), gate.data<T>(),

@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 
-#include "kernels/cuda/device.h"
+#include "core/device.h"
 
 int main(int argc, char** argv) {
   int n = attnres::cuda::device_count();

@@ -1,0 +1,45 @@
+// The CUDA runtime as the rest of the program sees it: device discovery,
+// device memory, copies. Declared in every build (no CUDA headers here);
+// defined by core/cuda/runtime.cu when the CUDA backend is compiled, and by
+// core/nocuda.cpp otherwise, where device_count() is 0 and the rest throws.
+//
+// Ordering: all device work runs on one compute stream (core/cuda/runtime.cuh),
+// so memory released by the host can be reused by the next kernel without a
+// synchronisation: the allocator is stream-ordered on that stream.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace attnres::cuda {
+
+// True when this binary was built with the CUDA backend.
+bool compiled();
+// Number of visible CUDA devices; 0 without a driver, a GPU or a CUDA build.
+int device_count();
+// "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB, 132 SMs)" for device i.
+std::string device_description(int i);
+
+// Device memory from the caching allocator (stream-ordered on the compute
+// stream; freed blocks stay cached in the pool for reuse).
+void* alloc(size_t bytes);
+void release(void* p);
+
+enum class Side { Host, Device };
+// Copies `bytes` and waits for them (and for all earlier work on the compute
+// stream) when the destination is host memory.
+void copy(void* dst, Side dst_side, const void* src, Side src_side, size_t bytes);
+// Sets `bytes` bytes to 0 on the compute stream.
+void zero(void* p, size_t bytes);
+// Fills `count` 4-byte words with `pattern` (tests poison outputs with NaN bits).
+void fill_u32(void* p, unsigned pattern, size_t count);
+// Waits for all work on the compute stream; reports asynchronous kernel errors.
+void synchronize();
+
+struct MemoryStats {
+  size_t in_use = 0;    // bytes held by live tensors
+  size_t peak = 0;      // high-water mark of in_use
+  size_t reserved = 0;  // bytes the pool holds from the driver (in use + cached)
+};
+MemoryStats memory_stats();
+
+}  // namespace attnres::cuda

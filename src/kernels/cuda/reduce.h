@@ -1,0 +1,13 @@
+// CUDA reductions and elementwise helpers (see kernels/reduce.h).
+// sum_squares is deterministic: fixed per-block partials, summed in a fixed order.
+#pragma once
+#include "core/tensor.h"
+
+namespace attnres::kernels::cuda {
+double sum_squares(const Tensor& x);
+void scale_(Tensor& x, double s);
+void add_(Tensor& y, const Tensor& x);
+void add(Tensor& out, const Tensor& a, const Tensor& b);
+bool all_finite(const Tensor& x);
+void convert(Tensor& dst, const Tensor& src);  // F32 <-> BF16
+}  // namespace attnres::kernels::cuda

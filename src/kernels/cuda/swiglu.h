@@ -1,0 +1,9 @@
+// CUDA SwiGLU (see kernels/swiglu.h).
+#pragma once
+#include "core/tensor.h"
+
+namespace attnres::kernels::cuda {
+void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor& gate,
+                     const Tensor& up);
+}  // namespace attnres::kernels::cuda
