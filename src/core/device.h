@@ -18,6 +18,9 @@ bool compiled();
 int device_count();
 // "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB, 132 SMs)" for device i.
 std::string device_description(int i);
+// Datasheet peak dense FLOP/s of device i for bf16 tensor-core math (bf16 =
+// true) or plain fp32, looked up from its name; 0 when unknown. For MFU.
+double peak_dense_flops(int i, bool bf16);
 
 // Device memory from the caching allocator (stream-ordered on the compute
 // stream; freed blocks stay cached in the pool for reuse).

@@ -14,6 +14,7 @@ namespace {
 bool compiled() { return false; }
 int device_count() { return 0; }
 std::string device_description(int) { no_cuda("device_description"); }
+double peak_dense_flops(int, bool) { return 0; }
 void* alloc(size_t) { no_cuda("device memory"); }
 void release(void*) {}
 void copy(void*, Side, const void*, Side, size_t) { no_cuda("device copy"); }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/attention.h"
+#include "kernels/common.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
 #include "kernels/matmul.h"
@@ -16,13 +17,22 @@ namespace attnres::model {
 
 namespace k = attnres::kernels;
 
-Model::Model(const ModelConfig& cfg, DType dtype, const ModelParts& parts)
-    : cfg_(cfg), dtype_(dtype), params_(make_params(cfg, dtype, parts)) {
+Model::Model(const ModelConfig& cfg, DType dtype, const ModelParts& parts, Device device)
+    : cfg_(cfg), dtype_(dtype), device_(device), params_(make_params(cfg, dtype, parts, device)) {
   cfg_.validate();
 }
 
 Tensor Model::new_act(int64_t rows, int64_t cols) const {
-  return Tensor::empty({rows, cols}, dtype_);
+  return Tensor::empty({rows, cols}, dtype_, device_);
+}
+Tensor Model::zero_act(int64_t rows, int64_t cols) const {
+  return Tensor::zeros({rows, cols}, dtype_, device_);
+}
+Tensor Model::new_stat(const Shape& shape) const {
+  return Tensor::empty(shape, k::stat_dtype(dtype_), device_);
+}
+Tensor Model::on_device(const Tensor& t) const {
+  return t.device() == device_ ? t : t.to(device_);
 }
 
 const Param& Model::out_proj() const {
@@ -42,13 +52,13 @@ void Model::embed_forward(const Tensor& tokens, int64_t B, int64_t T, DepthState
                 B * T);
   acts.B = B;
   acts.T = T;
-  acts.tokens = tokens;
+  acts.tokens = on_device(tokens);
   Tensor e = new_act(B * T, cfg_.d_model);
-  k::embedding_forward(e, p("model.embed_tokens.weight").value, tokens);
+  k::embedding_forward(e, p("model.embed_tokens.weight").value, acts.tokens);
   st = DepthState{};
   if (cfg_.attnres()) {
     // b_0 = e: the embedding is always a source of its own.
-    Tensor rstd = Tensor::empty({B * T}, dtype_);
+    Tensor rstd = new_stat({B * T});
     k::mix_source_rstd(rstd, e, static_cast<float>(cfg_.norm_eps));
     st.sources.push_back(e);
     st.source_rstd.push_back(rstd);
@@ -90,7 +100,7 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
     cache->v[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1).copy_from(a.v);
     k::attention_decode(a.att, a.q, cache->k[l], cache->v[l], cache->pos + 1, {1, 1, H, Hkv, hd});
   } else {
-    a.lse = Tensor::empty({B, H, T}, dtype_);
+    a.lse = new_stat({B, H, T});
     k::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd});
   }
   k::matmul_forward(y, a.att, p(layer_param(l, "self_attn.o_proj.weight")).value);
@@ -104,15 +114,15 @@ void Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Ten
   Param& wk = p(layer_param(l, "self_attn.k_proj.weight"));
   Param& wv = p(layer_param(l, "self_attn.v_proj.weight"));
   Param& wo = p(layer_param(l, "self_attn.o_proj.weight"));
-  Tensor datt = Tensor::zeros({N, H * hd}, dtype_);
+  Tensor datt = zero_act(N, H * hd);
   k::matmul_backward(&datt, &wo.grad, dy, a.att, wo.value);
-  Tensor dq = Tensor::zeros({N, H * hd}, dtype_);
-  Tensor dk = Tensor::zeros({N, Hkv * hd}, dtype_);
-  Tensor dv = Tensor::zeros({N, Hkv * hd}, dtype_);
+  Tensor dq = zero_act(N, H * hd);
+  Tensor dk = zero_act(N, Hkv * hd);
+  Tensor dv = zero_act(N, Hkv * hd);
   k::attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, {B, T, H, Hkv, hd});
   k::rope_backward(dq, B, T, H, hd, theta);
   k::rope_backward(dk, B, T, Hkv, hd, theta);
-  Tensor du = Tensor::zeros({N, cfg_.d_model}, dtype_);
+  Tensor du = zero_act(N, cfg_.d_model);
   k::matmul_backward(&du, &wq.grad, dq, a.u, wq.value);
   k::matmul_backward(&du, &wk.grad, dk, a.u, wk.value);
   k::matmul_backward(&du, &wv.grad, dv, a.u, wv.value);
@@ -136,12 +146,12 @@ void Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& d
   Param& wg = p(layer_param(l, "mlp.gate_proj.weight"));
   Param& wu = p(layer_param(l, "mlp.up_proj.weight"));
   Param& wd = p(layer_param(l, "mlp.down_proj.weight"));
-  Tensor dh = Tensor::zeros({N, F}, dtype_);
+  Tensor dh = zero_act(N, F);
   k::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value);
-  Tensor dgate = Tensor::zeros({N, F}, dtype_);
-  Tensor dup = Tensor::zeros({N, F}, dtype_);
+  Tensor dgate = zero_act(N, F);
+  Tensor dup = zero_act(N, F);
   k::swiglu_backward(dgate, dup, dh, a.gate, a.up);
-  Tensor du = Tensor::zeros({N, cfg_.d_model}, dtype_);
+  Tensor du = zero_act(N, cfg_.d_model);
   k::matmul_backward(&du, &wg.grad, dgate, a.u, wg.value);
   k::matmul_backward(&du, &wu.grad, dup, a.u, wu.value);
   Param& g = p(layer_param(l, "post_attention_layernorm.weight"));
@@ -170,13 +180,13 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     a.mix_rstd = st.source_rstd;
     if (i > 0) {
       ATTNRES_CHECK(st.partial.defined(), "sublayer ", s, ": partial sum missing");
-      Tensor prstd = Tensor::empty({N}, dtype_);
+      Tensor prstd = new_stat({N});
       k::mix_source_rstd(prstd, st.partial, eps);
       a.mix_sources.push_back(st.partial);
       a.mix_rstd.push_back(prstd);
     }
     a.x = new_act(N, d);
-    a.mix_probs = Tensor::empty({N, static_cast<int64_t>(a.mix_sources.size())}, dtype_);
+    a.mix_probs = new_stat({N, static_cast<int64_t>(a.mix_sources.size())});
     const char* q = is_attn ? "attn_res.query" : "mlp_res.query";
     k::mix_forward(a.x, a.mix_probs, p(layer_param(l, q)).value, a.mix_sources, a.mix_rstd);
   } else {
@@ -184,7 +194,7 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   }
 
   a.u = new_act(N, d);
-  a.norm_rstd = Tensor::empty({N}, dtype_);
+  a.norm_rstd = new_stat({N});
   const char* gain = is_attn ? "input_layernorm.weight" : "post_attention_layernorm.weight";
   k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &p(layer_param(l, gain)).value, eps);
 
@@ -204,7 +214,7 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     st.partial = y;
   }
   if (i == S - 1) {  // block complete: it becomes a source
-    Tensor rstd = Tensor::empty({N}, dtype_);
+    Tensor rstd = new_stat({N});
     k::mix_source_rstd(rstd, st.partial, eps);
     st.sources.push_back(st.partial);
     st.source_rstd.push_back(rstd);
@@ -219,7 +229,7 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
   const int64_t i = cfg_.attnres() ? s % S : 0;
 
   Tensor dy;  // gradient of this sublayer's output y_s
-  Tensor dx = Tensor::zeros({N, d}, dtype_);
+  Tensor dx = zero_act(N, d);
   if (!cfg_.attnres()) {
     // x_{s+1} = x_s + y_s: dy = dx_{s+1}, and dx_s = dx_{s+1} + f_s'(dy).
     dy = g.hidden;
@@ -283,13 +293,13 @@ Tensor Model::final_mix(const DepthState& st, Activations& acts) const {
   acts.final_sources = st.sources;
   acts.final_rstd = st.source_rstd;
   if (st.partial.defined()) {  // 2L % S != 0: the unfinished block is a source too
-    Tensor prstd = Tensor::empty({N}, dtype_);
+    Tensor prstd = new_stat({N});
     k::mix_source_rstd(prstd, st.partial, static_cast<float>(cfg_.norm_eps));
     acts.final_sources.push_back(st.partial);
     acts.final_rstd.push_back(prstd);
   }
   Tensor z = new_act(N, cfg_.d_model);
-  acts.final_probs = Tensor::empty({N, static_cast<int64_t>(acts.final_sources.size())}, dtype_);
+  acts.final_probs = new_stat({N, static_cast<int64_t>(acts.final_sources.size())});
   k::mix_forward(z, acts.final_probs, p("model.final_res.query").value, acts.final_sources,
                  acts.final_rstd);
   return z;
@@ -301,16 +311,17 @@ double Model::head_forward(const DepthState& st, const Tensor& targets, Activati
   const float eps = static_cast<float>(cfg_.norm_eps);
   acts.z = final_mix(st, acts);
   acts.h = new_act(N, d);
-  acts.z_rstd = Tensor::empty({N}, dtype_);
+  acts.z_rstd = new_stat({N});
   Param& g_final = p("model.norm.weight");
   k::rmsnorm_forward(acts.h, acts.z_rstd, acts.z, &g_final.value, eps);
   Param& w_out = out_proj();
-  if (!grad) return k::lm_head_cross_entropy(acts.h, w_out.value, targets, nullptr, nullptr, 0.0);
+  const Tensor tgt = on_device(targets);
+  if (!grad) return k::lm_head_cross_entropy(acts.h, w_out.value, tgt, nullptr, nullptr, 0.0);
 
-  Tensor dh = Tensor::zeros({N, d}, dtype_);
+  Tensor dh = zero_act(N, d);
   double loss =
-      k::lm_head_cross_entropy(acts.h, w_out.value, targets, &dh, &w_out.grad, grad_scale);
-  Tensor dz = Tensor::zeros({N, d}, dtype_);
+      k::lm_head_cross_entropy(acts.h, w_out.value, tgt, &dh, &w_out.grad, grad_scale);
+  Tensor dz = zero_act(N, d);
   k::rmsnorm_backward(dz, &g_final.grad, dh, acts.z, acts.z_rstd, &g_final.value);
 
   *grad = DepthGrad{};
@@ -318,8 +329,8 @@ double Model::head_forward(const DepthState& st, const Tensor& targets, Activati
     grad->hidden = dz;
     return loss;
   }
-  for (size_t j = 0; j < st.sources.size(); ++j) grad->sources.push_back(Tensor::zeros({N, d}, dtype_));
-  if (st.partial.defined()) grad->partial = Tensor::zeros({N, d}, dtype_);
+  for (size_t j = 0; j < st.sources.size(); ++j) grad->sources.push_back(zero_act(N, d));
+  if (st.partial.defined()) grad->partial = zero_act(N, d);
   std::vector<Tensor> dsrc = grad->sources;
   if (st.partial.defined()) dsrc.push_back(grad->partial);
   Param& q = p("model.final_res.query");
@@ -359,8 +370,8 @@ DecodeCache Model::new_decode_cache(int64_t max_len) const {
   DecodeCache c;
   c.max_len = max_len;
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    c.k.push_back(Tensor::zeros({1, max_len, cfg_.n_kv_heads * cfg_.head_dim()}, dtype_));
-    c.v.push_back(Tensor::zeros({1, max_len, cfg_.n_kv_heads * cfg_.head_dim()}, dtype_));
+    c.k.push_back(Tensor::zeros({1, max_len, cfg_.n_kv_heads * cfg_.head_dim()}, dtype_, device_));
+    c.v.push_back(Tensor::zeros({1, max_len, cfg_.n_kv_heads * cfg_.head_dim()}, dtype_, device_));
   }
   return c;
 }
@@ -376,11 +387,11 @@ std::vector<float> Model::decode_step(int32_t token, DecodeCache& cache) const {
   // Head without the loss: final Mix (or stream), norm, logits.
   const float eps = static_cast<float>(cfg_.norm_eps);
   Tensor z = final_mix(st, acts);
-  Tensor h = new_act(1, cfg_.d_model), zr = Tensor::empty({1}, dtype_);
+  Tensor h = new_act(1, cfg_.d_model), zr = new_stat({1});
   k::rmsnorm_forward(h, zr, z, &p("model.norm.weight").value, eps);
   Tensor logits = new_act(1, cfg_.vocab_size);
   k::matmul_forward(logits, h, out_proj().value);
-  Tensor l32 = logits.to(DType::F32);
+  Tensor l32 = logits.to(Device::CPU).to(DType::F32);
   return std::vector<float>(l32.data<float>(), l32.data<float>() + cfg_.vocab_size);
 }
 
@@ -391,11 +402,11 @@ std::vector<std::vector<double>> Model::depth_attention(const Tensor& tokens, in
   Activations acts;
   embed_forward(tokens, B, T, st, acts);
   layers_forward(0, cfg_.n_layers, st, acts);
-  Tensor dummy_targets = Tensor::zeros({B * T}, DType::I32);
+  Tensor dummy_targets = Tensor::zeros({B * T}, DType::I32, device_);
   head_forward(st, dummy_targets, acts, nullptr, 0.0);
   auto mean_rows = [&](const Tensor& probs) {
     const int64_t n = probs.dim(0), kk = probs.dim(1);
-    Tensor p64 = probs.to(DType::F64);
+    Tensor p64 = probs.to(Device::CPU).to(DType::F64);
     std::vector<double> m(static_cast<size_t>(kk), 0.0);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < kk; ++j) m[j] += p64.data<double>()[r * kk + j] / n;

@@ -50,15 +50,19 @@ struct DecodeCache {
 
 class Model {
  public:
-  Model(const ModelConfig& cfg, DType dtype = DType::F32, const ModelParts& parts = {});
+  // dtype/device: F32 or F64 on the cpu; F32 or BF16 (mixed precision, see
+  // Param) on cuda. Everything the model allocates lives on `device`.
+  Model(const ModelConfig& cfg, DType dtype = DType::F32, const ModelParts& parts = {},
+        Device device = Device::CPU);
 
   const ModelConfig& config() const { return cfg_; }
   ParamTable& params() { return params_; }
   const ParamTable& params() const { return params_; }
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
 
   // ---- chunked API (pipeline building blocks) ----
-  // Start a depth state from tokens I32 [B*T].
+  // Start a depth state from tokens I32 [B*T] (on any device).
   void embed_forward(const Tensor& tokens, int64_t B, int64_t T, DepthState& st,
                      Activations& acts) const;
   // Run layers [l0, l1) on `st` in place.
@@ -105,7 +109,10 @@ class Model {
                           int64_t T);
   void mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const;
   void mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx);
-  Tensor new_act(int64_t rows, int64_t cols) const;
+  Tensor new_act(int64_t rows, int64_t cols) const;    // uninitialised activations
+  Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
+  Tensor new_stat(const Shape& shape) const;           // fp32 (fp64) statistics
+  Tensor on_device(const Tensor& t) const;             // t, copied here if it lives elsewhere
   const Param& p(const std::string& name) const { return params_.get(name); }
   Param& p(const std::string& name) { return params_.get(name); }
   const Param& out_proj() const;
@@ -113,6 +120,7 @@ class Model {
 
   ModelConfig cfg_;
   DType dtype_;
+  Device device_;
   ParamTable params_;
 };
 

@@ -11,19 +11,29 @@
 
 namespace attnres::model {
 
+// Mixed precision (MODEL.md section 4): a bf16 run computes with bf16 `value`
+// and keeps the fp32 `master` copy that the optimizer updates and checkpoints
+// store. Otherwise `master` is undefined and `value` is the only copy.
 struct Param {
   std::string name;
-  Tensor value;
-  Tensor grad;
+  Tensor value;        // the weights the model computes with
+  Tensor master;       // fp32 master weights when value is BF16; else undefined
+  Tensor grad;         // F32 when value is BF16 (kernels::grad_dtype), else value's dtype
   bool decay;          // weight decay applies to tensors with >= 2 dims only
   double init_std;     // N(0, init_std); 0 = constant init_value
   double init_value;   // used when init_std == 0 (norm gains 1, AttnRes queries 0)
+
+  // The full-precision weights: what the optimizer updates and checkpoints hold.
+  Tensor& weights() { return master.defined() ? master : value; }
+  const Tensor& weights() const { return master.defined() ? master : value; }
+  // After weights() changed (load, init): value = master rounded to bf16.
+  void sync_value();
 };
 
 class ParamTable {
  public:
-  Param& add(const std::string& name, const Shape& shape, DType dtype, double init_std,
-             double init_value = 0.0);
+  Param& add(const std::string& name, const Shape& shape, DType dtype, Device device,
+             double init_std, double init_value = 0.0);
   Param& get(const std::string& name);
   const Param& get(const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
@@ -53,6 +63,8 @@ struct ModelParts {
 };
 
 // Build the table for `cfg` restricted to `parts`, in a fixed order.
-ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& parts = {});
+// dtype: F32 or F64 (CPU), F32 or BF16 (CUDA; BF16 adds fp32 master weights).
+ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& parts = {},
+                       Device device = Device::CPU);
 
 }  // namespace attnres::model

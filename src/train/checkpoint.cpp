@@ -37,13 +37,24 @@ json hf_config(const model::ModelConfig& m) {
   };
 }
 
+namespace {
+// Checkpoints are written from host memory; device tensors are copied first.
+std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
+  for (auto& t : tensors)
+    if (!t.tensor.is_cpu()) t.tensor = t.tensor.to(Device::CPU);
+  return tensors;
+}
+}  // namespace
+
 std::string save_checkpoint(const Config& cfg, const model::Model& model, const AdamW& opt,
                             const TrainState& state) {
   CheckpointWriter w(cfg.checkpoint.dir, state.step);
+  // The full-precision weights: fp32 master weights in a bf16 run.
   std::vector<NamedTensor> weights;
-  for (const auto& p : model.params().all()) weights.push_back({p.name, p.value});
-  write_safetensors(w.path_for("model.safetensors"), weights, {{"format", "pt"}});
-  write_safetensors(w.path_for("optimizer.safetensors"), opt.state_tensors(), {{"format", "pt"}});
+  for (const auto& p : model.params().all()) weights.push_back({p.name, p.weights()});
+  write_safetensors(w.path_for("model.safetensors"), on_host(std::move(weights)), {{"format", "pt"}});
+  write_safetensors(w.path_for("optimizer.safetensors"), on_host(opt.state_tensors()),
+                    {{"format", "pt"}});
   write_text_file_atomic(w.path_for("config.json"), hf_config(cfg.model).dump(2) + "\n");
   const int64_t units = state.step * cfg.training.grad_accum * cfg.parallel.data;
   json st = {
@@ -82,7 +93,9 @@ void load_weights(const std::string& path, model::ParamTable& params) {
     if (src.shape() != p.value.shape())
       fail(file, ": tensor '", p.name, "' has shape ", shape_str(src.shape()), ", the model needs ",
            shape_str(p.value.shape()));
-    p.value.copy_from(src.dtype() == p.value.dtype() ? src : src.to(p.value.dtype()));
+    Tensor& dst = p.weights();
+    dst.copy_from(src.dtype() == dst.dtype() ? src : src.to(dst.dtype()));
+    p.sync_value();
   }
 }
 

@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace attnres::train {
@@ -161,6 +162,7 @@ Config Config::from_json(const json& j, const std::string& source) {
     s.get("seed", t.seed);
     s.get("device", t.device);
     s.get("precision", t.precision);
+    s.get("peak_tflops", t.peak_tflops);
     s.finish();
   }
   {
@@ -225,7 +227,7 @@ json Config::to_json() const {
       {"training", {{"steps", training.steps}, {"micro_batch_size", training.micro_batch_size},
                     {"seq_len", training.seq_len}, {"grad_accum", training.grad_accum},
                     {"seed", training.seed}, {"device", training.device},
-                    {"precision", training.precision}}},
+                    {"precision", training.precision}, {"peak_tflops", training.peak_tflops}}},
       {"data", {{"train", data.train}, {"val", data.val}, {"tokenizer", data.tokenizer},
                 {"shuffle", data.shuffle}}},
       {"parallel", {{"pipeline", parallel.pipeline}, {"virtual_stages", parallel.virtual_stages},
@@ -252,14 +254,18 @@ void Config::validate() const {
   positive(training.grad_accum, "training.grad_accum");
   if (training.device != "cpu" && training.device != "cuda")
     fail("config key training.device: unknown device \"", training.device, "\" (cpu or cuda)");
-  if (training.device == "cuda")
-    fail("config key training.device: \"cuda\" needs the CUDA training backend, which this build "
-         "does not have yet; use \"cpu\"");
+  if (training.device == "cuda" && !cuda::compiled())
+    fail("config key training.device: \"cuda\", but this build has no CUDA backend (nvcc was not "
+         "found when it was configured); use \"cpu\" or rebuild with the CUDA toolkit");
   if (training.precision != "fp32" && training.precision != "bf16")
     fail("config key training.precision: unknown precision \"", training.precision,
          "\" (fp32 or bf16)");
   if (training.precision == "bf16" && training.device == "cpu")
     fail("config key training.precision: bf16 is a CUDA precision; the CPU trains in fp32");
+
+  if (!(training.peak_tflops >= 0))
+    fail("config key training.peak_tflops: must be >= 0 (0 = from the GPU's name), got ",
+         training.peak_tflops);
 
   if (!(optimizer.lr > 0)) fail("config key optimizer.lr: must be > 0, got ", optimizer.lr);
   if (!(optimizer.beta1 >= 0 && optimizer.beta1 < 1))

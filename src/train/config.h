@@ -26,6 +26,9 @@ struct TrainingConfig {
   int64_t steps = 0, micro_batch_size = 0, seq_len = 0, grad_accum = 1;
   uint64_t seed = 1;
   std::string device = "cpu", precision = "fp32";
+  // Peak FLOP/s of the device for the MFU figure, in TFLOP/s; 0 = look it up
+  // from the GPU's name (H100/H200: 989 bf16 dense, 67 fp32).
+  double peak_tflops = 0;
 };
 struct DataConfig {
   std::string train, val, tokenizer;

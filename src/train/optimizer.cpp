@@ -11,9 +11,12 @@ namespace attnres::train {
 namespace k = attnres::kernels;
 
 AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg) : params_(params), cfg_(cfg) {
+  // Moments in the precision of the weights the optimizer updates (fp32
+  // master weights in a bf16 run), on the same device.
   for (const auto& p : params_.all()) {
-    m_.push_back(Tensor::zeros(p.value.shape(), p.value.dtype()));
-    v_.push_back(Tensor::zeros(p.value.shape(), p.value.dtype()));
+    const Tensor& w = p.weights();
+    m_.push_back(Tensor::zeros(w.shape(), w.dtype(), w.device()));
+    v_.push_back(Tensor::zeros(w.shape(), w.dtype(), w.device()));
   }
 }
 
@@ -31,8 +34,12 @@ void AdamW::step(double lr, double norm) {
   ++t_;
   const k::AdamWStep st{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_};
   auto& ps = params_.all();
-  for (size_t i = 0; i < ps.size(); ++i)
-    k::adamw_update(ps[i].value, ps[i].grad, m_[i], v_[i], st, ps[i].decay);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    model::Param& p = ps[i];
+    // Mixed precision: update the fp32 master and write the bf16 copy in one pass.
+    k::adamw_update(p.weights(), p.grad, m_[i], v_[i], st, p.decay,
+                    p.master.defined() ? &p.value : nullptr);
+  }
 }
 
 std::vector<NamedTensor> AdamW::state_tensors() const {

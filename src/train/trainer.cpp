@@ -5,6 +5,7 @@
 #include <csignal>
 #include <filesystem>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/shard.h"
@@ -88,8 +89,21 @@ int train(const Config& cfg) {
     val_data = std::make_unique<data::TokenLoader>(
         data::resolve_data_spec(cfg.data.val, "data.val"), B, T, false, tc.seed);
 
-  // ---- model + optimizer ----
-  model::Model model(cfg.model, DType::F32);
+  // ---- device + model + optimizer ----
+  const bool on_gpu = tc.device == "cuda";
+  if (on_gpu && cuda::device_count() == 0)
+    fail("config key training.device is \"cuda\" but no CUDA device is visible (driver or GPU "
+         "missing, or CUDA_VISIBLE_DEVICES hides them)");
+  const Device device = on_gpu ? Device::CUDA : Device::CPU;
+  const DType dtype = tc.precision == "bf16" ? DType::BF16 : DType::F32;
+  double peak_flops = tc.peak_tflops * 1e12;
+  if (on_gpu) {
+    if (peak_flops == 0) peak_flops = cuda::peak_dense_flops(0, dtype == DType::BF16);
+    spdlog::info("device: {} ({}; peak {:.0f} TFLOP/s for MFU{})", cuda::device_description(0),
+                 tc.precision, peak_flops * 1e-12,
+                 peak_flops == 0 ? ": unknown GPU, set training.peak_tflops" : "");
+  }
+  model::Model model(cfg.model, dtype, {}, device);
   if (cfg.model.init_from.empty()) {
     model.params().init(tc.seed);
   } else {
@@ -173,13 +187,20 @@ int train(const Config& cfg) {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
     const double tok_s = tokens_per_step / dt;
-    metrics.write({{"step", state.step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                   {"tokens", state.tokens}, {"tokens_per_sec", tok_s}, {"elapsed_sec", elapsed}});
+    const double achieved = tok_s * flops_per_token;  // model FLOP/s (6N + attention)
+    json row = {{"step", state.step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
+                {"tokens", state.tokens}, {"tokens_per_sec", tok_s}, {"elapsed_sec", elapsed}};
+    if (on_gpu && peak_flops > 0) row["mfu"] = achieved / peak_flops;
+    metrics.write(row);
     if (state.step % cfg.run.log_every == 0 || state.step == tc.steps || state.step == first_step + 1) {
       const double avg = elapsed / static_cast<double>(state.step - first_step);
+      const std::string rate = on_gpu && peak_flops > 0
+                                   ? fmt::format("{:.1f} TFLOP/s | MFU {:.1f}%", achieved * 1e-12,
+                                                 100 * achieved / peak_flops)
+                                   : fmt::format("{:.1f} GFLOP/s", achieved * 1e-9);
       spdlog::info("step {:>6}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | "
-                   "{:.1f} GFLOP/s | ETA {}", state.step, tc.steps, loss, lr, norm, tok_s,
-                   tok_s * flops_per_token * 1e-9, fmt_duration(avg * (tc.steps - state.step)));
+                   "{} | ETA {}", state.step, tc.steps, loss, lr, norm, tok_s, rate,
+                   fmt_duration(avg * (tc.steps - state.step)));
     }
     const bool last = state.step == tc.steps;
     if (cfg.eval.every > 0 && (state.step % cfg.eval.every == 0 || last)) run_eval();

@@ -9,6 +9,7 @@
 // it is only reused by work queued after that kernel.
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 
@@ -134,6 +135,18 @@ std::string device_description(int i) {
   std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB, %d SMs)", p.name, p.major, p.minor,
                 p.totalGlobalMem / 1073741824.0, p.multiProcessorCount);
   return buf;
+}
+
+double peak_dense_flops(int i, bool bf16) {
+  cudaDeviceProp p{};
+  ATTNRES_CUDA_CHECK(cudaGetDeviceProperties(&p, i));
+  const std::string name = p.name;
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  // SXM parts (the PCIe H100 is slower: 756 / 51 TFLOP/s).
+  if (has("H100") && has("PCIe")) return bf16 ? 756e12 : 51e12;
+  if (has("H100") || has("H200") || has("GH200")) return bf16 ? 989e12 : 67e12;
+  if (has("A100")) return bf16 ? 312e12 : 19.5e12;
+  return 0;
 }
 
 cudaStream_t compute_stream() { return runtime().compute(); }

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One command for a GPU machine (H100/H200; no network needed): builds for
+# sm_90, runs the GPU tests, then the benchmarks, and prints a short table.
+#   scripts/gpu_check.sh            everything
+#   scripts/gpu_check.sh --quick    build + GPU tests only
+# Logs and tables go to $OUT (if set, as on the device tool) or build-gpu/report.
+#
+# Dependencies: nvcc, CMake and the CUDA libraries must be there. The Debian
+# packages the CPU side needs (json, spdlog, Catch2, OpenBLAS) are used from the
+# system when present; otherwise this script unpacks .deb files from .deps/
+# (made on a Debian machine with `scripts/gpu_deps.sh`) into /tmp/attnres-deps.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-build-gpu/report}"
+mkdir -p "$out"
+quick=0
+[[ "${1:-}" == "--quick" ]] && quick=1
+
+cmake_extra=()
+if [[ ! -f /usr/include/nlohmann/json.hpp ]]; then
+  if ! ls .deps/*.deb >/dev/null 2>&1; then
+    echo "error: the CPU-side dependencies are missing and .deps/ holds no .deb files" >&2
+    echo "       (run scripts/gpu_deps.sh on a Debian machine and carry .deps/)" >&2
+    exit 2
+  fi
+  prefix=/tmp/attnres-deps
+  mkdir -p "$prefix"
+  for f in .deps/*.deb; do dpkg-deb -x "$f" "$prefix"; done
+  lib="$prefix/usr/lib/x86_64-linux-gnu"
+  export CMAKE_PREFIX_PATH="$prefix/usr"
+  export LD_LIBRARY_PATH="$lib:$lib/openblas-openmp:${LD_LIBRARY_PATH:-}"
+  cmake_extra+=("-DOPENBLAS_INCLUDE_DIR=$prefix/usr/include/x86_64-linux-gnu/openblas-openmp"
+                "-DOPENBLAS_LIBRARY=$lib/openblas-openmp/libopenblas.so")
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+echo "==> configure + build (sm_90)"
+t0=$(date +%s)
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  "${cmake_extra[@]}" > "$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 2; }
+cmake --build build-gpu -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -60; exit 2; }
+echo "build: $(( $(date +%s) - t0 )) s"
+
+status=0
+echo "==> GPU tests"
+./build-gpu/tests/test_gpu --durations yes > "$out/gpu_tests.log" 2>&1 || status=1
+grep -E "^(GPU tests on|All tests passed|test cases:)" "$out/gpu_tests.log"
+if [[ $status -ne 0 ]]; then
+  grep -B3 -A12 "FAILED" "$out/gpu_tests.log" | head -150
+fi
+[[ $quick -eq 1 ]] && exit $status
+
+echo "==> kernel benchmark (124M shapes, bf16)"
+./build-gpu/attnres bench --device cuda --preset 124m --kernels 2>&1 | tee "$out/kernels_124m.txt" | tail -30
+if python3 -c "import torch" 2>/dev/null; then
+  echo "==> reference attention (PyTorch SDPA, best backend) at the same shapes"
+  python3 scripts/bench_attention_torch.py 2>&1 | tee "$out/attention_torch.txt"
+fi
+echo "==> end-to-end training steps (bf16)"
+for preset in 124m 350m; do
+  ./build-gpu/attnres bench --device cuda --preset "$preset" --steps 10 --warmup 3 2>&1 \
+    | tee "$out/bench_$preset.txt" | tail -7
+done
+exit $status

@@ -1,0 +1,196 @@
+#include "tools/bench_kernels.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/rng.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/common.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/embedding.h"
+#include "kernels/matmul.h"
+#include "kernels/mix.h"
+#include "kernels/reduce.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
+namespace attnres::tools {
+
+namespace k = attnres::kernels;
+
+namespace {
+
+// Random N(0, scale) device tensor of `dtype` (never zeros: zeros can run
+// faster than real data and hide unwritten outputs).
+Tensor rand_dev(const Shape& shape, DType dtype, uint64_t seed, double scale = 1.0) {
+  Tensor h = Tensor::empty(shape, DType::F32);
+  float* p = h.data<float>();
+  for (int64_t i = 0; i < h.numel(); ++i) p[i] = static_cast<float>(scale * random_normal(seed, 5, i));
+  Tensor d = Tensor::empty(shape, dtype, Device::CUDA);
+  if (dtype == DType::F32) d.copy_from(h);
+  else d.copy_from(h.to(dtype));
+  return d;
+}
+
+Tensor ids_dev(int64_t n, int64_t vocab, uint64_t seed) {
+  Tensor t = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(random_u64(seed, 9, i) % vocab);
+  return t.to(Device::CUDA);
+}
+
+// Mean milliseconds per call over `reps` back-to-back calls after 2 warm-ups.
+double time_ms(const std::function<void()>& fn, int reps) {
+  for (int i = 0; i < 2; ++i) fn();
+  cuda::synchronize();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  cuda::synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+struct Row {
+  std::string op;
+  double ms, bytes, flops;
+};
+
+}  // namespace
+
+void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, int64_t n_blocks) {
+  const int64_t N = B * T, d = c.d_model, H = c.n_heads, Hkv = c.n_kv_heads, hd = d / H, F = c.d_ff,
+                V = c.vocab_size;
+  const double e = static_cast<double>(dtype_size(dt));  // bytes per activation element
+  const DType st = k::stat_dtype(dt), gt = k::grad_dtype(dt);
+  const double gsz = static_cast<double>(dtype_size(gt));
+
+  // ---- the two ceilings, measured here ----
+  double bw, peak;
+  {
+    Tensor a = rand_dev({256 << 20}, DType::F32, 1), b = Tensor::empty({256 << 20}, DType::F32, Device::CUDA);
+    const double ms = time_ms([&] { b.copy_from(a); }, 10);
+    bw = 2.0 * a.nbytes() / (ms * 1e-3);  // bytes read + written
+  }
+  {
+    const int64_t n = 8192;
+    Tensor x = rand_dev({n, n}, dt, 2), w = rand_dev({n, n}, dt, 3), y = Tensor::empty({n, n}, dt, Device::CUDA);
+    const double ms = time_ms([&] { k::matmul_forward(y, x, w); }, 5);
+    peak = 2.0 * n * n * n / (ms * 1e-3);
+  }
+  std::printf("measured ceilings: copy %.0f GB/s (read+write), %s GEMM 8192^3 %.0f TFLOP/s\n",
+              bw * 1e-9, dtype_name(dt), peak * 1e-12);
+
+  std::vector<Row> rows;
+  auto add = [&](const std::string& op, double ms, double bytes, double flops) {
+    rows.push_back({op, ms, bytes, flops});
+  };
+  const int reps = 20;
+
+  // ---- linear layers ----
+  for (auto [name, in, out] : {std::tuple<const char*, int64_t, int64_t>{"q_proj", d, H * hd},
+                               {"gate_proj", d, F}, {"down_proj", F, d}}) {
+    Tensor x = rand_dev({N, in}, dt, 4), w = rand_dev({out, in}, dt, 5, 0.02);
+    Tensor y = Tensor::empty({N, out}, dt, Device::CUDA), dy = rand_dev({N, out}, dt, 6);
+    Tensor dx = Tensor::zeros({N, in}, dt, Device::CUDA), dw = Tensor::zeros({out, in}, gt, Device::CUDA);
+    const double fl = 2.0 * N * in * out;
+    add(std::string("matmul fwd ") + name, time_ms([&] { k::matmul_forward(y, x, w); }, reps),
+        e * (N * in + out * in + N * out), fl);
+    add(std::string("matmul bwd ") + name, time_ms([&] { k::matmul_backward(&dx, &dw, dy, x, w); }, reps),
+        e * (2.0 * N * out + 2.0 * N * in + out * in) + 2 * gsz * out * in, 2 * fl);
+  }
+
+  // ---- attention ----
+  {
+    Tensor q = rand_dev({N, H * hd}, dt, 7), kk = rand_dev({N, Hkv * hd}, dt, 8), v = rand_dev({N, Hkv * hd}, dt, 9);
+    Tensor out = Tensor::empty({N, H * hd}, dt, Device::CUDA), lse = Tensor::empty({B, H, T}, st, Device::CUDA);
+    Tensor dout = rand_dev({N, H * hd}, dt, 10);
+    Tensor dq = Tensor::zeros({N, H * hd}, dt, Device::CUDA), dk = Tensor::zeros({N, Hkv * hd}, dt, Device::CUDA),
+           dv = Tensor::zeros({N, Hkv * hd}, dt, Device::CUDA);
+    const k::AttnShape s{B, T, H, Hkv, hd};
+    const double fwd_flops = 2.0 * B * H * T * T * hd;  // causal: half of 4 B H T^2 hd
+    const double io = e * (2.0 * N * H * hd + 2.0 * N * Hkv * hd);
+    add("attention fwd", time_ms([&] { k::attention_forward(out, lse, q, kk, v, s); }, reps), io, fwd_flops);
+    k::attention_forward(out, lse, q, kk, v, s);
+    add("attention bwd", time_ms([&] { k::attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, s); }, reps),
+        2 * io + e * 2.0 * N * H * hd, 2.5 * fwd_flops);
+  }
+
+  // ---- row-wise ops ----
+  {
+    Tensor x = rand_dev({N, d}, dt, 11), g = rand_dev({d}, dt, 12), y = Tensor::empty({N, d}, dt, Device::CUDA);
+    Tensor r = Tensor::empty({N}, st, Device::CUDA), dy = rand_dev({N, d}, dt, 13);
+    Tensor dx = Tensor::zeros({N, d}, dt, Device::CUDA), dg = Tensor::zeros({d}, gt, Device::CUDA);
+    add("rmsnorm fwd", time_ms([&] { k::rmsnorm_forward(y, r, x, &g, 1e-5f); }, reps), e * 2.0 * N * d, 0);
+    add("rmsnorm bwd", time_ms([&] { k::rmsnorm_backward(dx, &dg, dy, x, r, &g); }, reps),
+        e * 4.0 * N * d, 0);  // read dy, x, dx; write dx
+  }
+  {
+    Tensor q = rand_dev({N, H * hd}, dt, 14);
+    add("rope fwd (q)", time_ms([&] { k::rope_forward(q, B, T, H, hd, 10000.f); }, reps), e * 2.0 * N * H * hd, 0);
+  }
+  {
+    Tensor g = rand_dev({N, F}, dt, 15), u = rand_dev({N, F}, dt, 16), h = Tensor::empty({N, F}, dt, Device::CUDA);
+    Tensor dh = rand_dev({N, F}, dt, 17), dg = Tensor::zeros({N, F}, dt, Device::CUDA), du = Tensor::zeros({N, F}, dt, Device::CUDA);
+    add("swiglu fwd", time_ms([&] { k::swiglu_forward(h, g, u); }, reps), e * 3.0 * N * F, 0);
+    add("swiglu bwd", time_ms([&] { k::swiglu_backward(dg, du, dh, g, u); }, reps), e * 7.0 * N * F, 0);
+  }
+  {
+    const int64_t ks = n_blocks + 1;  // the last block's sublayers: e + (N-1) blocks + partial
+    std::vector<Tensor> src, rs, dsrc;
+    for (int64_t j = 0; j < ks; ++j) {
+      src.push_back(rand_dev({N, d}, dt, 20 + j));
+      rs.push_back(Tensor::empty({N}, st, Device::CUDA));
+      k::mix_source_rstd(rs.back(), src.back(), 1e-5f);
+      dsrc.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
+    }
+    Tensor w = rand_dev({d}, dt, 40), out = Tensor::empty({N, d}, dt, Device::CUDA);
+    Tensor probs = Tensor::empty({N, ks}, st, Device::CUDA), dout = rand_dev({N, d}, dt, 41);
+    Tensor dw = Tensor::zeros({d}, gt, Device::CUDA);
+    const std::string tag = " (k=" + std::to_string(ks) + ")";
+    add("mix fwd" + tag, time_ms([&] { k::mix_forward(out, probs, w, src, rs); }, reps),
+        e * (ks + 1.0) * N * d, 4.0 * ks * N * d);
+    add("mix bwd" + tag, time_ms([&] { k::mix_backward(dsrc, dw, dout, w, src, rs, probs); }, reps),
+        e * (1.0 + 3.0 * ks) * N * d, 8.0 * ks * N * d);
+    add("mix source rstd", time_ms([&] { k::mix_source_rstd(rs[0], src[0], 1e-5f); }, reps), e * N * d, 0);
+  }
+  {
+    Tensor tok = ids_dev(N, V, 50), w = rand_dev({V, d}, dt, 51, 0.02), out = Tensor::empty({N, d}, dt, Device::CUDA);
+    Tensor dout = rand_dev({N, d}, dt, 52), dw = Tensor::zeros({V, d}, gt, Device::CUDA);
+    add("embedding fwd", time_ms([&] { k::embedding_forward(out, w, tok); }, reps), e * 2.0 * N * d, 0);
+    add("embedding bwd", time_ms([&] { k::embedding_backward(dw, dout, tok); }, reps), (e + 2 * gsz) * N * d, 0);
+  }
+  {
+    Tensor h = rand_dev({N, d}, dt, 60), w = rand_dev({V, d}, dt, 61, 0.02), tg = ids_dev(N, V, 62);
+    Tensor dh = Tensor::zeros({N, d}, dt, Device::CUDA), dw = Tensor::zeros({V, d}, gt, Device::CUDA);
+    add("lm_head + CE fwd+bwd", time_ms([&] { k::lm_head_cross_entropy(h, w, tg, &dh, &dw, 1.0 / N); }, 5),
+        e * (2.0 * N * d + 2.0 * V * d) + 2 * gsz * V * d, 6.0 * N * V * d);
+  }
+  {
+    const int64_t P = 124'000'000;  // a 124M-parameter model's update, fp32 master + bf16 copy
+    Tensor p = rand_dev({P}, DType::F32, 70, 0.02), g = rand_dev({P}, DType::F32, 71, 1e-3);
+    Tensor m = Tensor::zeros({P}, DType::F32, Device::CUDA), v = Tensor::zeros({P}, DType::F32, Device::CUDA);
+    Tensor lowp = Tensor::empty({P}, DType::BF16, Device::CUDA);
+    const k::AdamWStep s{1e-4, 0.9, 0.95, 1e-8, 0.1, 1};
+    const bool bf = dt == DType::BF16;
+    add("adamw 124M params", time_ms([&] { k::adamw_update(p, g, m, v, s, true, bf ? &lowp : nullptr); }, 5),
+        P * (28.0 + (bf ? 2 : 0)), 0);
+    add("grad norm 124M", time_ms([&] { (void)k::sum_squares(g); }, 5), P * 4.0, 0);
+  }
+
+  std::printf("\n%-26s %10s %10s %10s %9s  %s\n", "op", "ms", "floor ms", "GB/s", "TFLOP/s",
+              "of floor (bound)");
+  for (const Row& r : rows) {
+    const double t_bytes = r.bytes / bw * 1e3, t_flops = r.flops / peak * 1e3;
+    const double floor_ms = std::max(t_bytes, t_flops);
+    std::printf("%-26s %10.3f %10.3f %10.0f %9.1f  %5.1f%% (%s)\n", r.op.c_str(), r.ms, floor_ms,
+                r.bytes / (r.ms * 1e-3) * 1e-9, r.flops / (r.ms * 1e-3) * 1e-12,
+                100.0 * floor_ms / r.ms, t_flops > t_bytes ? "compute" : "memory");
+  }
+}
+
+}  // namespace attnres::tools
