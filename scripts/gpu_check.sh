@@ -17,7 +17,11 @@ quick=0
 [[ "${1:-}" == "--quick" ]] && quick=1
 
 cmake_extra=()
-if [[ ! -f /usr/include/nlohmann/json.hpp ]]; then
+have_deps=1
+for h in nlohmann/json.hpp catch2/catch.hpp spdlog/spdlog.h; do
+  [[ -f /usr/include/$h ]] || have_deps=0
+done
+if [[ $have_deps -eq 0 ]]; then
   if ! ls .deps/*.deb >/dev/null 2>&1; then
     echo "error: the CPU-side dependencies are missing and .deps/ holds no .deb files" >&2
     echo "       (run scripts/gpu_deps.sh on a Debian machine and carry .deps/)" >&2
@@ -38,7 +42,7 @@ echo "==> configure + build (sm_90)"
 t0=$(date +%s)
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   "${cmake_extra[@]}" > "$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 2; }
-cmake --build build-gpu -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -60; exit 2; }
+cmake --build build-gpu -j"$(nproc)" --target attnres test_gpu > "$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -60; exit 2; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 status=0
@@ -52,13 +56,13 @@ fi
 
 echo "==> kernel benchmark (124M shapes, bf16)"
 ./build-gpu/attnres bench --device cuda --preset 124m --kernels 2>&1 | tee "$out/kernels_124m.txt" | tail -30
+echo "==> end-to-end training steps (bf16)"
+./build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3 2>&1 \
+  | tee "$out/bench_124m.txt" | tail -6
 if python3 -c "import torch" 2>/dev/null; then
-  echo "==> reference attention (PyTorch SDPA, best backend) at the same shapes"
+  echo "==> reference attention (PyTorch SDPA, each backend) at the same shapes"
   python3 scripts/bench_attention_torch.py 2>&1 | tee "$out/attention_torch.txt"
 fi
-echo "==> end-to-end training steps (bf16)"
-for preset in 124m 350m; do
-  ./build-gpu/attnres bench --device cuda --preset "$preset" --steps 10 --warmup 3 2>&1 \
-    | tee "$out/bench_$preset.txt" | tail -7
-done
+./build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2 2>&1 \
+  | tee "$out/bench_350m.txt" | tail -6
 exit $status

@@ -1,9 +1,161 @@
-// PLACEHOLDER (to be replaced by the real kernels): links, throws when called.
+// CUDA AdamW (see kernels/adamw.h): one elementwise pass over p, g, m, v (F32),
+// writing the bf16 copy of p in the same pass when asked.
+//
+// The per-element math is math::adamw_element, the CPU's own function,
+// instantiated on RnFloat, a float whose arithmetic reproduces what the CPU
+// build (g++) makes of that source for T = float, operation by operation:
+// - no FMA contraction: nvcc would fuse `b1 * m + (1 - b1) * g` into one FMA
+//   (one rounding where the C++ expression has two), so every operation is
+//   the round-to-nearest intrinsic;
+// - the promotion to double: in a g++ translation unit the unqualified
+//   `sqrt(float)` in math.h resolves to ::sqrt(double) (libstdc++ puts the
+//   float overload in std:: only), so the CPU computes
+//     p = float(double(p) - double(lr * (m / bc1)) / (sqrt(double(v / bc2)) + eps))
+//   with the denominator, the quotient and the subtraction in double. Under
+//   nvcc, `using std::sqrt` makes the same line all-float. RnFloat's sqrt
+//   returns an RnDouble, whose operators follow the C++ promotion rules.
+// With it the result is bit-identical to a CPU build that does not contract
+// to FMA (and within an ulp or so of one that does, e.g. -march=native on an
+// FMA host).
 #include "kernels/cuda/adamw.h"
-#include "core/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/math.h"
 
 namespace attnres::kernels::cuda {
 
-void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, double, double, double, double, double, double, double, Tensor*) { fail("cuda::adamw_update: not implemented yet"); }
+namespace {
+
+struct RnFloat {
+  float x;
+  RnFloat() = default;
+  __host__ __device__ constexpr RnFloat(float v) : x(v) {}  // NOLINT: implicit, as T(1) needs
+};
+struct RnDouble {  // a float expression promoted to double
+  double x;
+};
+
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ RnFloat operator+(RnFloat a, RnFloat b) { return __fadd_rn(a.x, b.x); }
+__device__ __forceinline__ RnFloat operator-(RnFloat a, RnFloat b) { return __fsub_rn(a.x, b.x); }
+__device__ __forceinline__ RnFloat operator*(RnFloat a, RnFloat b) { return __fmul_rn(a.x, b.x); }
+__device__ __forceinline__ RnFloat operator/(RnFloat a, RnFloat b) { return __fdiv_rn(a.x, b.x); }
+__device__ __forceinline__ RnDouble sqrt(RnFloat a) { return {__dsqrt_rn(static_cast<double>(a.x))}; }
+__device__ __forceinline__ RnDouble operator+(RnDouble a, RnFloat b) {
+  return {__dadd_rn(a.x, static_cast<double>(b.x))};
+}
+__device__ __forceinline__ RnDouble operator/(RnFloat a, RnDouble b) {
+  return {__ddiv_rn(static_cast<double>(a.x), b.x)};
+}
+__device__ __forceinline__ RnFloat& operator-=(RnFloat& a, RnDouble b) {
+  a.x = __double2float_rn(__dsub_rn(static_cast<double>(a.x), b.x));
+  return a;
+}
+#else
+// Host stand-ins, only so that the __host__ __device__ template instantiates.
+inline RnFloat operator+(RnFloat a, RnFloat b) { return a.x + b.x; }
+inline RnFloat operator-(RnFloat a, RnFloat b) { return a.x - b.x; }
+inline RnFloat operator*(RnFloat a, RnFloat b) { return a.x * b.x; }
+inline RnFloat operator/(RnFloat a, RnFloat b) { return a.x / b.x; }
+inline RnDouble sqrt(RnFloat a) { return {std::sqrt(static_cast<double>(a.x))}; }
+inline RnDouble operator+(RnDouble a, RnFloat b) { return {a.x + static_cast<double>(b.x)}; }
+inline RnDouble operator/(RnFloat a, RnDouble b) { return {static_cast<double>(a.x) / b.x}; }
+inline RnFloat& operator-=(RnFloat& a, RnDouble b) {
+  a.x = static_cast<float>(static_cast<double>(a.x) - b.x);
+  return a;
+}
+#endif
+__host__ __device__ __forceinline__ RnFloat& operator*=(RnFloat& a, RnFloat b) { return a = a * b; }
+
+struct Scalars {
+  float lr, b1, b2, eps, decay_factor, bc1, bc2;
+};
+
+constexpr int kThreads = 256;
+constexpr int W = 4;  // 16 bytes of each fp32 array (8 bytes of the bf16 copy)
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+template <int N, typename T>
+__device__ __forceinline__ Vec<T, N> load(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+template <int N, typename T>
+__device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+template <int N>
+__device__ __forceinline__ void update(int64_t i, float* p, const float* g, float* m, float* v,
+                                       bf16* p_lowp, const Scalars& s) {
+  Vec<float, N> vp = load<N>(p + i), vm = load<N>(m + i), vv = load<N>(v + i);
+  const Vec<float, N> vg = load<N>(g + i);
+  Vec<bf16, N> lo;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    RnFloat pj = vp.v[j], mj = vm.v[j], vj = vv.v[j];
+    math::adamw_element<RnFloat>(pj, vg.v[j], mj, vj, s.lr, s.b1, s.b2, s.eps, s.decay_factor,
+                                 s.bc1, s.bc2);
+    vp.v[j] = pj.x;
+    vm.v[j] = mj.x;
+    vv.v[j] = vj.x;
+    lo.v[j] = __float2bfloat16_rn(pj.x);
+  }
+  store<N>(p + i, vp);
+  store<N>(m + i, vm);
+  store<N>(v + i, vv);
+  if (p_lowp) store<N>(p_lowp + i, lo);
+}
+
+template <bool kVec>
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16* p_lowp,
+                             int64_t n, Scalars s) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t tail = 0;
+  if (kVec) {
+    const int64_t nv = n / W;
+    for (int64_t k = tid; k < nv; k += stride) update<W>(k * W, p, g, m, v, p_lowp, s);
+    tail = nv * W;
+  }
+  for (int64_t i = tail + tid; i < n; i += stride) update<1>(i, p, g, m, v, p_lowp, s);
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, double lr, double beta1,
+                  double beta2, double eps, double decay_factor, double bc1, double bc2,
+                  Tensor* p_lowp) {
+  const int64_t n = p.numel();
+  if (n == 0) return;
+  float* pp = dptr<float>(p);
+  const float* pg = dptr<float>(g);
+  float* pm = dptr<float>(m);
+  float* pv = dptr<float>(v);
+  bf16* pl = dptr_or_null<bf16>(p_lowp);
+  // The scalars are rounded to float once, as the CPU's float path does.
+  const Scalars s{static_cast<float>(lr),  static_cast<float>(beta1),
+                  static_cast<float>(beta2), static_cast<float>(eps),
+                  static_cast<float>(decay_factor), static_cast<float>(bc1),
+                  static_cast<float>(bc2)};
+  const bool vec = aligned(pp, 16) && aligned(pg, 16) && aligned(pm, 16) && aligned(pv, 16) &&
+                   (pl == nullptr || aligned(pl, 8));
+  const int64_t work = vec ? ceil_div(n, W) : n;
+  const int64_t cap = int64_t(::attnres::cuda::device_properties().multiProcessorCount) * 16;
+  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, kThreads), cap)));
+  if (vec)
+    adamw_kernel<true><<<blocks, kThreads, 0, stream()>>>(pp, pg, pm, pv, pl, n, s);
+  else
+    adamw_kernel<false><<<blocks, kThreads, 0, stream()>>>(pp, pg, pm, pv, pl, n, s);
+  ATTNRES_CUDA_CHECK_LAUNCH();
+}
 
 }  // namespace attnres::kernels::cuda

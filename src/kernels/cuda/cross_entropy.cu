@@ -1,9 +1,279 @@
-// PLACEHOLDER (to be replaced by the real kernels): links, throws when called.
+// CUDA LM head fused with softmax cross-entropy (see kernels/cross_entropy.h
+// and the CPU reference kernels/cpu/cross_entropy.cpp).
+//
+// The [N, V] logits of a batch (16384 x 50304 fp32 = 3.3 GB) never exist
+// whole: rows are processed R at a time (R from a fixed memory budget, see
+// chunk_rows), each chunk in four steps on the compute stream:
+//
+//   1. GEMM      logits[R, V] = h_chunk w^T           fp32 output (cuBLASLt)
+//   2. row pass  one block per row: max and sum of exp (online, one read), the
+//                row's loss (fp64, into a per-row buffer), then, in place,
+//                dlogits = grad_scale (softmax - onehot) (second read, one write)
+//   3. GEMM      dh_chunk += dlogits w                (beta = 1)
+//   4. GEMM      dw       += dlogits^T h_chunk        (beta = 1, fp32 dw)
+//
+// Logits stay fp32 so the loss and the softmax see the GEMM's fp32 result
+// (a bf16 logit near 30 would be off by up to 0.06). For BF16 h/w the GEMMs of
+// steps 3-4 need bf16 dlogits; the row pass writes them over the first half of
+// each fp32 logit row (a bf16 matrix with row stride 2V), so no second buffer.
+//
+// Traffic per chunk (BF16): 4RV (GEMM 1 writes) + 8RV (row pass reads twice;
+// the second read partly hits L2) + 2RV (dlogits) + 2RV + 2RV (GEMMs 3, 4
+// read dlogits) + 8Vd (dw read and written) + small. FLOPs: 6 R V d (three
+// GEMMs). At V = 50304, d = 768 the GEMMs (~3.8 TFLOP for N = 16384) and the
+// logit traffic (~15 GB) are of the same order.
+//
+// Loss: each row's -log p[target] is written as a double; one block sums the
+// N values in a fixed order (deterministic), and one 16-byte copy brings the
+// total and the first invalid target position back to the host.
+//
+// Targets: an id outside [0, V) is recorded by the row pass with an atomicMin
+// over positions (the smallest offending position, whatever the block order)
+// and reported after the launch, like the CPU does. The row of a bad id gets
+// loss 0 and no one-hot term; dh / dw may then have been updated before the
+// error is thrown (the step is abandoned anyway).
 #include "kernels/cuda/cross_entropy.h"
-#include "core/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/device.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.cuh"
 
 namespace attnres::kernels::cuda {
 
-double lm_head_cross_entropy(const Tensor&, const Tensor&, const Tensor&, Tensor*, Tensor*, double) { fail("cuda::lm_head_cross_entropy: not implemented yet"); }
+namespace {
+
+// Budget of the fp32 logits buffer of one chunk. At V = 50304 this is 2560
+// rows: large enough that the dw GEMM (K = R) amortises its read and write of
+// the fp32 dw (8 V d bytes per chunk) over many rows, small enough to leave
+// the activations their memory.
+constexpr int64_t kChunkBytes = int64_t(512) << 20;
+constexpr int kRowThreads = 512;
+
+int64_t chunk_rows(int64_t N, int64_t V) {
+  if (V == 0) return N;
+  int64_t r = std::max<int64_t>(1, kChunkBytes / (V * int64_t(sizeof(float))));
+  if (r >= 128) r = r / 128 * 128;  // whole GEMM tiles
+  return std::min(r, N);
+}
+
+// Written by the device, read back by the host in one copy.
+struct Status {
+  double loss;
+  unsigned long long bad_pos;  // first position with an invalid target; ~0 if none
+};
+
+// VEC consecutive floats (VEC = 4: one 16-byte load, p 16-byte aligned).
+template <int VEC>
+__device__ __forceinline__ void load(const float* p, float* x) {
+  if constexpr (VEC == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
+  } else {
+    x[0] = *p;
+  }
+}
+// VEC values stored as float (one 16-byte store) or bf16 (one 8-byte store).
+template <int VEC>
+__device__ __forceinline__ void store(float* p, const float* v) {
+  if constexpr (VEC == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else *p = v[0];
+}
+template <int VEC>
+__device__ __forceinline__ void store(bf16* p, const float* v) {
+  if constexpr (VEC == 4) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&lo);
+    u.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p) = u;
+  } else {
+    *p = __float2bfloat16_rn(v[0]);
+  }
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x >> 5;
+  v = lane < nwarps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// One block per logit row of the chunk. VEC = 4 reads float4 (needs V % 4 == 0
+// so every row starts 16-byte aligned), VEC = 1 reads scalars. OutT is the
+// dlogits dtype: float (overwrites the logits in place) or bf16 (written over
+// the first half of the row's bytes: element c of the bf16 row lies in fp32
+// element c / 2).
+template <typename OutT, int VEC>
+__global__ void __launch_bounds__(kRowThreads)
+    ce_row_kernel(float* logits, int64_t V, const int32_t* targets, int64_t row0,
+                  double* row_loss, Status* status, bool grads, double grad_scale) {
+  __shared__ float scratch[32];
+  const int64_t i = blockIdx.x;  // row within the chunk
+  const int64_t n = row0 + i;    // row within the batch
+  float* l = logits + i * V;
+  const int32_t t = targets[n];
+  const bool valid = t >= 0 && t < V;
+  // Read before pass 2 overwrites the row (the block reductions below order it).
+  float target_logit = 0.0f;
+  if (threadIdx.x == 0) {
+    if (valid) target_logit = l[t];
+    else atomicMin(&status->bad_pos, static_cast<unsigned long long>(n));
+  }
+
+  // Pass 1: this thread's running max m and sum s of exp(x - m), one read.
+  float m = -INFINITY, s = 0.0f;
+#pragma unroll 4
+  for (int64_t c = int64_t(threadIdx.x) * VEC; c < V; c += int64_t(blockDim.x) * VEC) {
+    float x[VEC];
+    load<VEC>(l + c, x);
+    float mx = x[0];
+#pragma unroll
+    for (int e = 1; e < VEC; ++e) mx = fmaxf(mx, x[e]);
+    const float nm = fmaxf(m, mx);
+    float add = 0.0f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) add += expf(x[e] - nm);
+    s = s * expf(m - nm) + add;  // expf(-inf) = 0 on the first element
+    m = nm;
+  }
+  const float M = block_max(m, scratch);
+  // Threads that saw no element (m = -inf) add nothing.
+  const float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), scratch);
+
+  if (threadIdx.x == 0)
+    row_loss[n] = valid ? static_cast<double>(M) + log(static_cast<double>(S)) -
+                              static_cast<double>(target_logit)
+                        : 0.0;
+  if (!grads) return;
+
+  // Pass 2: dlogits = grad_scale softmax - grad_scale onehot, written as OutT
+  // at the same element index; the softmax scale is grad_scale / S formed in
+  // double, as the CPU does. Tiles of kUnroll vectors per thread keep several
+  // loads in flight before the (bf16) barrier.
+  const float scale = static_cast<float>(grad_scale / static_cast<double>(S));
+  const float gs = static_cast<float>(grad_scale);
+  OutT* out = reinterpret_cast<OutT*>(l);
+  constexpr int kUnroll = 4;
+  const int64_t tile = int64_t(blockDim.x) * VEC * kUnroll;
+  for (int64_t base = 0; base < V; base += tile) {
+    float x[kUnroll][VEC];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = base + (int64_t(u) * blockDim.x + threadIdx.x) * VEC;
+      if (c < V) load<VEC>(l + c, x[u]);
+    }
+    if constexpr (!std::is_same_v<OutT, float>) {
+      // The bf16 writes of tile j land in fp32 elements [j tile/2, (j+1) tile/2),
+      // which other threads read in tiles <= j, and never in later tiles' reads
+      // (those start at (j+1) tile). So all reads up to this tile must be done.
+      __syncthreads();
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = base + (int64_t(u) * blockDim.x + threadIdx.x) * VEC;
+      if (c >= V) continue;
+      float p[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        p[e] = expf(x[u][e] - M) * scale;
+        if (c + e == t) p[e] -= gs;
+      }
+      store<VEC>(out + c, p);
+    }
+  }
+}
+
+// Sum of the N per-row losses in a fixed order (thread t takes rows t, t +
+// blockDim, ... in order, then a fixed tree): the same bits every run.
+__global__ void __launch_bounds__(1024) sum_loss_kernel(const double* row_loss, int64_t N,
+                                                        Status* status) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) s += row_loss[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) status->loss = s;
+}
+
+template <typename T>
+double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, Tensor* dw,
+           double grad_scale) {
+  const int64_t N = h.dim(0), d = h.dim(1), V = w.dim(0);
+  const bool grads = dh || dw;
+  const DType ab = h.dtype();
+  const T* hp = dptr<T>(h);
+  const T* wp = dptr<T>(w);
+  const int32_t* tp = dptr<int32_t>(targets);
+
+  const int64_t R = chunk_rows(N, V);
+  Tensor logits = Tensor::empty({R, V}, DType::F32, Device::CUDA);
+  Tensor row_loss = Tensor::empty({N}, DType::F64, Device::CUDA);
+  Tensor status_buf = Tensor::empty({2}, DType::F64, Device::CUDA);  // one Status
+  static_assert(sizeof(Status) == 2 * sizeof(double), "Status is two 8-byte words");
+  auto* status = static_cast<Status*>(status_buf.raw());
+  // bad_pos = ~0 (no invalid target yet).
+  ATTNRES_CUDA_CHECK(cudaMemsetAsync(&status->bad_pos, 0xff, sizeof status->bad_pos, stream()));
+
+  float* L = logits.data<float>();
+  // dlogits: in place, T elements, row stride = the fp32 row's bytes.
+  const int64_t ld_dl = V * int64_t(sizeof(float) / sizeof(T));
+  const bool vec4 = V % 4 == 0;
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(R, N - r0);
+    const T* hc = hp + r0 * d;
+    // 1. logits[rows, V] = h_chunk w^T
+    gemm(false, true, rows, V, d, ab, hc, d, wp, d, 0.0f, DType::F32, L, V);
+    // 2. loss per row; dlogits in place
+    if (vec4)
+      ce_row_kernel<T, 4><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+          L, V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
+    else
+      ce_row_kernel<T, 1><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+          L, V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
+    ATTNRES_CUDA_CHECK_LAUNCH();
+    if (!grads) continue;
+    // 3. dh_chunk[rows, d] += dlogits[rows, V] w[V, d]
+    if (dh)
+      gemm(false, false, rows, d, V, ab, L, ld_dl, wp, d, 1.0f, dh->dtype(),
+           dptr<T>(*dh) + r0 * d, d);
+    // 4. dw[V, d] += dlogits^T[V, rows] h_chunk[rows, d]
+    if (dw) gemm(true, false, V, d, rows, ab, L, ld_dl, hc, d, 1.0f, dw->dtype(), dw->raw(), d);
+  }
+
+  sum_loss_kernel<<<1, 1024, 0, stream()>>>(row_loss.data<double>(), N, status);
+  ATTNRES_CUDA_CHECK_LAUNCH();
+  Status st{};
+  ::attnres::cuda::copy(&st, ::attnres::cuda::Side::Host, status, ::attnres::cuda::Side::Device,
+                        sizeof st);  // waits for the chunks
+  if (st.bad_pos != ~0ull) {
+    int32_t id = 0;
+    ::attnres::cuda::copy(&id, ::attnres::cuda::Side::Host, tp + st.bad_pos,
+                          ::attnres::cuda::Side::Device, sizeof id);
+    fail("lm_head_cross_entropy: target id ", id, " at position ", st.bad_pos,
+         " is outside the vocabulary [0, ", V, ")");
+  }
+  return st.loss;
+}
+
+}  // namespace
+
+double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
+                             Tensor* dw, double grad_scale) {
+  if (h.dim(0) == 0) return 0.0;
+  double loss = 0.0;
+  dispatch_float(h, "lm_head_cross_entropy", [&](auto tag) {
+    loss = run<decltype(tag)>(h, w, targets, dh, dw, grad_scale);
+  });
+  return loss;
+}
 
 }  // namespace attnres::kernels::cuda

@@ -1,10 +1,135 @@
-// PLACEHOLDER (to be replaced by the real kernels): links, throws when called.
+// CUDA SwiGLU (see kernels/swiglu.h): elementwise, fp32 arithmetic through
+// math::silu / math::silu_grad (the CPU's functions), 16-byte packs when every
+// pointer allows them, element by element otherwise.
 #include "kernels/cuda/swiglu.h"
-#include "core/error.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/math.h"
 
 namespace attnres::kernels::cuda {
 
-void swiglu_forward(Tensor&, const Tensor&, const Tensor&) { fail("cuda::swiglu_forward: not implemented yet"); }
-void swiglu_backward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&) { fail("cuda::swiglu_backward: not implemented yet"); }
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+template <int N, typename T>
+__device__ __forceinline__ Vec<T, N> load(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+template <int N, typename T>
+__device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+int grid_for(int64_t work) {
+  const int64_t cap = int64_t(::attnres::cuda::device_properties().multiProcessorCount) * 16;
+  return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, kThreads), cap)));
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void forward_at(int64_t i, T* h, const T* gate, const T* up) {
+  const Vec<T, N> g = load<N>(gate + i), u = load<N>(up + i);
+  Vec<T, N> out;
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    out.v[j] = from_f32<T>(math::silu<float>(to_f32(g.v[j])) * to_f32(u.v[j]));
+  store<N>(h + i, out);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void backward_at(int64_t i, T* dgate, T* dup, const T* dh,
+                                            const T* gate, const T* up) {
+  const Vec<T, N> g = load<N>(gate + i), u = load<N>(up + i), d = load<N>(dh + i);
+  Vec<T, N> dg = load<N>(dgate + i), du = load<N>(dup + i);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const float gj = to_f32(g.v[j]), dj = to_f32(d.v[j]);
+    dg.v[j] = from_f32<T>(to_f32(dg.v[j]) + dj * to_f32(u.v[j]) * math::silu_grad<float>(gj));
+    du.v[j] = from_f32<T>(to_f32(du.v[j]) + dj * math::silu<float>(gj));
+  }
+  store<N>(dgate + i, dg);
+  store<N>(dup + i, du);
+}
+
+// kVec: packs of 16 bytes, then the tail element by element.
+template <typename T, bool kVec>
+__global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, int64_t n) {
+  constexpr int W = 16 / sizeof(T);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t tail = 0;
+  if (kVec) {
+    const int64_t nv = n / W;
+    for (int64_t k = tid; k < nv; k += stride) forward_at<T, W>(k * W, h, gate, up);
+    tail = nv * W;
+  }
+  for (int64_t i = tail + tid; i < n; i += stride) forward_at<T, 1>(i, h, gate, up);
+}
+
+template <typename T, bool kVec>
+__global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* gate, const T* up,
+                                       int64_t n) {
+  constexpr int W = 16 / sizeof(T);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t tail = 0;
+  if (kVec) {
+    const int64_t nv = n / W;
+    for (int64_t k = tid; k < nv; k += stride) backward_at<T, W>(k * W, dgate, dup, dh, gate, up);
+    tail = nv * W;
+  }
+  for (int64_t i = tail + tid; i < n; i += stride) backward_at<T, 1>(i, dgate, dup, dh, gate, up);
+}
+
+}  // namespace
+
+void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up) {
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  dispatch_float(gate, "swiglu_forward", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int W = 16 / sizeof(T);
+    T* ph = dptr<T>(h);
+    const T* pg = dptr<T>(gate);
+    const T* pu = dptr<T>(up);
+    if (aligned(ph, 16) && aligned(pg, 16) && aligned(pu, 16))
+      swiglu_forward_kernel<T, true><<<grid_for(ceil_div(n, W)), kThreads, 0, stream()>>>(ph, pg, pu, n);
+    else
+      swiglu_forward_kernel<T, false><<<grid_for(n), kThreads, 0, stream()>>>(ph, pg, pu, n);
+    ATTNRES_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor& gate,
+                     const Tensor& up) {
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  dispatch_float(gate, "swiglu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int W = 16 / sizeof(T);
+    T* pdg = dptr<T>(dgate);
+    T* pdu = dptr<T>(dup);
+    const T* pdh = dptr<T>(dh);
+    const T* pg = dptr<T>(gate);
+    const T* pu = dptr<T>(up);
+    if (aligned(pdg, 16) && aligned(pdu, 16) && aligned(pdh, 16) && aligned(pg, 16) &&
+        aligned(pu, 16))
+      swiglu_backward_kernel<T, true>
+          <<<grid_for(ceil_div(n, W)), kThreads, 0, stream()>>>(pdg, pdu, pdh, pg, pu, n);
+    else
+      swiglu_backward_kernel<T, false>
+          <<<grid_for(n), kThreads, 0, stream()>>>(pdg, pdu, pdh, pg, pu, n);
+    ATTNRES_CUDA_CHECK_LAUNCH();
+  });
+}
 
 }  // namespace attnres::kernels::cuda

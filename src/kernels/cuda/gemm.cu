@@ -1,0 +1,254 @@
+// Row-major GEMM on cuBLASLt (see gemm.cuh).
+//
+// Layout: cuBLASLt is column-major. A row-major [r, c] matrix with row stride
+// ld is, byte for byte, the column-major [c, r] matrix (its transpose) with
+// leading dimension ld. So the row-major product C = op(A) op(B) is computed
+// as the column-major product C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B,
+// its "B" is our A, and the transpose flags carry over unchanged.
+//
+// Plans: building the descriptors and asking the heuristic for an algorithm
+// costs tens of microseconds of host time, more than a small GEMM takes on the
+// device, and a training step repeats the same few dozen shapes thousands of
+// times. So each distinct problem (shapes, strides, transposes, dtypes, beta,
+// pointer alignments) gets a Plan (descriptors + the chosen algorithm), built
+// once and kept. Keeping the algorithm fixed per problem also keeps results
+// bit-identical from run to run.
+//
+// Split-K: the heuristic is limited to algorithms that either do not split
+// the reduction or reduce the parts in fp32 in the workspace. The remaining
+// scheme ("in place") adds the parts in the *output* dtype, which for a bf16
+// output would round every partial sum to bf16.
+#include "kernels/cuda/gemm.cuh"
+
+#include <cublasLt.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/device.h"
+#include "kernels/cuda/common.cuh"
+
+// Checks a cuBLASLt call; a failure throws attnres::Error naming the call, the
+// file and the line.
+#define ATTNRES_CUBLAS_CHECK(call)                                                   \
+  do {                                                                               \
+    cublasStatus_t st_ = (call);                                                     \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                \
+      ::attnres::fail(__FILE__, ":", __LINE__, ": ", #call, " failed: ",             \
+                      cublasLtGetStatusString(st_), " (status ", static_cast<int>(st_), \
+                      ")");                                                          \
+  } while (0)
+
+namespace attnres::kernels::cuda {
+
+namespace {
+
+// 32 MiB is what cuBLAS recommends for Hopper; the heuristic may use less.
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    default: fail("gemm: cuBLASLt path takes F32 or BF16, got ", dtype_name(t));
+  }
+}
+
+// Largest power of two (up to 256, cuBLASLt's default requirement) that
+// divides the address: the heuristic must only pick kernels that can load
+// from it (a row slice of a tensor is not 256-byte aligned).
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align >>= 1;
+  return align;
+}
+
+// Everything the descriptors and the algorithm choice depend on.
+struct Key {
+  int64_t m, n, k, lda, ldb, ldc;
+  bool trans_a, trans_b, beta_zero;
+  DType ab, c;
+  uint32_t align_a, align_b, align_c;
+  bool operator==(const Key& o) const {
+    return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
+           trans_a == o.trans_a && trans_b == o.trans_b && beta_zero == o.beta_zero &&
+           ab == o.ab && c == o.c && align_a == o.align_a && align_b == o.align_b &&
+           align_c == o.align_c;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+    auto mix = [&h](uint64_t v) {
+      h ^= v;
+      h *= 1099511628211ull;
+    };
+    mix(key.m), mix(key.n), mix(key.k), mix(key.lda), mix(key.ldb), mix(key.ldc);
+    mix(key.trans_a | key.trans_b << 1 | key.beta_zero << 2);
+    mix(static_cast<uint64_t>(key.ab) | static_cast<uint64_t>(key.c) << 8);
+    mix(key.align_a | uint64_t(key.align_b) << 16 | uint64_t(key.align_c) << 32);
+    return static_cast<size_t>(h);
+  }
+};
+
+// RAII owners of the cuBLASLt descriptor handles (each is a pointer to an
+// opaque struct). Destruction errors are ignored: they can only happen at exit.
+struct DescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* p) const { cublasLtMatmulDescDestroy(p); }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque_t* p) const { cublasLtMatrixLayoutDestroy(p); }
+};
+struct PrefDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+using DescPtr = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
+using LayoutPtr = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
+using PrefPtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PrefDeleter>;
+
+LayoutPtr make_layout(DType t, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t l = nullptr;
+  ATTNRES_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows),
+                                                  static_cast<uint64_t>(cols), ld));
+  return LayoutPtr(l);
+}
+
+// The descriptors of one problem in cuBLASLt's column-major terms, and the
+// algorithm the heuristic chose for it.
+struct Plan {
+  DescPtr op;
+  LayoutPtr a, b, c;  // cuBLASLt's A (= our B), B (= our A), C = D
+  cublasLtMatmulAlgo_t algo{};
+};
+
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& key) {
+  auto plan = std::make_unique<Plan>();
+  cublasLtMatmulDesc_t op = nullptr;
+  ATTNRES_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  plan->op.reset(op);
+  const cublasOperation_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  ATTNRES_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  ATTNRES_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  // Our B ([k, n] or [n, k] row-major) seen column-major: [n, k] or [k, n].
+  plan->a = key.trans_b ? make_layout(key.ab, key.k, key.n, key.ldb)
+                        : make_layout(key.ab, key.n, key.k, key.ldb);
+  // Our A ([m, k] or [k, m] row-major) seen column-major: [k, m] or [m, k].
+  plan->b = key.trans_a ? make_layout(key.ab, key.m, key.k, key.lda)
+                        : make_layout(key.ab, key.k, key.m, key.lda);
+  plan->c = make_layout(key.c, key.n, key.m, key.ldc);
+
+  cublasLtMatmulPreference_t pref_raw = nullptr;
+  ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
+  PrefPtr pref(pref_raw);
+  const uint64_t ws = kWorkspaceBytes;
+  ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+  // cuBLASLt's A/B are our B/A; C and D are the same buffer.
+  ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_b, sizeof key.align_b));
+  ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_a, sizeof key.align_a));
+  ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_c, sizeof key.align_c));
+  ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof key.align_c));
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle, op, plan->a.get(), plan->b.get(), plan->c.get(),
+                                     plan->c.get(), pref_raw, 1, &result, &found);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+    fail("gemm: cuBLASLt has no algorithm for C[", key.m, ", ", key.n, "] = ",
+         key.trans_a ? "A^T" : "A", " ", key.trans_b ? "B^T" : "B", " (k = ", key.k, ", lda ",
+         key.lda, ", ldb ", key.ldb, ", ldc ", key.ldc, ", A/B ", dtype_name(key.ab), ", C ",
+         dtype_name(key.c), "): ", cublasLtGetStatusString(st));
+  plan->algo = result.algo;
+  return plan;
+}
+
+// The cuBLASLt handle, its workspace and the plan cache. A function-local
+// static (created on the first GEMM, destroyed at exit): the handle and the
+// workspace are per-device resources that every GEMM of the process shares,
+// like the runtime's compute stream they run on. All GEMMs run on that one
+// stream, so one workspace serves them all (stream order keeps uses apart).
+class Lt {
+ public:
+  static Lt& get() {
+    static Lt lt;
+    return lt;
+  }
+
+  void run(const Key& key, const void* a, const void* b, float beta, void* c) {
+    const Plan* plan = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // the map may be used from several host threads
+      auto it = plans_.find(key);
+      if (it == plans_.end()) it = plans_.emplace(key, make_plan(handle_, key)).first;
+      plan = it->second.get();  // plans are never removed, so the pointer stays valid
+    }
+    const float alpha = 1.0f;
+    ATTNRES_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op.get(), &alpha, b, plan->a.get(), a,
+                                        plan->b.get(), &beta, c, plan->c.get(), c, plan->c.get(),
+                                        &plan->algo, workspace_.raw(), kWorkspaceBytes, stream()));
+  }
+
+ private:
+  Lt() {
+    stream();  // the runtime (device, stream, pool) first, so it outlives this object
+    ATTNRES_CUBLAS_CHECK(cublasLtCreate(&handle_));
+    workspace_ = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes / 4)}, DType::F32,
+                               Device::CUDA);
+  }
+  ~Lt() {
+    plans_.clear();
+    cublasLtDestroy(handle_);  // at exit: errors are ignored
+  }
+  Lt(const Lt&) = delete;
+  Lt& operator=(const Lt&) = delete;
+
+  cublasLtHandle_t handle_ = nullptr;
+  Tensor workspace_;
+  std::mutex mu_;
+  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans_;
+};
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, DType ab_type,
+          const void* a, int64_t lda, const void* b, int64_t ldb, float beta, DType c_type,
+          void* c, int64_t ldc) {
+  ATTNRES_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative dims [", m, ", ", n, ", ", k, "]");
+  ATTNRES_CHECK(beta == 0.0f || beta == 1.0f, "gemm: beta must be 0 or 1, got ", beta);
+  ATTNRES_CHECK(ab_type == DType::F32 || ab_type == DType::BF16, "gemm: A/B must be F32 or BF16");
+  ATTNRES_CHECK(c_type == ab_type || c_type == DType::F32, "gemm: C is ", dtype_name(c_type),
+                " for ", dtype_name(ab_type), " inputs");
+  if (m == 0 || n == 0) return;
+  ATTNRES_CHECK(ldc >= n, "gemm: ldc ", ldc, " < n ", n);
+  if (k == 0) {  // empty sum: C = beta C
+    if (beta == 0.0f) {
+      const size_t es = dtype_size(c_type);
+      ATTNRES_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<size_t>(ldc) * es, 0,
+                                           static_cast<size_t>(n) * es, static_cast<size_t>(m),
+                                           stream()));
+    }
+    return;
+  }
+  ATTNRES_CHECK(lda >= (trans_a ? m : k), "gemm: lda ", lda, " too small");
+  ATTNRES_CHECK(ldb >= (trans_b ? k : n), "gemm: ldb ", ldb, " too small");
+  const Key key{m,         n,           k,        lda,   ldb,  ldc,
+                trans_a,   trans_b,     beta == 0.0f,   ab_type, c_type,
+                alignment_of(a), alignment_of(b), alignment_of(c)};
+  Lt::get().run(key, a, b, beta, c);
+}
+
+}  // namespace attnres::kernels::cuda

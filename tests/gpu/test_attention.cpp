@@ -1,0 +1,213 @@
+// CUDA causal GQA attention vs the CPU op (F64 reference on the same inputs):
+// forward (out, lse), backward (dq, dk, dv accumulated onto random values),
+// both paths (generic fp32 kernels: F32 and BF16 head dims without a
+// tensor-core kernel; tensor-core kernels: BF16 with hd 32/64/128), ragged
+// sequence lengths, every GQA grouping in use, T = 1, determinism, decode.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gpu_testing.h"
+#include "kernels/attention.h"
+
+using namespace attnres;
+namespace k = attnres::kernels;
+namespace gt = attnres::gpu_testing;
+
+namespace {
+
+Tensor to_f64(const Tensor& host_f32) { return host_f32.to(DType::F64); }
+Tensor host_f64(const Tensor& dev) { return gt::to_host_f32(dev).to(DType::F64); }
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+struct DevRun {
+  Tensor out, lse, dq, dk, dv;
+};
+
+// One GPU forward + backward from fixed inputs; gradients start from the
+// given initial values (device copies), outputs start poisoned.
+DevRun run_gpu(const k::AttnShape& s, DType dt, const Tensor& q, const Tensor& kk, const Tensor& v,
+               const Tensor& dout, const Tensor& dq0, const Tensor& dk0, const Tensor& dv0) {
+  const int64_t N = s.B * s.T;
+  DevRun r;
+  r.out = gt::poisoned({N, s.H * s.hd}, dt);
+  r.lse = gt::poisoned({s.B, s.H, s.T}, DType::F32);
+  k::attention_forward(r.out, r.lse, q, kk, v, s);
+  r.dq = dq0.clone();
+  r.dk = dk0.clone();
+  r.dv = dv0.clone();
+  k::attention_backward(r.dq, r.dk, r.dv, dout, q, kk, v, r.out, r.lse, s);
+  return r;
+}
+
+// Checks one shape in one dtype. `stddev` scales q and k (large values give
+// peaked softmax rows).
+void check_attention(const k::AttnShape& s, DType dt, uint64_t seed, double stddev = 1.0) {
+  const int64_t N = s.B * s.T;
+  // Host F32 inputs; to_device rounds them in place to bf16 for BF16 runs, so
+  // the CPU reference sees exactly the values the GPU sees.
+  Tensor q = gt::randn_f32({N, s.H * s.hd}, seed, stddev);
+  Tensor kk = gt::randn_f32({N, s.Hkv * s.hd}, seed + 1, stddev);
+  Tensor v = gt::randn_f32({N, s.Hkv * s.hd}, seed + 2);
+  Tensor dout = gt::randn_f32({N, s.H * s.hd}, seed + 3);
+  Tensor dq0 = gt::randn_f32({N, s.H * s.hd}, seed + 4, 0.5);
+  Tensor dk0 = gt::randn_f32({N, s.Hkv * s.hd}, seed + 5, 0.5);
+  Tensor dv0 = gt::randn_f32({N, s.Hkv * s.hd}, seed + 6, 0.5);
+  const Tensor qd = gt::to_device(q, dt), kd = gt::to_device(kk, dt), vd = gt::to_device(v, dt);
+  const Tensor dod = gt::to_device(dout, dt);
+  const Tensor dq0d = gt::to_device(dq0, dt), dk0d = gt::to_device(dk0, dt),
+               dv0d = gt::to_device(dv0, dt);
+
+  const DevRun g = run_gpu(s, dt, qd, kd, vd, dod, dq0d, dk0d, dv0d);
+
+  // Forward reference.
+  const Tensor q64 = to_f64(q), k64 = to_f64(kk), v64 = to_f64(v);
+  Tensor out_ref = Tensor::empty({N, s.H * s.hd}, DType::F64);
+  Tensor lse_ref = Tensor::empty({s.B, s.H, s.T}, DType::F64);
+  k::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
+
+  INFO("B=" << s.B << " T=" << s.T << " H=" << s.H << " Hkv=" << s.Hkv << " hd=" << s.hd
+            << " dtype=" << dtype_name(dt) << " stddev=" << stddev);
+  const double tol = gt::tol(dt);
+  CHECK(gt::rel_l2(host_f64(g.out), out_ref) < tol);
+  // lse is F32 either way and computed from exactly the reference's inputs.
+  CHECK(gt::rel_l2(host_f64(g.lse), lse_ref) < (dt == DType::BF16 ? 1e-4 : gt::kTolF32));
+
+  // Backward reference, from the GPU's saved out and lse (so the check
+  // isolates the backward kernels) and the same initial gradients.
+  Tensor dq_ref = to_f64(dq0), dk_ref = to_f64(dk0), dv_ref = to_f64(dv0);
+  k::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(g.out),
+                        host_f64(g.lse), s);
+  CHECK(gt::rel_l2(host_f64(g.dq), dq_ref) < tol);
+  CHECK(gt::rel_l2(host_f64(g.dk), dk_ref) < tol);
+  CHECK(gt::rel_l2(host_f64(g.dv), dv_ref) < tol);
+  // F32: the increments alone (the gradients proper), so that an error cannot
+  // hide behind the O(0.5) initial values. Errors are measured against the
+  // larger of the increment and a third of the initial values, which covers
+  // gradients that vanish (T = 1: dq = dk = 0 exactly, where the GPU's
+  // fp32 dP - D leaves ~1e-7). In BF16 the stored sums carry a rounding of
+  // the initial values' size, so only the sums are compared.
+  if (dt == DType::F32) {
+    auto inc_err = [](const Tensor& gpu, const Tensor& ref, const Tensor& init) {
+      double num = 0, den = 0, den0 = 0;
+      for (int64_t i = 0; i < ref.numel(); ++i) {
+        const double a = gpu.data<double>()[i] - init.data<double>()[i];
+        const double b = ref.data<double>()[i] - init.data<double>()[i];
+        num += (a - b) * (a - b);
+        den += b * b;
+        den0 += init.data<double>()[i] * init.data<double>()[i];
+      }
+      return std::sqrt(num / std::max(den, 0.1 * den0));
+    };
+    CHECK(inc_err(host_f64(g.dq), dq_ref, to_f64(dq0)) < tol);
+    CHECK(inc_err(host_f64(g.dk), dk_ref, to_f64(dk0)) < tol);
+    CHECK(inc_err(host_f64(g.dv), dv_ref, to_f64(dv0)) < tol);
+  }
+
+  // Determinism: a second run gives the same bits.
+  const DevRun g2 = run_gpu(s, dt, qd, kd, vd, dod, dq0d, dk0d, dv0d);
+  CHECK(same_bits(g2.out, g.out));
+  CHECK(same_bits(g2.lse, g.lse));
+  CHECK(same_bits(g2.dq, g.dq));
+  CHECK(same_bits(g2.dk, g.dk));
+  CHECK(same_bits(g2.dv, g.dv));
+}
+
+// (B, T, H, Hkv, hd)
+const std::vector<k::AttnShape> kShapes = {
+    {2, 13, 4, 2, 16},    // generic path in BF16 too; T below one tile
+    {1, 64, 2, 1, 32},    // exactly one 64-row tile
+    {2, 200, 6, 2, 64},   // group 3, ragged last tile
+    {1, 1024, 4, 4, 64},  // long sequence, plain multi-head
+    {2, 257, 4, 1, 128},  // multi-query, hd 128, T = 2 * 128 + 1
+    {1, 9, 2, 1, 4},      // tiny head dim
+    {3, 1, 4, 2, 8},      // T = 1
+    {2, 1, 4, 2, 64},     // T = 1 on the tensor-core path
+    {1, 150, 12, 1, 64},  // group 12
+    {2, 100, 6, 1, 32},   // group 6
+    {1, 130, 4, 2, 64},   // one row past a 128-row tile
+    {2, 45, 3, 3, 6},     // odd head count and head dim
+    {1, 70, 2, 2, 256},   // largest head dim
+    {1, 33, 2, 1, 128},   // hd 128, one row past a 32-row tile
+};
+
+}  // namespace
+
+TEST_CASE("cuda attention matches the CPU in F32", "[gpu]") {
+  uint64_t seed = 1000;
+  for (const auto& s : kShapes) check_attention(s, DType::F32, seed += 10);
+}
+
+TEST_CASE("cuda attention matches the CPU in BF16", "[gpu]") {
+  uint64_t seed = 2000;
+  for (const auto& s : kShapes) check_attention(s, DType::BF16, seed += 10);
+}
+
+TEST_CASE("cuda attention is accurate for peaked softmax rows", "[gpu]") {
+  // q, k ~ N(0, 9): scaled scores of order 10, rows dominated by few keys.
+  for (DType dt : {DType::F32, DType::BF16}) {
+    check_attention({2, 200, 4, 2, 64}, dt, 3000, 3.0);
+    check_attention({1, 77, 4, 1, 16}, dt, 3100, 3.0);
+  }
+}
+
+TEST_CASE("cuda attention decode matches the CPU", "[gpu]") {
+  struct Case {
+    int64_t B, Tmax, H, Hkv, hd;
+  };
+  uint64_t seed = 4000;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case& c : {Case{2, 12, 4, 2, 6}, Case{3, 300, 8, 2, 64}, Case{1, 50, 4, 4, 128},
+                          Case{2, 70, 12, 1, 256}, Case{1, 5, 2, 1, 4}})
+      for (int64_t len : {int64_t(1), c.Tmax / 2 + 1, c.Tmax}) {
+        seed += 10;
+        const k::AttnShape s{c.B, 1, c.H, c.Hkv, c.hd};
+        Tensor q = gt::randn_f32({c.B, c.H * c.hd}, seed);
+        Tensor kc = gt::randn_f32({c.B, c.Tmax, c.Hkv * c.hd}, seed + 1);
+        Tensor vc = gt::randn_f32({c.B, c.Tmax, c.Hkv * c.hd}, seed + 2);
+        const Tensor qd = gt::to_device(q, dt), kcd = gt::to_device(kc, dt),
+                     vcd = gt::to_device(vc, dt);
+        Tensor out = gt::poisoned({c.B, c.H * c.hd}, dt);
+        k::attention_decode(out, qd, kcd, vcd, len, s);
+        Tensor ref = Tensor::empty({c.B, c.H * c.hd}, DType::F64);
+        k::attention_decode(ref, to_f64(q), to_f64(kc), to_f64(vc), len, s);
+        INFO("B=" << c.B << " Tmax=" << c.Tmax << " H=" << c.H << " Hkv=" << c.Hkv
+                  << " hd=" << c.hd << " len=" << len << " dtype=" << dtype_name(dt));
+        CHECK(gt::rel_l2(host_f64(out), ref) < gt::tol(dt));
+        Tensor out2 = gt::poisoned({c.B, c.H * c.hd}, dt);
+        k::attention_decode(out2, qd, kcd, vcd, len, s);
+        CHECK(same_bits(out2, out));
+      }
+}
+
+TEST_CASE("cuda attention decode agrees with the forward's last row", "[gpu]") {
+  // The cache holds the sequence's own k/v: decode at position T-1 must give
+  // the forward output of row T-1 (both computed on the GPU).
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const k::AttnShape s{2, 40, 4, 2, 64};
+    const int64_t N = s.B * s.T;
+    Tensor q = gt::randn_f32({N, s.H * s.hd}, 5000);
+    Tensor kk = gt::randn_f32({N, s.Hkv * s.hd}, 5001);
+    Tensor v = gt::randn_f32({N, s.Hkv * s.hd}, 5002);
+    const Tensor qd = gt::to_device(q, dt), kd = gt::to_device(kk, dt), vd = gt::to_device(v, dt);
+    Tensor out = gt::poisoned({N, s.H * s.hd}, dt), lse = gt::poisoned({s.B, s.H, s.T}, DType::F32);
+    k::attention_forward(out, lse, qd, kd, vd, s);
+    Tensor q_last = Tensor::empty({s.B, s.H * s.hd}, dt, Device::CUDA);
+    Tensor ref = Tensor::empty({s.B, s.H * s.hd}, dt, Device::CUDA);
+    for (int64_t b = 0; b < s.B; ++b) {
+      q_last.rows(b, 1).copy_from(qd.rows(b * s.T + s.T - 1, 1));
+      ref.rows(b, 1).copy_from(out.rows(b * s.T + s.T - 1, 1));
+    }
+    Tensor dec = gt::poisoned({s.B, s.H * s.hd}, dt);
+    k::attention_decode(dec, q_last, kd.reshape({s.B, s.T, s.Hkv * s.hd}),
+                        vd.reshape({s.B, s.T, s.Hkv * s.hd}), s.T, s);
+    INFO("dtype=" << dtype_name(dt));
+    CHECK(gt::rel_l2(host_f64(dec), host_f64(ref)) < gt::tol(dt));
+  }
+}

@@ -1,0 +1,266 @@
+// CUDA AttnRes depth Mix vs the CPU op run in F64 on the same values:
+// mix_source_rstd, forward (out and probs) and backward (every dsource and dw,
+// accumulated into random values) in F32 and BF16 for warp-per-row and
+// block-per-row shapes, d not a multiple of 8, k from 1 to the 64-source
+// capacity (and beyond the shared-memory cache), the realistic size; the
+// k == 1 identity bit for bit, aliased dsources, repeatability, limits.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gpu_testing.h"
+#include "kernels/mix.h"
+
+using namespace attnres;
+namespace gt = attnres::gpu_testing;
+namespace k = attnres::kernels;
+
+namespace {
+
+constexpr float kMixEps = 1e-5f;
+
+bool mix_same_bits(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.is_cuda() ? a.to(Device::CPU) : a;
+  Tensor hb = b.is_cuda() ? b.to(Device::CPU) : b;
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+// k sources [N, d] of different scales (so the softmax is far from uniform),
+// a pseudo-query w [d]; host F32 copies (bf16-rounded for BF16) and device
+// copies in `dt`.
+struct MixSetup {
+  int64_t N, d, kk;
+  DType dt;
+  std::vector<Tensor> src_h, src_d;
+  Tensor w_h, w_d;
+};
+
+MixSetup make_setup(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
+  MixSetup s{N, d, kk, dt, {}, {}, {}, {}};
+  for (int64_t j = 0; j < kk; ++j) {
+    s.src_h.push_back(gt::randn_f32({N, d}, seed + j, 0.5 + 0.4 * (j % 5)));
+    s.src_d.push_back(gt::to_device(s.src_h.back(), dt));
+  }
+  // |w| ~ 2 / sqrt(d): logits of order 1 (the RMS-normalised keys have unit
+  // RMS), so the softmax is neither uniform nor one-hot.
+  s.w_h = gt::randn_f32({d}, seed + 1000, 2.0 / std::sqrt(double(std::max<int64_t>(d, 1))));
+  s.w_d = gt::to_device(s.w_h, dt);
+  return s;
+}
+
+std::vector<Tensor> to_f64(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> r;
+  for (const Tensor& t : ts) r.push_back(t.to(DType::F64));
+  return r;
+}
+std::vector<Tensor> on_device(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> r;
+  for (const Tensor& t : ts) r.push_back(t.to(Device::CUDA));
+  return r;
+}
+
+// The CPU's F64 rstds of the (rounded) sources, rounded to F32: both sides of
+// the forward / backward comparisons read exactly these.
+std::vector<Tensor> rstds_f32(const MixSetup& s) {
+  std::vector<Tensor> r;
+  for (const Tensor& v : s.src_h) {
+    Tensor t = Tensor::empty({s.N}, DType::F64);
+    k::mix_source_rstd(t, v.to(DType::F64), kMixEps);
+    r.push_back(t.to(DType::F32));
+  }
+  return r;
+}
+
+void check_mix(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
+  INFO("N=" << N << " d=" << d << " k=" << kk << " " << dtype_name(dt));
+  const double tol = gt::tol(dt);
+  MixSetup s = make_setup(N, d, kk, dt, seed);
+  const std::vector<Tensor> src64 = to_f64(s.src_h);
+  const Tensor w64 = s.w_h.to(DType::F64);
+
+  // rstd
+  std::vector<Tensor> rs32 = rstds_f32(s);
+  for (int64_t j = 0; j < kk; ++j) {
+    Tensor r = gt::poisoned({N}, DType::F32);
+    k::mix_source_rstd(r, s.src_d[j], kMixEps);
+    CHECK(gt::rel_l2(r.to(Device::CPU), rs32[j]) < gt::kTolF32);
+  }
+
+  // forward
+  const std::vector<Tensor> rs64 = to_f64(rs32), rs_d = on_device(rs32);
+  Tensor out_ref = Tensor::empty({N, d}, DType::F64), probs_ref = Tensor::empty({N, kk}, DType::F64);
+  k::mix_forward(out_ref, probs_ref, w64, src64, rs64);
+  Tensor out = gt::poisoned({N, d}, dt), probs = gt::poisoned({N, kk}, DType::F32);
+  k::mix_forward(out, probs, s.w_d, s.src_d, rs_d);
+  CHECK(gt::rel_l2(gt::to_host_f32(out), out_ref) < tol);
+  CHECK(gt::rel_l2(probs.to(Device::CPU), probs_ref) < gt::kTolF32);
+
+  // backward: the same probs on both sides (the CPU's, rounded to F32);
+  // gradients accumulate into random values.
+  Tensor probs32 = probs_ref.to(DType::F32);
+  Tensor dout = gt::randn_f32({N, d}, seed + 2000);
+  Tensor dout_d = gt::to_device(dout, dt);
+  std::vector<Tensor> ds_h, ds_d, ds_ref;
+  for (int64_t j = 0; j < kk; ++j) {
+    ds_h.push_back(gt::randn_f32({N, d}, seed + 3000 + j, 0.5));
+    ds_d.push_back(gt::to_device(ds_h.back(), dt));
+    ds_ref.push_back(ds_h.back().to(DType::F64));
+  }
+  Tensor dw0 = gt::randn_f32({d}, seed + 4000);
+  Tensor dw_d = dw0.to(Device::CUDA), dw_ref = dw0.to(DType::F64);
+  k::mix_backward(ds_ref, dw_ref, dout.to(DType::F64), w64, src64, rs64, probs32.to(DType::F64));
+  k::mix_backward(ds_d, dw_d, dout_d, s.w_d, s.src_d, rs_d, probs32.to(Device::CUDA));
+  for (int64_t j = 0; j < kk; ++j) {
+    INFO("dsource " << j);
+    CHECK(gt::rel_l2(gt::to_host_f32(ds_d[j]), ds_ref[j]) < tol);
+  }
+  // dw - dw0 is the gradient proper: compare it, not the (random) start.
+  Tensor dw_h = dw_d.to(Device::CPU);
+  Tensor g = Tensor::empty({d}, DType::F64), g_ref = Tensor::empty({d}, DType::F64);
+  for (int64_t c = 0; c < d; ++c) {
+    g.data<double>()[c] = double(dw_h.data<float>()[c]) - double(dw0.data<float>()[c]);
+    g_ref.data<double>()[c] = dw_ref.data<double>()[c] - double(dw0.data<float>()[c]);
+  }
+  // (The subtraction exposes dw's fp32 rounding at the start's magnitude.)
+  CHECK(gt::rel_l2(g, g_ref) < (dt == DType::BF16 ? tol : 1e-4));
+}
+
+}  // namespace
+
+TEST_CASE("cuda mix matches the CPU: warp-per-row shapes", "[gpu][mix]") {
+  uint64_t seed = 10000;
+  struct C { int64_t N, d, kk; };
+  for (const C& c : {C{13, 36, 1}, C{13, 36, 3}, C{7, 8, 2}, C{37, 768, 2}, C{64, 1000, 5},
+                     C{20, 1020, 7}, C{300, 768, 20}, C{50, 512, 64}, C{9, 3, 4}})
+    for (DType dt : {DType::F32, DType::BF16}) check_mix(c.N, c.d, c.kk, dt, seed += 100);
+}
+
+TEST_CASE("cuda mix matches the CPU: block-per-row shapes (d > 1024)", "[gpu][mix]") {
+  uint64_t seed = 20000;
+  struct C { int64_t N, d, kk; };
+  for (const C& c : {C{5, 2048, 4}, C{3, 4100, 5}, C{33, 4096, 9}, C{4, 8192, 3}, C{6, 1032, 2}})
+    for (DType dt : {DType::F32, DType::BF16}) check_mix(c.N, c.d, c.kk, dt, seed += 100);
+}
+
+TEST_CASE("cuda mix matches the CPU at the realistic size", "[gpu][mix]") {
+  // N = 16384 tokens, d = 768, k = 9 (more sources than the backward's
+  // shared-memory cache holds in either dtype).
+  check_mix(16384, 768, 9, DType::BF16, 30000);
+  check_mix(16384, 768, 9, DType::F32, 30100);
+}
+
+TEST_CASE("cuda mix with one source is the identity, bit for bit", "[gpu][mix]") {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int64_t d : {int64_t(36), int64_t(768), int64_t(2048)}) {
+      INFO(dtype_name(dt) << " d=" << d);
+      const int64_t N = 19;
+      MixSetup s = make_setup(N, d, 1, dt, 40000 + d);
+      std::vector<Tensor> rs{Tensor::empty({N}, DType::F32, Device::CUDA)};
+      k::mix_source_rstd(rs[0], s.src_d[0], kMixEps);
+      Tensor out = gt::poisoned({N, d}, dt), probs = gt::poisoned({N, 1}, DType::F32);
+      k::mix_forward(out, probs, s.w_d, s.src_d, rs);
+      REQUIRE(mix_same_bits(out, s.src_d[0]));
+      Tensor ph = probs.to(Device::CPU);
+      for (int64_t n = 0; n < N; ++n) REQUIRE(ph.data<float>()[n] == 1.0f);
+
+      // dsource += dout exactly (one rounding of the sum), dw unchanged.
+      Tensor dout = gt::randn_f32({N, d}, 40500 + d), ds0 = gt::randn_f32({N, d}, 40600 + d);
+      Tensor dout_d = gt::to_device(dout, dt);
+      std::vector<Tensor> ds{gt::to_device(ds0, dt)};
+      Tensor dw0 = gt::randn_f32({d}, 40700 + d);
+      Tensor dw = dw0.to(Device::CUDA);
+      k::mix_backward(ds, dw, dout_d, s.w_d, s.src_d, rs, probs);
+      Tensor expect = Tensor::empty({N, d}, DType::F32);
+      for (int64_t i = 0; i < N * d; ++i)
+        expect.data<float>()[i] = ds0.data<float>()[i] + dout.data<float>()[i];
+      REQUIRE(mix_same_bits(ds[0], dt == DType::BF16 ? expect.to(DType::BF16) : expect));
+      REQUIRE(mix_same_bits(dw, dw0));
+    }
+}
+
+TEST_CASE("cuda mix backward adds every contribution into aliased dsources", "[gpu][mix]") {
+  // dsources {A, B, A}: A receives the gradients of sources 0 and 2, as on the CPU.
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int64_t d : {int64_t(36), int64_t(768), int64_t(2048)}) {
+      INFO(dtype_name(dt) << " d=" << d);
+      const int64_t N = 41, kk = 3;
+      MixSetup s = make_setup(N, d, kk, dt, 50000 + d);
+      std::vector<Tensor> rs32 = rstds_f32(s);
+      Tensor out_ref = Tensor::empty({N, d}, DType::F64), probs_ref = Tensor::empty({N, kk}, DType::F64);
+      k::mix_forward(out_ref, probs_ref, s.w_h.to(DType::F64), to_f64(s.src_h), to_f64(rs32));
+      Tensor probs32 = probs_ref.to(DType::F32);
+      Tensor dout = gt::randn_f32({N, d}, 50500 + d);
+      Tensor dout_d = gt::to_device(dout, dt);
+      Tensor a0 = gt::randn_f32({N, d}, 50600 + d, 0.5), b0 = gt::randn_f32({N, d}, 50700 + d, 0.5);
+      Tensor a_d = gt::to_device(a0, dt), b_d = gt::to_device(b0, dt);
+      Tensor a_ref = a0.to(DType::F64), b_ref = b0.to(DType::F64);
+      std::vector<Tensor> ds_d{a_d, b_d, a_d}, ds_ref{a_ref, b_ref, a_ref};
+      Tensor dw_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
+      Tensor dw_ref = Tensor::zeros({d}, DType::F64);
+      k::mix_backward(ds_ref, dw_ref, dout.to(DType::F64), s.w_h.to(DType::F64), to_f64(s.src_h),
+                      to_f64(rs32), probs32.to(DType::F64));
+      k::mix_backward(ds_d, dw_d, dout_d, s.w_d, s.src_d, on_device(rs32), probs32.to(Device::CUDA));
+      CHECK(gt::rel_l2(gt::to_host_f32(a_d), a_ref) < gt::tol(dt));
+      CHECK(gt::rel_l2(gt::to_host_f32(b_d), b_ref) < gt::tol(dt));
+      CHECK(gt::rel_l2(dw_d.to(Device::CPU), dw_ref) < gt::tol(dt));
+    }
+}
+
+TEST_CASE("cuda mix is bitwise repeatable", "[gpu][mix]") {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int64_t d : {int64_t(768), int64_t(4096)}) {
+      INFO(dtype_name(dt) << " d=" << d);
+      const int64_t N = d == 768 ? 16384 : 1500, kk = 9;
+      MixSetup s = make_setup(N, d, kk, dt, 60000 + d);
+      std::vector<Tensor> rs;
+      for (int64_t j = 0; j < kk; ++j) {
+        rs.push_back(Tensor::empty({N}, DType::F32, Device::CUDA));
+        k::mix_source_rstd(rs.back(), s.src_d[j], kMixEps);
+      }
+      Tensor dout_h = gt::randn_f32({N, d}, 60500 + d);
+      Tensor dout = gt::to_device(dout_h, dt);
+      Tensor out[2], probs[2], dw[2];
+      std::vector<Tensor> ds[2];
+      for (int r = 0; r < 2; ++r) {
+        out[r] = gt::poisoned({N, d}, dt);
+        probs[r] = gt::poisoned({N, kk}, DType::F32);
+        k::mix_forward(out[r], probs[r], s.w_d, s.src_d, rs);
+        for (int64_t j = 0; j < kk; ++j) ds[r].push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
+        dw[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
+        k::mix_backward(ds[r], dw[r], dout, s.w_d, s.src_d, rs, probs[r]);
+      }
+      CHECK(mix_same_bits(out[0], out[1]));
+      CHECK(mix_same_bits(probs[0], probs[1]));
+      CHECK(mix_same_bits(dw[0], dw[1]));
+      for (int64_t j = 0; j < kk; ++j) CHECK(mix_same_bits(ds[0][j], ds[1][j]));
+    }
+}
+
+TEST_CASE("cuda mix rejects more sources or wider rows than its kernels take", "[gpu][mix]") {
+  {
+    const int64_t N = 2, d = 8, kk = 65;
+    MixSetup s = make_setup(N, d, kk, DType::F32, 70000);
+    std::vector<Tensor> rs;
+    for (int64_t j = 0; j < kk; ++j) rs.push_back(Tensor::zeros({N}, DType::F32, Device::CUDA));
+    Tensor out = Tensor::empty({N, d}, DType::F32, Device::CUDA);
+    Tensor probs = Tensor::empty({N, kk}, DType::F32, Device::CUDA);
+    REQUIRE_THROWS_WITH(k::mix_forward(out, probs, s.w_d, s.src_d, rs),
+                        Catch::Contains("mix_forward: 65 sources exceed") &&
+                            Catch::Contains("capacity of 64"));
+    Tensor dw = Tensor::zeros({d}, DType::F32, Device::CUDA);
+    std::vector<Tensor> ds = s.src_d;
+    REQUIRE_THROWS_WITH(k::mix_backward(ds, dw, out, s.w_d, s.src_d, rs, probs),
+                        Catch::Contains("mix_backward: 65 sources exceed"));
+  }
+  {
+    const int64_t N = 1, d = 8200;
+    MixSetup s = make_setup(N, d, 1, DType::F32, 71000);
+    std::vector<Tensor> rs{Tensor::zeros({N}, DType::F32, Device::CUDA)};
+    Tensor out = Tensor::empty({N, d}, DType::F32, Device::CUDA);
+    Tensor probs = Tensor::empty({N, 1}, DType::F32, Device::CUDA);
+    REQUIRE_THROWS_WITH(k::mix_forward(out, probs, s.w_d, s.src_d, rs),
+                        Catch::Contains("d = 8200 exceeds"));
+  }
+}
