@@ -2,9 +2,18 @@
 // attnres inspect config CONFIG.json    print the resolved, validated config
 // attnres inspect attention --checkpoint DIR --data GLOB [--batches N]
 //                                       depth-attention weights (sublayer x source), JSON
+// attnres inspect compare DIR_A DIR_B [--rtol R]
+//                                       weights and optimizer state of two checkpoints,
+//                                       tensor by tensor (||a-b|| / ||b||); exit 2 above R
+// attnres inspect schedule --pipeline P --virtual V --microbatches M [--comm]
+//                          [--layers L --mode baseline|full|block --block-size S | --blocks N]
+//                          [--tokens B*T --d-model d --bytes 4]
+//                                       the pipeline schedule, its simulated bubble and,
+//                                       given a model, what crosses each chunk boundary
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +22,8 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "kernels/reduce.h"
+#include "parallel/layout.h"
+#include "parallel/schedule.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/checkpoint.h"
@@ -75,13 +86,147 @@ int inspect_attention(const Args& args) {
   return 0;
 }
 
+int inspect_compare(const Args& args) {
+  const char* cmd = "inspect compare";
+  Flags f(args, cmd, {"rtol"});
+  if (f.positional().size() != 2) fail(cmd, ": expected two checkpoint directories");
+  const double rtol = f.get_double("rtol", 1e-5, cmd);
+  double worst = 0;
+  std::string worst_name;
+  size_t n = 0;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    std::map<std::string, Tensor> a;
+    for (auto& t : read_safetensors((fs::path(f.positional()[0]) / file).string()))
+      a[t.name] = t.tensor;
+    auto b = read_safetensors((fs::path(f.positional()[1]) / file).string());
+    if (a.size() != b.size())
+      fail(cmd, ": ", file, " holds ", a.size(), " tensors in the first checkpoint, ", b.size(),
+           " in the second");
+    for (const auto& tb : b) {
+      auto it = a.find(tb.name);
+      if (it == a.end()) fail(cmd, ": tensor '", tb.name, "' is only in the second checkpoint");
+      if (it->second.shape() != tb.tensor.shape())
+        fail(cmd, ": tensor '", tb.name, "' has shapes ", shape_str(it->second.shape()), " and ",
+             shape_str(tb.tensor.shape()));
+      const Tensor x = it->second.to(DType::F64), y = tb.tensor.to(DType::F64);
+      double diff = 0, ref = 0;
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const double u = x.data<double>()[i], v = y.data<double>()[i];
+        diff += (u - v) * (u - v);
+        ref += v * v;
+      }
+      const double r = ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+      if (!(r <= worst)) worst = r, worst_name = tb.name;
+      ++n;
+    }
+  }
+  std::printf("%zu tensors compared; largest relative difference %.3g%s%s\n", n, worst,
+              worst_name.empty() ? "" : " in ", worst_name.c_str());
+  if (!(worst <= rtol))
+    fail(cmd, ": tensor '", worst_name, "' differs by ", worst, " (relative), above --rtol ", rtol);
+  return 0;
+}
+
+int inspect_schedule(const Args& args) {
+  const char* cmd = "inspect schedule";
+  Flags f(args, cmd,
+          {"pipeline", "virtual", "microbatches", "layers", "mode", "block-size", "blocks", "tokens",
+           "d-model", "bytes"},
+          {"comm", "forward-only"});
+  parallel::ScheduleSpec spec;
+  spec.P = static_cast<int>(f.get_int("pipeline", 1, cmd));
+  spec.V = static_cast<int>(f.get_int("virtual", 1, cmd));
+  spec.M = static_cast<int>(f.get_int("microbatches", 1, cmd));
+  spec.forward_only = f.has("forward-only");
+  parallel::check_spec(spec);
+  const auto lists = parallel::pipeline_schedule(spec);
+  parallel::validate_schedule(spec, lists);
+  std::printf("schedule P=%d V=%d M=%d (%s)\n", spec.P, spec.V, spec.M,
+              spec.forward_only ? "forward only"
+              : spec.V == 1     ? "1F1B"
+                                : "interleaved 1F1B, microbatch groups of P");
+  std::printf("%s", parallel::dump_schedule(spec, f.has("comm")).c_str());
+  const auto async = parallel::simulate(spec, lists, parallel::CommModel::Async);
+  const auto grouped = parallel::simulate(spec, lists, parallel::CommModel::Grouped);
+  std::printf("simulated with t_b = 2 t_f and free communication:\n");
+  std::printf("  non-blocking (MPI): %s, bubble %.4f", async.deadlock ? "DEADLOCK" : "deadlock-free",
+              async.bubble);
+  if (!spec.forward_only) std::printf(" (formula (P-1)/(V*M) = %.4f)", double(spec.P - 1) / (spec.V * spec.M));
+  std::printf("\n  rendezvous groups (NCCL): %s, bubble %.4f\n",
+              grouped.deadlock ? "DEADLOCK" : "deadlock-free", grouped.bubble);
+  std::printf("  peak in-flight microbatch-chunks per rank:");
+  for (int v : async.peak_in_flight) std::printf(" %d", v);
+  std::printf("\n");
+  if (async.deadlock || grouped.deadlock)
+    fail(cmd, ": deadlock: ", async.deadlock ? async.detail : grouped.detail);
+
+  if (!f.has("layers")) return 0;
+  // What crosses each chunk boundary for a given model.
+  model::ModelConfig m;
+  m.n_layers = f.get_int("layers", 0, cmd);
+  const std::string mode = f.get("mode", f.has("block-size") || f.has("blocks") ? "block" : "full");
+  if (mode == "baseline") m.mode = model::ResidualMode::Baseline;
+  else if (mode == "full") m.mode = model::ResidualMode::Full;
+  else if (mode == "block") m.mode = model::ResidualMode::Block;
+  else fail(cmd, ": --mode must be baseline, full or block, got '", mode, "'");
+  m.block_size = f.get_int("block-size", 0, cmd);
+  m.n_blocks = f.get_int("blocks", 0, cmd);
+  if (m.mode == model::ResidualMode::Block && (m.block_size > 0) == (m.n_blocks > 0))
+    fail(cmd, ": block mode needs exactly one of --block-size or --blocks");
+  const parallel::PipelineLayout layout(m.n_layers, spec.P, spec.V);
+  const auto plan = parallel::DepthPlan::of(m);
+  std::printf("model: %lld layers, %s residuals%s\n", (long long)m.n_layers, mode.c_str(),
+              plan.attnres ? (", block size " + std::to_string(plan.S) + " sublayers").c_str() : "");
+  std::printf("chunk  rank  layers     into chunk: naive            cached\n");
+  for (int c = 0; c < layout.C(); ++c) {
+    std::printf("%5d %5d  [%3lld,%3lld)", c, layout.rank_of(c), (long long)layout.layers(c).begin,
+                (long long)layout.layers(c).end);
+    if (c == 0) {
+      std::printf("  (embedding)\n");
+      continue;
+    }
+    auto describe = [&](bool cache) {
+      const auto b = parallel::boundary_message(layout, plan, c, cache);
+      if (b.hidden) return std::string("hidden");
+      std::string s = b.hi - b.lo > 1   ? "b" + std::to_string(b.lo) + "..b" + std::to_string(b.hi - 1)
+                      : b.hi - b.lo == 1 ? "b" + std::to_string(b.lo)
+                                         : "-";
+      if (b.partial) s += " +partial";
+      return s + " (" + std::to_string(b.tensors()) + ")";
+    };
+    std::printf("  %-22s %s\n", describe(false).c_str(), describe(true).c_str());
+  }
+  const auto naive = parallel::comm_volume(layout, plan, false);
+  const auto cached = parallel::comm_volume(layout, plan, true);
+  std::printf("per microbatch and direction, in [B*T, d] tensors (sources + partials):\n");
+  std::printf("  naive  %lld (%lld + %lld), largest hop %lld\n", (long long)naive.tensors(),
+              (long long)naive.sources, (long long)naive.partials, (long long)naive.max_hop);
+  std::printf("  cached %lld (%lld + %lld), largest hop %lld\n", (long long)cached.tensors(),
+              (long long)cached.sources, (long long)cached.partials, (long long)cached.max_hop);
+  if (f.has("tokens") && f.has("d-model")) {
+    const int64_t N = f.get_int("tokens", 0, cmd), d = f.get_int("d-model", 0, cmd),
+                  eb = f.get_int("bytes", 4, cmd);
+    for (bool cache : {false, true})
+      std::printf("  %s: %.3f MB per step (forward + backward, %d microbatches, one replica)\n",
+                  cache ? "cached" : "naive ",
+                  parallel::pipeline_bytes_per_step(layout, plan, cache, spec.M, 1, N, d, eb) / 1e6,
+                  spec.M);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_inspect(const Args& args) {
   if (args.empty() || args[0] == "--help") {
     std::puts("usage: attnres inspect checkpoint DIR\n"
               "       attnres inspect config CONFIG.json [--section.key=value ...]\n"
-              "       attnres inspect attention --checkpoint DIR --data GLOB [--batches N]");
+              "       attnres inspect attention --checkpoint DIR --data GLOB [--batches N]\n"
+              "       attnres inspect compare DIR_A DIR_B [--rtol 1e-5]\n"
+              "       attnres inspect schedule --pipeline P --virtual V --microbatches M [--comm]\n"
+              "                                [--forward-only] [--layers L --mode baseline|full|block\n"
+              "                                 --block-size S | --blocks N] [--tokens B*T --d-model d\n"
+              "                                 --bytes 4]");
     return args.empty() ? 2 : 0;
   }
   const std::string what = args[0];
@@ -97,7 +242,9 @@ int cmd_inspect(const Args& args) {
     return 0;
   }
   if (what == "attention") return inspect_attention(rest);
-  fail("inspect: unknown topic '", what, "' (checkpoint, config or attention)");
+  if (what == "schedule") return inspect_schedule(rest);
+  if (what == "compare") return inspect_compare(rest);
+  fail("inspect: unknown topic '", what, "' (checkpoint, config, attention, schedule or compare)");
 }
 
 }  // namespace attnres::tools

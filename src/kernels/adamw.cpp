@@ -12,29 +12,13 @@
 
 namespace attnres::kernels {
 
-namespace {
-
-// `t` must be defined, live where `ref` lives, have `ref`'s dtype and shape.
-void check_like(const char* op, const char* name, const Tensor& t, const Tensor& ref) {
-  if (!t.defined()) fail(op, ": ", name, " is undefined");
-  if (t.device() != ref.device())
-    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
-  if (t.dtype() != ref.dtype())
-    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
-  if (t.shape() != ref.shape())
-    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(ref.shape()),
-         " (the shape of p)");
-}
-
-}  // namespace
-
 void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& step,
                   bool decay, Tensor* p_lowp) {
   const char* op = "adamw_update";
   if (!p.defined()) fail(op, ": p is undefined");
-  check_like(op, "g", g, p);
-  check_like(op, "m", m, p);
-  check_like(op, "v", v, p);
+  check_arg(op, "g", g, p, p.shape());
+  check_arg(op, "m", m, p, p.shape());
+  check_arg(op, "v", v, p, p.shape());
   if (step.t < 1) fail(op, ": step t must be >= 1 (bias correction), got ", step.t);
   if (!(step.beta1 >= 0 && step.beta1 < 1)) fail(op, ": beta1 must be in [0, 1), got ", step.beta1);
   if (!(step.beta2 >= 0 && step.beta2 < 1)) fail(op, ": beta2 must be in [0, 1), got ", step.beta2);

@@ -9,27 +9,11 @@
 
 namespace attnres::kernels {
 
-namespace {
-
-// `t` must be defined, live where `ref` lives, have `ref`'s dtype and shape.
-void check_like(const char* op, const char* name, const Tensor& t, const Tensor& ref) {
-  if (!t.defined()) fail(op, ": ", name, " is undefined");
-  if (t.device() != ref.device())
-    fail(op, ": ", name, " is on ", device_name(t.device()), ", expected ", device_name(ref.device()));
-  if (t.dtype() != ref.dtype())
-    fail(op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(ref.dtype()));
-  if (t.shape() != ref.shape())
-    fail(op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ", shape_str(ref.shape()),
-         " (the shape of gate)");
-}
-
-}  // namespace
-
 void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_forward";
   if (!gate.defined()) fail(op, ": gate is undefined");
-  check_like(op, "up", up, gate);
-  check_like(op, "h", h, gate);
+  check_arg(op, "up", up, gate, gate.shape());
+  check_arg(op, "h", h, gate, gate.shape());
   ATTNRES_CUDA_DISPATCH(gate, op, cuda::swiglu_forward(h, gate, up));
   dispatch_cpu_float(gate, op, [&](auto tag) {
     using T = decltype(tag);
@@ -41,10 +25,10 @@ void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor&
                      const Tensor& up) {
   const char* op = "swiglu_backward";
   if (!gate.defined()) fail(op, ": gate is undefined");
-  check_like(op, "up", up, gate);
-  check_like(op, "dh", dh, gate);
-  check_like(op, "dgate", dgate, gate);
-  check_like(op, "dup", dup, gate);
+  check_arg(op, "up", up, gate, gate.shape());
+  check_arg(op, "dh", dh, gate, gate.shape());
+  check_arg(op, "dgate", dgate, gate, gate.shape());
+  check_arg(op, "dup", dup, gate, gate.shape());
   ATTNRES_CUDA_DISPATCH(gate, op, cuda::swiglu_backward(dgate, dup, dh, gate, up));
   dispatch_cpu_float(gate, op, [&](auto tag) {
     using T = decltype(tag);

@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <filesystem>
+#include <unordered_map>
 
 #include "core/fileio.h"
 #include "core/safetensors.h"
@@ -48,12 +49,18 @@ std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
 
 std::string save_checkpoint(const Config& cfg, const model::Model& model, const AdamW& opt,
                             const TrainState& state) {
-  CheckpointWriter w(cfg.checkpoint.dir, state.step);
   // The full-precision weights: fp32 master weights in a bf16 run.
   std::vector<NamedTensor> weights;
   for (const auto& p : model.params().all()) weights.push_back({p.name, p.weights()});
-  write_safetensors(w.path_for("model.safetensors"), on_host(std::move(weights)), {{"format", "pt"}});
-  write_safetensors(w.path_for("optimizer.safetensors"), on_host(opt.state_tensors()),
+  return save_checkpoint(cfg, weights, opt.state_tensors(), opt.steps_taken(), state);
+}
+
+std::string save_checkpoint(const Config& cfg, const std::vector<NamedTensor>& weights,
+                            const std::vector<NamedTensor>& optimizer_state,
+                            int64_t optimizer_steps, const TrainState& state) {
+  CheckpointWriter w(cfg.checkpoint.dir, state.step);
+  write_safetensors(w.path_for("model.safetensors"), on_host(weights), {{"format", "pt"}});
+  write_safetensors(w.path_for("optimizer.safetensors"), on_host(optimizer_state),
                     {{"format", "pt"}});
   write_text_file_atomic(w.path_for("config.json"), hf_config(cfg.model).dump(2) + "\n");
   const int64_t units = state.step * cfg.training.grad_accum * cfg.parallel.data;
@@ -62,7 +69,7 @@ std::string save_checkpoint(const Config& cfg, const model::Model& model, const 
       {"version", 1},
       {"step", state.step},
       {"tokens", state.tokens},
-      {"optimizer_steps", opt.steps_taken()},
+      {"optimizer_steps", optimizer_steps},
       // The loader is stateless: unit u of the run is a pure function of
       // (u, shuffle, seed), so the cursor is just the count of units consumed.
       {"data", {{"units_consumed", units}, {"shuffle", cfg.data.shuffle}, {"seed", cfg.training.seed}}},
@@ -77,13 +84,10 @@ std::string save_checkpoint(const Config& cfg, const model::Model& model, const 
   return w.commit();
 }
 
-void load_weights(const std::string& path, model::ParamTable& params) {
-  std::string file = path;
-  if (fs::is_directory(path)) {
-    verify_checkpoint(path);
-    file = (fs::path(path) / "model.safetensors").string();
-  }
-  auto tensors = read_safetensors(file);
+namespace {
+// Copy every parameter of `params` from `tensors` (read from `file`).
+void assign_weights(const std::vector<NamedTensor>& tensors, const std::string& file,
+                    model::ParamTable& params) {
   std::unordered_map<std::string, const Tensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t.tensor;
   for (auto& p : params.all()) {
@@ -98,9 +102,27 @@ void load_weights(const std::string& path, model::ParamTable& params) {
     p.sync_value();
   }
 }
+}  // namespace
+
+void load_weights(const std::string& path, model::ParamTable& params) {
+  std::string file = path;
+  if (fs::is_directory(path)) {
+    verify_checkpoint(path);
+    file = (fs::path(path) / "model.safetensors").string();
+  }
+  assign_weights(read_safetensors(file), file, params);
+}
 
 TrainState load_checkpoint(const std::string& dir, model::Model& model, AdamW& opt) {
-  verify_checkpoint(dir);
+  return load_checkpoint(dir, model.config(), {&model.params()}, {&opt});
+}
+
+TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& model,
+                           const std::vector<model::ParamTable*>& tables,
+                           const std::vector<AdamW*>& opts, bool verify) {
+  ATTNRES_CHECK(tables.size() == opts.size(), "load_checkpoint: ", tables.size(), " tables, ",
+                opts.size(), " optimizers");
+  if (verify) verify_checkpoint(dir);
   const std::string state_path = (fs::path(dir) / "state.json").string();
   json st;
   try {
@@ -116,17 +138,22 @@ TrainState load_checkpoint(const std::string& dir, model::Model& model, AdamW& o
     c.model = m;
     return c.to_json()["model"];
   };
-  const json want = model_json(model.config()), have = model_json(saved.model);
+  const json want = model_json(model), have = model_json(saved.model);
   if (want != have)
     fail(dir, ": checkpoint holds a different model (", have.dump(), ") than the config asks for (",
          want.dump(), ")");
-  load_weights(dir, model.params());
-  opt.load_state_tensors(read_safetensors((fs::path(dir) / "optimizer.safetensors").string()),
-                         dir + "/optimizer.safetensors");
+  const std::string weights_file = (fs::path(dir) / "model.safetensors").string();
+  const std::string opt_file = (fs::path(dir) / "optimizer.safetensors").string();
+  const auto weights = read_safetensors(weights_file);
+  const auto moments = read_safetensors(opt_file);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    assign_weights(weights, weights_file, *tables[i]);
+    opts[i]->load_state_tensors(moments, opt_file);
+    opts[i]->set_steps_taken(st.at("optimizer_steps").get<int64_t>());
+  }
   TrainState s;
   s.step = st.at("step").get<int64_t>();
   s.tokens = st.at("tokens").get<int64_t>();
-  opt.set_steps_taken(st.at("optimizer_steps").get<int64_t>());
   return s;
 }
 

@@ -179,6 +179,7 @@ Config Config::from_json(const json& j, const std::string& source) {
     s.get("virtual_stages", c.parallel.virtual_stages);
     s.get("data", c.parallel.data);
     s.get("cache_blocks", c.parallel.cache_blocks);
+    s.get("transport", c.parallel.transport);
     s.finish();
   }
   {
@@ -231,7 +232,8 @@ json Config::to_json() const {
       {"data", {{"train", data.train}, {"val", data.val}, {"tokenizer", data.tokenizer},
                 {"shuffle", data.shuffle}}},
       {"parallel", {{"pipeline", parallel.pipeline}, {"virtual_stages", parallel.virtual_stages},
-                    {"data", parallel.data}, {"cache_blocks", parallel.cache_blocks}}},
+                    {"data", parallel.data}, {"cache_blocks", parallel.cache_blocks},
+                    {"transport", parallel.transport}}},
       {"checkpoint", {{"dir", checkpoint.dir}, {"every", checkpoint.every},
                       {"keep_last", checkpoint.keep_last}, {"resume", checkpoint.resume},
                       {"save_initial", checkpoint.save_initial}}},
@@ -296,6 +298,15 @@ void Config::validate() const {
     fail("config key parallel.pipeline: pipeline * virtual_stages = ",
          parallel.pipeline * parallel.virtual_stages, " chunks exceed model.n_layers = ",
          model.n_layers);
+  if (parallel.virtual_stages > 1 && parallel.pipeline == 1)
+    fail("config key parallel.virtual_stages: ", parallel.virtual_stages,
+         " virtual stages need parallel.pipeline > 1 (they interleave chunks across pipeline ranks)");
+  if (parallel.transport != "auto" && parallel.transport != "mpi" && parallel.transport != "nccl")
+    fail("config key parallel.transport: unknown transport \"", parallel.transport,
+         "\" (auto, mpi or nccl)");
+  if (parallel.transport == "nccl" && training.device != "cuda")
+    fail("config key parallel.transport: \"nccl\" moves device memory and needs "
+         "training.device = \"cuda\" (use \"mpi\" or \"auto\" on the cpu)");
   if (parallel.virtual_stages > 1 && training.grad_accum % parallel.pipeline != 0)
     fail("config key training.grad_accum: the interleaved schedule (virtual_stages > 1) needs "
          "grad_accum (microbatches) divisible by parallel.pipeline = ", parallel.pipeline,

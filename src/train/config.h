@@ -37,6 +37,10 @@ struct DataConfig {
 struct ParallelConfig {
   int64_t pipeline = 1, virtual_stages = 1, data = 1;
   bool cache_blocks = true;
+  // Point-to-point transport: "auto" (NCCL for CUDA runs when built with it,
+  // else MPI), "mpi" (host memory; GPU tensors staged through the host, e.g.
+  // several ranks sharing one GPU) or "nccl".
+  std::string transport = "auto";
 };
 struct CheckpointConfig {
   std::string dir;               // empty = no checkpoints

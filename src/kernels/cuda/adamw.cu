@@ -78,19 +78,6 @@ struct Scalars {
 constexpr int kThreads = 256;
 constexpr int W = 4;  // 16 bytes of each fp32 array (8 bytes of the bf16 copy)
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-template <int N, typename T>
-__device__ __forceinline__ Vec<T, N> load(const T* p) {
-  return *reinterpret_cast<const Vec<T, N>*>(p);
-}
-template <int N, typename T>
-__device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
-  *reinterpret_cast<Vec<T, N>*>(p) = v;
-}
-
 template <int N>
 __device__ __forceinline__ void update(int64_t i, float* p, const float* g, float* m, float* v,
                                        bf16* p_lowp, const Scalars& s) {
@@ -126,8 +113,6 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16*
   }
   for (int64_t i = tail + tid; i < n; i += stride) update<1>(i, p, g, m, v, p_lowp, s);
 }
-
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 

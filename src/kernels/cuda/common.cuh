@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cuda/runtime.cuh"
@@ -44,6 +45,34 @@ void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
     case DType::BF16: fn(bf16{}); return;
     default: fail(op, ": the CUDA kernels take F32 or BF16, got ", dtype_name(t.dtype()));
   }
+}
+
+// ---- vector access ---------------------------------------------------------------
+// N consecutive elements, aligned to their size: a 16-byte pack when
+// N * sizeof(T) == 16, which the compiler turns into one 128-bit load/store.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+template <int N, typename T>
+__device__ __forceinline__ Vec<T, N> load(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+template <int N, typename T>
+__device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+// Whether a pointer allows `bytes`-wide accesses (row slices of a tensor need not).
+inline bool aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Blocks of `threads` for a grid-stride loop over `work` items: enough to fill
+// the device (16 blocks per SM), no more. Only for loops whose results do not
+// depend on the grid (no reductions).
+inline int grid_for(int64_t work, int threads) {
+  const int64_t cap = int64_t(::attnres::cuda::device_properties().multiProcessorCount) * 16;
+  return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, threads), cap)));
 }
 
 // ---- element conversion: all arithmetic is fp32 --------------------------------

@@ -34,21 +34,6 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-template <int N, typename T>
-__device__ __forceinline__ Vec<T, N> load(const T* p) {
-  return *reinterpret_cast<const Vec<T, N>*>(p);
-}
-template <int N, typename T>
-__device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
-  *reinterpret_cast<Vec<T, N>*>(p) = v;
-}
-
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 int threads_for(int64_t packs) {
   const int64_t t = ceil_div(packs, 32) * 32;
   return static_cast<int>(std::max<int64_t>(32, std::min<int64_t>(t, kMaxThreads)));

@@ -23,29 +23,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// W consecutive elements, aligned to their size (a 16-byte pack when W*sizeof(T) = 16).
-template <typename T, int W>
-struct alignas(sizeof(T) * W) Vec {
-  T v[W];
-};
-template <int W, typename T>
-__device__ __forceinline__ Vec<T, W> load(const T* p) {
-  return *reinterpret_cast<const Vec<T, W>*>(p);
-}
-template <int W, typename T>
-__device__ __forceinline__ void store(T* p, const Vec<T, W>& v) {
-  *reinterpret_cast<Vec<T, W>*>(p) = v;
-}
-
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// Grid for a grid-stride loop over `work` items: enough blocks to fill the
-// device, no more (the results never depend on it).
-int grid_for(int64_t work) {
-  const int64_t cap = int64_t(::attnres::cuda::device_properties().multiProcessorCount) * 16;
-  return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, kThreads), cap)));
-}
-
 // Runs f.apply<W>(i) on packs [i, i+W) and f.apply<1>(i) on the tail.
 template <int W, typename F>
 __global__ void elementwise_kernel(int64_t n, F f) {
@@ -61,9 +38,9 @@ template <int W, typename F>
 void launch_elementwise(int64_t n, bool vec_ok, const F& f) {
   if (n <= 0) return;
   if (vec_ok)
-    elementwise_kernel<W><<<grid_for(ceil_div(n, W)), kThreads, 0, stream()>>>(n, f);
+    elementwise_kernel<W><<<grid_for(ceil_div(n, W), kThreads), kThreads, 0, stream()>>>(n, f);
   else
-    elementwise_kernel<1><<<grid_for(n), kThreads, 0, stream()>>>(n, f);
+    elementwise_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, f);
   ATTNRES_CUDA_CHECK_LAUNCH();
 }
 

@@ -29,21 +29,6 @@ constexpr int64_t kRowChunk = 32;     // rows per backward block (and per dgain 
 constexpr int kMaxThreads = 256;
 constexpr int64_t kSmemLimit = 48 * 1024;  // dynamic shared memory without an opt-in
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-template <int N, typename T>
-__device__ __forceinline__ Vec<T, N> load(const T* p) {
-  return *reinterpret_cast<const Vec<T, N>*>(p);
-}
-template <int N, typename T>
-__device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
-  *reinterpret_cast<Vec<T, N>*>(p) = v;
-}
-
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 // Threads per row: about 4 packs per thread, a whole number of warps.
 int threads_for(int64_t packs) {
   const int64_t t = ceil_div(ceil_div(packs, 4), 32) * 32;

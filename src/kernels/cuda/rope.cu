@@ -20,26 +20,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-template <int N, typename T>
-__device__ __forceinline__ Vec<T, N> load(const T* p) {
-  return *reinterpret_cast<const Vec<T, N>*>(p);
-}
-template <int N, typename T>
-__device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
-  *reinterpret_cast<Vec<T, N>*>(p) = v;
-}
-
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-int grid_for(int64_t work) {
-  const int64_t cap = int64_t(::attnres::cuda::device_properties().multiProcessorCount) * 16;
-  return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, kThreads), cap)));
-}
-
 __global__ void rope_table_kernel(float* cos_t, float* sin_t, int64_t T, int64_t half,
                                   int64_t head_dim, double theta, int64_t pos0, double sign) {
   const int64_t n = T * half;
@@ -94,7 +74,7 @@ void rope_rotate(Tensor& x, int64_t B, int64_t T, int64_t n_heads, int64_t head_
   Tensor table = Tensor::empty({2, T * half}, DType::F32, Device::CUDA);
   float* cos_t = static_cast<float*>(table.raw());
   float* sin_t = cos_t + T * half;
-  rope_table_kernel<<<grid_for(T * half), kThreads, 0, stream()>>>(
+  rope_table_kernel<<<grid_for(T * half, kThreads), kThreads, 0, stream()>>>(
       cos_t, sin_t, T, half, head_dim, static_cast<double>(theta), pos0, inverse ? -1.0 : 1.0);
   ATTNRES_CUDA_CHECK_LAUNCH();
 
@@ -109,10 +89,10 @@ void rope_rotate(Tensor& x, int64_t B, int64_t T, int64_t n_heads, int64_t head_
     const bool vec = half % W == 0 && aligned(px, 16) && aligned(cos_t, sizeof(float) * W) &&
                      aligned(sin_t, sizeof(float) * W);
     if (vec)
-      rope_rotate_kernel<U, W><<<grid_for(rows * n_heads * (half / W)), kThreads, 0, stream()>>>(
+      rope_rotate_kernel<U, W><<<grid_for(rows * n_heads * (half / W), kThreads), kThreads, 0, stream()>>>(
           px, cos_t, sin_t, rows, T, n_heads, head_dim);
     else
-      rope_rotate_kernel<U, 1><<<grid_for(rows * n_heads * half), kThreads, 0, stream()>>>(
+      rope_rotate_kernel<U, 1><<<grid_for(rows * n_heads * half, kThreads), kThreads, 0, stream()>>>(
           px, cos_t, sin_t, rows, T, n_heads, head_dim);
     ATTNRES_CUDA_CHECK_LAUNCH();
   });

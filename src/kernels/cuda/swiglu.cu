@@ -16,26 +16,6 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-template <int N, typename T>
-__device__ __forceinline__ Vec<T, N> load(const T* p) {
-  return *reinterpret_cast<const Vec<T, N>*>(p);
-}
-template <int N, typename T>
-__device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
-  *reinterpret_cast<Vec<T, N>*>(p) = v;
-}
-
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-int grid_for(int64_t work) {
-  const int64_t cap = int64_t(::attnres::cuda::device_properties().multiProcessorCount) * 16;
-  return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, kThreads), cap)));
-}
-
-template <typename T, int N>
 __device__ __forceinline__ void forward_at(int64_t i, T* h, const T* gate, const T* up) {
   const Vec<T, N> g = load<N>(gate + i), u = load<N>(up + i);
   Vec<T, N> out;
@@ -102,9 +82,9 @@ void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up) {
     const T* pg = dptr<T>(gate);
     const T* pu = dptr<T>(up);
     if (aligned(ph, 16) && aligned(pg, 16) && aligned(pu, 16))
-      swiglu_forward_kernel<T, true><<<grid_for(ceil_div(n, W)), kThreads, 0, stream()>>>(ph, pg, pu, n);
+      swiglu_forward_kernel<T, true><<<grid_for(ceil_div(n, W), kThreads), kThreads, 0, stream()>>>(ph, pg, pu, n);
     else
-      swiglu_forward_kernel<T, false><<<grid_for(n), kThreads, 0, stream()>>>(ph, pg, pu, n);
+      swiglu_forward_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ph, pg, pu, n);
     ATTNRES_CUDA_CHECK_LAUNCH();
   });
 }
@@ -124,10 +104,10 @@ void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor&
     if (aligned(pdg, 16) && aligned(pdu, 16) && aligned(pdh, 16) && aligned(pg, 16) &&
         aligned(pu, 16))
       swiglu_backward_kernel<T, true>
-          <<<grid_for(ceil_div(n, W)), kThreads, 0, stream()>>>(pdg, pdu, pdh, pg, pu, n);
+          <<<grid_for(ceil_div(n, W), kThreads), kThreads, 0, stream()>>>(pdg, pdu, pdh, pg, pu, n);
     else
       swiglu_backward_kernel<T, false>
-          <<<grid_for(n), kThreads, 0, stream()>>>(pdg, pdu, pdh, pg, pu, n);
+          <<<grid_for(n, kThreads), kThreads, 0, stream()>>>(pdg, pdu, pdh, pg, pu, n);
     ATTNRES_CUDA_CHECK_LAUNCH();
   });
 }

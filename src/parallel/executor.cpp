@@ -1,0 +1,387 @@
+#include "parallel/executor.h"
+
+#include <chrono>
+#include <tuple>
+
+#include "core/error.h"
+#include "kernels/common.h"
+#include "kernels/mix.h"
+#include "kernels/reduce.h"
+
+namespace attnres::parallel {
+
+namespace k = attnres::kernels;
+using Clock = std::chrono::steady_clock;
+
+static const char* kEmbedding = "model.embed_tokens.weight";
+
+// ---------------------------------------------------------------------------
+// RankModel
+// ---------------------------------------------------------------------------
+
+RankModel::RankModel(const model::ModelConfig& cfg, DType dtype, Device device,
+                     const PipelineLayout& layout, int stage)
+    : layout_(layout), stage_(stage), tied_(cfg.tie_embeddings) {
+  ATTNRES_CHECK(stage >= 0 && stage < layout.P(), "stage ", stage, " of ", layout.P());
+  for (int c : layout.chunks_of(stage)) {
+    model::ModelParts parts;
+    parts.layer_begin = layout.layers(c).begin;
+    parts.layer_end = layout.layers(c).end;
+    parts.embedding = c == 0;
+    parts.head = c == layout.C() - 1;
+    chunks_.push_back(std::make_unique<model::Model>(cfg, dtype, parts, device));
+  }
+}
+
+std::vector<model::Param*> RankModel::params() {
+  std::vector<model::Param*> out;
+  for (auto& m : chunks_)
+    for (auto& p : m->params().all()) out.push_back(&p);
+  return out;
+}
+
+std::vector<std::vector<model::Param*>> RankModel::owned_params() {
+  std::vector<std::vector<model::Param*>> out(chunks_.size());
+  for (int v = 0; v < size(); ++v)
+    for (auto& p : chunks_[v]->params().all()) {
+      // The last chunk's copy of a tied embedding belongs to chunk 0.
+      if (tied_ && layout_.C() > 1 && chunk_id(v) == layout_.C() - 1 && p.name == kEmbedding)
+        continue;
+      out[v].push_back(&p);
+    }
+  return out;
+}
+
+model::Param* RankModel::tied_copy() {
+  if (!tied_ || layout_.C() == 1 || stage_ != layout_.rank_of(layout_.C() - 1)) return nullptr;
+  return &chunks_.back()->params().get(kEmbedding);
+}
+
+model::Param* RankModel::embedding() {
+  if (stage_ != 0) return nullptr;
+  return &chunks_.front()->params().get(kEmbedding);
+}
+
+// ---------------------------------------------------------------------------
+// Executor state of one run of an action list
+// ---------------------------------------------------------------------------
+
+// What one microbatch has on this rank between its first forward and its last backward.
+struct PipelineExecutor::MbState {
+  std::map<int64_t, Tensor> src, rstd;  // source id -> value, RMS statistics
+  std::map<int64_t, Tensor> acc;        // source id -> gradient accumulated here
+};
+
+struct PipelineExecutor::Run {
+  const ScheduleSpec& spec;
+  const DataFn& data;
+  double grad_scale;
+  const std::function<void(int)>& grads_ready;
+  // (is gradient, chunk it is for, microbatch)
+  using Key = std::tuple<bool, int, int>;
+  std::map<Key, std::pair<Request, Tensor>> recvs;  // posted receives, by consuming chunk
+  std::map<Key, Tensor> outgoing;                   // produced messages, by producing chunk
+  std::vector<Request> sends;
+  std::map<std::pair<int, int>, model::Activations> acts;  // (chunk, mb)
+  std::map<int, model::DepthGrad> head_grad;               // mb -> dL/d(state) at the head
+  std::map<int, data::TokenLoader::Batch> batches;
+  std::map<int, MbState> mbs;
+  StepStats stats;
+
+  Tensor take(const Key& key, const char* what) {
+    auto it = recvs.find(key);
+    ATTNRES_CHECK(it != recvs.end(), "no ", what, " receive posted for chunk ", std::get<1>(key),
+                  " microbatch ", std::get<2>(key));
+    it->second.first.wait();
+    Tensor t = it->second.second;
+    recvs.erase(it);
+    return t;
+  }
+  const data::TokenLoader::Batch& batch(int mb) {
+    auto it = batches.find(mb);
+    if (it == batches.end()) it = batches.emplace(mb, data(mb)).first;
+    return it->second;
+  }
+};
+
+PipelineExecutor::PipelineExecutor(const model::ModelConfig& cfg, RankModel& model,
+                                   Transport& transport, bool cache_blocks, int64_t B, int64_t T)
+    : cfg_(cfg),
+      model_(model),
+      transport_(transport),
+      layout_(model.layout()),
+      plan_(DepthPlan::of(cfg)),
+      cache_(cache_blocks),
+      B_(B),
+      T_(T) {}
+
+Tensor PipelineExecutor::new_tensor(int64_t count) const {
+  model::Model& m = model_.chunk(0);
+  return Tensor::empty({count * B_ * T_, cfg_.d_model}, m.dtype(), m.device());
+}
+
+const std::vector<Action>& PipelineExecutor::schedule(const ScheduleSpec& spec) {
+  auto key = std::make_pair(spec.M, spec.forward_only);
+  auto it = schedules_.find(key);
+  if (it == schedules_.end()) {
+    auto lists = pipeline_schedule(spec);
+    validate_schedule(spec, lists);
+    it = schedules_.emplace(key, std::move(lists[static_cast<size_t>(model_.stage())])).first;
+  }
+  return it->second;
+}
+
+StepStats PipelineExecutor::train_step(int M, const DataFn& data, double grad_scale,
+                                       const std::function<void(int)>& grads_ready) {
+  return run({layout_.P(), layout_.V(), M, false}, data, grad_scale, grads_ready);
+}
+
+StepStats PipelineExecutor::forward_only(int M, const DataFn& data) {
+  return run({layout_.P(), layout_.V(), M, true}, data, 0.0, {});
+}
+
+StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, double grad_scale,
+                                const std::function<void(int)>& grads_ready) {
+  const auto& list = schedule(spec);
+  Run r{spec, data, grad_scale, grads_ready, {}, {}, {}, {}, {}, {}, {}, {}};
+  const auto t0 = Clock::now();
+  const int64_t sent0 = transport_.traffic().total_sent();
+  size_t i = 0;
+  while (i < list.size()) {
+    // One group: this step's sends and the receives posted with them.
+    if (!list[i].is_compute()) {
+      transport_.group_start();
+      for (; i < list.size() && !list[i].is_compute(); ++i) {
+        const Action& a = list[i];
+        const bool grad = a.op == Op::SendGrad || a.op == Op::RecvGrad;
+        if (a.is_send()) {
+          auto it = r.outgoing.find({grad, a.chunk, a.mb});
+          ATTNRES_CHECK(it != r.outgoing.end(), "nothing to send for ", to_string(a));
+          if (it->second.numel() > 0) r.sends.push_back(transport_.isend(it->second, a.peer));
+          r.outgoing.erase(it);
+        } else {
+          // The message's size follows from the layout: the forward message
+          // into chunk c, or the gradient of the forward message c -> c+1.
+          const int into = grad ? a.chunk + 1 : a.chunk;
+          const int64_t n = boundary_message(layout_, plan_, into, cache_).tensors();
+          Tensor buf = new_tensor(n);
+          Request req = n > 0 ? transport_.irecv(buf, a.peer) : Request();
+          r.recvs.emplace(Run::Key{grad, a.chunk, a.mb}, std::make_pair(std::move(req), buf));
+        }
+      }
+      transport_.group_end();
+      continue;
+    }
+    const auto c0 = Clock::now();
+    if (list[i].op == Op::Forward)
+      forward(r, list[i]);
+    else
+      backward(r, list[i]);
+    r.stats.busy_sec += std::chrono::duration<double>(Clock::now() - c0).count();
+    ++i;
+  }
+  for (Request& s : r.sends) s.wait();
+  // Every message used, every record and store freed: the protocol is closed.
+  ATTNRES_CHECK(r.recvs.empty() && r.outgoing.empty() && r.acts.empty() && r.head_grad.empty() &&
+                    r.mbs.empty(),
+                "pipeline step left state behind (", r.recvs.size(), " receives, ",
+                r.outgoing.size(), " messages, ", r.acts.size(), " activation records, ",
+                r.mbs.size(), " microbatch stores)");
+  r.stats.bytes_sent = transport_.traffic().total_sent() - sent0;
+  r.stats.wall_sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r.stats;
+}
+
+// ---------------------------------------------------------------------------
+// Forward of one chunk
+// ---------------------------------------------------------------------------
+
+void PipelineExecutor::forward(Run& r, const Action& a) {
+  const int c = a.chunk, mb = a.mb, C = layout_.C();
+  model::Model& m = model_.chunk(layout_.local_index(c));
+  const LayerRange lr = layout_.layers(c);
+  model::Activations& acts = r.acts[{c, mb}];
+  acts.B = B_;
+  acts.T = T_;
+  MbState& s = r.mbs[mb];
+  const int64_t N = B_ * T_;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+
+  model::DepthState st;
+  if (c == 0) {
+    m.embed_forward(r.batch(mb).inputs, B_, T_, st, acts);
+    if (layout_.rank_of(C - 1) != model_.stage()) r.batches.erase(mb);
+    if (plan_.attnres) {
+      s.src[0] = st.sources[0];
+      s.rstd[0] = st.source_rstd[0];
+    }
+  } else {
+    Tensor buf = r.take({false, c, mb}, "activation");
+    const BoundaryMessage bm = boundary_message(layout_, plan_, c, cache_);
+    if (bm.hidden) {
+      st.hidden = buf;
+    } else {
+      // Received sources join the store (their RMS statistics are recomputed
+      // here rather than sent: same kernel, same bits, fewer bytes).
+      for (int64_t j = bm.lo; j < bm.hi; ++j) {
+        Tensor v = buf.rows((j - bm.lo) * N, N);
+        Tensor rs = Tensor::empty({N}, k::stat_dtype(v.dtype()), v.device());
+        k::mix_source_rstd(rs, v, eps);
+        s.src[j] = v;
+        s.rstd[j] = rs;
+      }
+      for (int64_t j = 0; j < bm.hi; ++j) {
+        auto it = s.src.find(j);
+        ATTNRES_CHECK(it != s.src.end(), "chunk ", c, " microbatch ", mb, ": source b_", j,
+                      " is neither cached on this rank nor in the message");
+        st.sources.push_back(it->second);
+        st.source_rstd.push_back(s.rstd.at(j));
+      }
+      if (bm.partial) st.partial = buf.rows((bm.hi - bm.lo) * N, N);
+    }
+  }
+
+  m.layers_forward(lr.begin, lr.end, st, acts);
+
+  if (plan_.attnres) {
+    const int64_t n0 = plan_.sources_after(lr.begin), n1 = plan_.sources_after(lr.end);
+    ATTNRES_CHECK(static_cast<int64_t>(st.sources.size()) == n1 &&
+                      st.partial.defined() == plan_.partial_after(lr.end),
+                  "chunk ", c, ": depth state after layers [", lr.begin, ", ", lr.end, ") has ",
+                  st.sources.size(), " sources, expected ", n1);
+    for (int64_t j = n0; j < n1; ++j) {
+      s.src[j] = st.sources[j];
+      s.rstd[j] = st.source_rstd[j];
+    }
+  }
+
+  if (c == C - 1) {
+    const Tensor targets = r.batch(mb).targets;
+    r.batches.erase(mb);
+    if (r.spec.forward_only) {
+      r.stats.loss_sum += m.head_forward(st, targets, acts, nullptr, 0.0);
+    } else {
+      model::DepthGrad g;
+      r.stats.loss_sum += m.head_forward(st, targets, acts, &g, r.grad_scale);
+      r.head_grad[mb] = std::move(g);
+    }
+  } else {
+    // The message into chunk c+1.
+    const BoundaryMessage bm = boundary_message(layout_, plan_, c + 1, cache_);
+    Tensor out;
+    if (bm.hidden) {
+      out = st.hidden;
+    } else {
+      out = new_tensor(bm.tensors());
+      for (int64_t j = bm.lo; j < bm.hi; ++j) out.rows((j - bm.lo) * N, N).copy_from(st.sources[j]);
+      ATTNRES_CHECK(bm.partial == st.partial.defined(), "chunk ", c, ": partial sum mismatch");
+      if (bm.partial) out.rows((bm.hi - bm.lo) * N, N).copy_from(st.partial);
+    }
+    r.outgoing[{false, c, mb}] = out;
+  }
+
+  if (r.spec.forward_only) {
+    r.acts.erase({c, mb});
+    if (c == layout_.chunks_of(model_.stage()).back()) r.mbs.erase(mb);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward of one chunk
+// ---------------------------------------------------------------------------
+
+void PipelineExecutor::backward(Run& r, const Action& a) {
+  const int c = a.chunk, mb = a.mb, C = layout_.C();
+  model::Model& m = model_.chunk(layout_.local_index(c));
+  const LayerRange lr = layout_.layers(c);
+  auto acts_it = r.acts.find({c, mb});
+  ATTNRES_CHECK(acts_it != r.acts.end(), "backward of chunk ", c, " microbatch ", mb,
+                " without its forward");
+  MbState& s = r.mbs.at(mb);
+  const int64_t N = B_ * T_;
+
+  model::DepthGrad g;
+  if (c == C - 1) {
+    g = std::move(r.head_grad.at(mb));
+    r.head_grad.erase(mb);
+    for (size_t j = 0; j < g.sources.size(); ++j) {
+      ATTNRES_CHECK(!s.acc.count(static_cast<int64_t>(j)), "gradient of b_", j,
+                    " accumulated before the head's backward");
+      s.acc[static_cast<int64_t>(j)] = g.sources[j];
+    }
+  } else {
+    Tensor buf = r.take({true, c, mb}, "gradient");
+    const BoundaryMessage bm = boundary_message(layout_, plan_, c + 1, cache_);
+    if (bm.hidden) {
+      g.hidden = buf;
+    } else {
+      for (int64_t j = bm.lo; j < bm.hi; ++j) {
+        Tensor v = buf.rows((j - bm.lo) * N, N);
+        auto it = s.acc.find(j);
+        if (it == s.acc.end())
+          s.acc[j] = v;
+        else
+          k::add_(it->second, v);
+      }
+      if (bm.partial) g.partial = buf.rows((bm.hi - bm.lo) * N, N);
+    }
+  }
+
+  const int64_t n0 = plan_.sources_after(lr.begin), n1 = plan_.sources_after(lr.end);
+  if (plan_.attnres) {
+    // The chunk's backward adds into the accumulators of every source it saw.
+    g.sources.clear();
+    for (int64_t j = 0; j < n1; ++j) {
+      auto it = s.acc.find(j);
+      if (it == s.acc.end()) {
+        Tensor zero = new_tensor(1);
+        zero.zero_();
+        it = s.acc.emplace(j, zero).first;
+      }
+      g.sources.push_back(it->second);
+    }
+  }
+
+  m.layers_backward(lr.begin, lr.end, acts_it->second, g);
+
+  if (plan_.attnres) {
+    ATTNRES_CHECK(static_cast<int64_t>(g.sources.size()) == n0, "chunk ", c,
+                  ": depth gradient has ", g.sources.size(), " sources after backward, expected ",
+                  n0);
+    // Sources this chunk produced are finished: their gradients went into its sublayers.
+    for (int64_t j = n0; j < n1; ++j) s.acc.erase(j);
+  }
+
+  if (c > 0) {
+    // The gradient message to chunk c-1: the shape of the forward message into c.
+    const BoundaryMessage bm = boundary_message(layout_, plan_, c, cache_);
+    Tensor out;
+    if (bm.hidden) {
+      out = g.hidden;
+    } else {
+      out = new_tensor(bm.tensors());
+      for (int64_t j = bm.lo; j < bm.hi; ++j) {
+        out.rows((j - bm.lo) * N, N).copy_from(s.acc.at(j));
+        s.acc.erase(j);  // the receiver carries it on from here
+      }
+      ATTNRES_CHECK(bm.partial == g.partial.defined(), "chunk ", c, ": partial gradient mismatch");
+      if (bm.partial) out.rows((bm.hi - bm.lo) * N, N).copy_from(g.partial);
+    }
+    r.outgoing[{true, c, mb}] = out;
+  } else {
+    m.embed_backward(acts_it->second, g);
+    s.acc.erase(0);
+  }
+  r.acts.erase(acts_it);
+  // Backwards of a chunk run in microbatch order: after the last one its
+  // parameter gradients are final.
+  if (mb == r.spec.M - 1 && r.grads_ready) r.grads_ready(layout_.local_index(c));
+
+  if (c == model_.chunk_id(0)) {  // the microbatch's last backward on this rank
+    ATTNRES_CHECK(s.acc.empty(), "microbatch ", mb, ": ", s.acc.size(),
+                  " source gradients left on stage ", model_.stage(), " after its last backward");
+    r.mbs.erase(mb);
+  }
+}
+
+}  // namespace attnres::parallel

@@ -1,0 +1,113 @@
+// The pipeline executor: runs one rank's action list (parallel/schedule.h)
+// with the rank's model chunks, moving depth states between ranks with the
+// caching protocol of PIPELINE.md.
+//
+// Forward: a rank keeps, per in-flight microbatch, a store of the sources it
+// holds (produced by its own chunks or received). The message into chunk c
+// carries only the sources the receiving rank does not hold yet, plus the
+// partial sum (parallel/layout.h, boundary_message); the naive protocol
+// (parallel.cache_blocks = false) sends every source so far.
+//
+// Backward: the rank keeps a gradient accumulator per held source; its
+// chunks' backward passes add into them (the model's Mix backward adds in
+// place). The gradient message from chunk c to c-1 carries d(partial) and,
+// for exactly the sources the forward message c-1 -> c carried, everything
+// the sender accumulated for them (the sender then drops them); the
+// receiver adds them to its own accumulators. A source's total gradient so
+// flows back along the path the source travelled and is complete when the
+// chunk that produced it runs its backward. Stores and accumulators of a
+// microbatch are freed after its last backward on the rank.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "data/loader.h"
+#include "model/model.h"
+#include "parallel/layout.h"
+#include "parallel/schedule.h"
+#include "parallel/transport.h"
+
+namespace attnres::parallel {
+
+// The model chunks of one pipeline rank: local chunk v is global chunk
+// v*P + stage, a Model holding only that chunk's layers, plus the embedding
+// (chunk 0) or the final Mix, norm and LM head (chunk C-1; with tied
+// embeddings it holds its own copy of the embedding matrix, whose gradient
+// is summed with chunk 0's before every update so the copies stay identical).
+class RankModel {
+ public:
+  RankModel(const model::ModelConfig& cfg, DType dtype, Device device, const PipelineLayout& layout,
+            int stage);
+
+  int size() const { return static_cast<int>(chunks_.size()); }
+  model::Model& chunk(int v) { return *chunks_.at(static_cast<size_t>(v)); }
+  int chunk_id(int v) const { return v * layout_.P() + stage_; }
+  const PipelineLayout& layout() const { return layout_; }
+  int stage() const { return stage_; }
+
+  // Every parameter held here, chunk by chunk in global order.
+  std::vector<model::Param*> params();
+  // The parameters this rank owns: all but the last chunk's copy of a tied
+  // embedding when another rank holds chunk 0. Concatenating every rank's
+  // owned parameters in chunk order gives the single-process table's order.
+  // Grouped by local chunk.
+  std::vector<std::vector<model::Param*>> owned_params();
+  // The tied-embedding copy of the last chunk (stage P-1, P > 1, tied); else nullptr.
+  model::Param* tied_copy();
+  // Chunk 0's embedding matrix (stage 0); else nullptr.
+  model::Param* embedding();
+
+ private:
+  PipelineLayout layout_;
+  int stage_;
+  bool tied_;
+  std::vector<std::unique_ptr<model::Model>> chunks_;
+};
+
+using DataFn = std::function<data::TokenLoader::Batch(int mb)>;
+
+struct StepStats {
+  double loss_sum = 0;     // summed token loss of the microbatches whose last chunk ran here
+  int64_t bytes_sent = 0;  // pipeline bytes this rank sent
+  double busy_sec = 0;     // time in forward/backward compute
+  double wall_sec = 0;     // start of the step to the end of this rank's last action
+};
+
+class PipelineExecutor {
+ public:
+  PipelineExecutor(const model::ModelConfig& cfg, RankModel& model, Transport& transport,
+                   bool cache_blocks, int64_t B, int64_t T);
+
+  // Forward + backward of M microbatches; parameter gradients accumulate
+  // (loss * grad_scale), as in Model::forward_backward. `grads_ready(v)` is
+  // called as soon as local chunk v's parameter gradients are final (after
+  // its last backward), to start their data-parallel sum early.
+  StepStats train_step(int M, const DataFn& data, double grad_scale,
+                       const std::function<void(int)>& grads_ready = {});
+  // Forward only (evaluation): loss sums, nothing kept.
+  StepStats forward_only(int M, const DataFn& data);
+
+ private:
+  struct MbState;
+  struct Run;
+  StepStats run(const ScheduleSpec& spec, const DataFn& data, double grad_scale,
+                const std::function<void(int)>& grads_ready);
+  const std::vector<Action>& schedule(const ScheduleSpec& spec);
+  void forward(Run& run, const Action& a);
+  void backward(Run& run, const Action& a);
+  Tensor new_tensor(int64_t count) const;  // [count * N, d] in the activation dtype
+
+  model::ModelConfig cfg_;
+  RankModel& model_;
+  Transport& transport_;
+  const PipelineLayout& layout_;
+  DepthPlan plan_;
+  bool cache_;
+  int64_t B_, T_;
+  std::map<std::pair<int, bool>, std::vector<Action>> schedules_;  // (M, forward_only)
+};
+
+}  // namespace attnres::parallel

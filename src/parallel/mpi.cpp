@@ -1,0 +1,370 @@
+#include "parallel/mpi.h"
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "core/error.h"
+#include "parallel/mpi_internal.h"
+
+namespace attnres::parallel {
+
+int launcher_world_size() {
+  // Variables the common launchers set in every process they start.
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+    const char* v = std::getenv(var);
+    if (v && *v && std::atoi(v) >= 1) return std::atoi(v);
+  }
+  return 1;
+}
+
+double comm_timeout_seconds() {
+  if (const char* v = std::getenv("ATTNRES_COMM_TIMEOUT_S")) {
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (end != v && s > 0) return s;
+  }
+  return 1800.0;
+}
+
+std::string pin_local_gpu(int local_rank, int local_size) {
+  if (local_size <= 1) return "";
+  std::vector<std::string> devices;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::string list = v, item;
+    for (char ch : list + ",") {
+      if (ch == ',') {
+        if (!item.empty()) devices.push_back(item);
+        item.clear();
+      } else if (ch != ' ') {
+        item += ch;
+      }
+    }
+    if (static_cast<int>(devices.size()) < local_size) return "";
+  } else {
+    // Count the node's GPUs without initialising CUDA (which would freeze
+    // the device list before we restrict it): the driver lists them here.
+    int n = 0;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+      ++n;
+    if (n < local_size) return "";
+    for (int i = 0; i < local_size; ++i) devices.push_back(std::to_string(i));
+  }
+  const std::string mine = devices.at(static_cast<size_t>(local_rank));
+  setenv("CUDA_VISIBLE_DEVICES", mine.c_str(), 1);
+  return mine;
+}
+
+#if ATTNRES_HAVE_MPI
+
+bool mpi_compiled() { return true; }
+
+void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  fail("MPI error in ", what, ": ", std::string(msg, static_cast<size_t>(len)));
+}
+
+void wait_bounded(MPI_Request& req, const std::string& what, MPI_Status* status) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const double limit = comm_timeout_seconds();
+  for (long spins = 0;; ++spins) {
+    int done = 0;
+    mpi_check(MPI_Test(&req, &done, status ? status : MPI_STATUS_IGNORE), what.c_str());
+    if (done) return;
+    // Poll hot for a short while (latency), then back off: with more ranks
+    // than cores (CI), a spinning waiter steals the core its peer computes on.
+    if (spins > 200)
+      std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 500 : 20));
+    if ((spins & 63) == 0 && std::chrono::duration<double>(Clock::now() - start).count() > limit)
+      fail("timed out after ", limit, " s waiting for ", what,
+           " (a peer stopped answering; ATTNRES_COMM_TIMEOUT_S sets the limit)");
+  }
+}
+
+MpiSession::MpiSession() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      fail("MPI_Init_thread failed (was the job started by mpirun?)");
+    owner_ = true;
+  }
+  // Errors come back as return codes, which we turn into exceptions with context.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MPI_Comm local;
+  mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+            "MPI_Comm_split_type");
+  MPI_Comm_rank(local, &local_rank_);
+  MPI_Comm_size(local, &local_size_);
+  MPI_Comm_free(&local);
+}
+
+MpiSession::~MpiSession() {
+  if (!owner_) return;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+}
+
+void MpiSession::abort(int code, const std::string& message) {
+  int init = 0, fin = 0, rank = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "error: rank %d: %s\n", rank, message.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+// ---------------------------------------------------------------------------
+// Comm
+// ---------------------------------------------------------------------------
+
+Comm::Comm() = default;
+Comm::Comm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Comm::Comm(Comm&&) noexcept = default;
+Comm& Comm::operator=(Comm&& o) noexcept {
+  if (this != &o) {
+    if (impl_ && impl_->owned && impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+Comm::~Comm() {
+  if (!impl_ || !impl_->owned || impl_->comm == MPI_COMM_NULL) return;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Comm_free(&impl_->comm);
+}
+
+Comm Comm::world() {
+  auto impl = std::make_unique<Impl>();
+  impl->comm = MPI_COMM_WORLD;
+  impl->owned = false;
+  return Comm(std::move(impl));
+}
+
+int Comm::rank() const {
+  int r = 0;
+  mpi_check(MPI_Comm_rank(raw(*this), &r), "MPI_Comm_rank");
+  return r;
+}
+int Comm::size() const {
+  int s = 0;
+  mpi_check(MPI_Comm_size(raw(*this), &s), "MPI_Comm_size");
+  return s;
+}
+
+Comm Comm::split(int color, int key) const {
+  auto impl = std::make_unique<Impl>();
+  mpi_check(MPI_Comm_split(raw(*this), color, key, &impl->comm), "MPI_Comm_split");
+  impl->owned = true;
+  return Comm(std::move(impl));
+}
+
+void Comm::barrier() const {
+  MPI_Request req;
+  mpi_check(MPI_Ibarrier(raw(*this), &req), "MPI_Ibarrier");
+  wait_bounded(req, "a barrier");
+}
+
+void Comm::bcast(void* data, size_t bytes, int root) const {
+  // MPI counts are int: large buffers go in pieces.
+  char* p = static_cast<char*>(data);
+  for (size_t at = 0; at < bytes; at += size_t(1) << 30) {
+    const int n = static_cast<int>(std::min(bytes - at, size_t(1) << 30));
+    MPI_Request req;
+    mpi_check(MPI_Ibcast(p + at, n, MPI_BYTE, root, raw(*this), &req), "MPI_Ibcast");
+    wait_bounded(req, "a broadcast");
+  }
+}
+
+void Comm::bcast(std::string& s, int root) const {
+  int64_t n = static_cast<int64_t>(s.size());
+  bcast(&n, sizeof n, root);
+  s.resize(static_cast<size_t>(n));
+  if (n > 0) bcast(s.data(), s.size(), root);
+}
+
+namespace {
+template <typename T>
+void allreduce(const Comm& c, T* x, int n, MPI_Datatype type, MPI_Op op, const char* what) {
+  MPI_Request req;
+  mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x, n, type, op, raw(c), &req), "MPI_Iallreduce");
+  wait_bounded(req, what);
+}
+}  // namespace
+
+void Comm::allreduce_sum(double* x, int n) const {
+  allreduce(*this, x, n, MPI_DOUBLE, MPI_SUM, "a sum over ranks");
+}
+void Comm::allreduce_sum(int64_t* x, int n) const {
+  allreduce(*this, x, n, MPI_INT64_T, MPI_SUM, "a sum over ranks");
+}
+void Comm::allreduce_max(double* x, int n) const {
+  allreduce(*this, x, n, MPI_DOUBLE, MPI_MAX, "a maximum over ranks");
+}
+void Comm::allreduce_max(int64_t* x, int n) const {
+  allreduce(*this, x, n, MPI_INT64_T, MPI_MAX, "a maximum over ranks");
+}
+
+std::vector<std::vector<double>> Comm::allgather(const std::vector<double>& mine) const {
+  const int n = size();
+  int count = static_cast<int>(mine.size());
+  std::vector<int> counts(n), displs(n);
+  MPI_Request req;
+  mpi_check(MPI_Iallgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, raw(*this), &req),
+            "MPI_Iallgather");
+  wait_bounded(req, "an allgather of sizes");
+  int total = 0;
+  for (int i = 0; i < n; ++i) displs[i] = total, total += counts[i];
+  std::vector<double> all(static_cast<size_t>(total));
+  mpi_check(MPI_Iallgatherv(mine.data(), count, MPI_DOUBLE, all.data(), counts.data(),
+                            displs.data(), MPI_DOUBLE, raw(*this), &req),
+            "MPI_Iallgatherv");
+  wait_bounded(req, "an allgather");
+  std::vector<std::vector<double>> out(n);
+  for (int i = 0; i < n; ++i)
+    out[i].assign(all.begin() + displs[i], all.begin() + displs[i] + counts[i]);
+  return out;
+}
+
+std::vector<std::string> Comm::gather(const std::string& mine, int root) const {
+  // Point-to-point in 1 GiB pieces: a rank's share of a large checkpoint can
+  // exceed MPI's int counts. Tag 1 keeps it apart from anything else.
+  constexpr size_t kPiece = size_t(1) << 30;
+  const int me = rank(), n = size();
+  auto send_all = [&](const std::string& s) {
+    int64_t len = static_cast<int64_t>(s.size());
+    MPI_Request req;
+    mpi_check(MPI_Isend(&len, 1, MPI_INT64_T, root, 1, raw(*this), &req), "MPI_Isend");
+    wait_bounded(req, "sending a gather size to rank " + std::to_string(root));
+    for (size_t at = 0; at < s.size(); at += kPiece) {
+      const int k = static_cast<int>(std::min(kPiece, s.size() - at));
+      mpi_check(MPI_Isend(s.data() + at, k, MPI_BYTE, root, 1, raw(*this), &req), "MPI_Isend");
+      wait_bounded(req, "sending gathered data to rank " + std::to_string(root));
+    }
+  };
+  if (me != root) {
+    send_all(mine);
+    return {};
+  }
+  std::vector<std::string> out(n);
+  out[root] = mine;
+  for (int src = 0; src < n; ++src) {
+    if (src == root) continue;
+    int64_t len = 0;
+    MPI_Request req;
+    mpi_check(MPI_Irecv(&len, 1, MPI_INT64_T, src, 1, raw(*this), &req), "MPI_Irecv");
+    wait_bounded(req, "a gather size from rank " + std::to_string(src));
+    out[src].resize(static_cast<size_t>(len));
+    for (size_t at = 0; at < out[src].size(); at += kPiece) {
+      const int k = static_cast<int>(std::min(kPiece, out[src].size() - at));
+      mpi_check(MPI_Irecv(out[src].data() + at, k, MPI_BYTE, src, 1, raw(*this), &req),
+                "MPI_Irecv");
+      wait_bounded(req, "gathered data from rank " + std::to_string(src));
+    }
+  }
+  return out;
+}
+
+namespace {
+template <typename T>
+void sum_identical_impl(const Comm& c, T* x, int64_t n, MPI_Datatype type) {
+  // Reduce at member 0, then broadcast its bits: every member ends with the
+  // same values, so data-parallel replicas never drift apart.
+  constexpr int64_t kPiece = int64_t(1) << 28;
+  const bool root = c.rank() == 0;
+  for (int64_t at = 0; at < n; at += kPiece) {
+    const int k = static_cast<int>(std::min(kPiece, n - at));
+    MPI_Request req;
+    mpi_check(MPI_Ireduce(root ? MPI_IN_PLACE : x + at, root ? x + at : nullptr, k, type, MPI_SUM,
+                          0, raw(c), &req),
+              "MPI_Ireduce");
+    wait_bounded(req, "the data-parallel gradient sum");
+    mpi_check(MPI_Ibcast(x + at, k, type, 0, raw(c), &req), "MPI_Ibcast");
+    wait_bounded(req, "the data-parallel gradient broadcast");
+  }
+}
+}  // namespace
+
+void Comm::sum_identical(float* x, int64_t n) const { sum_identical_impl(*this, x, n, MPI_FLOAT); }
+void Comm::sum_identical(double* x, int64_t n) const {
+  sum_identical_impl(*this, x, n, MPI_DOUBLE);
+}
+
+#else  // no MPI in this build
+
+bool mpi_compiled() { return false; }
+
+namespace {
+[[noreturn]] void no_mpi() {
+  fail(
+      "this build has no MPI (libopenmpi-dev was not found when it was configured): "
+      "parallel.pipeline * parallel.data must be 1");
+}
+}  // namespace
+
+struct Comm::Impl {};
+MpiSession::MpiSession() { no_mpi(); }
+MpiSession::~MpiSession() = default;
+void MpiSession::abort(int code, const std::string& message) {
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  std::_Exit(code);
+}
+Comm::Comm() = default;
+Comm::Comm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Comm::Comm(Comm&&) noexcept = default;
+Comm& Comm::operator=(Comm&&) noexcept = default;
+Comm::~Comm() = default;
+Comm Comm::world() { no_mpi(); }
+int Comm::rank() const { no_mpi(); }
+int Comm::size() const { no_mpi(); }
+Comm Comm::split(int, int) const { no_mpi(); }
+void Comm::barrier() const { no_mpi(); }
+void Comm::bcast(void*, size_t, int) const { no_mpi(); }
+void Comm::bcast(std::string&, int) const { no_mpi(); }
+void Comm::allreduce_sum(double*, int) const { no_mpi(); }
+void Comm::allreduce_sum(int64_t*, int) const { no_mpi(); }
+void Comm::allreduce_max(double*, int) const { no_mpi(); }
+void Comm::allreduce_max(int64_t*, int) const { no_mpi(); }
+std::vector<std::vector<double>> Comm::allgather(const std::vector<double>&) const { no_mpi(); }
+std::vector<std::string> Comm::gather(const std::string&, int) const { no_mpi(); }
+void Comm::sum_identical(float*, int64_t) const { no_mpi(); }
+void Comm::sum_identical(double*, int64_t) const { no_mpi(); }
+
+#endif
+
+// ---------------------------------------------------------------------------
+// ProcessGrid
+// ---------------------------------------------------------------------------
+
+ProcessGrid::ProcessGrid(const Comm& world, int P, int D) : world_(&world), P_(P), D_(D) {
+  if (P < 1 || D < 1) fail("parallel.pipeline and parallel.data must be >= 1, got ", P, " and ", D);
+  const int n = world.size();
+  if (n != P * D)
+    fail("config keys parallel.pipeline * parallel.data = ", P, " * ", D, " = ", P * D,
+         " processes, but the job has ", n,
+         P * D == 1 ? std::string(" (a single-process run needs no mpirun)")
+                    : " (start it with mpirun -np " + std::to_string(P * D) + ")");
+  rank_ = world.rank();
+  pipeline_ = world.split(/*color=*/replica(), /*key=*/stage());
+  data_ = world.split(/*color=*/stage(), /*key=*/replica());
+}
+
+}  // namespace attnres::parallel

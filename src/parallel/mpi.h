@@ -1,0 +1,140 @@
+// MPI for the rest of the program: the session (init/finalize), communicators,
+// the P x D process grid, and the host-side collectives the trainer needs
+// (scalars, small vectors, byte blobs). No MPI header here: builds without
+// MPI compile the same interface, where creating a session throws.
+//
+// Rank order (documented in docs/parallel.md): world rank = d * P + p, for
+// pipeline stage p < P and data-parallel replica d < D. The P stages of one
+// replica are contiguous, so with mpirun's default by-slot mapping a replica
+// fills consecutive slots of a node (pipeline traffic stays local), and
+// world rank 0 is stage 0 of replica 0, which prints progress and writes
+// metrics and checkpoints.
+//
+// Every blocking wait (point-to-point and collectives) polls with a bound
+// (comm_timeout_seconds()): a peer that stopped answering turns into an
+// attnres::Error naming the operation instead of a silent hang. A peer that
+// died is detected by the launcher, which ends the whole job.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace attnres::parallel {
+
+// True when this build has MPI.
+bool mpi_compiled();
+
+// Processes the launcher started for this job, read from its environment
+// (OMPI_COMM_WORLD_SIZE for Open MPI, PMI_SIZE for MPICH's hydra,
+// MV2_COMM_WORLD_SIZE for MVAPICH); 1 when not started by such a launcher.
+int launcher_world_size();
+
+// Seconds a wait may block before it is an error: ATTNRES_COMM_TIMEOUT_S,
+// default 1800 (long enough for rank 0 writing a large checkpoint while the
+// others wait).
+double comm_timeout_seconds();
+
+// MPI_Init_thread (FUNNELED: only the main thread calls MPI; OpenMP threads
+// don't) for the lifetime of the object; MPI_Finalize at the end. If MPI is
+// already initialised (a test harness did it), the session adopts it and
+// leaves finalisation to the owner.
+class MpiSession {
+ public:
+  MpiSession();
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int world_rank() const { return rank_; }
+  int world_size() const { return size_; }
+  // Rank and count of the processes of this job on this node (for picking a GPU).
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+
+  // Report `message` as this rank's error on stderr and end the whole job
+  // with exit code `code` (MPI_Abort): the other ranks may be blocked waiting
+  // for this one, so unwinding normally would hang them.
+  [[noreturn]] static void abort(int code, const std::string& message);
+
+ private:
+  bool owner_ = false;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+// One GPU per process on a multi-GPU node: restrict CUDA_VISIBLE_DEVICES to
+// entry local_rank of the node's list (or to device local_rank when unset),
+// so that device 0 of this process (the one core/cuda uses) is its own GPU.
+// Must run before the first CUDA call. Does nothing for one process per node
+// or when there are fewer visible GPUs than local processes (then several
+// ranks share a GPU and should use parallel.transport = "mpi"). Returns the
+// value it set, or "" when it changed nothing.
+std::string pin_local_gpu(int local_rank, int local_size);
+
+// An MPI communicator (freed on destruction, except MPI_COMM_WORLD).
+class Comm {
+ public:
+  Comm();  // no communicator
+  ~Comm();
+  Comm(Comm&&) noexcept;
+  Comm& operator=(Comm&&) noexcept;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  static Comm world();
+  bool valid() const { return impl_ != nullptr; }
+  int rank() const;
+  int size() const;
+  // Processes with the same color form a new communicator, ordered by key.
+  Comm split(int color, int key) const;
+
+  void barrier() const;
+  void bcast(void* data, size_t bytes, int root) const;
+  void bcast(std::string& s, int root) const;
+  // In-place element-wise sums / maxima over all members.
+  void allreduce_sum(double* x, int n) const;
+  void allreduce_sum(int64_t* x, int n) const;
+  void allreduce_max(double* x, int n) const;
+  void allreduce_max(int64_t* x, int n) const;
+  // Every member's vector, indexed by member rank, on every member.
+  std::vector<std::vector<double>> allgather(const std::vector<double>& mine) const;
+  // Every member's blob on `root` (empty vector elsewhere).
+  std::vector<std::string> gather(const std::string& mine, int root) const;
+  // In-place sum of float/double buffers over all members, with bit-identical
+  // results on every member (reduced at member 0, then broadcast).
+  void sum_identical(float* x, int64_t n) const;
+  void sum_identical(double* x, int64_t n) const;
+
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  explicit Comm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The P x D grid over a communicator of P*D processes (normally the world).
+class ProcessGrid {
+ public:
+  // Throws attnres::Error (naming parallel.pipeline / parallel.data) when
+  // world.size() != P*D.
+  ProcessGrid(const Comm& world, int P, int D);
+
+  int rank() const { return rank_; }  // in `world`
+  int P() const { return P_; }
+  int D() const { return D_; }
+  int stage() const { return rank_ % P_; }    // p
+  int replica() const { return rank_ / P_; }  // d
+  static int rank_of(int stage, int replica, int P) { return replica * P + stage; }
+
+  const Comm& world() const { return *world_; }
+  const Comm& pipeline() const { return pipeline_; }  // this replica's P stages; rank = stage
+  const Comm& data() const { return data_; }          // this stage's D replicas; rank = replica
+
+ private:
+  const Comm* world_;
+  int rank_, P_, D_;
+  Comm pipeline_, data_;
+};
+
+}  // namespace attnres::parallel

@@ -1,0 +1,242 @@
+#include "parallel/mpi_transport.h"
+
+#include "core/error.h"
+#include "kernels/reduce.h"
+#include "parallel/mpi_internal.h"
+
+namespace attnres::parallel {
+
+int64_t Traffic::total_sent() const {
+  int64_t n = 0;
+  for (int64_t b : sent) n += b;
+  return n;
+}
+int64_t Traffic::total_received() const {
+  int64_t n = 0;
+  for (int64_t b : received) n += b;
+  return n;
+}
+
+Transport::Transport(int pipeline_size) {
+  traffic_.sent.assign(static_cast<size_t>(pipeline_size), 0);
+  traffic_.received.assign(static_cast<size_t>(pipeline_size), 0);
+}
+
+void Transport::reset_traffic() {
+  std::fill(traffic_.sent.begin(), traffic_.sent.end(), 0);
+  std::fill(traffic_.received.begin(), traffic_.received.end(), 0);
+}
+
+#if ATTNRES_HAVE_MPI
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::BF16:
+      return MPI_UINT16_T;  // moved, never summed by MPI
+    case DType::I32:
+      return MPI_INT32_T;
+  }
+  return MPI_BYTE;
+}
+
+int mpi_count(const Tensor& t) {
+  if (t.numel() > 2147483647)
+    fail("MPI transport: a message of ", t.numel(),
+         " elements exceeds MPI's int count; use "
+         "smaller microbatches or the NCCL transport");
+  return static_cast<int>(t.numel());
+}
+
+class MpiRequest : public RequestImpl {
+ public:
+  // `user` is the caller's tensor; `host` the buffer MPI works on (the same
+  // tensor for CPU tensors, a staging copy for CUDA ones).
+  MpiRequest(bool is_recv, Tensor user, Tensor host, int peer)
+      : recv_(is_recv), user_(std::move(user)), host_(std::move(host)), peer_(peer) {}
+
+  MPI_Request* handle() { return &req_; }
+
+  void wait() override {
+    const std::string what = std::string(recv_ ? "a pipeline message from" : "a pipeline send to") +
+                             " stage " + std::to_string(peer_) + " (" + host_.describe() + ")";
+    MPI_Status status;
+    wait_bounded(req_, what, &status);
+    req_ = MPI_REQUEST_NULL;
+    if (recv_) {
+      int count = 0;
+      MPI_Get_count(&status, mpi_type(host_.dtype()), &count);
+      if (count != host_.numel())
+        fail("pipeline message from stage ", peer_, " has ", count, " elements, expected ",
+             host_.numel(), ": the two ranks disagree on the order or shape of their messages");
+      if (!user_.is_cpu()) user_.copy_from(host_);
+    }
+  }
+
+  void abandon() noexcept override {
+    if (req_ == MPI_REQUEST_NULL) return;
+    // Error path (the job is about to end): never block here. Cancel a
+    // receive, detach the request, and deliberately keep the buffer alive in
+    // case MPI still writes to or reads from it.
+    int done = 0;
+    MPI_Test(&req_, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (recv_) MPI_Cancel(&req_);
+    MPI_Request_free(&req_);
+    new Tensor(host_);  // intentional leak, see above
+  }
+
+ private:
+  bool recv_;
+  Tensor user_, host_;
+  int peer_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
+}  // namespace
+
+MpiTransport::MpiTransport(const ProcessGrid& grid) : Transport(grid.P()), grid_(grid) {}
+
+Request MpiTransport::isend(const Tensor& buffer, int peer) {
+  Tensor host = buffer.is_cpu() ? buffer : buffer.to(Device::CPU);
+  auto req = std::make_unique<MpiRequest>(false, buffer, host, peer);
+  mpi_check(MPI_Isend(host.raw(), mpi_count(host), mpi_type(host.dtype()), peer, 0,
+                      raw(grid_.pipeline()), req->handle()),
+            "MPI_Isend (pipeline)");
+  count_sent(peer, static_cast<int64_t>(buffer.nbytes()));
+  return Request(std::move(req));
+}
+
+Request MpiTransport::irecv(const Tensor& buffer, int peer) {
+  Tensor host =
+      buffer.is_cpu() ? buffer : Tensor::empty(buffer.shape(), buffer.dtype(), Device::CPU);
+  auto req = std::make_unique<MpiRequest>(true, buffer, host, peer);
+  mpi_check(MPI_Irecv(host.raw(), mpi_count(host), mpi_type(host.dtype()), peer, 0,
+                      raw(grid_.pipeline()), req->handle()),
+            "MPI_Irecv (pipeline)");
+  count_received(peer, static_cast<int64_t>(buffer.nbytes()));
+  return Request(std::move(req));
+}
+
+namespace {
+
+// Reduce at replica 0, then broadcast its bits (so replicas never drift
+// apart), on one flat host buffer per dtype: two collectives instead of
+// hundreds. The reduce is posted at start; finish() waits for it, then broadcasts.
+class MpiPendingSum : public PendingSum {
+ public:
+  MpiPendingSum(const Comm& comm, std::vector<Tensor> tensors)
+      : comm_(comm), tensors_(std::move(tensors)) {
+    for (const Tensor& t : tensors_)
+      if (t.dtype() != DType::F32 && t.dtype() != DType::F64)
+        fail("data-parallel sum: ", t.describe(), " is not F32 or F64");
+    const bool root = comm_.rank() == 0;
+    for (DType dt : {DType::F32, DType::F64}) {
+      int64_t total = 0;
+      for (const Tensor& t : tensors_)
+        if (t.dtype() == dt) total += t.numel();
+      if (total == 0) continue;
+      if (total > 2147483647)
+        fail("data-parallel sum of ", total, " elements exceeds MPI's int count");
+      Tensor flat = Tensor::empty({total}, dt, Device::CPU);
+      int64_t at = 0;
+      for (const Tensor& t : tensors_)
+        if (t.dtype() == dt) {
+          flat.rows(at, t.numel()).copy_from(t.reshape({t.numel()}));
+          at += t.numel();
+        }
+      Part part{dt, flat, MPI_REQUEST_NULL};
+      const MPI_Datatype type = dt == DType::F32 ? MPI_FLOAT : MPI_DOUBLE;
+      mpi_check(MPI_Ireduce(root ? MPI_IN_PLACE : flat.raw(), root ? flat.raw() : nullptr,
+                            static_cast<int>(total), type, MPI_SUM, 0, raw(comm_), &part.req),
+                "MPI_Ireduce (data-parallel gradients)");
+      parts_.push_back(std::move(part));
+    }
+  }
+  ~MpiPendingSum() override {
+    for (Part& p : parts_)
+      if (p.req != MPI_REQUEST_NULL) {  // error path: don't block, keep the buffer
+        MPI_Request_free(&p.req);
+        new Tensor(p.flat);  // intentional leak: MPI may still use it
+      }
+  }
+  void finish() override {
+    for (Part& p : parts_) {
+      wait_bounded(p.req, "the data-parallel gradient sum");
+      p.req = MPI_REQUEST_NULL;
+      MPI_Request req;
+      mpi_check(MPI_Ibcast(p.flat.raw(), static_cast<int>(p.flat.numel()),
+                           p.dtype == DType::F32 ? MPI_FLOAT : MPI_DOUBLE, 0, raw(comm_), &req),
+                "MPI_Ibcast (data-parallel gradients)");
+      wait_bounded(req, "the data-parallel gradient broadcast");
+      int64_t at = 0;
+      for (Tensor& t : tensors_)
+        if (t.dtype() == p.dtype) {
+          Tensor view = t.reshape({t.numel()});
+          view.copy_from(p.flat.rows(at, t.numel()));
+          at += t.numel();
+        }
+    }
+    parts_.clear();
+  }
+
+ private:
+  struct Part {
+    DType dtype;
+    Tensor flat;
+    MPI_Request req;
+  };
+  const Comm& comm_;
+  std::vector<Tensor> tensors_;
+  std::vector<Part> parts_;
+};
+
+class DonePendingSum : public PendingSum {
+ public:
+  void finish() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor> tensors) {
+  if (grid_.D() == 1 || tensors.empty()) return std::make_unique<DonePendingSum>();
+  return std::make_unique<MpiPendingSum>(grid_.data(), std::move(tensors));
+}
+
+void MpiTransport::sum_with_peer(Tensor& t, int peer) {
+  Tensor mine = t.is_cpu() ? t : t.to(Device::CPU);
+  Tensor theirs = Tensor::empty(mine.shape(), mine.dtype(), Device::CPU);
+  MPI_Request reqs[2];
+  MPI_Comm comm = raw(grid_.pipeline());
+  mpi_check(
+      MPI_Irecv(theirs.raw(), mpi_count(theirs), mpi_type(theirs.dtype()), peer, 2, comm, &reqs[0]),
+      "MPI_Irecv (tied embedding)");
+  mpi_check(MPI_Isend(mine.raw(), mpi_count(mine), mpi_type(mine.dtype()), peer, 2, comm, &reqs[1]),
+            "MPI_Isend (tied embedding)");
+  wait_bounded(reqs[0], "the tied-embedding gradient from stage " + std::to_string(peer));
+  wait_bounded(reqs[1], "sending the tied-embedding gradient to stage " + std::to_string(peer));
+  // a + b == b + a in IEEE arithmetic: both ranks get the same bits.
+  kernels::add_(mine, theirs);
+  if (!t.is_cpu()) t.copy_from(mine);
+}
+
+#else
+
+MpiTransport::MpiTransport(const ProcessGrid& grid) : Transport(grid.P()), grid_(grid) {
+  fail("this build has no MPI: the MPI transport is unavailable");
+}
+Request MpiTransport::isend(const Tensor&, int) { fail("no MPI in this build"); }
+Request MpiTransport::irecv(const Tensor&, int) { fail("no MPI in this build"); }
+std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor>) {
+  fail("no MPI in this build");
+}
+void MpiTransport::sum_with_peer(Tensor&, int) { fail("no MPI in this build"); }
+
+#endif
+
+}  // namespace attnres::parallel

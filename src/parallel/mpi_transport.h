@@ -1,0 +1,24 @@
+// The MPI transport: Isend/Irecv on the pipeline communicator (tag 0, so it
+// matches per peer in issue order exactly like NCCL), and the data-parallel
+// sums as reduce + broadcast on the data communicator. Host memory; CUDA
+// tensors are staged through host copies.
+#pragma once
+#include "parallel/mpi.h"
+#include "parallel/transport.h"
+
+namespace attnres::parallel {
+
+class MpiTransport : public Transport {
+ public:
+  explicit MpiTransport(const ProcessGrid& grid);
+  std::string name() const override { return "mpi"; }
+  Request isend(const Tensor& buffer, int peer) override;
+  Request irecv(const Tensor& buffer, int peer) override;
+  std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
+  void sum_with_peer(Tensor& t, int peer) override;
+
+ private:
+  const ProcessGrid& grid_;
+};
+
+}  // namespace attnres::parallel

@@ -1,0 +1,25 @@
+// The NCCL transport (PIPELINE.md "Transports"): ncclSend/ncclRecv on device
+// memory, one NCCL group per executor group, on the communication stream
+// (core/cuda/runtime.cuh) ordered against the compute stream with events; a
+// "wait" makes the compute stream wait for the group's event, so the host
+// never blocks. Communicators: one per pipeline (P stages of a replica) and
+// one per data-parallel group (D replicas of a stage), each bootstrapped by
+// broadcasting an ncclUniqueId over the matching MPI communicator.
+// Data-parallel sums are ncclAllReduce (identical results on every member).
+//
+// Compiled only with the CUDA backend, NCCL and MPI; elsewhere
+// make_nccl_transport() throws a message naming what is missing.
+#pragma once
+#include <memory>
+
+#include "parallel/mpi.h"
+#include "parallel/transport.h"
+
+namespace attnres::parallel {
+
+bool nccl_compiled();
+// NCCL's version as "2.28.9", or "" without NCCL.
+std::string nccl_version();
+std::unique_ptr<Transport> make_nccl_transport(const ProcessGrid& grid);
+
+}  // namespace attnres::parallel

@@ -1,0 +1,168 @@
+#include "parallel/runtime.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/reduce.h"
+#include "parallel/mpi_transport.h"
+#include "parallel/nccl_transport.h"
+
+namespace attnres::parallel {
+
+std::unique_ptr<Transport> make_transport(const std::string& name, const ProcessGrid& grid) {
+  if (name == "mpi") return std::make_unique<MpiTransport>(grid);
+  if (name == "nccl") return make_nccl_transport(grid);
+  fail("config key parallel.transport: unknown transport \"", name, "\" (mpi or nccl)");
+}
+
+Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType dtype, Device device,
+                 const RuntimeOptions& opt, int64_t B, int64_t T)
+    : grid_(grid), cfg_(cfg), layout_(cfg.n_layers, grid.P(), opt.V, opt.layers_per_chunk) {
+  model_ = std::make_unique<RankModel>(cfg, dtype, device, layout_, grid.stage());
+  transport_ = make_transport(opt.transport, grid);
+  executor_ = std::make_unique<PipelineExecutor>(cfg, *model_, *transport_, opt.cache_blocks, B, T);
+}
+
+Runtime::StepResult Runtime::train_step(int M, const DataFn& data, double grad_scale) {
+  for (model::Param* p : model_->params()) p->grad.zero_();
+  // Data parallel: each chunk's gradients are summed over the replicas as
+  // soon as its last backward is done, overlapping the rest of the step
+  // (the loss scale already divides by the global token count). Every
+  // replica runs the same schedule, so they start these sums in the same order.
+  std::vector<std::unique_ptr<PendingSum>> pending(static_cast<size_t>(model_->size()));
+  auto grads_ready = [&](int v) {
+    if (grid_.D() == 1) return;
+    std::vector<Tensor> grads;
+    for (auto& p : model_->chunk(v).params().all()) grads.push_back(p.grad);
+    pending[static_cast<size_t>(v)] = transport_->start_sum_across_replicas(std::move(grads));
+  };
+  const StepStats st = executor_->train_step(M, data, grad_scale, grads_ready);
+  for (auto& p : pending)
+    if (p) p->finish();
+
+  // Tied embeddings: chunk 0 holds the input embedding, chunk C-1 a copy for
+  // the LM head; both need the sum of both gradients (a + b == b + a, so the
+  // two copies get the same bits and stay identical).
+  if (cfg_.tie_embeddings && layout_.C() > 1) {
+    model::Param* first = model_->embedding();
+    model::Param* last = model_->tied_copy();
+    if (first && last) {  // P == 1: both chunks on this rank
+      kernels::add_(first->grad, last->grad);
+      last->grad.copy_from(first->grad);
+    } else if (first) {
+      transport_->sum_with_peer(first->grad, layout_.rank_of(layout_.C() - 1));
+    } else if (last) {
+      transport_->sum_with_peer(last->grad, 0);
+    }
+  }
+
+  double sums[3] = {st.loss_sum, static_cast<double>(st.bytes_sent), st.busy_sec};
+  grid_.world().allreduce_sum(sums, 3);
+  double wall = st.wall_sec;
+  grid_.world().allreduce_max(&wall, 1);
+  StepResult res;
+  res.loss_sum = sums[0];
+  res.pp_bytes = static_cast<int64_t>(sums[1]);
+  const double mean_busy = sums[2] / grid_.world().size();
+  res.bubble = mean_busy > 0 ? std::max(0.0, (wall - mean_busy) / mean_busy) : 0.0;
+  return res;
+}
+
+double Runtime::grad_norm() {
+  // This rank's per-parameter sums of squares, preceded by how many there
+  // are per local chunk; gathered over the pipeline (replicas are identical
+  // after the data-parallel sum).
+  const auto owned = model_->owned_params();
+  std::vector<double> mine;
+  for (const auto& chunk : owned) mine.push_back(static_cast<double>(chunk.size()));
+  for (const auto& chunk : owned)
+    for (const model::Param* p : chunk) mine.push_back(kernels::sum_squares(p->grad));
+  const auto all = grid_.pipeline().allgather(mine);
+  // Chunk c lives on stage c mod P as local chunk c div P: walk the chunks in
+  // global order, which is the single-process parameter order.
+  const int P = layout_.P(), V = layout_.V();
+  double sq = 0;
+  for (int c = 0; c < layout_.C(); ++c) {
+    const auto& v = all.at(static_cast<size_t>(c % P));
+    size_t at = static_cast<size_t>(V);
+    for (int u = 0; u < c / P; ++u) at += static_cast<size_t>(v.at(static_cast<size_t>(u)));
+    const size_t n = static_cast<size_t>(v.at(static_cast<size_t>(c / P)));
+    for (size_t i = 0; i < n; ++i) sq += v.at(at + i);
+  }
+  return std::sqrt(sq);
+}
+
+double Runtime::eval_loss_sum(int M, const DataFn& data) {
+  double loss = 0;
+  if (M > 0) loss = executor_->forward_only(M, data).loss_sum;
+  grid_.world().allreduce_sum(&loss, 1);
+  return loss;
+}
+
+bool Runtime::any(bool flag) const {
+  int64_t v = flag ? 1 : 0;
+  grid_.world().allreduce_max(&v, 1);
+  return v != 0;
+}
+
+int64_t Runtime::max(int64_t v) const {
+  grid_.world().allreduce_max(&v, 1);
+  return v;
+}
+
+namespace {
+
+void put(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+template <typename T>
+void put(std::string& out, T v) {
+  put(out, &v, sizeof v);
+}
+template <typename T>
+T get(const std::string& in, size_t& at) {
+  ATTNRES_CHECK(at + sizeof(T) <= in.size(), "truncated tensor blob");
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof v);
+  at += sizeof v;
+  return v;
+}
+
+}  // namespace
+
+std::vector<NamedTensor> Runtime::gather_to_root(const std::vector<NamedTensor>& mine) const {
+  // Blob: per tensor name length, name, dtype, ndim, dims, raw bytes.
+  std::string blob;
+  if (grid_.replica() == 0)
+    for (const auto& t : mine) {
+      const Tensor h = t.tensor.is_cpu() ? t.tensor : t.tensor.to(Device::CPU);
+      put(blob, static_cast<uint32_t>(t.name.size()));
+      put(blob, t.name.data(), t.name.size());
+      put(blob, static_cast<uint8_t>(h.dtype()));
+      put(blob, static_cast<uint32_t>(h.ndim()));
+      for (int64_t d : h.shape()) put(blob, d);
+      put(blob, h.raw(), h.nbytes());
+    }
+  const auto blobs = grid_.world().gather(blob, 0);
+  std::vector<NamedTensor> out;
+  for (const std::string& b : blobs) {
+    size_t at = 0;
+    while (at < b.size()) {
+      NamedTensor t;
+      const auto len = get<uint32_t>(b, at);
+      ATTNRES_CHECK(at + len <= b.size(), "truncated tensor blob");
+      t.name.assign(b.data() + at, len);
+      at += len;
+      const auto dtype = static_cast<DType>(get<uint8_t>(b, at));
+      Shape shape(get<uint32_t>(b, at));
+      for (auto& d : shape) d = get<int64_t>(b, at);
+      t.tensor = Tensor::empty(shape, dtype, Device::CPU);
+      ATTNRES_CHECK(at + t.tensor.nbytes() <= b.size(), "truncated tensor blob");
+      std::memcpy(t.tensor.raw(), b.data() + at, t.tensor.nbytes());
+      at += t.tensor.nbytes();
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+}  // namespace attnres::parallel

@@ -1,0 +1,79 @@
+// One rank's share of a P x D training job: its model chunks, the transport,
+// the pipeline executor, and what has to happen between ranks around a step:
+// the tied-embedding and data-parallel gradient sums, the global gradient
+// norm, the global loss, and gathering tensors for a checkpoint.
+//
+// The optimizer stays in the train layer (train -> parallel): it updates the
+// tables of model().chunk(v) with the global norm from grad_norm().
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "model/model.h"
+#include "parallel/executor.h"
+#include "parallel/layout.h"
+#include "parallel/mpi.h"
+#include "parallel/transport.h"
+
+namespace attnres::parallel {
+
+struct RuntimeOptions {
+  int V = 1;                              // parallel.virtual_stages
+  bool cache_blocks = true;               // parallel.cache_blocks
+  std::string transport = "mpi";          // "mpi" or "nccl"
+  std::vector<int64_t> layers_per_chunk;  // explicit split; empty = even
+};
+
+// "mpi" or "nccl" (parallel/nccl_transport.h).
+std::unique_ptr<Transport> make_transport(const std::string& name, const ProcessGrid& grid);
+
+class Runtime {
+ public:
+  Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType dtype, Device device,
+          const RuntimeOptions& opt, int64_t B, int64_t T);
+
+  const ProcessGrid& grid() const { return grid_; }
+  const PipelineLayout& layout() const { return layout_; }
+  RankModel& model() { return *model_; }
+  Transport& transport() { return *transport_; }
+
+  struct StepResult {
+    double loss_sum = 0;   // summed token loss over all replicas' microbatches
+    int64_t pp_bytes = 0;  // pipeline bytes sent this step, all ranks
+    double bubble = 0;     // measured: (slowest rank's step time - mean busy) / mean busy
+  };
+  // Zero the gradients, run the step's M microbatches (data(mb) gives this
+  // replica's microbatch mb), then sum the tied-embedding gradients between
+  // the first and last stage and every gradient over the replicas. Collective.
+  StepResult train_step(int M, const DataFn& data, double grad_scale);
+
+  // Global L2 norm of all gradients, summed in the single-process order
+  // (chunk by chunk, parameter by parameter), so it matches Model's table
+  // bit for bit when the gradients do. Collective.
+  double grad_norm();
+
+  // Forward-only loss over this replica's M microbatches; returns the loss
+  // summed over all replicas. Collective.
+  double eval_loss_sum(int M, const DataFn& data);
+
+  // Collective helpers on the world communicator.
+  bool any(bool flag) const;
+  int64_t max(int64_t v) const;
+
+  // Tensors from every rank of replica 0, at world rank 0 (in rank order);
+  // empty elsewhere. Device tensors are copied to the host.
+  std::vector<NamedTensor> gather_to_root(const std::vector<NamedTensor>& mine) const;
+
+ private:
+  const ProcessGrid& grid_;
+  model::ModelConfig cfg_;
+  PipelineLayout layout_;
+  std::unique_ptr<RankModel> model_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<PipelineExecutor> executor_;
+};
+
+}  // namespace attnres::parallel

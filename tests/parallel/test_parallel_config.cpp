@@ -1,0 +1,71 @@
+// Validation of the parallel.* keys (train/config.cpp) and what the trainer
+// refuses before any work when the job does not match the layout.
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+#include "parallel/mpi.h"
+#include "temp_dir.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+using namespace attnres;
+using train::Config;
+using train::json;
+
+namespace {
+
+json base() {
+  return json::parse(R"({
+    "model": {"vocab_size": 97, "d_model": 32, "n_layers": 8, "n_heads": 4, "n_kv_heads": 2,
+              "d_ff": 80, "residual": {"mode": "block", "block_size": 3}},
+    "training": {"steps": 8, "micro_batch_size": 2, "seq_len": 16, "grad_accum": 4},
+    "data": {"train": "train.bin"}})");
+}
+
+std::string error_of(const json& j) {
+  try {
+    Config::from_json(j, "cfg.json").validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("parallel keys: valid layouts pass, impossible ones name the key", "[config]") {
+  json j = base();
+  j["parallel"] = {{"pipeline", 4}, {"virtual_stages", 2}, {"data", 2}, {"cache_blocks", false}};
+  CHECK(error_of(j).empty());
+  j["parallel"] = {{"pipeline", 4}, {"virtual_stages", 3}};  // 12 chunks > 8 layers
+  CHECK_THAT(error_of(j), Catch::Contains("exceed model.n_layers"));
+  j["parallel"] = {{"pipeline", 3}, {"virtual_stages", 2}};  // 4 microbatches % 3
+  CHECK_THAT(error_of(j), Catch::Contains("training.grad_accum"));
+  j["parallel"] = {{"pipeline", 1}, {"virtual_stages", 2}};
+  CHECK_THAT(error_of(j), Catch::Contains("parallel.virtual_stages"));
+  j["parallel"] = {{"data", 0}};
+  CHECK_THAT(error_of(j), Catch::Contains("parallel.data"));
+  j["parallel"] = {{"transport", "gloo"}};
+  CHECK_THAT(error_of(j), Catch::Contains("parallel.transport"));
+  j["parallel"] = {{"transport", "nccl"}};  // on the cpu
+  CHECK_THAT(error_of(j), Catch::Contains("training.device"));
+  j["parallel"] = {{"transport", "mpi"}, {"pipeline", 2}};
+  CHECK(error_of(j).empty());
+  // The resolved config carries the key and round-trips.
+  Config c = Config::from_json(j, "cfg");
+  CHECK(c.to_json()["parallel"]["transport"] == "mpi");
+  CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
+}
+
+TEST_CASE("P*D > 1 without mpirun is refused before any work", "[config]") {
+  if (parallel::launcher_world_size() > 1) return;  // this binary runs alone in ctest
+  testing::TempDir dir;
+  json j = base();
+  j["parallel"] = {{"pipeline", 2}, {"data", 2}};
+  j["checkpoint"] = {{"dir", dir / "ck"}};
+  j["run"] = {{"dir", dir / "run"}};
+  Config c = Config::from_json(j, "cfg");
+  c.validate();
+  CHECK_THROWS_WITH(train::train(c), Catch::Contains("mpirun -np 4"));
+  CHECK(dir.entries() == 0);  // nothing written
+}
