@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh --corpus
-scripts/build.sh
+scripts/build.sh --target attnres   # the tests are built by scripts/test.sh
 scripts/prepare_brown.sh 4096
 
 cfg=configs/quickstart.json
