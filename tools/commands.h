@@ -15,5 +15,6 @@ int cmd_generate(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_inspect(const Args& args);
 int cmd_bench(const Args& args);
+int cmd_sweep(const Args& args);
 
 }  // namespace attnres::tools

@@ -1,4 +1,4 @@
-// attnres: one binary, subcommands train | eval | generate | tokenize | inspect | bench.
+// attnres: one binary, subcommands train | eval | generate | tokenize | inspect | bench | sweep.
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -19,6 +19,7 @@ usage:
   attnres tokenize train|encode ...      (attnres tokenize --help)
   attnres inspect checkpoint DIR | config CONFIG.json | attention --checkpoint DIR --data GLOB
   attnres bench [--mode baseline|full|block|all] [--steps N] [...]   CPU training benchmark
+  attnres sweep SWEEP.json [--dry-run | --report] [--no-plots]      scaling-law sweep
 
 Logs go to stderr, machine-readable results to stdout. Exit codes: 0 ok, 1 runtime
 error, 2 bad input (config, data, checkpoint, arguments), 3 non-finite loss/gradient,
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return cmd_tokenize(args);
     if (cmd == "inspect") return cmd_inspect(args);
     if (cmd == "bench") return cmd_bench(args);
+    if (cmd == "sweep") return cmd_sweep(args);
     std::fprintf(stderr, "attnres: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const attnres::Error& e) {

@@ -201,6 +201,10 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   Tensor y = new_act(N, d);
   if (is_attn) attention_forward(l, a, y, B, T, cache);
   else mlp_forward(l, a, y);
+  if (depth_stats_) {  // y_s itself, before its buffer becomes a running sum below
+    depth_stats_->output_sumsq.at(s) += k::sum_squares(y);
+    depth_stats_->output_count.at(s) += static_cast<double>(y.numel());
+  }
 
   if (!cfg_.attnres()) {
     k::add_(y, st.hidden);  // x_{s+1} = x_s + y_s (y's buffer becomes the new stream)
@@ -244,6 +248,11 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
     // p_after = p_before + y (or = y at i == 0): both receive dp_after.
     dy = g.partial;
     if (i == 0) g.partial = Tensor();
+  }
+
+  if (depth_stats_) {  // dL/dy_s, complete: every later sublayer is done
+    depth_stats_->grad_sumsq.at(s) += k::sum_squares(dy);
+    depth_stats_->grad_count.at(s) += static_cast<double>(dy.numel());
   }
 
   // f_s backward: dy -> dx (dy is fully consumed here, before the Mix

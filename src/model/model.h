@@ -41,6 +41,27 @@ struct Activations {
   Tensor final_probs, z, z_rstd, h;
 };
 
+// Per-sublayer statistics for the depth analysis (the paper's Figure 5 view),
+// indexed by global sublayer s: sums of squares of every sublayer output y_s
+// and of its gradient dL/dy_s (L = the loss the backward pass was started
+// with, i.e. scaled by grad_scale), with the number of elements summed. They
+// accumulate over the microbatches a sink stays attached; a pipeline rank
+// fills only its own sublayers (the others stay zero, so sums over ranks
+// combine them). RMS(y_s) = sqrt(output_sumsq / output_count) and
+// ||dL/dy_s|| = sqrt(grad_sumsq).
+struct DepthStats {
+  std::vector<double> output_sumsq, output_count, grad_sumsq, grad_count;
+
+  explicit DepthStats(int64_t n_sublayers = 0) { reset(n_sublayers); }
+  void reset(int64_t n_sublayers) {
+    const size_t n = static_cast<size_t>(n_sublayers);
+    output_sumsq.assign(n, 0.0);
+    output_count.assign(n, 0.0);
+    grad_sumsq.assign(n, 0.0);
+    grad_count.assign(n, 0.0);
+  }
+};
+
 // Per-layer key/value caches for incremental decoding of one sequence.
 struct DecodeCache {
   std::vector<Tensor> k, v;  // per layer [1, max_len, Hkv*hd]
@@ -94,6 +115,13 @@ class Model {
   // the last row is the final Mix. For `inspect attention` (AttnRes modes).
   std::vector<std::vector<double>> depth_attention(const Tensor& tokens, int64_t B, int64_t T);
 
+  // Attach a DepthStats sink (sized n_sublayers) that every forward and
+  // backward pass through the sublayers adds to, or detach it with nullptr
+  // (the trainer attaches it around the training steps it logs, not around
+  // evaluation). Observing only: the computed numbers are the same with or
+  // without it, and without one the cost is a null check per sublayer.
+  void set_depth_stats(DepthStats* sink) { depth_stats_ = sink; }
+
  private:
   struct LayerRefs;
   void sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
@@ -122,6 +150,7 @@ class Model {
   DType dtype_;
   Device device_;
   ParamTable params_;
+  DepthStats* depth_stats_ = nullptr;  // not owned; see set_depth_stats
 };
 
 }  // namespace attnres::model

@@ -202,6 +202,7 @@ Config Config::from_json(const json& j, const std::string& source) {
     s.get("dir", c.run.dir);
     s.get("log_every", c.run.log_every);
     s.get("stop_after", c.run.stop_after);
+    s.get("depth_stats_every", c.run.depth_stats_every);
     s.finish();
   }
   root.finish();
@@ -238,7 +239,8 @@ json Config::to_json() const {
                       {"keep_last", checkpoint.keep_last}, {"resume", checkpoint.resume},
                       {"save_initial", checkpoint.save_initial}}},
       {"eval", {{"every", eval.every}, {"batches", eval.batches}}},
-      {"run", {{"dir", run.dir}, {"log_every", run.log_every}, {"stop_after", run.stop_after}}},
+      {"run", {{"dir", run.dir}, {"log_every", run.log_every}, {"stop_after", run.stop_after},
+               {"depth_stats_every", run.depth_stats_every}}},
   };
 }
 
@@ -324,6 +326,7 @@ void Config::validate() const {
     fail("config key data.val: missing, but eval.every = ", eval.every, " asks for evaluation");
   positive(run.log_every, "run.log_every");
   non_negative(run.stop_after, "run.stop_after");
+  non_negative(run.depth_stats_every, "run.depth_stats_every");
   if (run.dir.empty()) fail("config key run.dir: must not be empty");
 }
 

@@ -58,6 +58,9 @@ struct RunConfig {
   // Stop (after a checkpoint) once this many steps ran in this invocation;
   // 0 = run to training.steps. For time-sliced jobs and resume tests.
   int64_t stop_after = 0;
+  // Every this many steps (and at the last step) write per-sublayer output
+  // RMS and gradient norms to <run.dir>/depth_stats.jsonl; 0 = off.
+  int64_t depth_stats_every = 0;
 };
 
 struct Config {

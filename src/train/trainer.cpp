@@ -127,7 +127,27 @@ struct LoopHooks {
   std::function<int()> pending_signal;               // a signal any rank received, or 0
   MetricsWriter* metrics = nullptr;                  // rank 0 only: also prints progress
   const std::string* last_checkpoint = nullptr;
+  // Depth statistics (set only when run.depth_stats_every > 0): attach (true)
+  // or detach (false) the stats sink of this rank's model around one step's
+  // forward-backward, then write the step's record (collective under mpirun).
+  std::function<void(bool attach)> depth_stats_attach;
+  std::function<void(int64_t step)> depth_stats_write;
 };
+
+// One line of depth_stats.jsonl: per-sublayer RMS of the outputs y_s and L2
+// norm of dL/dy_s over the step's whole batch (docs/files.md).
+json depth_stats_record(int64_t step, const model::DepthStats& s) {
+  std::vector<double> rms, grad;
+  for (size_t i = 0; i < s.output_sumsq.size(); ++i) {
+    rms.push_back(s.output_count[i] > 0 ? std::sqrt(s.output_sumsq[i] / s.output_count[i]) : 0.0);
+    grad.push_back(std::sqrt(s.grad_sumsq[i]));
+  }
+  return {{"step", step}, {"output_rms", rms}, {"grad_norm", grad}};
+}
+
+std::string depth_stats_path(const Config& cfg) {
+  return (fs::path(cfg.run.dir) / "depth_stats.jsonl").string();
+}
 
 // The optimizer-step loop (MODEL.md sections 4-6), written once for every
 // layout: learning rate, update, metrics, progress, evaluation, checkpoints,
@@ -146,7 +166,13 @@ int run_loop(const Config& cfg, TrainState& state, double peak_flops, const Loop
   while (state.step < tc.steps) {
     const auto t0 = Clock::now();
     const int64_t k = state.step;
+    // Depth statistics on every depth_stats_every-th step and the last one.
+    const int64_t every = cfg.run.depth_stats_every;
+    const bool depth_stats = h.depth_stats_write && every > 0 &&
+                             ((k + 1) % every == 0 || k + 1 == tc.steps);
+    if (depth_stats) h.depth_stats_attach(true);
     const StepStats st = h.forward_backward(k, grad_scale);
+    if (depth_stats) h.depth_stats_attach(false);
     const double loss = st.loss_sum * grad_scale;
     const double norm = h.grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {  // global values: every rank stops
@@ -188,6 +214,7 @@ int run_loop(const Config& cfg, TrainState& state, double peak_flops, const Loop
                      fmt_duration(avg * (tc.steps - state.step)));
       }
     }
+    if (depth_stats) h.depth_stats_write(state.step);
     const bool last = state.step == tc.steps;
     const bool saved = last || (ck.every > 0 && state.step % ck.every == 0);
     if (cfg.eval.every > 0 && (state.step % cfg.eval.every == 0 || last)) h.evaluate();
@@ -400,6 +427,24 @@ int train_parallel_impl(const Config& cfg, const parallel::MpiSession& mpi) {
   hooks.pending_signal = [&] { return static_cast<int>(rt.max(signals.pending())); };
   hooks.metrics = metrics.get();
   hooks.last_checkpoint = &last_checkpoint;
+  // Depth statistics: every rank fills the sublayers of its chunks (zeros
+  // elsewhere) over its replica's microbatches; summing over all ranks gives
+  // the single process's numbers for the global batch, written by rank 0.
+  model::DepthStats depth_stats(cfg.model.n_sublayers());
+  std::unique_ptr<MetricsWriter> depth_log;
+  if (cfg.run.depth_stats_every > 0) {
+    if (root) depth_log = std::make_unique<MetricsWriter>(depth_stats_path(cfg), state.step > 0);
+    hooks.depth_stats_attach = [&](bool attach) {
+      if (attach) depth_stats.reset(cfg.model.n_sublayers());
+      for (int v = 0; v < rm.size(); ++v) rm.chunk(v).set_depth_stats(attach ? &depth_stats : nullptr);
+    };
+    hooks.depth_stats_write = [&](int64_t step) {
+      for (auto* part : {&depth_stats.output_sumsq, &depth_stats.output_count,
+                         &depth_stats.grad_sumsq, &depth_stats.grad_count})
+        world.allreduce_sum(part->data(), static_cast<int>(part->size()));
+      if (root) depth_log->write(depth_stats_record(step, depth_stats));
+    };
+  }
   return run_loop(cfg, state, dev.peak_flops * grid.P() * grid.D(), hooks);
 }
 
@@ -509,6 +554,18 @@ int train(const Config& cfg) {
   hooks.pending_signal = [&] { return signals.pending(); };
   hooks.metrics = &metrics;
   hooks.last_checkpoint = &last_checkpoint;
+  model::DepthStats depth_stats(cfg.model.n_sublayers());
+  std::unique_ptr<MetricsWriter> depth_log;
+  if (cfg.run.depth_stats_every > 0) {
+    depth_log = std::make_unique<MetricsWriter>(depth_stats_path(cfg), state.step > 0);
+    hooks.depth_stats_attach = [&](bool attach) {
+      if (attach) depth_stats.reset(cfg.model.n_sublayers());
+      model.set_depth_stats(attach ? &depth_stats : nullptr);
+    };
+    hooks.depth_stats_write = [&](int64_t step) {
+      depth_log->write(depth_stats_record(step, depth_stats));
+    };
+  }
   return run_loop(cfg, state, dev.peak_flops, hooks);
 }
 

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# attnres sweep end to end on the small test corpus: a 2x2 grid (two sizes x
+# baseline / Block), results.csv, fits.json and the figures (skipped visibly
+# when /usr/bin/python3 has no matplotlib); a second invocation skips every
+# run; SIGTERM mid-run, then the same command resumes it; the same grid under
+# mpirun (pipeline of 2) gives bit-identical metrics and depth statistics;
+# the shipped sweep configs validate with --dry-run.
+source "$(dirname "$0")/lib.sh"
+make_corpus
+
+cat > sweep.json <<JSON
+{"out_dir": "out",
+ "base": {"model": {"vocab_size": 300, "n_heads": 4, "n_kv_heads": 2},
+          "optimizer": {"lr": 3e-3},
+          "schedule": {"type": "cosine"},
+          "training": {"micro_batch_size": 2, "seq_len": 16, "seed": 7},
+          "data": {"train": "shards/tiny_train_*.bin", "val": "shards/tiny_val_*.bin",
+                   "shuffle": true, "tokenizer": "tok.json"},
+          "checkpoint": {"every": 4, "keep_last": 1},
+          "eval": {"batches": 2},
+          "run": {"log_every": 100, "depth_stats_every": 4}},
+ "sizes": [{"name": "a", "model": {"d_model": 32, "n_layers": 2, "d_ff": 64}, "tokens": [384]},
+           {"name": "b", "model": {"d_model": 48, "n_layers": 3, "d_ff": 96}, "tokens": [768]}],
+ "modes": [{"mode": "baseline"}, {"mode": "block", "block_size": 2}],
+ "warmup_fraction": 0.1,
+ "plots": {"script": "$SRC/scripts/plot_sweep.py"}}
+JSON
+runs="a_baseline_384 a_block_s2_384 b_baseline_768 b_block_s2_768"
+
+# --dry-run: the plan, nothing written.
+"$BIN" sweep sweep.json --dry-run > plan.txt 2>err.txt || { cat err.txt; fail "dry run"; }
+grep -q "4 runs into out" plan.txt || { cat plan.txt; fail "dry run: plan header"; }
+[[ $(grep -c " new$" plan.txt) -eq 4 ]] || { cat plan.txt; fail "dry run: 4 new runs"; }
+[[ ! -e out ]] || fail "dry run wrote out/"
+pass "--dry-run prints the plan ($(grep -c ' new$' plan.txt) runs) and writes nothing"
+
+# The sweep: every run trained, results, fits, figures.
+"$BIN" sweep sweep.json > table.txt 2>log.txt || { tail -30 log.txt; fail "sweep"; }
+[[ $(wc -l < out/results.csv) -eq 5 ]] || { cat out/results.csv; fail "results.csv: header + 4 rows"; }
+[[ $(grep -c ",done$" out/results.csv) -eq 4 ]] || { cat out/results.csv; fail "results.csv: 4 done"; }
+for r in $runs; do
+  [[ -f out/runs/$r/result.json && -f out/runs/$r/metrics.jsonl && -f out/runs/$r/depth_stats.jsonl ]] \
+    || fail "$r: result.json / metrics.jsonl / depth_stats.jsonl missing"
+done
+grep -q '"alpha"' out/fits.json || fail "fits.json has no fit"
+grep -q "power-law fits" table.txt && grep -q "compute multiplier over baseline" table.txt \
+  || { cat table.txt; fail "fit table not printed"; }
+pass "sweep: 4 runs done, results.csv, fits.json, fit table"
+
+if /usr/bin/python3 -c "import matplotlib, numpy" 2>/dev/null; then
+  for f in loss_vs_compute loss_curves depth_stats depth_attention; do
+    png=out/plots/$f.png
+    [[ -s $png ]] || { tail -20 log.txt; fail "$png missing"; }
+    [[ $(head -c 8 "$png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] || fail "$png is not a PNG"
+  done
+  pass "figures: $(ls out/plots | tr '\n' ' ')"
+else
+  grep -q "plots:" log.txt || fail "the sweep did not report the missing matplotlib"
+  echo "SKIP: figures (/usr/bin/python3 has no matplotlib: apt-get install python3-matplotlib)"
+fi
+
+# A second invocation skips every completed run and rewrites the same results.
+cp out/results.csv results_1.csv
+"$BIN" sweep sweep.json --no-plots > /dev/null 2>log2.txt || { cat log2.txt; fail "second sweep"; }
+[[ $(grep -c "complete, skipped" log2.txt) -eq 4 ]] || { cat log2.txt; fail "expected 4 skipped runs"; }
+grep -q "model:" log2.txt && fail "the second invocation trained something"
+diff results_1.csv out/results.csv || fail "results.csv changed"
+pass "second invocation: 4 runs skipped, results.csv unchanged"
+
+# SIGTERM during a run: the trainer checkpoints and the sweep exits 143; the
+# same command resumes that run from its checkpoint.
+sed -e 's/"out_dir": "out"/"out_dir": "long"/' -e 's/"tokens": \[768\]/"tokens": [96000]/' \
+  -e 's/{"mode": "baseline"}, //' sweep.json > long.json
+"$BIN" sweep long.json --no-plots --checkpoint.every=0 > /dev/null 2>log_sig.txt &
+pid=$!
+# Wait for the long run's training loop (its first progress line).
+for _ in $(seq 1 600); do grep -q "/3000 |" log_sig.txt 2>/dev/null && break; sleep 0.1; done
+kill -TERM $pid
+rc=0; wait $pid || rc=$?
+[[ $rc -eq 143 ]] || { tail -5 log_sig.txt; fail "SIGTERM: exit code $rc, expected 143"; }
+ls long/runs/b_block_s2_96k/ckpt/step_* > /dev/null 2>&1 || fail "no checkpoint after SIGTERM"
+[[ ! -e long/runs/b_block_s2_96k/result.json ]] || fail "an interrupted run was marked complete"
+stopped=$(ls long/runs/b_block_s2_96k/ckpt | tail -1)
+"$BIN" sweep long.json --no-plots > /dev/null 2>log_res.txt || { tail -5 log_res.txt; fail "resume"; }
+grep -q "a_block_s2_384: complete, skipped" log_res.txt || fail "completed run not skipped"
+grep -q "resumed from long/runs/b_block_s2_96k/ckpt/$stopped" log_res.txt \
+  || { grep resumed log_res.txt; fail "the interrupted run did not resume from $stopped"; }
+grep -q ",done$" <(grep b_block long/results.csv) || fail "resumed run not done"
+steps=$(grep '"loss"' long/runs/b_block_s2_96k/metrics.jsonl | grep -o '"step":[0-9]*' | sort -u | wc -l)
+[[ $steps -eq 3000 ]] || fail "resumed run logged $steps distinct steps, expected 3000"
+pass "SIGTERM at $stopped: exit 143, then the same command resumed it to step 3000"
+
+# Under mpirun every run is one parallel job (MPI initialised once for the
+# whole sweep); a 2-stage pipeline keeps the single-process sums, so metrics
+# and depth statistics are bit-identical.
+if command -v mpirun > /dev/null; then
+  flags=(--oversubscribe)
+  [[ $(id -u) -eq 0 ]] && flags+=(--allow-run-as-root)
+  sed 's/"out_dir": "out"/"out_dir": "out_mpi"/' sweep.json > mpi.json
+  OMP_NUM_THREADS=1 mpirun -np 2 "${flags[@]}" "$BIN" sweep mpi.json --no-plots \
+    --parallel.pipeline=2 > /dev/null 2>log_mpi.txt || mpi_rc=$?
+fi
+if [[ -n "${mpi_rc:-}" ]] && grep -q "this build has no MPI" log_mpi.txt; then
+  echo "SKIP: sweep under mpirun (this build has no MPI)"
+elif [[ -n "${mpi_rc:-}" ]]; then
+  tail -20 log_mpi.txt; fail "sweep under mpirun (exit code $mpi_rc)"
+elif [[ -f mpi.json ]]; then
+  strip() { sed -E 's/,?"(tokens_per_sec|elapsed_sec|bubble|pp_bytes)":[^,}]*//g; s/\{,/{/' "$1"; }
+  for r in $runs; do
+    diff <(strip out/runs/$r/metrics.jsonl) <(strip out_mpi/runs/$r/metrics.jsonl) > /dev/null \
+      || fail "$r: metrics under mpirun differ from the single process"
+    cmp -s out/runs/$r/depth_stats.jsonl out_mpi/runs/$r/depth_stats.jsonl \
+      || fail "$r: depth_stats.jsonl under mpirun differs from the single process"
+  done
+  [[ $(grep -c ",done$" out_mpi/results.csv) -eq 4 ]] || fail "mpirun sweep: 4 runs done"
+  pass "mpirun -np 2 (pipeline 2): 4 runs, metrics and depth stats identical to the single process"
+else
+  echo "SKIP: sweep under mpirun (mpirun not found)"
+fi
+
+# The shipped sweeps validate. Without CUDA in this build the GPU sweep is
+# checked with the device and precision overridden (everything else as is).
+"$BIN" sweep "$SRC/configs/sweeps/cpu_small.json" --dry-run > cpu_plan.txt 2>&1 \
+  || { cat cpu_plan.txt; fail "configs/sweeps/cpu_small.json does not validate"; }
+grep -q "12 runs" cpu_plan.txt || { cat cpu_plan.txt; fail "cpu_small: expected 12 runs"; }
+gpu=(sweep "$SRC/configs/sweeps/gpu_paper.json" --dry-run)
+if ! "$BIN" "${gpu[@]}" > gpu_plan.txt 2>&1; then
+  grep -q "no CUDA backend" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper.json does not validate"; }
+  "$BIN" "${gpu[@]}" --training.device=cpu --training.precision=fp32 > gpu_plan.txt 2>&1 \
+    || { cat gpu_plan.txt; fail "gpu_paper.json does not validate (device overridden to cpu)"; }
+fi
+grep -q "15 runs" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper: expected 15 runs"; }
+pass "configs/sweeps/cpu_small.json (12 runs) and gpu_paper.json (15 runs) validate"
+echo "all sweep checks passed"

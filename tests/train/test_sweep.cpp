@@ -1,0 +1,410 @@
+// Scaling-law sweeps (src/train/sweep.h): the plan (grid, names, steps,
+// compute), errors in sweep files, parameter counts, reading metrics, fits
+// wired to the right runs, and a 2x2 grid trained in-process: completed runs
+// are skipped, interrupted ones resume and end bit-identical to an
+// uninterrupted sweep.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/fileio.h"
+#include "core/rng.h"
+#include "data/shard.h"
+#include "model/params.h"
+#include "temp_dir.h"
+#include "train/sweep.h"
+
+using namespace attnres;
+using namespace attnres::train;
+using attnres::testing::TempDir;
+using Catch::Contains;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A learnable token stream over 64 ids: mostly a fixed successor of the
+// previous token, sometimes a random one.
+std::vector<int32_t> stream(uint64_t seed, int64_t n) {
+  std::vector<int32_t> t;
+  int32_t prev = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t r = random_u64(seed, 0, static_cast<uint64_t>(i));
+    prev = r % 4 == 0 ? static_cast<int32_t>((r >> 8) % 64) : (prev * 5 + 3) % 64;
+    t.push_back(prev);
+  }
+  return t;
+}
+
+void write_corpus(const TempDir& d) {
+  data::write_shard(d / "train.bin", stream(1, 20000), 2);
+  data::write_shard(d / "val.bin", stream(2, 3000), 2);
+}
+
+// Two sizes, each with its own budget, x baseline / full: 4 runs of 10 and 20 steps.
+json tiny_sweep(const TempDir& d, const std::string& out = "out") {
+  return json::parse(R"({
+    "out_dir": ")" + d.file(out) + R"(",
+    "base": {"model": {"vocab_size": 64, "n_heads": 2, "n_kv_heads": 1},
+             "optimizer": {"lr": 1e-2},
+             "schedule": {"type": "cosine"},
+             "training": {"micro_batch_size": 2, "seq_len": 16, "seed": 3},
+             "data": {"train": ")" + d.file("train.bin") + R"(", "val": ")" + d.file("val.bin") + R"(",
+                      "shuffle": true},
+             "checkpoint": {"every": 3, "keep_last": 1},
+             "eval": {"batches": 2},
+             "run": {"log_every": 100, "depth_stats_every": 5}},
+    "sizes": [{"name": "a", "model": {"d_model": 16, "n_layers": 1, "d_ff": 32}, "tokens": [320]},
+              {"name": "b", "model": {"d_model": 24, "n_layers": 2, "d_ff": 48}, "tokens": [640]}],
+    "modes": [{"mode": "baseline"}, {"mode": "full"}],
+    "warmup_fraction": 0.2
+  })");
+}
+
+// metrics.jsonl without the timing fields, one JSON object per line.
+std::vector<json> records(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    json r = json::parse(line);
+    r.erase("tokens_per_sec");
+    r.erase("elapsed_sec");
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<RunOutcome> outcomes_of(const SweepPlan& plan) {
+  std::vector<RunOutcome> out;
+  for (const auto& r : plan.runs) out.push_back(read_outcome(r));
+  return out;
+}
+
+SweepOptions no_plots() {
+  SweepOptions o;
+  o.plots = false;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("sweep plan: sizes x modes x budgets with names, steps and compute", "[sweep]") {
+  TempDir d;
+  json j = tiny_sweep(d);
+  j["tokens"] = {300, 1e3};  // a global list for sizes without their own
+  j["sizes"][0].erase("tokens");
+  j["modes"].push_back({{"mode", "block"}, {"n_blocks", 2}});
+  const SweepPlan plan = parse_sweep(j, "sweep.json");
+  std::vector<std::string> names;
+  for (const auto& r : plan.runs) names.push_back(r.name);
+  CHECK(names == std::vector<std::string>{"a_baseline_300", "a_baseline_1k", "a_full_300",
+                                          "a_full_1k", "a_block_n2_300", "a_block_n2_1k",
+                                          "b_baseline_640", "b_full_640", "b_block_n2_640"});
+  CHECK(plan.modes == std::vector<std::string>{"baseline", "full", "block_n2"});
+  CHECK(plan.baseline_mode == "baseline");
+  CHECK(plan.fit_loss == "val");
+
+  const SweepRun& r = plan.runs[1];  // a_baseline_1k: 1000 tokens / 32 per step = 31.25 -> 31 steps
+  CHECK(r.size == "a");
+  CHECK(r.mode == "baseline");
+  CHECK(r.budget == 1000);
+  CHECK(r.steps == 31);
+  CHECK(r.tokens == 31 * 32);
+  CHECK(r.config.training.steps == 31);
+  CHECK(r.config.schedule.warmup_steps == 6);  // round(0.2 * 31)
+  CHECK(r.config.model.d_model == 16);
+  CHECK(r.config.model.n_heads == 2);  // from the base
+  CHECK(r.dir == d.file("out") + "/runs/a_baseline_1k");
+  CHECK(r.config.run.dir == r.dir);
+  CHECK(r.config.checkpoint.dir == r.dir + "/ckpt");
+  CHECK(r.config.checkpoint.resume == "auto");
+  CHECK(r.config.eval.every == 31);  // the final eval runs before the final checkpoint
+  CHECK(r.params == non_embedding_params(r.config.model));
+  CHECK(r.flops == 6.0 * r.params * r.tokens);
+
+  const SweepRun& blk = plan.runs[8];  // b_block_n2_640: 4 sublayers in 2 blocks
+  CHECK(blk.config.model.mode == model::ResidualMode::Block);
+  CHECK(blk.config.model.resolved_block_size() == 2);
+  CHECK(blk.params == plan.runs[7].params);  // same queries as full
+  CHECK(blk.params > plan.runs[6].params);   // the AttnRes queries count
+
+  // Overrides reach every run's base config.
+  const SweepPlan lr = parse_sweep(j, "sweep.json", {"--optimizer.lr=0.5", "--training.seq_len=8"});
+  CHECK(lr.runs[0].config.optimizer.lr == 0.5);
+  CHECK(lr.runs[0].steps == std::llround(300.0 / 16));
+  // Run names carry the budget to three digits, without exponents.
+  json big = j;
+  big["tokens"] = {999999, 38700000000, 1e6 + 5e4};
+  std::vector<std::string> big_names;
+  for (const auto& run : parse_sweep(big, "sweep.json").runs) big_names.push_back(run.name);
+  CHECK(big_names[0] == "a_baseline_1M");
+  CHECK(big_names[1] == "a_baseline_38.7B");
+  CHECK(big_names[2] == "a_baseline_1.05M");
+  const SweepPlan moved = parse_sweep(j, "sweep.json", {"--out_dir=elsewhere", "--training.seed=2"});
+  CHECK(moved.out_dir == "elsewhere");
+  CHECK(moved.runs[0].dir == "elsewhere/runs/a_baseline_300");
+  CHECK(moved.runs[0].config.training.seed == 2);
+}
+
+TEST_CASE("sweep files: mistakes are errors naming the key and the reason", "[sweep]") {
+  TempDir d;
+  auto err = [&](const std::function<void(json&)>& edit, const std::vector<std::string>& overrides = {}) {
+    json j = tiny_sweep(d);
+    edit(j);
+    try {
+      parse_sweep(j, "sw.json", overrides);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(err([](json& j) { j["colour"] = 1; }), Contains("sw.json") && Contains("unknown key 'colour'"));
+  CHECK_THAT(err([](json& j) { j.erase("out_dir"); }), Contains("'out_dir' is missing"));
+  CHECK_THAT(err([](json& j) { j["base"]["training"]["steps"] = 5; }),
+             Contains("'base' sets config key 'training.steps'") && Contains("the sweep sets"));
+  CHECK_THAT(err([](json&) {}, {"--checkpoint.dir=x"}), Contains("config key 'checkpoint.dir'"));
+  CHECK_THAT(err([](json& j) { j["sizes"][0]["model"]["residual"] = {{"mode", "full"}}; }),
+             Contains("sizes[0].model.residual") && Contains("come from 'modes'"));
+  CHECK_THAT(err([](json& j) { j["sizes"][1]["config"] = {{"run", {{"dir", "x"}}}}; }),
+             Contains("'sizes[1].config' sets config key 'run.dir'"));
+  CHECK_THAT(err([](json& j) { j["sizes"][0].erase("name"); }), Contains("'sizes[0].name' is missing"));
+  CHECK_THAT(err([](json& j) { j["sizes"][1]["name"] = "a"; }), Contains("two sizes are named \"a\""));
+  CHECK_THAT(err([](json& j) { j["sizes"][0]["name"] = "a b"; }), Contains("not a usable name"));
+  CHECK_THAT(err([](json& j) { j["sizes"][0]["tokens"] = {0}; }),
+             Contains("sizes[0].tokens") && Contains("positive whole token counts"));
+  CHECK_THAT(err([](json& j) { j["sizes"][0]["tokens"] = json::array(); }), Contains("non-empty array"));
+  CHECK_THAT(err([](json& j) { j["sizes"][0].erase("tokens"); }), Contains("'sizes[0]' has no token budgets"));
+  CHECK_THAT(err([](json& j) { j["sizes"][0]["tokens"] = {10}; }),
+             Contains("run a_baseline_10") && Contains("less than half a step (32 tokens per step"));
+  CHECK_THAT(err([](json& j) { j["sizes"][0]["tokens"] = {320001, 320002}; }),
+             Contains("two runs would be named \"a_baseline_320k\""));
+  CHECK_THAT(err([](json& j) { j["modes"][1] = {{"mode", "block"}}; }),
+             Contains("modes[1]") && Contains("exactly one of block_size or n_blocks"));
+  CHECK_THAT(err([](json& j) { j["modes"][1] = {{"mode", "full"}, {"n_blocks", 2}}; }),
+             Contains("block mode only"));
+  CHECK_THAT(err([](json& j) { j["modes"][1] = {{"mode", "dense"}}; }), Contains("modes[1].mode' = \"dense\""));
+  CHECK_THAT(err([](json& j) { j["modes"][1] = {{"mode", "baseline"}}; }),
+             Contains("two modes are named \"baseline\""));
+  CHECK_THAT(err([](json& j) { j["modes"] = json::array(); }), Contains("'modes' must be a non-empty array"));
+  CHECK_THAT(err([](json& j) { j["fit"] = {{"baseline", "nope"}}; }),
+             Contains("'fit.baseline' = \"nope\" is not one of the modes"));
+  CHECK_THAT(err([](json& j) { j["fit"] = {{"loss", "test"}}; }), Contains("'fit.loss' = \"test\""));
+  CHECK_THAT(err([](json& j) { j["base"]["data"].erase("val"); }),
+             Contains("(run a_baseline_320)") && Contains("no data.val"));
+  CHECK_THAT(err([](json& j) { j["warmup_fraction"] = 1.5; }), Contains("'warmup_fraction' must be"));
+  // The trainer's own checks, with the run named.
+  CHECK_THAT(err([](json& j) { j["base"]["optimizer"]["lr_typo"] = 1; }),
+             Contains("(run a_baseline_320)") && Contains("unknown config key 'optimizer.lr_typo'"));
+  CHECK_THAT(err([](json& j) { j["sizes"][1]["model"]["n_heads"] = 5; }),
+             Contains("(run b_baseline_640)") && Contains("n_heads"));
+  // And a file that is not there / not JSON.
+  REQUIRE_THROWS_WITH(load_sweep(d / "missing.json"), Contains("missing.json") && Contains("cannot open"));
+  write_text_file_atomic(d / "bad.json", "{\"out_dir\": ");
+  REQUIRE_THROWS_WITH(load_sweep(d / "bad.json"), Contains("bad.json: not valid JSON"));
+}
+
+TEST_CASE("non-embedding parameter counts match the model's parameter table", "[sweep]") {
+  for (const auto mode : {model::ResidualMode::Baseline, model::ResidualMode::Full, model::ResidualMode::Block}) {
+    for (bool tie : {false, true}) {
+      model::ModelConfig c;
+      c.vocab_size = 50;
+      c.d_model = 24;
+      c.n_layers = 3;
+      c.n_heads = 4;
+      c.n_kv_heads = 2;
+      c.d_ff = 40;
+      c.tie_embeddings = tie;
+      c.mode = mode;
+      if (mode == model::ResidualMode::Block) c.n_blocks = 2;
+      c.validate();
+      const model::ParamTable t = model::make_params(c, DType::F32);
+      int64_t embedding = 0;
+      for (const auto& p : t.all())
+        if (p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight") embedding += p.value.numel();
+      INFO(model::residual_mode_name(mode) << (tie ? ", tied" : ""));
+      CHECK(non_embedding_params(c) == t.numel() - embedding);
+      CHECK(total_params(c) == t.numel());
+    }
+  }
+}
+
+TEST_CASE("run outcomes from metrics.jsonl: resumed duplicates, segments, torn last line", "[sweep]") {
+  TempDir d;
+  // Invocation 1 ran steps 1-5 (checkpoint at 4, then killed); invocation 2
+  // resumed at 4 and logged 5 again, then 6 with the final val loss.
+  write_text_file_atomic(d / "m.jsonl",
+                         "{\"step\":1,\"loss\":4.0,\"elapsed_sec\":1.0}\n"
+                         "{\"step\":2,\"loss\":3.5,\"elapsed_sec\":2.0}\n"
+                         "{\"step\":3,\"loss\":3.0,\"elapsed_sec\":3.0}\n"
+                         "{\"step\":4,\"loss\":2.75,\"elapsed_sec\":4.0}\n"
+                         "{\"step\":5,\"loss\":2.5,\"elapsed_sec\":5.0}\n"
+                         "{\"step\":5,\"loss\":2.5,\"elapsed_sec\":0.5}\n"
+                         "{\"step\":6,\"loss\":2.0,\"elapsed_sec\":1.5}\n"
+                         "{\"step\":6,\"val_loss\":2.25}\n"
+                         "{\"step\":6,\"lo");  // torn by a crash
+  RunOutcome o = outcome_from_metrics(d / "m.jsonl", 6);
+  CHECK(o.status == "done");
+  CHECK(o.step == 6);
+  CHECK(o.train_loss == 2.0);
+  CHECK(o.train_loss_avg == 2.0);  // the last 10% of 6 steps = 1 step
+  CHECK(o.val_loss == 2.25);
+  CHECK(o.wall_sec == Approx(6.5));  // 5.0 + 1.5
+  o = outcome_from_metrics(d / "m.jsonl", 10);
+  CHECK(o.status == "partial");
+  CHECK(std::isnan(o.train_loss));
+  CHECK(std::isnan(o.val_loss));
+  o = outcome_from_metrics(d / "m.jsonl", 5);  // averages over the last steps it asks for
+  CHECK(o.train_loss == 2.5);
+  CHECK(outcome_from_metrics(d / "none.jsonl", 6).status == "new");
+  write_text_file_atomic(d / "bad.jsonl", "{\"step\":1,\"loss\":4.0}\nnot json\n{\"step\":2}\n");
+  REQUIRE_THROWS_WITH(outcome_from_metrics(d / "bad.jsonl", 2), Contains("bad.jsonl:2: not a JSON record"));
+}
+
+TEST_CASE("fits and multipliers use the completed runs of each mode", "[sweep]") {
+  // Four sizes x baseline / full / block with losses on known lines
+  // (C in PFLOP/s-days): baseline 3.0 C^-0.1, full 2.9 C^-0.1, block 2.95 C^-0.11.
+  TempDir d;
+  json j = tiny_sweep(d);
+  j["sizes"] = json::array();
+  for (int i = 0; i < 4; ++i)
+    j["sizes"].push_back({{"name", "s" + std::to_string(i)},
+                          {"model", {{"d_model", 16 + 8 * i}, {"n_layers", 1 + i}, {"d_ff", 32}}},
+                          {"tokens", {640 * (i + 1)}}});
+  j["modes"].push_back({{"mode", "block"}, {"block_size", 2}, {"name", "blk"}});
+  const SweepPlan plan = parse_sweep(j, "sweep.json");
+  REQUIRE(plan.runs.size() == 12);
+  std::vector<RunOutcome> out(plan.runs.size());
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    const double C = plan.runs[i].flops / kFlopsPerPflopsDay;
+    const std::string& m = plan.runs[i].mode;
+    out[i].status = "done";
+    out[i].val_loss = m == "baseline" ? 3.0 * std::pow(C, -0.1)
+                      : m == "full"   ? 2.9 * std::pow(C, -0.1)
+                                      : 2.95 * std::pow(C, -0.11);
+    out[i].train_loss = out[i].val_loss + 0.1;
+  }
+  out[11].status = "partial";  // an unfinished run is left out of the fit
+  out[11].val_loss = 100;
+  const json fits = fit_sweep(plan, out);
+  CHECK(fits["modes"]["baseline"]["A"].get<double>() == Approx(3.0).epsilon(1e-9));
+  CHECK(fits["modes"]["baseline"]["alpha"].get<double>() == Approx(0.1).epsilon(1e-9));
+  CHECK(fits["modes"]["full"]["A"].get<double>() == Approx(2.9).epsilon(1e-9));
+  CHECK(fits["modes"]["blk"]["alpha"].get<double>() == Approx(0.11).epsilon(1e-9));
+  CHECK(fits["modes"]["blk"]["n"] == 3);
+  CHECK(fits["modes"]["full"]["r2"].get<double>() == Approx(1.0));
+  // Full: equal slopes, so every budget has multiplier (3.0 / 2.9)^(1 / 0.1).
+  const double want = std::pow(3.0 / 2.9, 10.0);
+  int n_full = 0;
+  for (const auto& r : fits["multipliers"]) {
+    if (r["mode"] != "full") continue;
+    ++n_full;
+    CHECK(r["multiplier_measured"].get<double>() == Approx(want).epsilon(1e-9));
+    CHECK(r["multiplier_fit"].get<double>() == Approx(want).epsilon(1e-9));
+    CHECK(r["baseline_loss"].get<double>() > r["loss"].get<double>());
+  }
+  CHECK(n_full == 4);
+  CHECK(fits["summary"]["full"]["geomean_multiplier_measured"].get<double>() == Approx(want).epsilon(1e-9));
+  CHECK(fits["summary"]["blk"]["budgets"] == 3);
+  const std::string table = fits_table(fits);
+  CHECK_THAT(table, Contains("baseline") && Contains("0.10000") && Contains("1.4"));
+
+  // The same sweep fitted on train loss.
+  json jt = j;
+  jt["fit"] = {{"loss", "train"}};
+  const json tf = fit_sweep(parse_sweep(jt, "sweep.json"), out);
+  CHECK(tf["loss"] == "train_loss");
+  CHECK(tf["modes"]["baseline"]["points"][0]["loss"].get<double>() == Approx(out[0].train_loss));
+
+  // Too few completed runs: that mode reports why, the others still fit.
+  for (size_t i = 0; i < out.size(); ++i)
+    if (plan.runs[i].mode == "full" && plan.runs[i].size != "s0") out[i].status = "partial";
+  const json few = fit_sweep(plan, out);
+  CHECK_THAT(few["modes"]["full"]["error"].get<std::string>(), Contains("at least 2 points, got 1"));
+  CHECK(few["modes"]["baseline"].contains("A"));
+  CHECK(few["multipliers"].size() == 1 + 3);  // full s0 (measured only) + blk
+  CHECK_FALSE(few["multipliers"][0].contains("multiplier_fit"));
+}
+
+TEST_CASE("a 2x2 sweep trains, skips completed runs and resumes interrupted ones exactly",
+          "[sweep][slow]") {
+  TempDir d;
+  write_corpus(d);
+  const SweepPlan plan = parse_sweep(tiny_sweep(d, "straight"), "sweep.json");
+  REQUIRE(plan.runs.size() == 4);
+  REQUIRE(run_sweep(plan, no_plots()) == 0);
+
+  const auto done = outcomes_of(plan);
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    INFO(plan.runs[i].name);
+    CHECK(done[i].status == "done");
+    CHECK(std::isfinite(done[i].val_loss));
+    CHECK(std::isfinite(done[i].train_loss));
+    CHECK(done[i].val_loss < std::log(64.0));  // learnt something
+    CHECK(fs::exists(plan.runs[i].dir + "/result.json"));
+    CHECK(fs::exists(plan.runs[i].dir + "/config.json"));
+    CHECK(fs::exists(plan.runs[i].dir + "/depth_stats.jsonl"));
+    CHECK(records(plan.runs[i].dir + "/metrics.jsonl").size() ==
+          static_cast<size_t>(plan.runs[i].steps + 1));  // steps + the final eval
+  }
+  // results.csv: a header and one row per run, with the numbers of the outcomes.
+  std::ifstream csv(plan.out_dir + "/results.csv");
+  std::string header, line;
+  std::getline(csv, header);
+  CHECK(header.rfind("run,size,mode,residual,block_size,n_blocks,", 0) == 0);
+  std::vector<std::string> rows;
+  while (std::getline(csv, line)) rows.push_back(line);
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[1].rfind("a_full_320,a,full,full,1,2,16,1,2,1,32,", 0) == 0);
+  CHECK_THAT(rows[1], Contains(",320,10,") && Contains(",done"));
+  const json fits = json::parse(read_text_file(plan.out_dir + "/fits.json"));
+  CHECK(fits["modes"]["baseline"]["n"] == 2);
+  CHECK(fits["modes"]["full"]["n"] == 2);
+  CHECK(fits["multipliers"].size() == 2);
+
+  SECTION("a second invocation skips every completed run") {
+    std::map<std::string, std::string> before;
+    for (const auto& r : plan.runs) before[r.name] = read_text_file(r.dir + "/metrics.jsonl");
+    REQUIRE(run_sweep(plan, no_plots()) == 0);
+    for (const auto& r : plan.runs) CHECK(read_text_file(r.dir + "/metrics.jsonl") == before[r.name]);
+  }
+
+  SECTION("interrupted runs resume from their checkpoints and end bit-identical") {
+    // run.stop_after ends every run of the first invocation at step 4 with a
+    // checkpoint, as an interruption would; the next invocation resumes them.
+    const SweepPlan cut = parse_sweep(tiny_sweep(d, "cut"), "sweep.json", {"--run.stop_after=4"});
+    REQUIRE(run_sweep(cut, no_plots()) == 0);
+    for (const auto& o : outcomes_of(cut)) {
+      CHECK(o.status == "partial");
+      CHECK(o.step == 4);
+    }
+    CHECK(!fs::exists(cut.runs[0].dir + "/result.json"));
+    const SweepPlan resumed = parse_sweep(tiny_sweep(d, "cut"), "sweep.json");
+    REQUIRE(run_sweep(resumed, no_plots()) == 0);
+    const auto res = outcomes_of(resumed);
+    for (size_t i = 0; i < plan.runs.size(); ++i) {
+      INFO(plan.runs[i].name);
+      CHECK(res[i].status == "done");
+      CHECK(res[i].val_loss == done[i].val_loss);
+      CHECK(res[i].train_loss == done[i].train_loss);
+      CHECK(records(resumed.runs[i].dir + "/metrics.jsonl") == records(plan.runs[i].dir + "/metrics.jsonl"));
+    }
+  }
+
+  SECTION("a changed config is refused, naming the run and the key") {
+    const SweepPlan changed = parse_sweep(tiny_sweep(d, "straight"), "sweep.json", {"--optimizer.lr=0.02"});
+    REQUIRE_THROWS_WITH(run_sweep(changed, no_plots()),
+                        Contains("run a_baseline_320") && Contains("config key 'optimizer.lr': 0.01 -> 0.02") &&
+                            Contains("Delete"));
+    // Bookkeeping keys may change.
+    const SweepPlan logs = parse_sweep(tiny_sweep(d, "straight"), "sweep.json", {"--run.log_every=1"});
+    CHECK(run_sweep(logs, no_plots()) == 0);
+  }
+}
