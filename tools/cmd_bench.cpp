@@ -8,8 +8,12 @@
 // presets (--preset 124m | 350m) are the CUDA issue's models.
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "core/rng.h"
@@ -24,10 +28,6 @@ namespace attnres::tools {
 
 namespace {
 
-struct BenchResult {
-  double tokens_per_sec, flops, step_ms;
-};
-
 Tensor random_ids(int64_t n, int64_t vocab, uint64_t stream) {
   Tensor t = Tensor::empty({n}, DType::I32);
   for (int64_t i = 0; i < n; ++i)
@@ -35,26 +35,49 @@ Tensor random_ids(int64_t n, int64_t vocab, uint64_t stream) {
   return t;
 }
 
-BenchResult bench_mode(const model::ModelConfig& cfg, int64_t B, int64_t T, int64_t A, int warmup,
-                       int steps, Device device, DType dtype) {
-  model::Model m(cfg, dtype, {}, device);
-  m.params().init(1);
-  train::AdamW opt(m.params(), train::OptimizerConfig{});
-  Tensor tokens = random_ids(B * T, cfg.vocab_size, 1), targets = random_ids(B * T, cfg.vocab_size, 2);
-  auto step = [&]() {
-    m.params().zero_grads();
-    for (int64_t a = 0; a < A; ++a) m.forward_backward(tokens, targets, B, T, 1.0 / (A * B * T));
-    opt.step(1e-4, opt.grad_norm());  // grad_norm returns to the host: the step is done
-  };
-  for (int i = 0; i < warmup; ++i) step();
-  cuda::synchronize();
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) step();
-  cuda::synchronize();
-  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
-  double tps = A * B * T / sec;
-  return {tps, tps * model::training_flops_per_token(cfg, T), sec * 1e3};
-}
+// One residual mode's model and optimizer, stepping on fixed synthetic tokens
+// and recording how long each full training step (forward + backward of A
+// microbatches + AdamW) took.
+class ModeRunner {
+ public:
+  ModeRunner(std::string label, const model::ModelConfig& cfg, int64_t B, int64_t T, int64_t A,
+             Device device, DType dtype)
+      : label_(std::move(label)), cfg_(cfg), B_(B), T_(T), A_(A), device_(device),
+        model_(cfg, dtype, {}, device), opt_(model_.params(), {}),
+        tokens_(random_ids(B * T, cfg.vocab_size, 1)), targets_(random_ids(B * T, cfg.vocab_size, 2)) {
+    model_.params().init(1);  // (AdamW only took the shapes: its moments start at zero)
+  }
+
+  void step(bool timed) {
+    const auto t0 = std::chrono::steady_clock::now();
+    model_.params().zero_grads();
+    for (int64_t a = 0; a < A_; ++a)
+      model_.forward_backward(tokens_, targets_, B_, T_, 1.0 / static_cast<double>(A_ * B_ * T_));
+    opt_.step(1e-4, opt_.grad_norm());  // grad_norm returns to the host: the step is done
+    if (device_ == Device::CUDA) cuda::synchronize();
+    if (timed) times_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const std::string& label() const { return label_; }
+  // Median step time in seconds: robust to a machine busy with something else
+  // for part of the run.
+  double median_sec() const {
+    std::vector<double> t = times_;
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+  double tokens_per_step() const { return static_cast<double>(A_ * B_ * T_); }
+  double flops_per_token() const { return model::training_flops_per_token(cfg_, T_); }
+
+ private:
+  std::string label_;
+  model::ModelConfig cfg_;
+  int64_t B_, T_, A_;
+  Device device_;
+  model::Model model_;
+  train::AdamW opt_;
+  Tensor tokens_, targets_;
+  std::vector<double> times_;
+};
 
 }  // namespace
 
@@ -122,7 +145,7 @@ int cmd_bench(const Args& args) {
     std::printf("attnres CPU benchmark, %d threads\n", omp_get_max_threads());
   }
   std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld V=%lld | T=%lld B=%lld A=%lld | "
-              "%d timed steps after %d warm-up\n",
+              "median of %d timed steps after %d warm-up\n",
               (long long)c.d_model, (long long)c.n_layers, (long long)c.n_heads,
               (long long)c.n_kv_heads, (long long)c.d_ff, (long long)c.vocab_size, (long long)T,
               (long long)B, (long long)A, steps, warmup);
@@ -134,7 +157,10 @@ int cmd_bench(const Args& args) {
 
   std::printf("%-20s %10s %12s %12s %8s %10s\n", "mode", "step ms", "tokens/s",
               device == Device::CUDA ? "TFLOP/s" : "GFLOP/s", "MFU", "vs base");
-  double base_ms = 0;
+  // All modes live side by side and take their steps in turn (baseline, block,
+  // full, baseline, ...), so a slow phase of the machine hits every mode alike
+  // and the "vs base" column compares like with like.
+  std::vector<std::unique_ptr<ModeRunner>> runners;
   for (const char* mode : {"baseline", "block", "full"}) {
     if (which != "all" && which != mode) continue;
     model::ModelConfig mc = c;
@@ -152,15 +178,22 @@ int cmd_bench(const Args& args) {
       mc.mode = model::ResidualMode::Full;
     }
     mc.validate();
-    BenchResult r = bench_mode(mc, B, T, A, warmup, steps, device, dtype);
-    if (std::string(mode) == "baseline") base_ms = r.step_ms;
+    runners.push_back(std::make_unique<ModeRunner>(label, mc, B, T, A, device, dtype));
+  }
+  if (runners.empty()) fail("bench: --mode is baseline, block, full or all, got '", which, "'");
+  for (int i = 0; i < warmup + steps; ++i)
+    for (auto& r : runners) r->step(/*timed=*/i >= warmup);
+
+  const double base_ms = runners[0]->label() == "baseline" ? runners[0]->median_sec() * 1e3 : 0;
+  for (const auto& r : runners) {
+    const double ms = r->median_sec() * 1e3;
+    const double tps = r->tokens_per_step() / (ms * 1e-3), flops = tps * r->flops_per_token();
     char rel[32] = "-", mfu[32] = "-";
-    if (base_ms > 0 && std::string(mode) != "baseline")
-      std::snprintf(rel, sizeof rel, "%+.1f%%", 100.0 * (r.step_ms / base_ms - 1));
-    if (peak > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * r.flops / peak);
-    std::printf("%-20s %10.1f %12.0f %12.1f %8s %10s\n", label.c_str(), r.step_ms,
-                r.tokens_per_sec, device == Device::CUDA ? r.flops * 1e-12 : r.flops * 1e-9, mfu,
-                rel);
+    if (base_ms > 0 && r->label() != "baseline")
+      std::snprintf(rel, sizeof rel, "%+.1f%%", 100.0 * (ms / base_ms - 1));
+    if (peak > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * flops / peak);
+    std::printf("%-20s %10.1f %12.0f %12.1f %8s %10s\n", r->label().c_str(), ms, tps,
+                device == Device::CUDA ? flops * 1e-12 : flops * 1e-9, mfu, rel);
   }
   if (device == Device::CUDA) {
     auto ms = cuda::memory_stats();

@@ -36,6 +36,7 @@ void zero(void* p, size_t bytes);
 // Fills `count` 4-byte words with `pattern` (tests poison outputs with NaN bits).
 void fill_u32(void* p, unsigned pattern, size_t count);
 // Waits for all work on the compute stream; reports asynchronous kernel errors.
+// A no-op in a process that has no CUDA device.
 void synchronize();
 
 struct MemoryStats {

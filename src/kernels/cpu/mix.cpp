@@ -127,10 +127,13 @@ void mix_backward(T* const* dsources, T* dw, const T* dout, const T* w, const T*
           const T aj = a[j];
           const T cw = g * r;                     // coefficient of w
           const T cv = -g * r * r * r * wv[j] / T(d);  // coefficient of v_j
+          // One pass over v_j for both its gradient and dw's partial.
 #pragma omp simd
-          for (int64_t c = 0; c < d; ++c) dvj[c] += aj * dy[c] + cw * w[c] + cv * vj[c];
-#pragma omp simd
-          for (int64_t c = 0; c < d; ++c) pc[c] += static_cast<double>(cw * vj[c]);
+          for (int64_t c = 0; c < d; ++c) {
+            const T v = vj[c];
+            dvj[c] += aj * dy[c] + cw * w[c] + cv * v;
+            pc[c] += static_cast<double>(cw * v);
+          }
         }
       }
     }

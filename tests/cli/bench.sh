@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# `attnres bench` on the CPU prints one row per residual mode with positive
+# throughput, in any build (a CUDA build on a machine without a GPU included),
+# and refuses what it cannot do with a clear message.
+source "$(dirname "$0")/lib.sh"
+
+small=(--steps 1 --warmup 0 --d-model 32 --layers 2 --heads 4 --kv-heads 2 --d-ff 64
+       --vocab 97 --seq-len 16 --batch 2)
+"$BIN" bench "${small[@]}" >out.txt 2>err.txt || { cat err.txt; fail "bench exited non-zero"; }
+for mode in baseline "block S=4" full; do
+  line=$(grep -E "^$mode " out.txt) || { cat out.txt; fail "no row for $mode"; }
+  tps=$(awk '{print $(NF-3)}' <<<"${line/S=4/}")
+  awk -v t="$tps" 'BEGIN { exit !(t > 0) }' || fail "$mode: tokens/s '$tps' is not positive"
+done
+pass "bench printed baseline, block and full rows"
+
+expect_error "bf16 on the cpu" "bf16 is a CUDA precision" "$BIN" bench "${small[@]}" --precision bf16
+expect_error "unknown preset" "unknown --preset" "$BIN" bench --preset 7b
+echo "all bench checks passed"
