@@ -52,6 +52,13 @@ grep -E "^(GPU tests on|All tests passed|test cases:)" "$out/gpu_tests.log"
 if [[ $status -ne 0 ]]; then
   grep -B3 -A12 "FAILED" "$out/gpu_tests.log" | head -150
 fi
+if command -v mpirun >/dev/null && cmake --build build-gpu -j"$(nproc)" --target test_mpi >> "$out/build.log" 2>&1; then
+  echo "==> NCCL transport (1 rank: self-exchange, P = 1 with two chunks)"
+  mpirun --allow-run-as-root -np 1 ./build-gpu/tests/test_mpi "[nccl]" -s > "$out/nccl.log" 2>&1 || status=1
+  grep -E "skipped|All tests passed|test cases:|FAILED" "$out/nccl.log" | head -20
+else
+  echo "==> NCCL transport test not run (no mpirun on this machine)"
+fi
 [[ $quick -eq 1 ]] && exit $status
 
 echo "==> kernel benchmark (124M shapes, bf16)"
