@@ -100,7 +100,10 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     const double fl = 2.0 * N * in * out;
     add(std::string("matmul fwd ") + name, time_ms([&] { k::matmul_forward(y, x, w); }, reps),
         e * (N * in + out * in + N * out), fl);
-    add(std::string("matmul bwd ") + name, time_ms([&] { k::matmul_backward(&dx, &dw, dy, x, w); }, reps),
+    // dx written (Store::Set, as the model's first producer of a buffer): read
+    // dy twice, x and w once, write dx; dw read and written.
+    add(std::string("matmul bwd ") + name,
+        time_ms([&] { k::matmul_backward(&dx, &dw, dy, x, w, k::Store::Set); }, reps),
         e * (2.0 * N * out + 2.0 * N * in + out * in) + 2 * gsz * out * in, 2 * fl);
   }
 
@@ -116,7 +119,8 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     const double io = e * (2.0 * N * H * hd + 2.0 * N * Hkv * hd);
     add("attention fwd", time_ms([&] { k::attention_forward(out, lse, q, kk, v, s); }, reps), io, fwd_flops);
     k::attention_forward(out, lse, q, kk, v, s);
-    add("attention bwd", time_ms([&] { k::attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, s); }, reps),
+    add("attention bwd",
+        time_ms([&] { k::attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, s, k::Store::Set); }, reps),
         2 * io + e * 2.0 * N * H * hd, 2.5 * fwd_flops);
   }
 
@@ -126,8 +130,8 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     Tensor r = Tensor::empty({N}, st, Device::CUDA), dy = rand_dev({N, d}, dt, 13);
     Tensor dx = Tensor::zeros({N, d}, dt, Device::CUDA), dg = Tensor::zeros({d}, gt, Device::CUDA);
     add("rmsnorm fwd", time_ms([&] { k::rmsnorm_forward(y, r, x, &g, 1e-5f); }, reps), e * 2.0 * N * d, 0);
-    add("rmsnorm bwd", time_ms([&] { k::rmsnorm_backward(dx, &dg, dy, x, r, &g); }, reps),
-        e * 4.0 * N * d, 0);  // read dy, x, dx; write dx
+    add("rmsnorm bwd", time_ms([&] { k::rmsnorm_backward(dx, &dg, dy, x, r, &g, k::Store::Set); }, reps),
+        e * 3.0 * N * d, 0);  // read dy, x; write dx
   }
   {
     Tensor q = rand_dev({N, H * hd}, dt, 14);
@@ -137,7 +141,8 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     Tensor g = rand_dev({N, F}, dt, 15), u = rand_dev({N, F}, dt, 16), h = Tensor::empty({N, F}, dt, Device::CUDA);
     Tensor dh = rand_dev({N, F}, dt, 17), dg = Tensor::zeros({N, F}, dt, Device::CUDA), du = Tensor::zeros({N, F}, dt, Device::CUDA);
     add("swiglu fwd", time_ms([&] { k::swiglu_forward(h, g, u); }, reps), e * 3.0 * N * F, 0);
-    add("swiglu bwd", time_ms([&] { k::swiglu_backward(dg, du, dh, g, u); }, reps), e * 7.0 * N * F, 0);
+    add("swiglu bwd", time_ms([&] { k::swiglu_backward(dg, du, dh, g, u, k::Store::Set); }, reps),
+        e * 5.0 * N * F, 0);  // read dh, gate, up; write dgate, dup
   }
   {
     const int64_t ks = n_blocks + 1;  // the last block's sublayers: e + (N-1) blocks + partial
@@ -167,7 +172,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
   {
     Tensor h = rand_dev({N, d}, dt, 60), w = rand_dev({V, d}, dt, 61, 0.02), tg = ids_dev(N, V, 62);
     Tensor dh = Tensor::zeros({N, d}, dt, Device::CUDA), dw = Tensor::zeros({V, d}, gt, Device::CUDA);
-    add("lm_head + CE fwd+bwd", time_ms([&] { k::lm_head_cross_entropy(h, w, tg, &dh, &dw, 1.0 / N); }, 5),
+    add("lm_head + CE fwd+bwd", time_ms([&] { k::lm_head_cross_entropy(h, w, tg, &dh, &dw, 1.0 / N, k::Store::Set); }, 5),
         e * (2.0 * N * d + 2.0 * V * d) + 2 * gsz * V * d, 6.0 * N * V * d);
   }
   {

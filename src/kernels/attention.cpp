@@ -43,7 +43,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s) {
+                        const AttnShape& s, Store store) {
   const char* op = "attention_backward";
   check_heads(op, s, true);
   if (!q.defined()) fail(op, ": q is undefined");
@@ -57,12 +57,12 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   check_arg(op, "dq", dq, q, {N, s.H * s.hd});
   check_arg(op, "dk", dk, q, {N, s.Hkv * s.hd});
   check_arg(op, "dv", dv, q, {N, s.Hkv * s.hd});
-  ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s));
+  ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, store));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_backward<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(),
                                q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
-                               lse.data<T>(), s.B, s.T, s.H, s.Hkv, s.hd);
+                               lse.data<T>(), s.B, s.T, s.H, s.Hkv, s.hd, store == Store::Add);
   });
 }
 

@@ -2,6 +2,7 @@
 // KV head j serves query heads [j*H/Hkv, (j+1)*H/Hkv).
 #pragma once
 #include "core/tensor.h"
+#include "kernels/store.h"
 
 namespace attnres::kernels {
 
@@ -15,10 +16,10 @@ struct AttnShape {
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttnShape& s);
 
-// dq, dk, dv += gradients (accumulate).
+// dq, dk, dv += gradients (store Set: = gradients).
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s);
+                        const AttnShape& s, Store store = Store::Add);
 
 // Incremental decoding: one new query per sequence attends to positions
 // [0, len) of the caches (the new token's k/v already written at len-1).

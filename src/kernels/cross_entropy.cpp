@@ -14,7 +14,7 @@
 namespace attnres::kernels {
 
 double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
-                             Tensor* dw, double grad_scale) {
+                             Tensor* dw, double grad_scale, Store dh_store) {
   const char* op = "lm_head_cross_entropy";
   check_2d(op, "h", h);
   check_2d(op, "w", w);
@@ -34,7 +34,7 @@ double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& tar
   if (targets.shape() != Shape{N})
     fail(op, ": targets has shape ", shape_str(targets.shape()), ", expected ", shape_str({N}));
   // (The CUDA kernel checks the ids on the device and reports the same way.)
-  ATTNRES_CUDA_DISPATCH(h, op, cuda::lm_head_cross_entropy(h, w, targets, dh, dw, grad_scale));
+  ATTNRES_CUDA_DISPATCH(h, op, cuda::lm_head_cross_entropy(h, w, targets, dh, dw, grad_scale, dh_store));
   const int32_t* ids = targets.data<int32_t>();
   for (int64_t i = 0; i < N; ++i)
     if (ids[i] < 0 || ids[i] >= V)
@@ -45,7 +45,8 @@ double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& tar
   dispatch_cpu_float(h, op, [&](auto tag) {
     using T = decltype(tag);
     loss = cpu::lm_head_cross_entropy<T>(h.data<T>(), w.data<T>(), ids, dh ? dh->data<T>() : nullptr,
-                                         dw ? dw->data<T>() : nullptr, N, V, d, grad_scale);
+                                         dw ? dw->data<T>() : nullptr, N, V, d, grad_scale,
+                                         dh_store == Store::Add);
   });
   return loss;
 }

@@ -2,14 +2,16 @@
 // consumed in row chunks, so the [N, V] probability matrix never exists whole.
 #pragma once
 #include "core/tensor.h"
+#include "kernels/store.h"
 
 namespace attnres::kernels {
 
 // h [N, d], w [V, d], targets I32 [N]. Returns sum_n -log softmax(h_n W^T)[t_n]
 // (accumulated in double). If dh / dw are non-null, also accumulates the
-// gradient of grad_scale * (that sum): dh += grad_scale * (p - onehot) W,
-// dw += grad_scale * (p - onehot)^T h. Throws if a target is outside [0, V).
+// gradient of grad_scale * (that sum): dh += grad_scale * (p - onehot) W
+// (dh_store Set: dh =), dw += grad_scale * (p - onehot)^T h. Throws if a
+// target is outside [0, V).
 double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
-                             Tensor* dw, double grad_scale);
+                             Tensor* dw, double grad_scale, Store dh_store = Store::Add);
 
 }  // namespace attnres::kernels

@@ -46,18 +46,20 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, bool accumulate
   });
 }
 
-void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w) {
+void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                     Store dx_store) {
   const char* op = "matmul_backward";
   int64_t M, N, K;
   matmul_dims(op, x, w, M, N, K);
   check_arg(op, "dy", dy, x, {M, N});
   if (dx) check_arg(op, "dx", *dx, x, {M, K});
   if (dw) check_arg(op, "dw", *dw, x.device(), grad_dtype(x.dtype()), {N, K});
-  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w));
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w, dx_store));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() : nullptr,
-                            dy.data<T>(), x.data<T>(), w.data<T>(), M, N, K);
+                            dy.data<T>(), x.data<T>(), w.data<T>(), M, N, K,
+                            dx_store == Store::Add);
   });
 }
 

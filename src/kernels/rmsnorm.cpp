@@ -26,7 +26,7 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gai
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor* dgain, const Tensor& dy, const Tensor& x,
-                      const Tensor& rstd, const Tensor* gain) {
+                      const Tensor& rstd, const Tensor* gain, Store dx_store) {
   const char* op = "rmsnorm_backward";
   check_2d(op, "x", x);
   const int64_t N = x.dim(0), d = x.dim(1);
@@ -37,11 +37,12 @@ void rmsnorm_backward(Tensor& dx, Tensor* dgain, const Tensor& dy, const Tensor&
   // Without a gain there is no dL/dgain to produce (see the header).
   const bool want_dgain = gain && dgain;
   if (want_dgain) check_arg(op, "dgain", *dgain, x.device(), grad_dtype(x.dtype()), {d});
-  ATTNRES_CUDA_DISPATCH(x, op, cuda::rmsnorm_backward(dx, want_dgain ? dgain : nullptr, dy, x, rstd, gain));
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::rmsnorm_backward(dx, want_dgain ? dgain : nullptr, dy, x, rstd, gain, dx_store));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::rmsnorm_backward<T>(dx.data<T>(), want_dgain ? dgain->data<T>() : nullptr, dy.data<T>(),
-                             x.data<T>(), rstd.data<T>(), gain ? gain->data<T>() : nullptr, N, d);
+                             x.data<T>(), rstd.data<T>(), gain ? gain->data<T>() : nullptr, N, d,
+                             dx_store == Store::Add);
   });
 }
 

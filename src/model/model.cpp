@@ -107,27 +107,30 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
 }
 
 void Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
-                               int64_t B, int64_t T) {
+                               k::Store dx_store, int64_t B, int64_t T) {
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
   Param& wq = p(layer_param(l, "self_attn.q_proj.weight"));
   Param& wk = p(layer_param(l, "self_attn.k_proj.weight"));
   Param& wv = p(layer_param(l, "self_attn.v_proj.weight"));
   Param& wo = p(layer_param(l, "self_attn.o_proj.weight"));
-  Tensor datt = zero_act(N, H * hd);
-  k::matmul_backward(&datt, &wo.grad, dy, a.att, wo.value);
-  Tensor dq = zero_act(N, H * hd);
-  Tensor dk = zero_act(N, Hkv * hd);
-  Tensor dv = zero_act(N, Hkv * hd);
-  k::attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, {B, T, H, Hkv, hd});
+  // Activation gradients with one producer are written (Store::Set), not
+  // zeroed and accumulated into: du is the only buffer with several (q, k, v).
+  Tensor datt = new_act(N, H * hd);
+  k::matmul_backward(&datt, &wo.grad, dy, a.att, wo.value, k::Store::Set);
+  Tensor dq = new_act(N, H * hd);
+  Tensor dk = new_act(N, Hkv * hd);
+  Tensor dv = new_act(N, Hkv * hd);
+  k::attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, {B, T, H, Hkv, hd},
+                        k::Store::Set);
   k::rope_backward(dq, B, T, H, hd, theta);
   k::rope_backward(dk, B, T, Hkv, hd, theta);
-  Tensor du = zero_act(N, cfg_.d_model);
-  k::matmul_backward(&du, &wq.grad, dq, a.u, wq.value);
+  Tensor du = new_act(N, cfg_.d_model);
+  k::matmul_backward(&du, &wq.grad, dq, a.u, wq.value, k::Store::Set);
   k::matmul_backward(&du, &wk.grad, dk, a.u, wk.value);
   k::matmul_backward(&du, &wv.grad, dv, a.u, wv.value);
   Param& g = p(layer_param(l, "input_layernorm.weight"));
-  k::rmsnorm_backward(dx, &g.grad, du, a.x, a.norm_rstd, &g.value);
+  k::rmsnorm_backward(dx, &g.grad, du, a.x, a.norm_rstd, &g.value, dx_store);
 }
 
 void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const {
@@ -141,21 +144,22 @@ void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const {
   k::matmul_forward(y, a.h, p(layer_param(l, "mlp.down_proj.weight")).value);
 }
 
-void Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx) {
+void Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
+                         k::Store dx_store) {
   const int64_t N = a.u.dim(0), F = cfg_.d_ff;
   Param& wg = p(layer_param(l, "mlp.gate_proj.weight"));
   Param& wu = p(layer_param(l, "mlp.up_proj.weight"));
   Param& wd = p(layer_param(l, "mlp.down_proj.weight"));
-  Tensor dh = zero_act(N, F);
-  k::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value);
-  Tensor dgate = zero_act(N, F);
-  Tensor dup = zero_act(N, F);
-  k::swiglu_backward(dgate, dup, dh, a.gate, a.up);
-  Tensor du = zero_act(N, cfg_.d_model);
-  k::matmul_backward(&du, &wg.grad, dgate, a.u, wg.value);
+  Tensor dh = new_act(N, F);
+  k::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value, k::Store::Set);
+  Tensor dgate = new_act(N, F);
+  Tensor dup = new_act(N, F);
+  k::swiglu_backward(dgate, dup, dh, a.gate, a.up, k::Store::Set);
+  Tensor du = new_act(N, cfg_.d_model);
+  k::matmul_backward(&du, &wg.grad, dgate, a.u, wg.value, k::Store::Set);
   k::matmul_backward(&du, &wu.grad, dup, a.u, wu.value);
   Param& g = p(layer_param(l, "post_attention_layernorm.weight"));
-  k::rmsnorm_backward(dx, &g.grad, du, a.x, a.norm_rstd, &g.value);
+  k::rmsnorm_backward(dx, &g.grad, du, a.x, a.norm_rstd, &g.value, dx_store);
 }
 
 // ---------------------------------------------------------------------------
@@ -233,12 +237,17 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
   const int64_t i = cfg_.attnres() ? s % S : 0;
 
   Tensor dy;  // gradient of this sublayer's output y_s
-  Tensor dx = zero_act(N, d);
+  Tensor dx;  // gradient of the sublayer input x
+  k::Store dx_store = k::Store::Set;
   if (!cfg_.attnres()) {
-    // x_{s+1} = x_s + y_s: dy = dx_{s+1}, and dx_s = dx_{s+1} + f_s'(dy).
+    // x_{s+1} = x_s + y_s: dy = dx_{s+1}, and dx_s = dx_{s+1} + f_s'(dy). The
+    // sublayer's backward reads dy first and adds into dx last, so both can
+    // be the stream's gradient buffer itself.
     dy = g.hidden;
-    dx.copy_from(g.hidden);
+    dx = g.hidden;
+    dx_store = k::Store::Add;
   } else {
+    dx = new_act(N, d);
     if (i == S - 1) {  // undo the push: the block's gradient is the partial's
       ATTNRES_CHECK(!g.partial.defined() && !g.sources.empty(), "sublayer ", s,
                     ": depth gradient out of step");
@@ -257,8 +266,8 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
 
   // f_s backward: dy -> dx (dy is fully consumed here, before the Mix
   // backward below may add more into the same buffer as d p_before).
-  if (is_attn) attention_backward(l, a, dy, dx, B, T);
-  else mlp_backward(l, a, dy, dx);
+  if (is_attn) attention_backward(l, a, dy, dx, dx_store, B, T);
+  else mlp_backward(l, a, dy, dx, dx_store);
 
   if (!cfg_.attnres()) {
     g.hidden = dx;
@@ -327,11 +336,12 @@ double Model::head_forward(const DepthState& st, const Tensor& targets, Activati
   const Tensor tgt = on_device(targets);
   if (!grad) return k::lm_head_cross_entropy(acts.h, w_out.value, tgt, nullptr, nullptr, 0.0);
 
-  Tensor dh = zero_act(N, d);
-  double loss =
-      k::lm_head_cross_entropy(acts.h, w_out.value, tgt, &dh, &w_out.grad, grad_scale);
-  Tensor dz = zero_act(N, d);
-  k::rmsnorm_backward(dz, &g_final.grad, dh, acts.z, acts.z_rstd, &g_final.value);
+  Tensor dh = new_act(N, d);
+  double loss = k::lm_head_cross_entropy(acts.h, w_out.value, tgt, &dh, &w_out.grad, grad_scale,
+                                         k::Store::Set);
+  Tensor dz = new_act(N, d);
+  k::rmsnorm_backward(dz, &g_final.grad, dh, acts.z, acts.z_rstd, &g_final.value,
+                      k::Store::Set);
 
   *grad = DepthGrad{};
   if (!cfg_.attnres()) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/store.h"
 #include "model/config.h"
 #include "model/depth_state.h"
 #include "model/params.h"
@@ -133,10 +134,12 @@ class Model {
   // f_s: from the sublayer input x to its output y (both [N, d]).
   void attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
                          DecodeCache* cache) const;
-  void attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx, int64_t B,
-                          int64_t T);
+  // dx receives the gradient of the sublayer input: written (Set) or added (Add).
+  void attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
+                          kernels::Store dx_store, int64_t B, int64_t T);
   void mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const;
-  void mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx);
+  void mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
+                    kernels::Store dx_store);
   Tensor new_act(int64_t rows, int64_t cols) const;    // uninitialised activations
   Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
   Tensor new_stat(const Shape& shape) const;           // fp32 (fp64) statistics

@@ -118,7 +118,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                        int64_t hd) {
+                        int64_t hd, bool accumulate) {
   const Heads L{Tlen, H, Hkv, hd};
   const int64_t group = H / Hkv;
   const int64_t n_qblocks = (Tlen + kQBlock - 1) / kQBlock;
@@ -136,6 +136,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         const T* vb = v + L.k_off(b, 0, j);
         T* dkb = dk + L.k_off(b, 0, j);
         T* dvb = dv + L.k_off(b, 0, j);
+        if (!accumulate)  // dk/dv sum over the group's heads and query blocks below
+          for (int64_t t = 0; t < Tlen; ++t) {
+            std::fill_n(dkb + t * L.ldk(), hd, T(0));
+            std::fill_n(dvb + t * L.ldk(), hd, T(0));
+          }
         for (int64_t h = j * group; h < (j + 1) * group; ++h)
           for (int64_t qb = 0; qb < n_qblocks; ++qb) {
             const int64_t t0 = qb * kQBlock;
@@ -176,8 +181,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
               for (int64_t c = 0; c < keys; ++c) ds[c] = p[c] * (ds[c] - Di);
             }
 
-            // Accumulate (beta = 1) into the gradients.
-            gemm(false, false, rows, hd, keys, scale, dS, keys, kb, L.ldk(), T(1),
+            // Into the gradients: dQ rows of this block get their whole sum
+            // here (beta = 0 unless accumulating), dK/dV add up (beta = 1).
+            gemm(false, false, rows, hd, keys, scale, dS, keys, kb, L.ldk(), T(accumulate),
                  dq + L.q_off(b, t0, h), L.ldq());                                 // dQ += scale dS K
             gemm(true, false, keys, hd, rows, scale, dS, keys, qblk, L.ldq(), T(1), dkb,
                  L.ldk());                                                          // dK += scale dS^T Q
@@ -238,11 +244,11 @@ template void attention_forward<double>(double*, double*, const double*, const d
                                         const double*, int64_t, int64_t, int64_t, int64_t, int64_t);
 template void attention_backward<float>(float*, float*, float*, const float*, const float*,
                                         const float*, const float*, const float*, const float*,
-                                        int64_t, int64_t, int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t, int64_t, bool);
 template void attention_backward<double>(double*, double*, double*, const double*, const double*,
                                          const double*, const double*, const double*,
                                          const double*, int64_t, int64_t, int64_t, int64_t,
-                                         int64_t);
+                                         int64_t, bool);
 template void attention_decode<float>(float*, const float*, const float*, const float*, int64_t,
                                       int64_t, int64_t, int64_t, int64_t, int64_t);
 template void attention_decode<double>(double*, const double*, const double*, const double*,

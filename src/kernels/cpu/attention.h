@@ -13,11 +13,12 @@ template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tlen,
                        int64_t H, int64_t Hkv, int64_t hd);
 
-// dq, dk, dv += gradients, probabilities recomputed from q, k and lse.
+// dq, dk, dv += gradients (accumulate false: =), probabilities recomputed
+// from q, k and lse.
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                        int64_t hd);
+                        int64_t hd, bool accumulate = true);
 
 // One query per sequence over cache positions [0, len):
 // q, out [B, H*hd]; k_cache, v_cache [B, Tmax, Hkv*hd].

@@ -44,7 +44,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, in
 
 template <typename T>
 double lm_head_cross_entropy(const T* h, const T* w, const int32_t* targets, T* dh, T* dw,
-                             int64_t N, int64_t V, int64_t d, double grad_scale) {
+                             int64_t N, int64_t V, int64_t d, double grad_scale,
+                             bool accumulate_dh) {
   if (N == 0) return 0.0;
   const bool grads = dh || dw;
   const T gs = static_cast<T>(grad_scale);
@@ -92,7 +93,8 @@ double lm_head_cross_entropy(const T* h, const T* w, const int32_t* targets, T* 
       }
     }
 
-    if (dh && d > 0) gemm(false, false, rows, d, V, L, V, w, d, T(1), dh + r0 * d, d);  // dh += dL W
+    if (dh && d > 0)  // dh (+)= dL W: the chunks own disjoint rows of dh
+      gemm(false, false, rows, d, V, L, V, w, d, accumulate_dh ? T(1) : T(0), dh + r0 * d, d);
     if (dw && d > 0) gemm(true, false, V, d, rows, L, V, hc, d, T(1), dw, d);           // dw += dL^T h
   }
 
@@ -102,8 +104,9 @@ double lm_head_cross_entropy(const T* h, const T* w, const int32_t* targets, T* 
 }
 
 template double lm_head_cross_entropy<float>(const float*, const float*, const int32_t*, float*,
-                                             float*, int64_t, int64_t, int64_t, double);
+                                             float*, int64_t, int64_t, int64_t, double, bool);
 template double lm_head_cross_entropy<double>(const double*, const double*, const int32_t*,
-                                              double*, double*, int64_t, int64_t, int64_t, double);
+                                              double*, double*, int64_t, int64_t, int64_t, double,
+                                              bool);
 
 }  // namespace attnres::kernels::cpu

@@ -10,6 +10,7 @@ namespace attnres::kernels::cpu {
 // and its transpose times h into dw.
 template <typename T>
 double lm_head_cross_entropy(const T* h, const T* w, const int32_t* targets, T* dh, T* dw,
-                             int64_t N, int64_t V, int64_t d, double grad_scale);
+                             int64_t N, int64_t V, int64_t d, double grad_scale,
+                             bool accumulate_dh = true);
 
 }  // namespace attnres::kernels::cpu

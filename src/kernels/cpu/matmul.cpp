@@ -44,11 +44,16 @@ void matmul_forward(T* y, const T* x, const T* w, int64_t M, int64_t N, int64_t 
 
 template <typename T>
 void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t M, int64_t N,
-                     int64_t K) {
-  // With N == 0 the gradients are empty sums (+= 0); with M or K == 0 they
-  // are empty tensors. Either way there is nothing to do.
-  if (M == 0 || N == 0 || K == 0) return;
-  if (dx) gemm(false, false, M, K, N, dy, N, w, K, T(1), dx, K);  // dx[M,K] += dy[M,N] w[N,K]
+                     int64_t K, bool accumulate_dx) {
+  // With M or K == 0 the gradients are empty tensors. With N == 0 they are
+  // empty sums: += 0 does nothing, = 0 zeroes dx.
+  if (M == 0 || K == 0) return;
+  if (N == 0) {
+    if (dx && !accumulate_dx) std::memset(dx, 0, sizeof(T) * M * K);
+    return;
+  }
+  // dx[M,K] (+)= dy[M,N] w[N,K]
+  if (dx) gemm(false, false, M, K, N, dy, N, w, K, accumulate_dx ? T(1) : T(0), dx, K);
   if (dw) gemm(true, false, N, K, M, dy, N, x, K, T(1), dw, K);   // dw[N,K] += dy^T[N,M] x[M,K]
 }
 
@@ -57,8 +62,8 @@ template void matmul_forward<float>(float*, const float*, const float*, int64_t,
 template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t,
                                      int64_t, bool);
 template void matmul_backward<float>(float*, float*, const float*, const float*, const float*,
-                                     int64_t, int64_t, int64_t);
+                                     int64_t, int64_t, int64_t, bool);
 template void matmul_backward<double>(double*, double*, const double*, const double*,
-                                      const double*, int64_t, int64_t, int64_t);
+                                      const double*, int64_t, int64_t, int64_t, bool);
 
 }  // namespace attnres::kernels::cpu

@@ -45,7 +45,7 @@ void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gain, int64_t N, int64_
 // (with no gain, g_j = 1).
 template <typename T>
 void rmsnorm_backward(T* dx, T* dgain, const T* dy, const T* x, const T* rstd, const T* gain,
-                      int64_t N, int64_t d) {
+                      int64_t N, int64_t d, bool accumulate_dx) {
   const int64_t n_chunks = (N + kRowChunk - 1) / kRowChunk;
   // One row of dgain partials per chunk, accumulated in double: dgain sums
   // over every token of the batch, where fp32 rounding would add up.
@@ -69,16 +69,14 @@ void rmsnorm_backward(T* dx, T* dgain, const T* dy, const T* x, const T* rstd, c
         for (int64_t j = 0; j < d; ++j) dot += dyi[j] * xi[j];
       }
       const T c3 = r * r * r * dot / T(d);
-      if (gain) {
-#pragma omp simd
-        for (int64_t j = 0; j < d; ++j) dxi[j] += r * gain[j] * dyi[j] - c3 * xi[j];
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < d; ++j) dxi[j] += r * dyi[j] - c3 * xi[j];
-      }
       if (pc) {
 #pragma omp simd
         for (int64_t j = 0; j < d; ++j) pc[j] += static_cast<double>(dyi[j] * xi[j] * r);
+      }
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) {
+        const T g = r * (gain ? gain[j] : T(1)) * dyi[j] - c3 * xi[j];
+        dxi[j] = accumulate_dx ? dxi[j] + g : g;
       }
     }
   }
@@ -98,8 +96,8 @@ template void rmsnorm_forward<float>(float*, float*, const float*, const float*,
 template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int64_t,
                                       int64_t, double);
 template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*,
-                                      const float*, int64_t, int64_t);
+                                      const float*, int64_t, int64_t, bool);
 template void rmsnorm_backward<double>(double*, double*, const double*, const double*,
-                                       const double*, const double*, int64_t, int64_t);
+                                       const double*, const double*, int64_t, int64_t, bool);
 
 }  // namespace attnres::kernels::cpu

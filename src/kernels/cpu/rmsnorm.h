@@ -13,6 +13,6 @@ void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gain, int64_t N, int64_
 // row reduction done in a fixed order independent of the thread count.
 template <typename T>
 void rmsnorm_backward(T* dx, T* dgain, const T* dy, const T* x, const T* rstd, const T* gain,
-                      int64_t N, int64_t d);
+                      int64_t N, int64_t d, bool accumulate_dx = true);
 
 }  // namespace attnres::kernels::cpu

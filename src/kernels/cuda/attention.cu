@@ -48,6 +48,7 @@ attn::Params make_params(const AttnShape& s, const char* op) {
   p.ldq = s.H * s.hd;
   p.ldk = s.Hkv * s.hd;
   p.scale = 1.f / std::sqrt(static_cast<float>(s.hd));  // as the CPU computes it in float
+  p.accumulate = true;
   return p;
 }
 
@@ -144,10 +145,11 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s) {
+                        const AttnShape& s, Store store) {
   const char* op = "attention_backward";
   if (s.B == 0 || s.T == 0) return;
-  const attn::Params p = make_params(s, op);
+  attn::Params p = make_params(s, op);
+  p.accumulate = store == Store::Add;
   const float* lp = dptr<float>(lse);
   dispatch_float(q, op, [&](auto tag) {
     using T = decltype(tag);

@@ -32,6 +32,7 @@ struct Params {
   int group;         // H / Hkv: query heads per KV head
   int64_t ldq, ldk;  // row strides (elements) of q/out/dq/dout and of k/v/dk/dv
   float scale;       // 1 / sqrt(hd)
+  bool accumulate;   // backward: dq/dk/dv += gradients (Store::Add), else = (Store::Set)
 };
 
 // Rows of the backward scratch per (batch, head): T rounded up to 128 (the
@@ -164,12 +165,22 @@ __device__ __forceinline__ void load_tile_async(bf16* s, const bf16* g, int64_t 
   }
 }
 
-// dst[0..1] += (a, b) on a 4-byte aligned bf16 pair (gradient accumulation:
-// read, add in fp32, round once).
-__device__ __forceinline__ void add_pair(bf16* dst, float a, float b) {
+// Gradient stores, each element written by exactly one thread: dst = v, or
+// dst += v when accumulating (read, add in fp32, round once). Without
+// accumulation the old value is never read (it may be NaN).
+template <typename T>
+__device__ __forceinline__ void put(T* dst, float v, bool accumulate) {
+  *dst = from_f32<T>(accumulate ? to_f32(*dst) + v : v);
+}
+// The same for a 4-byte aligned bf16 pair.
+__device__ __forceinline__ void put_pair(bf16* dst, float a, float b, bool accumulate) {
   __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(dst);
-  const float2 f = __bfloat1622float2(*p);
-  *p = __floats2bfloat162_rn(f.x + a, f.y + b);
+  if (accumulate) {
+    const float2 f = __bfloat1622float2(*p);
+    a += f.x;
+    b += f.y;
+  }
+  *p = __floats2bfloat162_rn(a, b);
 }
 
 }  // namespace attnres::kernels::cuda::attn

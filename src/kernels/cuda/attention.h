@@ -9,7 +9,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
                        const AttnShape& s);
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s);
+                        const AttnShape& s, Store store);
 void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                       int64_t len, const AttnShape& s);
 }  // namespace attnres::kernels::cuda

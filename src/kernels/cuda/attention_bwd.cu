@@ -20,7 +20,7 @@
 // pair (S, dP, dV, dK in 2.; S, dP, dQ in 3.), 3.5x the forward's 2.
 // Memory traffic: kernel 2 streams Q, dO (and D, lse) once per key tile,
 // kernel 3 streams K, V once per query tile (mostly L2 hits); the gradients
-// are read and written once (they accumulate: +=).
+// are written once (read too when they accumulate: +=, Params::accumulate).
 //
 // mma path (bf16, hd in {32, 64, 128}): a warp owns 32 keys (dK/dV) or 32
 // query rows (dQ) as two 16-row m-tiles (16 rows for hd = 128, where the
@@ -229,8 +229,8 @@ __global__ void __launch_bounds__(kGenThreads)
     for (int c = 0; c < NC; ++c) {
       const int col = tx + 8 * c;
       if (col < hd) {
-        dkr[col] = from_f32<T>(to_f32(dkr[col]) + dka[i][c] * p.scale);
-        dvr[col] = from_f32<T>(to_f32(dvr[col]) + dva[i][c]);
+        put(dkr + col, dka[i][c] * p.scale, p.accumulate);
+        put(dvr + col, dva[i][c], p.accumulate);
       }
     }
   }
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kGenThreads)
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int col = tx + 8 * c;
-      if (col < hd) dqr[col] = from_f32<T>(to_f32(dqr[col]) + acc[i][c] * p.scale);
+      if (col < hd) put(dqr + col, acc[i][c] * p.scale, p.accumulate);
     }
   }
 }
@@ -597,7 +597,7 @@ __global__ void __launch_bounds__(NW * 32)
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
-  // dk += scale dK, dv += dV for this thread's keys.
+  // dk (+)= scale dK, dv (+)= dV for this thread's keys.
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -608,8 +608,9 @@ __global__ void __launch_bounds__(NW * 32)
       bf16* dvr = dv + kvoff + int64_t(key) * p.ldk + tig * 2;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        add_pair(dkr + n * 8, dka[mt][n][2 * r] * p.scale, dka[mt][n][2 * r + 1] * p.scale);
-        add_pair(dvr + n * 8, dva[mt][n][2 * r], dva[mt][n][2 * r + 1]);
+        put_pair(dkr + n * 8, dka[mt][n][2 * r] * p.scale, dka[mt][n][2 * r + 1] * p.scale,
+                 p.accumulate);
+        put_pair(dvr + n * 8, dva[mt][n][2 * r], dva[mt][n][2 * r + 1], p.accumulate);
       }
     }
   }
@@ -778,7 +779,8 @@ __global__ void __launch_bounds__(NW * 32)
       bf16* dqr = dq + (int64_t(b) * T_ + row) * p.ldq + int64_t(h) * D + tig * 2;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n)
-        add_pair(dqr + n * 8, acc[mt][n][2 * r] * p.scale, acc[mt][n][2 * r + 1] * p.scale);
+        put_pair(dqr + n * 8, acc[mt][n][2 * r] * p.scale, acc[mt][n][2 * r + 1] * p.scale,
+                 p.accumulate);
     }
   }
 }

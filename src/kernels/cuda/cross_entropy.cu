@@ -9,7 +9,7 @@
 //   2. row pass  one block per row: max and sum of exp (online, one read), the
 //                row's loss (fp64, into a per-row buffer), then, in place,
 //                dlogits = grad_scale (softmax - onehot) (second read, one write)
-//   3. GEMM      dh_chunk += dlogits w                (beta = 1)
+//   3. GEMM      dh_chunk += dlogits w                (beta = 1; 0 for Store::Set)
 //   4. GEMM      dw       += dlogits^T h_chunk        (beta = 1, fp32 dw)
 //
 // Logits stay fp32 so the loss and the softmax see the GEMM's fp32 result
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(1024) sum_loss_kernel(const double* row_loss, 
 
 template <typename T>
 double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, Tensor* dw,
-           double grad_scale) {
+           double grad_scale, Store dh_store) {
   const int64_t N = h.dim(0), d = h.dim(1), V = w.dim(0);
   const bool grads = dh || dw;
   const DType ab = h.dtype();
@@ -241,10 +241,10 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
           L, V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
     ATTNRES_CUDA_CHECK_LAUNCH();
     if (!grads) continue;
-    // 3. dh_chunk[rows, d] += dlogits[rows, V] w[V, d]
+    // 3. dh_chunk[rows, d] (+)= dlogits[rows, V] w[V, d]  (chunks own disjoint rows)
     if (dh)
-      gemm(false, false, rows, d, V, ab, L, ld_dl, wp, d, 1.0f, dh->dtype(),
-           dptr<T>(*dh) + r0 * d, d);
+      gemm(false, false, rows, d, V, ab, L, ld_dl, wp, d, dh_store == Store::Add ? 1.0f : 0.0f,
+           dh->dtype(), dptr<T>(*dh) + r0 * d, d);
     // 4. dw[V, d] += dlogits^T[V, rows] h_chunk[rows, d]
     if (dw) gemm(true, false, V, d, rows, ab, L, ld_dl, hc, d, 1.0f, dw->dtype(), dw->raw(), d);
   }
@@ -267,11 +267,11 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
 }  // namespace
 
 double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
-                             Tensor* dw, double grad_scale) {
+                             Tensor* dw, double grad_scale, Store dh_store) {
   if (h.dim(0) == 0) return 0.0;
   double loss = 0.0;
   dispatch_float(h, "lm_head_cross_entropy", [&](auto tag) {
-    loss = run<decltype(tag)>(h, w, targets, dh, dw, grad_scale);
+    loss = run<decltype(tag)>(h, w, targets, dh, dw, grad_scale, dh_store);
   });
   return loss;
 }

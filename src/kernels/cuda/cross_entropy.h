@@ -3,8 +3,9 @@
 // Logits are produced and consumed in row chunks; no [N, V] probability buffer.
 #pragma once
 #include "core/tensor.h"
+#include "kernels/store.h"
 
 namespace attnres::kernels::cuda {
 double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
-                             Tensor* dw, double grad_scale);
+                             Tensor* dw, double grad_scale, Store dh_store);
 }  // namespace attnres::kernels::cuda

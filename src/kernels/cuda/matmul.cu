@@ -22,14 +22,16 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, bool accumulate
        y.dtype(), y.raw(), N);
 }
 
-void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w) {
+void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                     Store dx_store) {
   const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
-  // N == 0: the gradients are empty sums (+= 0), nothing to do; M or K == 0:
-  // they are empty tensors (gemm returns early on empty outputs).
+  // M or K == 0: the gradients are empty tensors (gemm returns early on empty
+  // outputs). N == 0: they are empty sums, so dw += 0 is nothing to do, while
+  // dx = 0 is the K == 0 case of gemm (it zeroes C when beta == 0).
+  // dx[M, K] (+)= dy[M, N] w[N, K]
+  if (dx) gemm(false, false, M, K, N, x.dtype(), dy.raw(), N, w.raw(), K,
+               dx_store == Store::Add ? 1.0f : 0.0f, dx->dtype(), dx->raw(), K);
   if (N == 0) return;
-  // dx[M, K] += dy[M, N] w[N, K]
-  if (dx) gemm(false, false, M, K, N, x.dtype(), dy.raw(), N, w.raw(), K, 1.0f, dx->dtype(),
-               dx->raw(), K);
   // dw[N, K] += dy[M, N]^T x[M, K]   (F32 for BF16 x/w)
   if (dw) gemm(true, false, N, K, M, x.dtype(), dy.raw(), N, x.raw(), K, 1.0f, dw->dtype(),
                dw->raw(), K);

@@ -3,8 +3,10 @@
 // dw is F32 when x/w are BF16 (accumulated into by the GEMM epilogue, beta = 1).
 #pragma once
 #include "core/tensor.h"
+#include "kernels/store.h"
 
 namespace attnres::kernels::cuda {
 void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, bool accumulate);
-void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w);
+void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                     Store dx_store);
 }  // namespace attnres::kernels::cuda

@@ -25,16 +25,21 @@ __device__ __forceinline__ void forward_at(int64_t i, T* h, const T* gate, const
   store<N>(h + i, out);
 }
 
-template <typename T, int N>
+// kAcc: dgate/dup += (read, add in fp32, round once); else = (never read).
+template <typename T, int N, bool kAcc>
 __device__ __forceinline__ void backward_at(int64_t i, T* dgate, T* dup, const T* dh,
                                             const T* gate, const T* up) {
   const Vec<T, N> g = load<N>(gate + i), u = load<N>(up + i), d = load<N>(dh + i);
-  Vec<T, N> dg = load<N>(dgate + i), du = load<N>(dup + i);
+  Vec<T, N> dg, du;
+  if constexpr (kAcc) dg = load<N>(dgate + i), du = load<N>(dup + i);
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     const float gj = to_f32(g.v[j]), dj = to_f32(d.v[j]);
-    dg.v[j] = from_f32<T>(to_f32(dg.v[j]) + dj * to_f32(u.v[j]) * math::silu_grad<float>(gj));
-    du.v[j] = from_f32<T>(to_f32(du.v[j]) + dj * math::silu<float>(gj));
+    float vg = dj * to_f32(u.v[j]) * math::silu_grad<float>(gj);
+    float vu = dj * math::silu<float>(gj);
+    if constexpr (kAcc) vg += to_f32(dg.v[j]), vu += to_f32(du.v[j]);
+    dg.v[j] = from_f32<T>(vg);
+    du.v[j] = from_f32<T>(vu);
   }
   store<N>(dgate + i, dg);
   store<N>(dup + i, du);
@@ -55,7 +60,7 @@ __global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, int64_t 
   for (int64_t i = tail + tid; i < n; i += stride) forward_at<T, 1>(i, h, gate, up);
 }
 
-template <typename T, bool kVec>
+template <typename T, bool kVec, bool kAcc>
 __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* gate, const T* up,
                                        int64_t n) {
   constexpr int W = 16 / sizeof(T);
@@ -64,10 +69,25 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* g
   int64_t tail = 0;
   if (kVec) {
     const int64_t nv = n / W;
-    for (int64_t k = tid; k < nv; k += stride) backward_at<T, W>(k * W, dgate, dup, dh, gate, up);
+    for (int64_t k = tid; k < nv; k += stride)
+      backward_at<T, W, kAcc>(k * W, dgate, dup, dh, gate, up);
     tail = nv * W;
   }
-  for (int64_t i = tail + tid; i < n; i += stride) backward_at<T, 1>(i, dgate, dup, dh, gate, up);
+  for (int64_t i = tail + tid; i < n; i += stride)
+    backward_at<T, 1, kAcc>(i, dgate, dup, dh, gate, up);
+}
+
+template <typename T, bool kAcc>
+void launch_backward(T* dgate, T* dup, const T* dh, const T* gate, const T* up, int64_t n) {
+  constexpr int W = 16 / sizeof(T);
+  if (aligned(dgate, 16) && aligned(dup, 16) && aligned(dh, 16) && aligned(gate, 16) &&
+      aligned(up, 16))
+    swiglu_backward_kernel<T, true, kAcc>
+        <<<grid_for(ceil_div(n, W), kThreads), kThreads, 0, stream()>>>(dgate, dup, dh, gate, up, n);
+  else
+    swiglu_backward_kernel<T, false, kAcc>
+        <<<grid_for(n, kThreads), kThreads, 0, stream()>>>(dgate, dup, dh, gate, up, n);
+  ATTNRES_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -90,25 +110,13 @@ void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up) {
 }
 
 void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor& gate,
-                     const Tensor& up) {
+                     const Tensor& up, Store store) {
   const int64_t n = gate.numel();
   if (n == 0) return;
   dispatch_float(gate, "swiglu_backward", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int W = 16 / sizeof(T);
-    T* pdg = dptr<T>(dgate);
-    T* pdu = dptr<T>(dup);
-    const T* pdh = dptr<T>(dh);
-    const T* pg = dptr<T>(gate);
-    const T* pu = dptr<T>(up);
-    if (aligned(pdg, 16) && aligned(pdu, 16) && aligned(pdh, 16) && aligned(pg, 16) &&
-        aligned(pu, 16))
-      swiglu_backward_kernel<T, true>
-          <<<grid_for(ceil_div(n, W), kThreads), kThreads, 0, stream()>>>(pdg, pdu, pdh, pg, pu, n);
-    else
-      swiglu_backward_kernel<T, false>
-          <<<grid_for(n, kThreads), kThreads, 0, stream()>>>(pdg, pdu, pdh, pg, pu, n);
-    ATTNRES_CUDA_CHECK_LAUNCH();
+    const auto launch = store == Store::Add ? launch_backward<T, true> : launch_backward<T, false>;
+    launch(dptr<T>(dgate), dptr<T>(dup), dptr<T>(dh), dptr<T>(gate), dptr<T>(up), n);
   });
 }
 
