@@ -162,6 +162,43 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     add("mix bwd" + tag, time_ms([&] { k::mix_backward(dsrc, dw, dout, w, src, rs, probs); }, reps),
         e * (1.0 + 3.0 * ks) * N * d, 8.0 * ks * N * d);
     add("mix source rstd", time_ms([&] { k::mix_source_rstd(rs[0], src[0], 1e-5f); }, reps), e * N * d, 0);
+
+    // Block AttnRes's two phases for the last block: phase 1 runs the block's
+    // Q = S queries over its kb = ks - 1 completed blocks in one pass, phase 2
+    // merges each sublayer's output with the partial sum.
+    const int64_t nb = std::max<int64_t>(1, n_blocks);
+    const int64_t kb = ks - 1, Q = (2 * c.n_layers + nb - 1) / nb;
+    if (kb >= 1) {
+      const Span<const Tensor> done(src.data(), size_t(kb)), done_rs(rs.data(), size_t(kb));
+      std::vector<Tensor> ws, outs, douts, dws;
+      for (int64_t q = 0; q < Q; ++q) {
+        ws.push_back(rand_dev({d}, dt, 42 + q));
+        outs.push_back(Tensor::empty({N, d}, dt, Device::CUDA));
+        douts.push_back(rand_dev({N, d}, dt, 60 + q));
+        dws.push_back(Tensor::zeros({d}, gt, Device::CUDA));
+      }
+      Tensor gprobs = Tensor::empty({Q, N, kb}, st, Device::CUDA);
+      Tensor lse = Tensor::empty({Q, N}, st, Device::CUDA), dlse = rand_dev({Q, N}, st, 80);
+      const std::string gtag = " (k=" + std::to_string(kb) + ", Q=" + std::to_string(Q) + ")";
+      add("mix phase-1 fwd" + gtag,
+          time_ms([&] { k::mix_forward(outs, gprobs, &lse, ws, done, done_rs); }, reps),
+          e * double(kb + Q) * N * d, 4.0 * kb * Q * N * d);
+      add("mix phase-1 bwd" + gtag,
+          time_ms([&] {
+            k::mix_backward(Span<Tensor>(dsrc.data(), size_t(kb)), dws, douts, &dlse, ws, done,
+                            done_rs, gprobs);
+          }, reps),
+          e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
+      Tensor x = Tensor::empty({N, d}, dt, Device::CUDA), mstats = Tensor::empty({N, 2}, st, Device::CUDA);
+      Tensor lse0 = lse.rows(0, 1).reshape({N}), dlse0 = dlse.rows(0, 1).reshape({N});
+      Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA);
+      add("mix merge fwd",
+          time_ms([&] { k::mix_merge_forward(x, mstats, w, outs[0], lse0, src[kb], 1e-5f); }, reps),
+          e * 3.0 * N * d, 6.0 * N * d);
+      add("mix merge bwd",
+          time_ms([&] { k::mix_merge_backward(d_o, dlse0, dsrc[kb], dw, dout, w, outs[0], src[kb], mstats); }, reps),
+          e * 7.0 * N * d, 12.0 * N * d);  // dx, o, p read, d_o written, dp read + written; p again for dw
+    }
   }
   {
     Tensor tok = ids_dev(N, V, 50), w = rand_dev({V, d}, dt, 51, 0.02), out = Tensor::empty({N, d}, dt, Device::CUDA);

@@ -44,6 +44,12 @@ std::vector<const T*> const_ptrs(Span<const Tensor> ts) {
   for (const Tensor& t : ts) p.push_back(t.data<T>());
   return p;
 }
+template <typename T>
+std::vector<T*> mut_ptrs(Span<Tensor> ts) {
+  std::vector<T*> p;
+  for (Tensor& t : ts) p.push_back(t.data<T>());
+  return p;
+}
 
 }  // namespace
 
@@ -62,45 +68,137 @@ void mix_source_rstd(Tensor& rstd, const Tensor& v, float eps) {
   });
 }
 
+void mix_forward(Span<Tensor> outs, Tensor& probs, Tensor* lse, Span<const Tensor> ws,
+                 Span<const Tensor> sources, Span<const Tensor> rstds) {
+  const char* op = "mix_forward";
+  if (ws.empty()) fail(op, ": needs at least one query");
+  if (outs.size() != ws.size()) fail(op, ": ", ws.size(), " queries but ", outs.size(), " outputs");
+  // (Not a structured binding: C++17 lambdas cannot capture those.)
+  const std::pair<int64_t, int64_t> Nd = check_sources(op, ws[0], sources, rstds);
+  const int64_t N = Nd.first, d = Nd.second;
+  const int64_t k = static_cast<int64_t>(sources.size()), Q = static_cast<int64_t>(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    check_arg(op, indexed("ws", i).c_str(), ws[i], ws[0], {d});
+    check_arg(op, indexed("outs", i).c_str(), outs[i], ws[0], {N, d});
+  }
+  const DType sdt = stat_dtype(ws[0].dtype());
+  check_arg(op, "probs", probs, ws[0].device(), sdt, {Q, N, k});
+  if (lse) check_arg(op, "lse", *lse, ws[0].device(), sdt, {Q, N});
+  ATTNRES_CUDA_DISPATCH(ws[0], op, cuda::mix_forward(outs, probs, lse, ws, sources, rstds));
+  dispatch_cpu_float(ws[0], op, [&](auto tag) {
+    using T = decltype(tag);
+    const std::vector<const T*> src = const_ptrs<T>(sources), rs = const_ptrs<T>(rstds),
+                                wp = const_ptrs<T>(ws);
+    const std::vector<T*> out = mut_ptrs<T>(outs);
+    cpu::mix_forward<T>(out.data(), probs.data<T>(), lse ? lse->data<T>() : nullptr, wp.data(), Q,
+                        src.data(), rs.data(), N, d, k);
+  });
+}
+
+void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> douts,
+                  const Tensor* dlse, Span<const Tensor> ws, Span<const Tensor> sources,
+                  Span<const Tensor> rstds, const Tensor& probs) {
+  const char* op = "mix_backward";
+  if (ws.empty()) fail(op, ": needs at least one query");
+  if (dws.size() != ws.size() || douts.size() != ws.size())
+    fail(op, ": ", ws.size(), " queries but ", dws.size(), " dws and ", douts.size(), " douts");
+  const std::pair<int64_t, int64_t> Nd = check_sources(op, ws[0], sources, rstds);
+  const int64_t N = Nd.first, d = Nd.second;
+  const int64_t k = static_cast<int64_t>(sources.size()), Q = static_cast<int64_t>(ws.size());
+  if (dsources.size() != sources.size())
+    fail(op, ": ", sources.size(), " sources but ", dsources.size(), " dsources");
+  for (size_t j = 0; j < dsources.size(); ++j)
+    check_arg(op, indexed("dsources", j).c_str(), dsources[j], ws[0], {N, d});
+  const DType gdt = grad_dtype(ws[0].dtype()), sdt = stat_dtype(ws[0].dtype());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    check_arg(op, indexed("ws", i).c_str(), ws[i], ws[0], {d});
+    check_arg(op, indexed("dws", i).c_str(), dws[i], ws[0].device(), gdt, {d});
+    check_arg(op, indexed("douts", i).c_str(), douts[i], ws[0], {N, d});
+  }
+  check_arg(op, "probs", probs, ws[0].device(), sdt, {Q, N, k});
+  if (dlse) check_arg(op, "dlse", *dlse, ws[0].device(), sdt, {Q, N});
+  ATTNRES_CUDA_DISPATCH(ws[0], op,
+                        cuda::mix_backward(dsources, dws, douts, dlse, ws, sources, rstds, probs));
+  dispatch_cpu_float(ws[0], op, [&](auto tag) {
+    using T = decltype(tag);
+    const std::vector<const T*> src = const_ptrs<T>(sources), rs = const_ptrs<T>(rstds),
+                                wp = const_ptrs<T>(ws), dy = const_ptrs<T>(douts);
+    const std::vector<T*> dsrc = mut_ptrs<T>(dsources), dw = mut_ptrs<T>(dws);
+    cpu::mix_backward<T>(dsrc.data(), dw.data(), dy.data(), dlse ? dlse->data<T>() : nullptr,
+                         wp.data(), Q, src.data(), rs.data(), probs.data<T>(), N, d, k);
+  });
+}
+
+// One query: the Q = 1 case with probs viewed as [1, N, k].
 void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor> sources,
                  Span<const Tensor> rstds) {
-  const char* op = "mix_forward";
-  // (Not a structured binding: C++17 lambdas cannot capture those.)
-  const std::pair<int64_t, int64_t> Nd = check_sources(op, w, sources, rstds);
-  const int64_t N = Nd.first, d = Nd.second;
-  const int64_t k = static_cast<int64_t>(sources.size());
-  check_arg(op, "out", out, w, {N, d});
-  check_arg(op, "probs", probs, w.device(), stat_dtype(w.dtype()), {N, k});
-  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_forward(out, probs, w, sources, rstds));
-  dispatch_cpu_float(w, op, [&](auto tag) {
-    using T = decltype(tag);
-    const std::vector<const T*> src = const_ptrs<T>(sources), rs = const_ptrs<T>(rstds);
-    cpu::mix_forward<T>(out.data<T>(), probs.data<T>(), w.data<T>(), src.data(), rs.data(), N, d,
-                        k);
-  });
+  const int64_t N = check_sources("mix_forward", w, sources, rstds).first;
+  check_arg("mix_forward", "probs", probs, w.device(), stat_dtype(w.dtype()),
+            {N, static_cast<int64_t>(sources.size())});
+  Tensor p3 = probs.reshape({1, probs.dim(0), probs.dim(1)});
+  mix_forward(Span<Tensor>(&out, 1), p3, nullptr, Span<const Tensor>(&w, 1), sources, rstds);
 }
 
 void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const Tensor& w,
                   Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs) {
-  const char* op = "mix_backward";
-  const std::pair<int64_t, int64_t> Nd = check_sources(op, w, sources, rstds);
+  const int64_t N = check_sources("mix_backward", w, sources, rstds).first;
+  check_arg("mix_backward", "probs", probs, w.device(), stat_dtype(w.dtype()),
+            {N, static_cast<int64_t>(sources.size())});
+  check_arg("mix_backward", "dw", dw, w.device(), grad_dtype(w.dtype()), {w.dim(0)});
+  mix_backward(dsources, Span<Tensor>(&dw, 1), Span<const Tensor>(&dout, 1), nullptr,
+               Span<const Tensor>(&w, 1), sources, rstds,
+               probs.reshape({1, probs.dim(0), probs.dim(1)}));
+}
+
+namespace {
+// Checks the merge's common arguments: w [d], o and p [N, d]; returns {N, d}.
+std::pair<int64_t, int64_t> check_merge(const char* op, const Tensor& w, const Tensor& o,
+                                        const Tensor& p) {
+  if (!w.defined() || w.ndim() != 1) fail(op, ": w must be 1-D [d]");
+  check_2d(op, "o", o);
+  const int64_t N = o.dim(0), d = w.dim(0);
+  check_arg(op, "o", o, w, {N, d});
+  check_arg(op, "p", p, w, {N, d});
+  return {N, d};
+}
+}  // namespace
+
+void mix_merge_forward(Tensor& x, Tensor& stats, const Tensor& w, const Tensor& o,
+                       const Tensor& lse, const Tensor& p, float eps) {
+  const char* op = "mix_merge_forward";
+  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, p);
   const int64_t N = Nd.first, d = Nd.second;
-  const int64_t k = static_cast<int64_t>(sources.size());
-  if (dsources.size() != sources.size())
-    fail(op, ": ", sources.size(), " sources but ", dsources.size(), " dsources");
-  for (size_t j = 0; j < dsources.size(); ++j)
-    check_arg(op, indexed("dsources", j).c_str(), dsources[j], w, {N, d});
-  check_arg(op, "dw", dw, w.device(), grad_dtype(w.dtype()), {d});
-  check_arg(op, "dout", dout, w, {N, d});
-  check_arg(op, "probs", probs, w.device(), stat_dtype(w.dtype()), {N, k});
-  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_backward(dsources, dw, dout, w, sources, rstds, probs));
+  const DType sdt = stat_dtype(w.dtype());
+  check_arg(op, "x", x, w, {N, d});
+  check_arg(op, "lse", lse, w.device(), sdt, {N});
+  check_arg(op, "stats", stats, w.device(), sdt, {N, 2});
+  if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
+  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_merge_forward(x, stats, w, o, lse, p, eps));
   dispatch_cpu_float(w, op, [&](auto tag) {
     using T = decltype(tag);
-    const std::vector<const T*> src = const_ptrs<T>(sources), rs = const_ptrs<T>(rstds);
-    std::vector<T*> dsrc;
-    for (Tensor& t : dsources) dsrc.push_back(t.data<T>());
-    cpu::mix_backward<T>(dsrc.data(), dw.data<T>(), dout.data<T>(), w.data<T>(), src.data(),
-                         rs.data(), probs.data<T>(), N, d, k);
+    cpu::mix_merge_forward<T>(x.data<T>(), stats.data<T>(), w.data<T>(), o.data<T>(),
+                              lse.data<T>(), p.data<T>(), N, d, static_cast<T>(eps));
+  });
+}
+
+void mix_merge_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, const Tensor& dx,
+                        const Tensor& w, const Tensor& o, const Tensor& p, const Tensor& stats) {
+  const char* op = "mix_merge_backward";
+  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, p);
+  const int64_t N = Nd.first, d = Nd.second;
+  const DType sdt = stat_dtype(w.dtype());
+  check_arg(op, "d_o", d_o, w, {N, d});
+  check_arg(op, "dp", dp, w, {N, d});
+  check_arg(op, "dx", dx, w, {N, d});
+  check_arg(op, "dlse", dlse, w.device(), sdt, {N});
+  check_arg(op, "stats", stats, w.device(), sdt, {N, 2});
+  check_arg(op, "dw", dw, w.device(), grad_dtype(w.dtype()), {d});
+  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_merge_backward(d_o, dlse, dp, dw, dx, w, o, p, stats));
+  dispatch_cpu_float(w, op, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::mix_merge_backward<T>(d_o.data<T>(), dlse.data<T>(), dp.data<T>(), dw.data<T>(),
+                               dx.data<T>(), w.data<T>(), o.data<T>(), p.data<T>(),
+                               stats.data<T>(), N, d);
   });
 }
 

@@ -42,6 +42,13 @@ Param& Model::out_proj() {
   return p(cfg_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
 }
 
+const Param& Model::mix_query(int64_t s) const {
+  return p(layer_param(s / 2, s % 2 == 0 ? "attn_res.query" : "mlp_res.query"));
+}
+Param& Model::mix_query(int64_t s) {
+  return p(layer_param(s / 2, s % 2 == 0 ? "attn_res.query" : "mlp_res.query"));
+}
+
 // ---------------------------------------------------------------------------
 // Embedding
 // ---------------------------------------------------------------------------
@@ -170,6 +177,57 @@ void Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& d
 // its block. Its sources are the completed blocks, plus the partial sum p of
 // the block's earlier outputs when i > 0. After f_s: p = y (i == 0) or
 // p + y; when i == S-1 the block is complete and p becomes a new source.
+//
+// The Mix runs in two phases (kernels/mix.h). The sublayers of a block that
+// run in one chunk form a group; before its first sublayer, phase 1 mixes the
+// completed blocks for every query of the group in one pass (the completed
+// blocks do not change inside a block). Each sublayer with i > 0 then merges
+// that output with the current partial sum. A group is cut only where a
+// chunk ends; the results do not depend on where (see mix_forward).
+
+void Model::mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState& st) const {
+  const int64_t Q = static_cast<int64_t>(g.size()), S = cfg_.resolved_block_size();
+  const int64_t N = st.sources.at(0).dim(0), d = cfg_.d_model;
+  const int64_t k = static_cast<int64_t>(st.sources.size());
+  SublayerActs& leader = g[0];
+  leader.group_size = Q;
+  leader.mix_sources = st.sources;
+  leader.mix_rstd = st.source_rstd;
+  leader.mix_probs = new_stat({Q, N, k});
+  // Only sublayers past their block's first merge (and need lse): all but
+  // possibly the leader.
+  const bool merges = Q > 1 || s % S > 0;
+  Tensor lse;
+  if (merges) {
+    lse = new_stat({Q, N});
+    leader.mix_dlse = Tensor::zeros({Q, N}, k::stat_dtype(dtype_), device_);
+  }
+  std::vector<Tensor> outs, ws;
+  for (int64_t q = 0; q < Q; ++q) {
+    g[q].mix_o = new_act(N, d);
+    outs.push_back(g[q].mix_o);
+    ws.push_back(mix_query(s + q).value);
+    if ((s + q) % S > 0) {
+      g[q].mix_lse = lse.rows(q, 1).reshape({N});
+      g[q].mix_dlse_row = leader.mix_dlse.rows(q, 1).reshape({N});
+    }
+  }
+  k::mix_forward(outs, leader.mix_probs, merges ? &lse : nullptr, ws, st.sources,
+                 st.source_rstd);
+}
+
+void Model::sublayers_forward(int64_t s0, int64_t s1, DepthState& st,
+                              std::vector<SublayerActs>& subs, int64_t B, int64_t T,
+                              DecodeCache* cache) const {
+  const int64_t S = cfg_.resolved_block_size();
+  for (int64_t s = s0; s < s1;) {
+    // The group: up to the end of s's block or of the chunk.
+    const int64_t end = cfg_.attnres() ? std::min((s / S + 1) * S, s1) : s + 1;
+    if (cfg_.attnres())
+      mix_phase1_forward(s, Span<SublayerActs>(subs.data() + (s - s0), size_t(end - s)), st);
+    for (; s < end; ++s) sublayer_forward(s, st, subs[s - s0], B, T, cache);
+  }
+}
 
 void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
                              DecodeCache* cache) const {
@@ -179,22 +237,17 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   const int64_t S = cfg_.resolved_block_size();
   const int64_t i = cfg_.attnres() ? s % S : 0;
 
-  if (cfg_.attnres()) {
-    a.mix_sources = st.sources;
-    a.mix_rstd = st.source_rstd;
-    if (i > 0) {
-      ATTNRES_CHECK(st.partial.defined(), "sublayer ", s, ": partial sum missing");
-      Tensor prstd = new_stat({N});
-      k::mix_source_rstd(prstd, st.partial, eps);
-      a.mix_sources.push_back(st.partial);
-      a.mix_rstd.push_back(prstd);
-    }
-    a.x = new_act(N, d);
-    a.mix_probs = new_stat({N, static_cast<int64_t>(a.mix_sources.size())});
-    const char* q = is_attn ? "attn_res.query" : "mlp_res.query";
-    k::mix_forward(a.x, a.mix_probs, p(layer_param(l, q)).value, a.mix_sources, a.mix_rstd);
-  } else {
+  if (!cfg_.attnres()) {
     a.x = st.hidden;
+  } else if (i == 0) {
+    a.x = a.mix_o;  // the completed blocks are all the sources
+  } else {
+    ATTNRES_CHECK(st.partial.defined(), "sublayer ", s, ": partial sum missing");
+    a.mix_partial = st.partial;
+    a.x = new_act(N, d);
+    a.mix_stats = new_stat({N, 2});
+    k::mix_merge_forward(a.x, a.mix_stats, mix_query(s).value, a.mix_o, a.mix_lse, st.partial,
+                         eps);
   }
 
   a.u = new_act(N, d);
@@ -273,12 +326,32 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
     g.hidden = dx;
     return;
   }
-  std::vector<Tensor> dsrc = g.sources;
-  if (i > 0) dsrc.push_back(g.partial);
-  ATTNRES_CHECK(dsrc.size() == a.mix_sources.size(), "sublayer ", s, ": ", dsrc.size(),
-                " source gradients for ", a.mix_sources.size(), " sources");
-  Param& q = p(layer_param(l, is_attn ? "attn_res.query" : "mlp_res.query"));
-  k::mix_backward(dsrc, q.grad, dx, q.value, a.mix_sources, a.mix_rstd, a.mix_probs);
+  if (i == 0) {  // x was the phase-1 output itself
+    a.d_o = dx;
+    return;
+  }
+  // Merge backward: d o and dlse for the group's phase 1, d p_before += into
+  // the partial's gradient (dy's buffer, fully consumed above).
+  Param& q = mix_query(s);
+  a.d_o = new_act(N, d);
+  k::mix_merge_backward(a.d_o, a.mix_dlse_row, g.partial, q.grad, dx, q.value, a.mix_o,
+                        a.mix_partial, a.mix_stats);
+}
+
+void Model::mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad) {
+  const SublayerActs& leader = g[0];
+  ATTNRES_CHECK(grad.sources.size() == leader.mix_sources.size(), "sublayer ", s, ": ",
+                grad.sources.size(), " source gradients for ", leader.mix_sources.size(),
+                " sources");
+  std::vector<Tensor> dws, douts, ws;
+  for (size_t q = 0; q < g.size(); ++q) {
+    Param& w = mix_query(s + static_cast<int64_t>(q));
+    dws.push_back(w.grad);
+    ws.push_back(w.value);
+    douts.push_back(g[q].d_o);
+  }
+  k::mix_backward(grad.sources, dws, douts, leader.mix_dlse.defined() ? &leader.mix_dlse : nullptr,
+                  ws, leader.mix_sources, leader.mix_rstd, leader.mix_probs);
 }
 
 // ---------------------------------------------------------------------------
@@ -288,16 +361,22 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
 void Model::layers_forward(int64_t l0, int64_t l1, DepthState& st, Activations& acts) const {
   acts.first_sublayer = 2 * l0;
   acts.sub.assign(static_cast<size_t>(2 * (l1 - l0)), SublayerActs{});
-  for (int64_t s = 2 * l0; s < 2 * l1; ++s)
-    sublayer_forward(s, st, acts.sub[s - 2 * l0], acts.B, acts.T);
+  sublayers_forward(2 * l0, 2 * l1, st, acts.sub, acts.B, acts.T);
 }
 
 void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad& g) {
   ATTNRES_CHECK(acts.first_sublayer == 2 * l0 && acts.sub.size() == size_t(2 * (l1 - l0)),
                 "layers_backward: activations are for another layer range");
   for (int64_t s = 2 * l1 - 1; s >= 2 * l0; --s) {
-    sublayer_backward(s, acts.sub[s - 2 * l0], g, acts.B, acts.T);
-    acts.sub[s - 2 * l0] = SublayerActs{};  // free as we go
+    SublayerActs& a = acts.sub[s - 2 * l0];
+    sublayer_backward(s, a, g, acts.B, acts.T);
+    if (!cfg_.attnres()) {
+      a = SublayerActs{};  // free as we go
+    } else if (a.group_size > 0) {  // a group leader: its group is done
+      Span<SublayerActs> group(&a, static_cast<size_t>(a.group_size));
+      mix_phase1_backward(s, group, g);
+      for (SublayerActs& m : group) m = SublayerActs{};
+    }
   }
 }
 
@@ -307,19 +386,23 @@ void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad
 
 Tensor Model::final_mix(const DepthState& st, Activations& acts) const {
   if (!cfg_.attnres()) return st.hidden;  // baseline: z is the residual stream
-  const int64_t N = st.sources.at(0).dim(0);
+  const int64_t N = st.sources.at(0).dim(0), d = cfg_.d_model;
+  const Tensor& w = p("model.final_res.query").value;
   acts.final_sources = st.sources;
   acts.final_rstd = st.source_rstd;
-  if (st.partial.defined()) {  // 2L % S != 0: the unfinished block is a source too
-    Tensor prstd = new_stat({N});
-    k::mix_source_rstd(prstd, st.partial, static_cast<float>(cfg_.norm_eps));
-    acts.final_sources.push_back(st.partial);
-    acts.final_rstd.push_back(prstd);
-  }
-  Tensor z = new_act(N, cfg_.d_model);
-  acts.final_probs = new_stat({N, static_cast<int64_t>(acts.final_sources.size())});
-  k::mix_forward(z, acts.final_probs, p("model.final_res.query").value, acts.final_sources,
-                 acts.final_rstd);
+  acts.final_probs = new_stat({1, N, static_cast<int64_t>(st.sources.size())});
+  Tensor o = new_act(N, d);
+  const bool merge = st.partial.defined();  // 2L % S != 0: the unfinished block is a source too
+  if (merge) acts.final_lse = new_stat({1, N});
+  k::mix_forward(Span<Tensor>(&o, 1), acts.final_probs, merge ? &acts.final_lse : nullptr,
+                 Span<const Tensor>(&w, 1), st.sources, st.source_rstd);
+  if (!merge) return o;
+  acts.final_o = o;
+  acts.final_partial = st.partial;
+  acts.final_stats = new_stat({N, 2});
+  Tensor z = new_act(N, d);
+  k::mix_merge_forward(z, acts.final_stats, w, o, acts.final_lse.reshape({N}), st.partial,
+                       static_cast<float>(cfg_.norm_eps));
   return z;
 }
 
@@ -349,12 +432,19 @@ double Model::head_forward(const DepthState& st, const Tensor& targets, Activati
     return loss;
   }
   for (size_t j = 0; j < st.sources.size(); ++j) grad->sources.push_back(zero_act(N, d));
-  if (st.partial.defined()) grad->partial = zero_act(N, d);
-  std::vector<Tensor> dsrc = grad->sources;
-  if (st.partial.defined()) dsrc.push_back(grad->partial);
   Param& q = p("model.final_res.query");
-  k::mix_backward(dsrc, q.grad, dz, q.value, acts.final_sources, acts.final_rstd,
-                  acts.final_probs);
+  Tensor d_o = dz, dlse;
+  if (st.partial.defined()) {
+    grad->partial = zero_act(N, d);
+    d_o = new_act(N, d);
+    dlse = new_stat({1, N});
+    Tensor dlse_row = dlse.reshape({N});
+    k::mix_merge_backward(d_o, dlse_row, grad->partial, q.grad, dz, q.value, acts.final_o,
+                          acts.final_partial, acts.final_stats);
+  }
+  k::mix_backward(grad->sources, Span<Tensor>(&q.grad, 1), Span<const Tensor>(&d_o, 1),
+                  dlse.defined() ? &dlse : nullptr, Span<const Tensor>(&q.value, 1),
+                  acts.final_sources, acts.final_rstd, acts.final_probs);
   return loss;
 }
 
@@ -400,8 +490,8 @@ std::vector<float> Model::decode_step(int32_t token, DecodeCache& cache) const {
   Activations acts;
   Tensor tok = Tensor::from_vector(std::vector<int32_t>{token}, {1});
   embed_forward(tok, 1, 1, st, acts);
-  SublayerActs a;
-  for (int64_t s = 0; s < cfg_.n_sublayers(); ++s) sublayer_forward(s, st, a, 1, 1, &cache);
+  std::vector<SublayerActs> subs(static_cast<size_t>(cfg_.n_sublayers()));
+  sublayers_forward(0, cfg_.n_sublayers(), st, subs, 1, 1, &cache);
   ++cache.pos;
   // Head without the loss: final Mix (or stream), norm, logits.
   const float eps = static_cast<float>(cfg_.norm_eps);
@@ -423,17 +513,33 @@ std::vector<std::vector<double>> Model::depth_attention(const Tensor& tokens, in
   layers_forward(0, cfg_.n_layers, st, acts);
   Tensor dummy_targets = Tensor::zeros({B * T}, DType::I32, device_);
   head_forward(st, dummy_targets, acts, nullptr, 0.0);
-  auto mean_rows = [&](const Tensor& probs) {
+  // Mean over tokens of one Mix's weights: its phase-1 weights probs [N, k],
+  // scaled by (1 - a) and followed by a (the partial's weight) when it merged.
+  auto mean_weights = [&](const Tensor& probs, const Tensor& stats) {
     const int64_t n = probs.dim(0), kk = probs.dim(1);
-    Tensor p64 = probs.to(Device::CPU).to(DType::F64);
-    std::vector<double> m(static_cast<size_t>(kk), 0.0);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t j = 0; j < kk; ++j) m[j] += p64.data<double>()[r * kk + j] / n;
+    const Tensor p64 = probs.to(Device::CPU).to(DType::F64);
+    Tensor s64;
+    if (stats.defined()) s64 = stats.to(Device::CPU).to(DType::F64);
+    std::vector<double> m(static_cast<size_t>(kk + (stats.defined() ? 1 : 0)), 0.0);
+    for (int64_t r = 0; r < n; ++r) {
+      const double a = stats.defined() ? s64.data<double>()[2 * r] : 0.0;
+      for (int64_t j = 0; j < kk; ++j) m[j] += p64.data<double>()[r * kk + j] * (1 - a) / n;
+      if (stats.defined()) m[kk] += a / n;
+    }
     return m;
   };
   std::vector<std::vector<double>> out;
-  for (const auto& a : acts.sub) out.push_back(mean_rows(a.mix_probs));
-  out.push_back(mean_rows(acts.final_probs));
+  const SublayerActs* leader = nullptr;
+  for (size_t s = 0; s < acts.sub.size(); ++s) {
+    const SublayerActs& a = acts.sub[s];
+    if (a.group_size > 0) leader = &a;
+    const int64_t q = static_cast<int64_t>(s) - (leader - acts.sub.data());
+    const Tensor& probs = leader->mix_probs;
+    out.push_back(mean_weights(probs.rows(q, 1).reshape({probs.dim(1), probs.dim(2)}),
+                               a.mix_stats));
+  }
+  const Tensor& fp = acts.final_probs;
+  out.push_back(mean_weights(fp.reshape({fp.dim(1), fp.dim(2)}), acts.final_stats));
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/span.h"
 #include "core/tensor.h"
 #include "kernels/store.h"
 #include "model/config.h"
@@ -18,10 +19,24 @@
 namespace attnres::model {
 
 // Saved tensors of one sublayer (attention or MLP).
+//
+// AttnRes modes run the depth Mix in two phases (kernels/mix.h): the
+// consecutive sublayers of one block inside one chunk form a group whose
+// first sublayer (the leader) runs phase 1 for all of them, over the
+// completed blocks; each sublayer past its block's first then merges with the
+// block's partial sum. The leader keeps the group's phase-1 record.
 struct SublayerActs {
-  // Depth Mix (attnres modes): the sources it read, their RMS stats, softmax weights.
+  // Group leader: the completed sources read, their RMS stats, the softmax
+  // weights [Q, N, k], and dL/dlse [Q, N] (rows of merging sublayers are
+  // written by their backward; zero when no sublayer merges: undefined).
+  int64_t group_size = 0;  // Q for a leader, 0 otherwise
   std::vector<Tensor> mix_sources, mix_rstd;
-  Tensor mix_probs;
+  Tensor mix_probs, mix_dlse;
+  // Every AttnRes sublayer: its phase-1 output o; with a merge, also its
+  // lse [N] (a row of the leader's), the partial sum p it merged with, the
+  // merge statistics {a, rstd_p} [N, 2] and its row of the leader's dlse.
+  Tensor mix_o, mix_lse, mix_partial, mix_stats, mix_dlse_row;
+  Tensor d_o;         // backward: dL/do, for the leader's phase-1 backward
   Tensor x;           // sublayer input (Mix output, or the baseline stream)
   Tensor norm_rstd;   // RMSNorm statistics of x
   Tensor u;           // RMSNorm(x; g)
@@ -37,9 +52,10 @@ struct Activations {
   Tensor tokens;                      // embedding chunk only
   int64_t first_sublayer = 0;
   std::vector<SublayerActs> sub;      // in forward order
-  // head: final Mix, norm, LM head
+  // head: final Mix (phase 1 over the completed sources, merged with the
+  // unfinished block's partial sum when 2L % S != 0), norm, LM head
   std::vector<Tensor> final_sources, final_rstd;
-  Tensor final_probs, z, z_rstd, h;
+  Tensor final_probs, final_o, final_lse, final_partial, final_stats, z, z_rstd, h;
 };
 
 // Per-sublayer statistics for the depth analysis (the paper's Figure 5 view),
@@ -124,7 +140,12 @@ class Model {
   void set_depth_stats(DepthStats* sink) { depth_stats_ = sink; }
 
  private:
-  struct LayerRefs;
+  // Sublayers [s0, s1) on `st`; subs[s - s0] receives sublayer s's record.
+  void sublayers_forward(int64_t s0, int64_t s1, DepthState& st, std::vector<SublayerActs>& subs,
+                         int64_t B, int64_t T, DecodeCache* cache = nullptr) const;
+  // Phase 1 of the group g[0..Q) (sublayers s, s + 1, ...) over st's completed sources.
+  void mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState& st) const;
+  void mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad);
   void sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
                         DecodeCache* cache = nullptr) const;
   // z = final Mix over all sources (AttnRes) or the stream (baseline); fills
@@ -144,6 +165,8 @@ class Model {
   Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
   Tensor new_stat(const Shape& shape) const;           // fp32 (fp64) statistics
   Tensor on_device(const Tensor& t) const;             // t, copied here if it lives elsewhere
+  const Param& mix_query(int64_t s) const;  // the Mix query of sublayer s
+  Param& mix_query(int64_t s);
   const Param& p(const std::string& name) const { return params_.get(name); }
   Param& p(const std::string& name) { return params_.get(name); }
   const Param& out_proj() const;

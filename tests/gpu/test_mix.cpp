@@ -264,3 +264,113 @@ TEST_CASE("cuda mix rejects more sources or wider rows than its kernels take", "
                         Catch::Contains("d = 8200 exceeds"));
   }
 }
+
+namespace {
+
+// Phase 1 with Q queries (lse and its gradient included) against the CPU in
+// F64 on the same values: outputs, probs, lse; dsources (accumulated into
+// random values), dws (as increments).
+void check_group(int64_t N, int64_t d, int64_t kk, int64_t Q, DType dt, uint64_t seed) {
+  INFO("N=" << N << " d=" << d << " k=" << kk << " Q=" << Q << " " << dtype_name(dt));
+  const double tol = gt::tol(dt);
+  MixSetup s = make_setup(N, d, kk, dt, seed);
+  const std::vector<Tensor> src64 = to_f64(s.src_h);
+  const std::vector<Tensor> rs32 = rstds_f32(s), rs64 = to_f64(rs32), rs_d = on_device(rs32);
+  std::vector<Tensor> w_h, w_d, w64;
+  for (int64_t q = 0; q < Q; ++q) {
+    w_h.push_back(gt::randn_f32({d}, seed + 100 + q, 2.0 / std::sqrt(double(d))));
+    w_d.push_back(gt::to_device(w_h.back(), dt));
+    w64.push_back(w_h.back().to(DType::F64));
+  }
+  std::vector<Tensor> out_ref, out_d;
+  for (int64_t q = 0; q < Q; ++q) {
+    out_ref.push_back(Tensor::empty({N, d}, DType::F64));
+    out_d.push_back(gt::poisoned({N, d}, dt));
+  }
+  Tensor probs_ref = Tensor::empty({Q, N, kk}, DType::F64), lse_ref = Tensor::empty({Q, N}, DType::F64);
+  Tensor probs = gt::poisoned({Q, N, kk}, DType::F32), lse = gt::poisoned({Q, N}, DType::F32);
+  k::mix_forward(out_ref, probs_ref, &lse_ref, w64, src64, rs64);
+  k::mix_forward(out_d, probs, &lse, w_d, s.src_d, rs_d);
+  for (int64_t q = 0; q < Q; ++q) CHECK(gt::rel_l2(gt::to_host_f32(out_d[q]), out_ref[q]) < tol);
+  CHECK(gt::rel_l2(probs.to(Device::CPU), probs_ref) < gt::kTolF32);
+  CHECK(gt::rel_l2(lse.to(Device::CPU), lse_ref) < gt::kTolF32);
+
+  // Backward from the CPU's probs (rounded to F32) on both sides.
+  const Tensor probs32 = probs_ref.to(DType::F32);
+  std::vector<Tensor> dout_d, dout64, ds_d, ds_ref, dw_d, dw_ref;
+  for (int64_t q = 0; q < Q; ++q) {
+    Tensor dout = gt::randn_f32({N, d}, seed + 200 + q);
+    dout_d.push_back(gt::to_device(dout, dt));
+    dout64.push_back(dout.to(DType::F64));
+    dw_d.push_back(Tensor::zeros({d}, DType::F32, Device::CUDA));
+    dw_ref.push_back(Tensor::zeros({d}, DType::F64));
+  }
+  for (int64_t j = 0; j < kk; ++j) {
+    Tensor ds0 = gt::randn_f32({N, d}, seed + 300 + j, 0.5);
+    ds_d.push_back(gt::to_device(ds0, dt));
+    ds_ref.push_back(ds0.to(DType::F64));
+  }
+  Tensor dlse = gt::randn_f32({Q, N}, seed + 400);
+  const Tensor dlse64 = dlse.to(DType::F64);
+  k::mix_backward(ds_ref, dw_ref, dout64, &dlse64, w64, src64, rs64, probs32.to(DType::F64));
+  const Tensor dlse_d = dlse.to(Device::CUDA);
+  k::mix_backward(ds_d, dw_d, dout_d, &dlse_d, w_d, s.src_d, rs_d, probs32.to(Device::CUDA));
+  for (int64_t j = 0; j < kk; ++j) {
+    INFO("dsource " << j);
+    CHECK(gt::rel_l2(gt::to_host_f32(ds_d[j]), ds_ref[j]) < tol);
+  }
+  for (int64_t q = 0; q < Q; ++q) {
+    INFO("dw " << q);
+    CHECK(gt::rel_l2(dw_d[q].to(Device::CPU), dw_ref[q]) < (dt == DType::BF16 ? tol : 1e-5));
+  }
+}
+
+// The merge with a partial sum, forward and backward, against the CPU in F64.
+void check_merge(int64_t N, int64_t d, DType dt, uint64_t seed) {
+  INFO("N=" << N << " d=" << d << " " << dtype_name(dt));
+  const double tol = gt::tol(dt);
+  Tensor o = gt::randn_f32({N, d}, seed), p = gt::randn_f32({N, d}, seed + 1, 1.5);
+  Tensor w = gt::randn_f32({d}, seed + 2, 2.0 / std::sqrt(double(d)));
+  Tensor lse = gt::randn_f32({N}, seed + 3);
+  const Tensor o_d = gt::to_device(o, dt), p_d = gt::to_device(p, dt), w_d = gt::to_device(w, dt);
+  const Tensor lse_d = lse.to(Device::CUDA);
+  Tensor x_ref = Tensor::empty({N, d}, DType::F64), st_ref = Tensor::empty({N, 2}, DType::F64);
+  k::mix_merge_forward(x_ref, st_ref, w.to(DType::F64), o.to(DType::F64), lse.to(DType::F64),
+                       p.to(DType::F64), kMixEps);
+  Tensor x = gt::poisoned({N, d}, dt), st = gt::poisoned({N, 2}, DType::F32);
+  k::mix_merge_forward(x, st, w_d, o_d, lse_d, p_d, kMixEps);
+  CHECK(gt::rel_l2(gt::to_host_f32(x), x_ref) < tol);
+  CHECK(gt::rel_l2(st.to(Device::CPU), st_ref) < gt::kTolF32);
+
+  // Backward from the CPU's stats (rounded to F32) on both sides.
+  const Tensor st32 = st_ref.to(DType::F32);
+  Tensor dx = gt::randn_f32({N, d}, seed + 4), dp0 = gt::randn_f32({N, d}, seed + 5, 0.5);
+  Tensor do_ref = Tensor::empty({N, d}, DType::F64), dlse_ref = Tensor::empty({N}, DType::F64);
+  Tensor dp_ref = dp0.to(DType::F64), dw_ref = Tensor::zeros({d}, DType::F64);
+  k::mix_merge_backward(do_ref, dlse_ref, dp_ref, dw_ref, dx.to(DType::F64), w.to(DType::F64),
+                        o.to(DType::F64), p.to(DType::F64), st32.to(DType::F64));
+  Tensor do_d = gt::poisoned({N, d}, dt), dlse_d = gt::poisoned({N}, DType::F32);
+  Tensor dp_d = gt::to_device(dp0, dt), dw_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
+  k::mix_merge_backward(do_d, dlse_d, dp_d, dw_d, gt::to_device(dx, dt), w_d, o_d, p_d,
+                        st32.to(Device::CUDA));
+  CHECK(gt::rel_l2(gt::to_host_f32(do_d), do_ref) < tol);
+  CHECK(gt::rel_l2(dlse_d.to(Device::CPU), dlse_ref) < (dt == DType::BF16 ? tol : 1e-5));
+  CHECK(gt::rel_l2(gt::to_host_f32(dp_d), dp_ref) < tol);
+  CHECK(gt::rel_l2(dw_d.to(Device::CPU), dw_ref) < (dt == DType::BF16 ? tol : 1e-5));
+}
+
+}  // namespace
+
+TEST_CASE("cuda mix with Q queries (phase 1) matches the CPU", "[gpu][mix]") {
+  uint64_t seed = 70000;
+  struct C { int64_t N, d, kk, Q; };
+  // warp and block rows; Q = 17 spans two launches of at most 16 queries.
+  for (const C& c : {C{300, 768, 4, 3}, C{37, 36, 2, 17}, C{5, 2048, 3, 2}, C{16384, 768, 8, 3}})
+    for (DType dt : {DType::F32, DType::BF16}) check_group(c.N, c.d, c.kk, c.Q, dt, seed += 1000);
+}
+
+TEST_CASE("cuda mix merge (phase 2) matches the CPU", "[gpu][mix]") {
+  uint64_t seed = 80000;
+  for (int64_t d : {int64_t(36), int64_t(768), int64_t(4100)})
+    for (DType dt : {DType::F32, DType::BF16}) check_merge(257, d, dt, seed += 100);
+}

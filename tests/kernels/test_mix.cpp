@@ -1,6 +1,9 @@
 // AttnRes depth Mix: forward vs an explicit per-row softmax, gradients (w and
 // every source, through the rstd path) vs finite differences for k = 1, 2, 5,
-// k = 1 identity, accumulation, precision, determinism and errors.
+// k = 1 identity, accumulation, precision, determinism and errors; Block
+// AttnRes's two-phase form: Q queries at once equal Q single calls bit for
+// bit, the merge equals the one-pass softmax over all sources, and its
+// gradients (through lse and rstd_p) match finite differences.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -208,6 +211,159 @@ TEST_CASE("mix is deterministic and independent of the thread count", "[kernels]
     REQUIRE(same_bits(dw[r], dw[0]));
     for (int64_t j = 0; j < kk; ++j) REQUIRE(same_bits(dsrc[r][j], dsrc[0][j]));
   }
+}
+
+namespace {
+
+// Phase 1 for queries ws over src: outputs, probs [Q, N, k], lse [Q, N].
+struct GroupOut {
+  std::vector<Tensor> outs;
+  Tensor probs, lse;
+};
+GroupOut mix_group(const std::vector<Tensor>& ws, const std::vector<Tensor>& src,
+                   const std::vector<Tensor>& rs) {
+  const int64_t N = src[0].dim(0), d = src[0].dim(1), Q = static_cast<int64_t>(ws.size());
+  const DType dt = ws[0].dtype();
+  GroupOut g;
+  for (int64_t q = 0; q < Q; ++q) g.outs.push_back(Tensor::empty({N, d}, dt));
+  g.probs = Tensor::empty({Q, N, static_cast<int64_t>(src.size())}, dt);
+  g.lse = Tensor::empty({Q, N}, dt);
+  k::mix_forward(g.outs, g.probs, &g.lse, ws, src, rs);
+  return g;
+}
+
+// The two-phase Mix of one sublayer: phase 1 over src, merge with p.
+Tensor two_phase(const Tensor& w, const std::vector<Tensor>& src, const Tensor& p, Tensor* stats,
+                 GroupOut* g1 = nullptr) {
+  const int64_t N = p.dim(0), d = p.dim(1);
+  GroupOut g = mix_group({w}, src, rstds_of(src));
+  Tensor x = Tensor::empty({N, d}, w.dtype());
+  Tensor st = Tensor::empty({N, 2}, w.dtype());
+  k::mix_merge_forward(x, st, w, g.outs[0], g.lse.reshape({N}), p, kEps);
+  if (stats) *stats = st;
+  if (g1) *g1 = g;
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("mix with Q queries equals Q single-query calls bit for bit", "[kernels]") {
+  const int64_t N = 300, d = 16, kk = 4, Q = 3;  // several dw row chunks
+  for (DType dt : {DType::F32, DType::F64}) {
+    std::vector<Tensor> src = random_sources(kk, N, d, 40, dt);
+    std::vector<Tensor> rs = rstds_of(src);
+    std::vector<Tensor> ws, douts;
+    for (int64_t q = 0; q < Q; ++q) {
+      ws.push_back(randn({d}, 50 + q, dt));
+      douts.push_back(randn({N, d}, 60 + q, dt));
+    }
+    GroupOut g = mix_group(ws, src, rs);
+    // Backward of the group, and query by query in descending order.
+    std::vector<Tensor> dsrc = zeros_like(src), dws = zeros_like(ws);
+    k::mix_backward(dsrc, dws, douts, nullptr, ws, src, rs, g.probs);
+    std::vector<Tensor> dsrc1 = zeros_like(src), dws1 = zeros_like(ws);
+    for (int64_t q = Q - 1; q >= 0; --q) {
+      MixOut m = mix(ws[q], src, rs);
+      INFO("query " << q);
+      REQUIRE(same_bits(m.out, g.outs[q]));
+      REQUIRE(same_bits(m.probs, g.probs.rows(q, 1).reshape({N, kk})));
+      // lse against the logits recomputed in double.
+      for (int64_t n = 0; n < N; n += 37) {
+        double mx = -INFINITY, l = 0;
+        std::vector<double> z;
+        for (int64_t j = 0; j < kk; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += at(ws[q], c) * at(src[j], n * d + c);
+          z.push_back(dot * at(rs[j], n));
+          mx = std::max(mx, z.back());
+        }
+        for (double zj : z) l += std::exp(zj - mx);
+        REQUIRE(at(g.lse, q * N + n) ==
+                Approx(mx + std::log(l)).epsilon(dt == DType::F32 ? 1e-5 : 1e-12));
+      }
+      k::mix_backward(dsrc1, dws1[q], douts[q], ws[q], src, rs, m.probs);
+    }
+    for (int64_t j = 0; j < kk; ++j) REQUIRE(same_bits(dsrc[j], dsrc1[j]));
+    for (int64_t q = 0; q < Q; ++q) REQUIRE(same_bits(dws[q], dws1[q]));
+  }
+}
+
+TEST_CASE("two-phase mix equals the one-pass softmax over all sources", "[kernels]") {
+  const int64_t N = 9, d = 12;
+  for (int64_t kk : {int64_t(1), int64_t(3)}) {
+    INFO("completed sources " << kk);
+    std::vector<Tensor> src = random_sources(kk + 1, N, d, 70 + kk);
+    const Tensor p = src.back();  // the partial sum: the last source
+    std::vector<Tensor> completed(src.begin(), src.end() - 1);
+    const Tensor w = randn({d}, 80);
+    Tensor stats;
+    const Tensor x = two_phase(w, completed, p, &stats);
+    const MixOut one = mix(w, src, rstds_of(src));
+    REQUIRE(max_rel_diff(x, one.out, 1e-9) < 1e-12);
+    for (int64_t n = 0; n < N; ++n)  // a = the partial's softmax weight
+      REQUIRE(at(stats, 2 * n) == Approx(at(one.probs, n * (kk + 1) + kk)).epsilon(1e-12));
+
+    // Gradients of the composite (phase-1 backward fed by the merge's d_o
+    // and dlse) against the one-pass backward.
+    const Tensor wt = randn({N, d}, 81);
+    GroupOut g;
+    two_phase(w, completed, p, &stats, &g);
+    std::vector<Tensor> rs = rstds_of(completed);
+    Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({1, N}, DType::F64);
+    Tensor dp = Tensor::zeros({N, d}, DType::F64), dw = Tensor::zeros({d}, DType::F64);
+    Tensor dlse_row = dlse.reshape({N});
+    k::mix_merge_backward(d_o, dlse_row, dp, dw, wt, w, g.outs[0], p, stats);
+    std::vector<Tensor> dsrc = zeros_like(completed);
+    std::vector<Tensor> dws{dw}, douts{d_o}, qs{w};
+    k::mix_backward(dsrc, dws, douts, &dlse, qs, completed, rs, g.probs);
+
+    std::vector<Tensor> dsrc1 = zeros_like(src);
+    Tensor dw1 = Tensor::zeros({d}, DType::F64);
+    k::mix_backward(dsrc1, dw1, wt, w, src, rstds_of(src), one.probs);
+    REQUIRE(max_rel_diff(dw, dw1, 1e-9) < 1e-10);
+    REQUIRE(max_rel_diff(dp, dsrc1.back(), 1e-9) < 1e-10);
+    for (int64_t j = 0; j < kk; ++j) REQUIRE(max_rel_diff(dsrc[j], dsrc1[j], 1e-9) < 1e-10);
+  }
+}
+
+TEST_CASE("mix merge backward matches finite differences", "[kernels]") {
+  const int64_t N = 6, d = 10;
+  Tensor o = randn({N, d}, 90), p = randn({N, d}, 91, DType::F64, 1.7);
+  Tensor lse = randn({N}, 92), w = randn({d}, 93), wt = randn({N, d}, 94);
+  auto merge = [&] {
+    Tensor x = Tensor::empty({N, d}, DType::F64), st = Tensor::empty({N, 2}, DType::F64);
+    k::mix_merge_forward(x, st, w, o, lse, p, kEps);
+    return std::make_pair(x, st);
+  };
+  auto loss = [&] { return weighted_sum(merge().first, wt); };
+  const Tensor stats = merge().second;
+  // dp accumulates: start it from random values and subtract them after.
+  const Tensor dp0 = randn({N, d}, 95);
+  Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({N}, DType::F64);
+  Tensor dp = dp0.clone(), dw = Tensor::zeros({d}, DType::F64);
+  k::mix_merge_backward(d_o, dlse, dp, dw, wt, w, o, p, stats);
+  for (int64_t i = 0; i < dp.numel(); ++i) set(dp, i, at(dp, i) - at(dp0, i));
+  REQUIRE(fd_check(o, d_o, loss, kH, kFloor) < 1e-6);
+  REQUIRE(fd_check(lse, dlse, loss, kH, kFloor) < 1e-6);
+  REQUIRE(fd_check(p, dp, loss, kH, kFloor) < 1e-6);
+  REQUIRE(fd_check(w, dw, loss, kH, kFloor) < 1e-6);
+}
+
+TEST_CASE("mix backward's lse gradient matches finite differences", "[kernels]") {
+  const int64_t N = 5, d = 8, kk = 3, Q = 2;
+  std::vector<Tensor> src = random_sources(kk, N, d, 100);
+  std::vector<Tensor> ws{randn({d}, 101), randn({d}, 102)};
+  const Tensor wl = randn({Q, N}, 103);  // loss = sum wl * lse (no output term)
+  auto loss = [&] { return weighted_sum(mix_group(ws, src, rstds_of(src)).lse, wl); };
+  std::vector<Tensor> rs = rstds_of(src);
+  GroupOut g = mix_group(ws, src, rs);
+  std::vector<Tensor> dsrc = zeros_like(src), dws = zeros_like(ws);
+  std::vector<Tensor> douts{Tensor::zeros({N, d}, DType::F64), Tensor::zeros({N, d}, DType::F64)};
+  k::mix_backward(dsrc, dws, douts, &wl, ws, src, rs, g.probs);
+  // lse is more curved than the outputs: a smaller step keeps truncation low.
+  for (int64_t q = 0; q < Q; ++q) REQUIRE(fd_check(ws[q], dws[q], loss, kH / 10, kFloor) < 1e-6);
+  for (int64_t j = 0; j < kk; ++j)
+    REQUIRE(fd_check(src[j], dsrc[j], loss, kH / 10, kFloor) < 1e-6);
 }
 
 TEST_CASE("mix rejects bad arguments", "[kernels]") {

@@ -41,105 +41,183 @@ void mix_source_rstd(T* rstd, const T* v, int64_t N, int64_t d, T eps) {
 }
 
 template <typename T>
-void mix_forward(T* out, T* probs, const T* w, const T* const* sources, const T* const* rstds,
-                 int64_t N, int64_t d, int64_t k) {
-#pragma omp parallel if (N * d * k >= kParallelMin)
+void mix_forward(T* const* outs, T* probs, T* lse, const T* const* ws, int64_t Q,
+                 const T* const* sources, const T* const* rstds, int64_t N, int64_t d, int64_t k) {
+#pragma omp parallel if (N * d * k * Q >= kParallelMin)
   {
     std::vector<T> a(static_cast<size_t>(k));
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      // logit_j = w . (v_j rstd_j): the key is the RMS-normalised source.
-      T m = -INFINITY;
-      for (int64_t j = 0; j < k; ++j) {
-        a[j] = dot(w, sources[j] + n * d, d) * rstds[j][n];
-        m = std::max(m, a[j]);
-      }
-      // Softmax with max subtraction. With k == 1 this gives a_0 = 1 exactly,
-      // so the output is the source bit for bit.
-      T l = 0;
-      for (int64_t j = 0; j < k; ++j) {
-        a[j] = std::exp(a[j] - m);
-        l += a[j];
-      }
-      const T inv = T(1) / l;
-      for (int64_t j = 0; j < k; ++j) {
-        a[j] *= inv;
-        probs[n * k + j] = a[j];
-      }
-      T* o = out + n * d;
-      const T* v0 = sources[0] + n * d;
-      const T a0 = a[0];
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t q = 0; q < Q; ++q) {  // queries one after another: each as if alone
+        const T* w = ws[q];
+        // logit_j = w . (v_j rstd_j): the key is the RMS-normalised source.
+        T m = -INFINITY;
+        for (int64_t j = 0; j < k; ++j) {
+          a[j] = dot(w, sources[j] + n * d, d) * rstds[j][n];
+          m = std::max(m, a[j]);
+        }
+        // Softmax with max subtraction. With k == 1 this gives a_0 = 1
+        // exactly, so the output is the source bit for bit.
+        T l = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          a[j] = std::exp(a[j] - m);
+          l += a[j];
+        }
+        if (lse) lse[q * N + n] = m + std::log(l);
+        const T inv = T(1) / l;
+        T* pr = probs + (q * N + n) * k;
+        for (int64_t j = 0; j < k; ++j) {
+          a[j] *= inv;
+          pr[j] = a[j];
+        }
+        T* o = outs[q] + n * d;
+        const T* v0 = sources[0] + n * d;
+        const T a0 = a[0];
 #pragma omp simd
-      for (int64_t c = 0; c < d; ++c) o[c] = a0 * v0[c];
-      for (int64_t j = 1; j < k; ++j) {
-        const T* vj = sources[j] + n * d;
-        const T aj = a[j];
+        for (int64_t c = 0; c < d; ++c) o[c] = a0 * v0[c];
+        for (int64_t j = 1; j < k; ++j) {
+          const T* vj = sources[j] + n * d;
+          const T aj = a[j];
 #pragma omp simd
-        for (int64_t c = 0; c < d; ++c) o[c] += aj * vj[c];
+          for (int64_t c = 0; c < d; ++c) o[c] += aj * vj[c];
+        }
       }
-    }
   }
 }
 
-// Per row, with x_j = v_j r_j (r_j = rstd_j), logit_j = w . x_j, a = softmax(logit):
+// Per row and query, with x_j = v_j r_j (r_j = rstd_j), logit_j = w . x_j,
+// a = softmax(logit), and dlse the gradient of lse = log sum_j exp(logit_j)
+// (d lse / d logit_j = a_j):
 //   da_j     = dout . v_j
-//   dlogit_j = a_j (da_j - sum_i a_i da_i)                       (softmax backward)
+//   dlogit_j = a_j (da_j - sum_i a_i da_i + dlse)                (softmax backward)
 //   dv_j    += a_j dout + dlogit_j r_j (w - x_j (w . x_j) / d)    (dr_j/dv_j = -r_j^3 v_j / d)
 //            = a_j dout + (dlogit_j r_j) w - (dlogit_j r_j^3 (w . v_j) / d) v_j
 //   dw      += dlogit_j r_j v_j
 template <typename T>
-void mix_backward(T* const* dsources, T* dw, const T* dout, const T* w, const T* const* sources,
-                  const T* const* rstds, const T* probs, int64_t N, int64_t d, int64_t k) {
+void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, const T* dlse,
+                  const T* const* ws, int64_t Q, const T* const* sources, const T* const* rstds,
+                  const T* probs, int64_t N, int64_t d, int64_t k) {
   const int64_t n_chunks = (N + kRowChunk - 1) / kRowChunk;
-  // dw partials in double: dw sums over every token of the batch.
-  std::vector<double> partial(static_cast<size_t>(n_chunks * d), 0.0);
+  // dw partials in double, per query and row chunk: dw sums over every token.
+  std::vector<double> partial(static_cast<size_t>(Q * n_chunks * d), 0.0);
 
-#pragma omp parallel if (N * d * k >= kParallelMin)
+#pragma omp parallel if (N * d * k * Q >= kParallelMin)
   {
     std::vector<T> wv(static_cast<size_t>(k)), da(static_cast<size_t>(k));
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < n_chunks; ++ch) {
-      double* pc = partial.data() + ch * d;
       const int64_t row_end = std::min(N, (ch + 1) * kRowChunk);
-      for (int64_t n = ch * kRowChunk; n < row_end; ++n) {
-        const T* dy = dout + n * d;
-        const T* a = probs + n * k;
-        // All reads of dout and the sources for this row happen before any
-        // write to dsources, so dsources may alias each other.
-        T s = 0;  // sum_i a_i da_i
-        for (int64_t j = 0; j < k; ++j) {
-          const T* vj = sources[j] + n * d;
-          T x = 0, y = 0;
+      for (int64_t n = ch * kRowChunk; n < row_end; ++n)
+        for (int64_t q = Q - 1; q >= 0; --q) {  // descending: see kernels/mix.h
+          const T* w = ws[q];
+          const T* dy = douts[q] + n * d;
+          const T* a = probs + (q * N + n) * k;
+          const T dl = dlse ? dlse[q * N + n] : T(0);
+          double* pc = partial.data() + (q * n_chunks + ch) * d;
+          // All reads of dout and the sources for this row happen before any
+          // write to dsources, so dsources may alias each other.
+          T s = 0;  // sum_i a_i da_i
+          for (int64_t j = 0; j < k; ++j) {
+            const T* vj = sources[j] + n * d;
+            T x = 0, y = 0;
 #pragma omp simd reduction(+ : x, y)
-          for (int64_t c = 0; c < d; ++c) {
-            x += w[c] * vj[c];
-            y += dy[c] * vj[c];
+            for (int64_t c = 0; c < d; ++c) {
+              x += w[c] * vj[c];
+              y += dy[c] * vj[c];
+            }
+            wv[j] = x;
+            da[j] = y;
+            s += a[j] * y;
           }
-          wv[j] = x;
-          da[j] = y;
-          s += a[j] * y;
-        }
-        for (int64_t j = 0; j < k; ++j) {
-          const T* vj = sources[j] + n * d;
-          T* dvj = dsources[j] + n * d;
-          const T r = rstds[j][n];
-          const T g = a[j] * (da[j] - s);        // dlogit_j
-          const T aj = a[j];
-          const T cw = g * r;                     // coefficient of w
-          const T cv = -g * r * r * r * wv[j] / T(d);  // coefficient of v_j
-          // One pass over v_j for both its gradient and dw's partial.
+          for (int64_t j = 0; j < k; ++j) {
+            const T* vj = sources[j] + n * d;
+            T* dvj = dsources[j] + n * d;
+            const T r = rstds[j][n];
+            const T g = a[j] * (da[j] - s + dl);        // dlogit_j
+            const T aj = a[j];
+            const T cw = g * r;                          // coefficient of w
+            const T cv = -g * r * r * r * wv[j] / T(d);  // coefficient of v_j
+            // One pass over v_j for both its gradient and dw's partial.
 #pragma omp simd
-          for (int64_t c = 0; c < d; ++c) {
-            const T v = vj[c];
-            dvj[c] += aj * dy[c] + cw * w[c] + cv * v;
-            pc[c] += static_cast<double>(cw * v);
+            for (int64_t c = 0; c < d; ++c) {
+              const T v = vj[c];
+              dvj[c] += aj * dy[c] + cw * w[c] + cv * v;
+              pc[c] += static_cast<double>(cw * v);
+            }
           }
         }
-      }
     }
   }
 
-  // Combine the chunk partials in chunk order.
+  // Combine each query's chunk partials in chunk order.
+  for (int64_t q = 0; q < Q; ++q)
+    for (int64_t c = 0; c < d; ++c) {
+      double t = 0;
+      for (int64_t ch = 0; ch < n_chunks; ++ch) t += partial[(q * n_chunks + ch) * d + c];
+      dws[q][c] += static_cast<T>(t);
+    }
+}
+
+template <typename T>
+void mix_merge_forward(T* x, T* stats, const T* w, const T* o, const T* lse, const T* p,
+                       int64_t N, int64_t d, T eps) {
+#pragma omp parallel for schedule(static) if (N * d >= kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* pn = p + n * d;
+    const T* on = o + n * d;
+    T* xn = x + n * d;
+    const T r = math::rstd_from_sum_sq(dot(pn, pn, d), d, eps);
+    const T a = math::sigmoid(dot(w, pn, d) * r - lse[n]);  // the partial's softmax weight
+    stats[2 * n] = a;
+    stats[2 * n + 1] = r;
+    const T b = T(1) - a;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) xn[c] = b * on[c] + a * pn[c];
+  }
+}
+
+// With z = r (w . p), a = sigmoid(z - lse), x = (1 - a) o + a p:
+//   d_o  = (1 - a) dx
+//   dz   = a (1 - a) dx . (p - o),   dlse = -dz
+//   dp  += a dx + dz (r w - (w . p) r^3 p / d)
+//   dw  += dz r p
+template <typename T>
+void mix_merge_backward(T* d_o, T* dlse, T* dp, T* dw, const T* dx, const T* w, const T* o,
+                        const T* p, const T* stats, int64_t N, int64_t d) {
+  const int64_t n_chunks = (N + kRowChunk - 1) / kRowChunk;
+  std::vector<double> partial(static_cast<size_t>(n_chunks * d), 0.0);
+#pragma omp parallel for schedule(static) if (N * d >= kParallelMin)
+  for (int64_t ch = 0; ch < n_chunks; ++ch) {
+    double* pc = partial.data() + ch * d;
+    const int64_t row_end = std::min(N, (ch + 1) * kRowChunk);
+    for (int64_t n = ch * kRowChunk; n < row_end; ++n) {
+      const T* dxn = dx + n * d;
+      const T* on = o + n * d;
+      const T* pn = p + n * d;
+      T* don = d_o + n * d;
+      T* dpn = dp + n * d;
+      const T a = stats[2 * n], r = stats[2 * n + 1];
+      T wp = 0, dxp = 0, dxo = 0;
+#pragma omp simd reduction(+ : wp, dxp, dxo)
+      for (int64_t c = 0; c < d; ++c) {
+        wp += w[c] * pn[c];
+        dxp += dxn[c] * pn[c];
+        dxo += dxn[c] * on[c];
+      }
+      const T dz = a * (T(1) - a) * (dxp - dxo);
+      dlse[n] = -dz;
+      const T b = T(1) - a;
+      const T cw = dz * r;                     // coefficient of w
+      const T cp = -dz * r * r * r * wp / T(d);  // coefficient of p (through rstd_p)
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) {
+        const T g = dxn[c], pv = pn[c];
+        don[c] = b * g;
+        dpn[c] += a * g + cw * w[c] + cp * pv;
+        pc[c] += static_cast<double>(cw * pv);
+      }
+    }
+  }
   for (int64_t c = 0; c < d; ++c) {
     double t = 0;
     for (int64_t ch = 0; ch < n_chunks; ++ch) t += partial[ch * d + c];
@@ -149,15 +227,18 @@ void mix_backward(T* const* dsources, T* dw, const T* dout, const T* w, const T*
 
 template void mix_source_rstd<float>(float*, const float*, int64_t, int64_t, float);
 template void mix_source_rstd<double>(double*, const double*, int64_t, int64_t, double);
-template void mix_forward<float>(float*, float*, const float*, const float* const*,
-                                 const float* const*, int64_t, int64_t, int64_t);
-template void mix_forward<double>(double*, double*, const double*, const double* const*,
-                                  const double* const*, int64_t, int64_t, int64_t);
-template void mix_backward<float>(float* const*, float*, const float*, const float*,
-                                  const float* const*, const float* const*, const float*, int64_t,
-                                  int64_t, int64_t);
-template void mix_backward<double>(double* const*, double*, const double*, const double*,
-                                   const double* const*, const double* const*, const double*,
-                                   int64_t, int64_t, int64_t);
+#define ATTNRES_MIX_INSTANTIATE(T)                                                           \
+  template void mix_forward<T>(T* const*, T*, T*, const T* const*, int64_t, const T* const*,   \
+                               const T* const*, int64_t, int64_t, int64_t);                    \
+  template void mix_backward<T>(T* const*, T* const*, const T* const*, const T*,               \
+                                const T* const*, int64_t, const T* const*, const T* const*,    \
+                                const T*, int64_t, int64_t, int64_t);                          \
+  template void mix_merge_forward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, \
+                                     int64_t, T);                                              \
+  template void mix_merge_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, \
+                                      const T*, int64_t, int64_t);
+ATTNRES_MIX_INSTANTIATE(float)
+ATTNRES_MIX_INSTANTIATE(double)
+#undef ATTNRES_MIX_INSTANTIATE
 
 }  // namespace attnres::kernels::cpu

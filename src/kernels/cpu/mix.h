@@ -1,4 +1,5 @@
-// CPU AttnRes depth Mix over k sources, each a row-major [N, d] array.
+// CPU AttnRes depth Mix over k sources, each a row-major [N, d] array (see
+// kernels/mix.h for the math and the two-phase form).
 #pragma once
 #include <cstdint>
 
@@ -8,19 +9,33 @@ namespace attnres::kernels::cpu {
 template <typename T>
 void mix_source_rstd(T* rstd, const T* v, int64_t N, int64_t d, T eps);
 
-// out [N, d] = sum_j a_j v_j with a = softmax_j(w . v_j[n] * rstd_j[n]);
-// probs [N, k] = a. sources / rstds are arrays of k pointers. out must not
-// alias a source.
+// Phase 1 for Q queries ws[i] [d]: outs[i] [N, d] = sum_j a_ij v_j with
+// a_i = softmax_j(ws[i] . v_j[n] * rstd_j[n]); probs [Q, N, k] = a; lse [Q, N]
+// (or null) = log sum_j exp(logit_ij). sources / rstds are arrays of k
+// pointers. Outputs must not alias a source.
 template <typename T>
-void mix_forward(T* out, T* probs, const T* w, const T* const* sources, const T* const* rstds,
-                 int64_t N, int64_t d, int64_t k);
+void mix_forward(T* const* outs, T* probs, T* lse, const T* const* ws, int64_t Q,
+                 const T* const* sources, const T* const* rstds, int64_t N, int64_t d, int64_t k);
 
-// dsources[j] += dL/dv_j (through both a_j v_j and rstd_j); dw += dL/dw with
-// the row reduction in a fixed order independent of the thread count.
-// dsources must not alias dout or a source (they may alias each other: a row
-// is updated by one thread, source after source).
+// dsources[j] += dL/dv_j (through both a_ij v_j and rstd_j), query by query in
+// descending order; dws[i] += dL/dw_i with the row reduction in a fixed order
+// independent of the thread count. dlse [Q, N] may be null (no lse gradient).
+// dsources must not alias a dout or a source (they may alias each other: a
+// row is updated by one thread, source after source).
 template <typename T>
-void mix_backward(T* const* dsources, T* dw, const T* dout, const T* w, const T* const* sources,
-                  const T* const* rstds, const T* probs, int64_t N, int64_t d, int64_t k);
+void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, const T* dlse,
+                  const T* const* ws, int64_t Q, const T* const* sources, const T* const* rstds,
+                  const T* probs, int64_t N, int64_t d, int64_t k);
+
+// Phase 2: x = (1 - a) o + a p, a = sigmoid(w . p rstd_p - lse); stats [N, 2]
+// = {a, rstd_p}.
+template <typename T>
+void mix_merge_forward(T* x, T* stats, const T* w, const T* o, const T* lse, const T* p,
+                       int64_t N, int64_t d, T eps);
+
+// d_o, dlse written; dp, dw accumulated.
+template <typename T>
+void mix_merge_backward(T* d_o, T* dlse, T* dp, T* dw, const T* dx, const T* w, const T* o,
+                        const T* p, const T* stats, int64_t N, int64_t d);
 
 }  // namespace attnres::kernels::cpu

@@ -11,25 +11,33 @@
 //   consecutive elements, slot i covering [(i G + t) 8, +8): one 16-byte load
 //   per slot for bf16 (two for fp32), coalesced across the group. VPT (1..4)
 //   is a template parameter so the row lives in registers.
-// - Forward, one pass over the sources: for each source j in order, load its
-//   row (the next source's row is prefetched meanwhile), dot it with w,
-//   logit_j = dot * rstd_j, then update an online softmax (math::OnlineSoftmax)
-//   and the running weighted sum acc = acc * rescale + weight * v_j. So every
-//   source row is read exactly once: (k + 1) N d elements of traffic, the
-//   floor. With k == 1 the weight is exactly 1 and acc is the source itself,
-//   so the output equals the source bit for bit.
-// - Backward, two passes per row: pass 1 loads each source row once, computes
-//   w . v_j and dout . v_j (one paired reduction) and parks the raw row in
-//   shared memory (the first kc sources that fit in the budget); pass 2 forms
-//   dlogit_j and updates dsources[j] (read, add, write), re-reading v_j from
-//   shared memory (or from global/L2 for sources beyond kc). Traffic is about
-//   (3k + 1) N d elements (dout, sources, dsources read + written) plus k - kc
-//   re-read rows. Each thread updates only its own elements, source by source
-//   in order, so dsources that alias each other receive both contributions.
-// - dw (sum over rows) is deterministic: each group accumulates its rows in
-//   registers over a fixed grid-stride row assignment, the groups of a block
-//   are summed in order into one partial per block, and a second kernel sums
-//   the block partials column by column in a fixed order (in double).
+// - Phase 1 forward (Q queries of a block of sublayers over the completed
+//   sources), one pass over the sources per query: for each source j in
+//   order, load its row (the next source's row is prefetched meanwhile), dot
+//   it with w, logit_j = dot * rstd_j, then update an online softmax
+//   (math::OnlineSoftmax) and the running weighted sum acc = acc * rescale +
+//   weight * v_j. The Q queries of the same rows are adjacent blocks, so a
+//   source row comes from DRAM once per block of sublayers and from L2 for
+//   the other queries: about (k + Q) N d elements of DRAM traffic. With k == 1
+//   the weight is exactly 1 and acc is the source itself, so the output
+//   equals the source bit for bit.
+// - Phase 1 backward, two passes per row: pass 1 loads each source row once,
+//   computes w_q . v_j and dout_q . v_j for every query (paired reductions)
+//   and parks the raw row in shared memory (the first kc sources that fit in
+//   the budget); pass 2 updates dsources[j] once for all the queries (read,
+//   add the queries' terms in fp32, write), re-reading v_j from shared memory
+//   (or from global/L2 for sources beyond kc) and w_q, dout_q from L1. DRAM
+//   traffic is about (3k + Q) N d elements, against Q (3k + 1) N d for one
+//   sublayer at a time. Each thread updates only its own elements, source by
+//   source in order, so dsources that alias each other receive both
+//   contributions.
+// - dw of the queries (sums over rows) is deterministic: the row kernels
+//   store each row's coefficient (dlogit r), mix_dw_kernel sums coef * v over
+//   fixed chunks of rows in order, and dw_reduce_kernel sums the chunks
+//   column by column in a fixed order (in double).
+// - Phase 2 (merge with the partial sum, one row group per row): the forward
+//   reads p, o and writes x; the backward reads dx, o, p and writes d_o, dp
+//   (read-add-write); its dw goes through the same dw kernels (one source).
 // - mix_source_rstd: one warp per row, sum of squares, math::rstd_from_sum_sq.
 //
 // Source pointers travel in a by-value kernel parameter of fixed capacity
@@ -69,6 +77,31 @@ template <typename T>
 struct DSources {
   T* dv[kMaxSources];
 };
+// Phase 1 takes up to kMaxQueries queries per launch (a block of sublayers;
+// more are split over launches).
+constexpr int kMaxQueries = 16;
+template <typename T>
+struct Queries {
+  const T* w[kMaxQueries];
+  T* out[kMaxQueries];
+};
+template <typename T>
+struct QueryGrads {
+  const T* w[kMaxQueries];
+  const T* dout[kMaxQueries];
+};
+struct DwPtrs {
+  float* dw[kMaxQueries];
+};
+
+__host__ __device__ inline int64_t ceil_div_dev(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Shared memory of a backward row group after its source cache: Q k float4
+// dot records and Q floats, rounded up to 16 bytes so that the next group's
+// cache stays 16-byte aligned.
+__host__ __device__ inline size_t dots_bytes(int Q, int k) {
+  return size_t(Q) * k * 16 + (size_t(Q) * 4 + 15) / 16 * 16;
+}
 
 // ---- 8-element packs ----------------------------------------------------------
 // The raw bits of 8 consecutive elements: 16 bytes of bf16 or 32 of float.
@@ -241,17 +274,25 @@ __global__ void __launch_bounds__(256)
   if (lane == 0) rstd[row] = math::rstd_from_sum_sq(ss, static_cast<long long>(d), eps);
 }
 
-// ---- forward -------------------------------------------------------------------
+// ---- forward (phase 1: Q queries over the same sources) ---------------------------
 
+// One block per (row block, query), the query index varying fastest: the Q
+// blocks of the same rows run side by side, so each source row comes from
+// DRAM once and from L2 for the other queries, and every query's arithmetic is
+// the single-query kernel's (its results do not depend on Q).
 template <typename T, int VPT, bool ALIGNED>
 __global__ void __launch_bounds__(kMaxThreads)
-    mix_forward_kernel(T* out, float* probs, const T* w, Sources<T> src, int k, int64_t N,
-                       int64_t d, bool block_mode) {
+    mix_forward_kernel(Queries<T> qs, int Q, float* probs, float* lse, Sources<T> src, int k,
+                       int64_t N, int64_t d, bool block_mode) {
   __shared__ float scratch[32];
   const Group g = Group::make(block_mode);
-  const int64_t row = int64_t(blockIdx.x) * g.per_block + g.index;
-  if (row >= N) return;  // warp mode only (block mode launches N blocks): no barrier skipped
+  const int q = static_cast<int>(blockIdx.x % unsigned(Q));
+  const int64_t row = int64_t(blockIdx.x / unsigned(Q)) * g.per_block + g.index;
+  if (row >= N) return;  // warp mode only (block mode launches N Q blocks): no barrier skipped
   const int64_t off = row * d;
+  const T* w = qs.w[q];
+  T* out = qs.out[q];
+  float* pr = probs + (int64_t(q) * N + row) * k;
 
   float wf[VPT][8], acc[VPT][8];
 #pragma unroll
@@ -307,53 +348,50 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int e = 0; e < 8; ++e) o[e] = acc[i][e] * inv;
     store8<T, ALIGNED>(out + off, g.slot_base(i), d, o);
   }
-  if (g.tid < k) probs[row * k + g.tid] = expf(logit_a - sm.m) * inv;
-  if (g.tid + g.size < k) probs[row * k + g.tid + g.size] = expf(logit_b - sm.m) * inv;
+  if (g.tid < k) pr[g.tid] = expf(logit_a - sm.m) * inv;
+  if (g.tid + g.size < k) pr[g.tid + g.size] = expf(logit_b - sm.m) * inv;
+  if (lse && g.tid == 0) lse[int64_t(q) * N + row] = sm.m + logf(sm.l);
 }
 
-// ---- backward ------------------------------------------------------------------
+// ---- backward (phase 1) ----------------------------------------------------------
 
-// Per row (x_j = v_j r_j, logit_j = w . x_j, a = softmax(logit)), as the CPU:
-//   dlogit_j = a_j (dout . v_j - sum_i a_i dout . v_i)
-//   dv_j    += a_j dout + (dlogit_j r_j) w - (dlogit_j r_j^3 (w . v_j) / d) v_j
-//   dw      += dlogit_j r_j v_j
-// Shared memory per group: the raw rows of the first kc sources, then k float4
-// {w . v_j, dout . v_j, a_j, r_j}. Block partial of dw: dw_partial[blockIdx].
+// Per row and query q (x_j = v_j r_j, logit_qj = w_q . x_j, a_q = softmax(logit_q)),
+// as the CPU:
+//   dlogit_qj = a_qj (dout_q . v_j - sum_i a_qi dout_q . v_i + dlse_q)
+//   dv_j     += a_qj dout_q + (dlogit_qj r_j) w_q - (dlogit_qj r_j^3 (w_q . v_j) / d) v_j
+//   dw_q     += dlogit_qj r_j v_j
+// Pass 1 reads every source row once (parking the first kc in shared memory)
+// and forms the 2 Q dots per source; pass 2 updates each dsources row once,
+// adding the queries' terms in descending order in fp32 and rounding once.
+// dout_q and w_q rows are re-read per source from L1. dw is not accumulated
+// here: the coefficient dlogit_qj r_j goes to coef [Q, N, k] and mix_dw_kernel
+// forms dw_q = sum over rows and sources of coef v_j in a fixed order.
+// Shared memory per group: the raw rows of the first kc sources, Q k float4
+// {w_q . v_j, dout_q . v_j, a_qj, r_j}, then Q floats sum_i a_qi dout_q . v_i.
 template <typename T, int VPT, bool ALIGNED>
 __global__ void __launch_bounds__(kMaxThreads)
-    mix_backward_kernel(DSources<T> dsrc, float* dw_partial, const T* dout, const T* w,
+    mix_backward_kernel(DSources<T> dsrc, float* coef, QueryGrads<T> qg, int Q, const float* dlse,
                         Sources<T> src, const float* probs, int k, int kc, int64_t N, int64_t d,
                         bool block_mode) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float2 scratch[32];
   const Group g = Group::make(block_mode);
-  const size_t group_bytes =
-      size_t(kc) * VPT * g.size * sizeof(Pack<T>) + size_t(k) * sizeof(float4);
-  Pack<T>* cache = reinterpret_cast<Pack<T>*>(smem + g.index * group_bytes);
-  float4* dots = reinterpret_cast<float4*>(smem + g.index * group_bytes +
-                                           size_t(kc) * VPT * g.size * sizeof(Pack<T>));
+  const size_t cache_bytes = size_t(kc) * VPT * g.size * sizeof(Pack<T>);
+  const size_t group_bytes = cache_bytes + dots_bytes(Q, k);
+  unsigned char* base = smem + g.index * group_bytes;
+  Pack<T>* cache = reinterpret_cast<Pack<T>*>(base);
+  float4* dots = reinterpret_cast<float4*>(base + cache_bytes);  // [Q][k]
+  float* ssum = reinterpret_cast<float*>(base + cache_bytes + size_t(Q) * k * sizeof(float4));
   // Slot i of source j of this thread: cache[(j VPT + i) G + tid] (consecutive
   // threads, consecutive 16/32-byte entries: conflict-free).
   auto cached = [&](int j, int i) -> Pack<T>& { return cache[(j * VPT + i) * g.size + g.tid]; };
   const float fd = static_cast<float>(d);
 
-  float wf[VPT][8], dwacc[VPT][8];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    unpack(load_pack<T, ALIGNED>(w, g.slot_base(i), d), wf[i]);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) dwacc[i][e] = 0.0f;
-  }
-
   const int64_t groups = int64_t(gridDim.x) * g.per_block;
   for (int64_t row = int64_t(blockIdx.x) * g.per_block + g.index; row < N; row += groups) {
     const int64_t off = row * d;
-    float dy[VPT][8];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) unpack(load_pack<T, ALIGNED>(dout + off, g.slot_base(i), d), dy[i]);
 
     // Pass 1: dots, one read of every source row.
-    float s = 0.0f;  // sum_i a_i (dout . v_i), the same in every thread
     Pack<T> cur[VPT], nxt[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) cur[i] = load_pack<T, ALIGNED>(src.v[0] + off, g.slot_base(i), d);
@@ -363,92 +401,231 @@ __global__ void __launch_bounds__(kMaxThreads)
         for (int i = 0; i < VPT; ++i)
           nxt[i] = load_pack<T, ALIGNED>(src.v[j + 1] + off, g.slot_base(i), d);
       }
-      float2 xy = make_float2(0.0f, 0.0f);
+      float v[VPT][8];
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         if (j < kc) cached(j, i) = cur[i];
-        float v[8];
-        unpack(cur[i], v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          xy.x = fmaf(wf[i][e], v[e], xy.x);
-          xy.y = fmaf(dy[i][e], v[e], xy.y);
-        }
+        unpack(cur[i], v[i]);
       }
-      xy = g.sum2(xy, scratch);
-      const float a = probs[row * k + j];
-      s = fmaf(a, xy.y, s);
-      if (g.tid == 0) dots[j] = make_float4(xy.x, xy.y, a, src.rstd[j][row]);
+      for (int q = 0; q < Q; ++q) {
+        float2 xy = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          float wq[8], dy[8];
+          unpack(load_pack<T, ALIGNED>(qg.w[q], g.slot_base(i), d), wq);
+          unpack(load_pack<T, ALIGNED>(qg.dout[q] + off, g.slot_base(i), d), dy);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            xy.x = fmaf(wq[e], v[i][e], xy.x);
+            xy.y = fmaf(dy[e], v[i][e], xy.y);
+          }
+        }
+        xy = g.sum2(xy, scratch);
+        if (g.tid == 0)
+          dots[q * k + j] =
+              make_float4(xy.x, xy.y, probs[(int64_t(q) * N + row) * k + j], src.rstd[j][row]);
+      }
 #pragma unroll
       for (int i = 0; i < VPT; ++i) cur[i] = nxt[i];
     }
     g.sync();  // dots visible to the whole group
+    if (g.tid < Q) {  // s_q = sum_j a_qj (dout_q . v_j), in source order
+      float s = 0.0f;
+      for (int j = 0; j < k; ++j) s = fmaf(dots[g.tid * k + j].z, dots[g.tid * k + j].y, s);
+      ssum[g.tid] = s;
+    }
+    g.sync();
 
-    // Pass 2: dsources and dw, source by source in order (dsources may alias:
-    // each thread finishes its read-add-write of source j before source j + 1).
+    // Pass 2: dsources source by source in order (dsources may alias: each
+    // thread finishes its read-add-write of source j before source j + 1).
     for (int j = 0; j < k; ++j) {
-      const float4 q = dots[j];
-      const float a = q.z, r = q.w;
-      const float dl = a * (q.y - s);                 // dlogit_j
-      const float cw = dl * r;                        // coefficient of w
-      const float cv = -dl * r * r * r * q.x / fd;     // coefficient of v_j
       T* dvr = dsrc.dv[j] + off;
+      float v[VPT][8], dv[VPT][8];
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
-        const int64_t base = g.slot_base(i);
-        float v[8], dv[8];
-        unpack(j < kc ? cached(j, i) : load_pack<T, ALIGNED>(src.v[j] + off, base, d), v);
-        unpack(load_pack<T, ALIGNED>(dvr, base, d), dv);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          dv[e] += fmaf(cv, v[e], fmaf(cw, wf[i][e], a * dy[i][e]));
-          dwacc[i][e] = fmaf(cw, v[e], dwacc[i][e]);
-        }
-        store8<T, ALIGNED>(dvr, base, d, dv);
+        const int64_t sb = g.slot_base(i);
+        unpack(j < kc ? cached(j, i) : load_pack<T, ALIGNED>(src.v[j] + off, sb, d), v[i]);
+        unpack(load_pack<T, ALIGNED>(dvr, sb, d), dv[i]);
       }
+      for (int q = Q - 1; q >= 0; --q) {
+        const float4 dd = dots[q * k + j];
+        const float a = dd.z, r = dd.w;
+        const float dl = a * (dd.y - ssum[q] + (dlse ? dlse[int64_t(q) * N + row] : 0.0f));
+        const float cw = dl * r;                    // coefficient of w_q (and of v_j in dw_q)
+        const float cv = -dl * r * r * r * dd.x / fd;  // coefficient of v_j
+        if (g.tid == 0) coef[(int64_t(q) * N + row) * k + j] = cw;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          float wq[8], dy[8];
+          unpack(load_pack<T, ALIGNED>(qg.w[q], g.slot_base(i), d), wq);
+          unpack(load_pack<T, ALIGNED>(qg.dout[q] + off, g.slot_base(i), d), dy);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dv[i][e] += fmaf(cv, v[i][e], fmaf(cw, wq[e], a * dy[e]));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) store8<T, ALIGNED>(dvr, g.slot_base(i), d, dv[i]);
     }
     g.sync();  // all reads of dots done before the next row rewrites them
   }
-
-  // dw partial of this block: its groups' accumulators summed in group order.
-  // Block mode: one group, each element owned by one thread, written directly.
-  float* part = dw_partial + int64_t(blockIdx.x) * d;
-  if (block_mode) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) store8<float, false>(part, g.slot_base(i), d, dwacc[i]);
-    return;
-  }
-  __syncthreads();  // every warp is done with its cache: reuse it as [groups][d] floats
-  float* red = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    store8<float, false>(red + int64_t(g.index) * d, g.slot_base(i), d, dwacc[i]);
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float t = 0.0f;
-    for (int q = 0; q < g.per_block; ++q) t += red[int64_t(q) * d + c];
-    part[c] = t;
-  }
 }
 
-// dw[c] += sum over blocks b (in order) of partial[b][c]. Block = 32 columns x
-// 32 row lanes: lane r sums partials b = r, r + 32, ... in order (coalesced
-// across columns), then the 32 lane sums are added in order. Fixed shape, so
-// fixed bits.
+// dw of the depth queries, deterministic, in two kernels. mix_dw_kernel: one
+// block per (chunk of kDwRows rows, query), the query varying fastest (so the
+// Q blocks of the same rows share their source reads through L2); thread t
+// owns the same slots as in the row kernels and adds coef[q, row, j] v_j[row]
+// over the chunk's rows and sources in order:
+//   partial[q, chunk, :] = sum_{rows, j} coef[q, row, j] v_j[row, :].
+// dw_reduce_kernel then sums each query's chunk partials in a fixed order.
+constexpr int64_t kDwRows = 64;
+
+template <typename T, int VPT, bool ALIGNED>
+__global__ void __launch_bounds__(kMaxThreads)
+    mix_dw_kernel(float* partial, const float* coef, Sources<T> src, int Q, int k, int64_t N,
+                  int64_t d) {
+  const Group g = Group::make(true);  // the block is one group
+  const int q = static_cast<int>(blockIdx.x % unsigned(Q));
+  const int64_t chunk = blockIdx.x / unsigned(Q), chunks = ceil_div_dev(N, kDwRows);
+  const int64_t row0 = chunk * kDwRows, row1 = row0 + kDwRows < N ? row0 + kDwRows : N;
+  float acc[VPT][8];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
+  for (int64_t row = row0; row < row1; ++row)
+    for (int j = 0; j < k; ++j) {
+      const float c = coef[(int64_t(q) * N + row) * k + j];
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        float v[8];
+        unpack(load_pack<T, ALIGNED>(src.v[j] + row * d, g.slot_base(i), d), v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(c, v[e], acc[i][e]);
+      }
+    }
+  float* out = partial + (int64_t(q) * chunks + chunk) * d;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) store8<float, false>(out, g.slot_base(i), d, acc[i]);
+}
+
+// dw_q[c] += sum over chunks b (in order) of partial[q, b, c]; blockIdx.y = q.
+// Block = 32 columns x 32 row lanes: lane r sums partials b = r, r + 32, ... in
+// order (coalesced across columns), then the 32 lane sums are added in order.
+// Fixed shape, so fixed bits.
 __global__ void __launch_bounds__(1024)
-    dw_reduce_kernel(float* dw, const float* partial, int64_t blocks, int64_t d) {
+    dw_reduce_kernel(DwPtrs dws, const float* partial, int64_t chunks, int64_t d) {
   __shared__ double red[32][33];
   const int cx = threadIdx.x & 31, ry = threadIdx.x >> 5;
   const int64_t c = int64_t(blockIdx.x) * 32 + cx;
+  const float* pq = partial + int64_t(blockIdx.y) * chunks * d;
   double s = 0.0;
   if (c < d)
-    for (int64_t b = ry; b < blocks; b += 32) s += partial[b * d + c];
+    for (int64_t b = ry; b < chunks; b += 32) s += pq[b * d + c];
   red[ry][cx] = s;
   __syncthreads();
   if (ry == 0 && c < d) {
     double t = 0.0;
     for (int r = 0; r < 32; ++r) t += red[r][cx];
-    dw[c] += static_cast<float>(t);
+    dws.dw[blockIdx.y][c] += static_cast<float>(t);
+  }
+}
+
+// ---- phase 2: merge with the partial sum -----------------------------------------
+
+// x = (1 - a) o + a p, a = sigmoid(w . p rstd_p - lse); stats[row] = {a, rstd_p}.
+template <typename T, int VPT, bool ALIGNED>
+__global__ void __launch_bounds__(kMaxThreads)
+    merge_forward_kernel(T* x, float* stats, const T* w, const T* o, const float* lse,
+                         const T* p, int64_t N, int64_t d, float eps, bool block_mode) {
+  __shared__ float2 scratch[32];
+  const Group g = Group::make(block_mode);
+  const int64_t row = int64_t(blockIdx.x) * g.per_block + g.index;
+  if (row >= N) return;  // warp mode only: no barrier skipped
+  const int64_t off = row * d;
+  float pv[VPT][8];
+  float2 t = make_float2(0.0f, 0.0f);  // {p . p, w . p}
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    float wf[8];
+    unpack(load_pack<T, ALIGNED>(p + off, g.slot_base(i), d), pv[i]);
+    unpack(load_pack<T, ALIGNED>(w, g.slot_base(i), d), wf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      t.x = fmaf(pv[i][e], pv[i][e], t.x);
+      t.y = fmaf(wf[e], pv[i][e], t.y);
+    }
+  }
+  t = g.sum2(t, scratch);
+  const float r = math::rstd_from_sum_sq(t.x, static_cast<long long>(d), eps);
+  const float a = math::sigmoid(t.y * r - lse[row]);
+  const float b = 1.0f - a;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    float ov[8], xv[8];
+    unpack(load_pack<T, ALIGNED>(o + off, g.slot_base(i), d), ov);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) xv[e] = b * ov[e] + a * pv[i][e];
+    store8<T, ALIGNED>(x + off, g.slot_base(i), d, xv);
+  }
+  if (g.tid == 0) {
+    stats[2 * row] = a;
+    stats[2 * row + 1] = r;
+  }
+}
+
+// With z = r (w . p): d_o = (1 - a) dx; dz = a (1 - a) dx . (p - o), dlse = -dz;
+// dp += a dx + dz r w - dz r^3 (w . p) p / d; coef[row] = dz r for dw += coef p
+// (mix_dw_kernel with one query and one source).
+template <typename T, int VPT, bool ALIGNED>
+__global__ void __launch_bounds__(kMaxThreads)
+    merge_backward_kernel(T* d_o, float* dlse, T* dp, float* coef, const T* dx, const T* w,
+                          const T* o, const T* p, const float* stats, int64_t N, int64_t d,
+                          bool block_mode) {
+  __shared__ float2 scratch[32];
+  const Group g = Group::make(block_mode);
+  const int64_t row = int64_t(blockIdx.x) * g.per_block + g.index;
+  if (row >= N) return;  // warp mode only: no barrier skipped
+  const int64_t off = row * d;
+  float gx[VPT][8], pv[VPT][8];
+  float2 t = make_float2(0.0f, 0.0f);  // {w . p, dx . p}
+  float2 u = make_float2(0.0f, 0.0f);  // {dx . o, unused}
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    float wf[8], ov[8];
+    unpack(load_pack<T, ALIGNED>(dx + off, g.slot_base(i), d), gx[i]);
+    unpack(load_pack<T, ALIGNED>(p + off, g.slot_base(i), d), pv[i]);
+    unpack(load_pack<T, ALIGNED>(o + off, g.slot_base(i), d), ov);
+    unpack(load_pack<T, ALIGNED>(w, g.slot_base(i), d), wf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      t.x = fmaf(wf[e], pv[i][e], t.x);
+      t.y = fmaf(gx[i][e], pv[i][e], t.y);
+      u.x = fmaf(gx[i][e], ov[e], u.x);
+    }
+  }
+  t = g.sum2(t, scratch);
+  u = g.sum2(u, scratch);
+  const float a = stats[2 * row], r = stats[2 * row + 1];
+  const float dz = a * (1.0f - a) * (t.y - u.x);
+  const float b = 1.0f - a;
+  const float cw = dz * r;                                      // coefficient of w
+  const float cp = -dz * r * r * r * t.x / static_cast<float>(d);  // coefficient of p
+  if (g.tid == 0) {
+    dlse[row] = -dz;
+    coef[row] = cw;
+  }
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    float wf[8], od[8], pd[8];
+    unpack(load_pack<T, ALIGNED>(w, g.slot_base(i), d), wf);
+    unpack(load_pack<T, ALIGNED>(dp + off, g.slot_base(i), d), pd);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      od[e] = b * gx[i][e];
+      pd[e] += fmaf(cp, pv[i][e], fmaf(cw, wf[e], a * gx[i][e]));
+    }
+    store8<T, ALIGNED>(d_o + off, g.slot_base(i), d, od);
+    store8<T, ALIGNED>(dp + off, g.slot_base(i), d, pd);
   }
 }
 
@@ -471,101 +648,210 @@ void mix_source_rstd(Tensor& rstd, const Tensor& v, float eps) {
   });
 }
 
-void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor> sources,
-                 Span<const Tensor> rstds) {
+namespace {
+
+// Source row and rstd pointers; clears `aligned` if a row pointer is not
+// 16-byte aligned.
+template <typename T>
+Sources<T> source_ptrs(Span<const Tensor> sources, Span<const Tensor> rstds, bool& aligned) {
+  Sources<T> src{};
+  for (size_t j = 0; j < sources.size(); ++j) {
+    src.v[j] = dptr<T>(sources[j]);
+    src.rstd[j] = rstds.empty() ? nullptr : dptr<float>(rstds[j]);
+    aligned = aligned && aligned16(src.v[j]);
+  }
+  return src;
+}
+
+// Launch shape of a kernel with one row group per row: `rows` rows, times
+// `per_row` blocks (the phase-1 queries) in block mode or per row block.
+struct RowGrid {
+  unsigned blocks;
+  int threads;
+};
+RowGrid row_grid(const RowLayout& lay, int64_t rows, int per_row = 1) {
+  if (lay.block_mode()) return {static_cast<unsigned>(rows * per_row), lay.group_size()};
+  return {static_cast<unsigned>(ceil_div(rows, kWarpRowThreads / 32) * per_row), kWarpRowThreads};
+}
+
+// dws.dw[q] += sum over rows and sources of coef[q, row, j] v_j[row] (q < Q):
+// mix_dw_kernel's chunk partials, then dw_reduce_kernel.
+template <typename T>
+void launch_dw(const DwPtrs& dws, const float* coef, const Sources<T>& src, int Q, int k,
+               int64_t N, int64_t d, const RowLayout& lay, bool aligned) {
+  const int64_t chunks = ceil_div(N, kDwRows);
+  Tensor partial = Tensor::empty({Q, chunks, d}, DType::F32, Device::CUDA);
+  with_variant(lay.vpt, aligned, [&](auto vpt, auto al) {
+    constexpr int VPT = decltype(vpt)::value;
+    constexpr bool AL = decltype(al)::value;
+    mix_dw_kernel<T, VPT, AL><<<static_cast<unsigned>(chunks * Q), lay.group_size(), 0, stream()>>>(
+        partial.data<float>(), coef, src, Q, k, N, d);
+    ATTNRES_CUDA_CHECK_LAUNCH();
+  });
+  dw_reduce_kernel<<<dim3(static_cast<unsigned>(ceil_div(d, 32)), static_cast<unsigned>(Q)), 1024,
+                     0, stream()>>>(dws, partial.data<float>(), chunks, d);
+  ATTNRES_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void mix_forward(Span<Tensor> outs, Tensor& probs, Tensor* lse, Span<const Tensor> ws,
+                 Span<const Tensor> sources, Span<const Tensor> rstds) {
   const char* op = "mix_forward";
   check_capacity(op, sources.size());
-  const int64_t N = sources[0].dim(0), d = w.dim(0);
-  const int k = static_cast<int>(sources.size());
+  const int64_t N = sources[0].dim(0), d = ws[0].dim(0);
+  const int k = static_cast<int>(sources.size()), n_queries = static_cast<int>(ws.size());
+  if (N == 0) return;
+  const RowLayout lay = row_layout(op, d);
+  dispatch_float(ws[0], op, [&](auto tag) {
+    using T = decltype(tag);
+    bool aligned = d % 8 == 0;
+    const Sources<T> src = source_ptrs<T>(sources, rstds, aligned);
+    for (int q0 = 0; q0 < n_queries; q0 += kMaxQueries) {
+      const int Q = std::min(kMaxQueries, n_queries - q0);
+      Queries<T> qs{};
+      bool al = aligned;
+      for (int q = 0; q < Q; ++q) {
+        qs.w[q] = dptr<T>(ws[q0 + q]);
+        qs.out[q] = dptr<T>(outs[q0 + q]);
+        al = al && aligned16(qs.w[q]) && aligned16(qs.out[q]);
+      }
+      float* pp = dptr<float>(probs) + int64_t(q0) * N * k;
+      float* lp = lse ? dptr<float>(*lse) + int64_t(q0) * N : nullptr;
+      const RowGrid grid = row_grid(lay, N, Q);
+      with_variant(lay.vpt, al, [&](auto vpt, auto alc) {
+        constexpr int VPT = decltype(vpt)::value;
+        constexpr bool AL = decltype(alc)::value;
+        mix_forward_kernel<T, VPT, AL><<<grid.blocks, grid.threads, 0, stream()>>>(
+            qs, Q, pp, lp, src, k, N, d, lay.block_mode());
+        ATTNRES_CUDA_CHECK_LAUNCH();
+      });
+    }
+  });
+}
+
+void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> douts,
+                  const Tensor* dlse, Span<const Tensor> ws, Span<const Tensor> sources,
+                  Span<const Tensor> rstds, const Tensor& probs) {
+  const char* op = "mix_backward";
+  check_capacity(op, sources.size());
+  const int64_t N = sources[0].dim(0), d = ws[0].dim(0);
+  const int k = static_cast<int>(sources.size()), n_queries = static_cast<int>(ws.size());
+  if (N == 0 || d == 0) return;  // nothing to add anywhere
+  const RowLayout lay = row_layout(op, d);
+  dispatch_float(ws[0], op, [&](auto tag) {
+    using T = decltype(tag);
+    bool src_aligned = d % 8 == 0;
+    const Sources<T> src = source_ptrs<T>(sources, rstds, src_aligned);
+    DSources<T> dsrc{};
+    bool aligned = src_aligned;
+    for (int j = 0; j < k; ++j) {
+      dsrc.dv[j] = dptr<T>(dsources[j]);
+      aligned = aligned && aligned16(dsrc.dv[j]);
+    }
+    // Launches of up to kMaxQueries queries, the last queries first (the
+    // descending order of kernels/mix.h).
+    const int n_launches = static_cast<int>(ceil_div(n_queries, kMaxQueries));
+    for (int c = n_launches - 1; c >= 0; --c) {
+      const int q0 = c * kMaxQueries, Q = std::min(kMaxQueries, n_queries - q0);
+      QueryGrads<T> qg{};
+      DwPtrs dwp{};
+      bool al = aligned;
+      for (int q = 0; q < Q; ++q) {
+        qg.w[q] = dptr<T>(ws[q0 + q]);
+        qg.dout[q] = dptr<T>(douts[q0 + q]);
+        dwp.dw[q] = dptr<float>(dws[q0 + q]);
+        al = al && aligned16(qg.w[q]) && aligned16(qg.dout[q]);
+      }
+      // Shared memory per group: kc cached source rows, then the dots and
+      // the softmax sums.
+      const int groups_per_block = lay.block_mode() ? 1 : kWarpRowThreads / 32;
+      const int threads = lay.block_mode() ? lay.group_size() : kWarpRowThreads;
+      const size_t row_bytes = size_t(lay.vpt) * lay.group_size() * sizeof(Pack<T>);
+      const size_t db = dots_bytes(Q, k);
+      const size_t per_group = kSmemBudget / groups_per_block;
+      const int kc = per_group > db
+                         ? static_cast<int>(std::min<size_t>(k, (per_group - db) / row_bytes))
+                         : 0;
+      const size_t smem = groups_per_block * (kc * row_bytes + db);
+      Tensor coef = Tensor::empty({Q, N, k}, DType::F32, Device::CUDA);
+      const float* dl = dlse ? dptr<float>(*dlse) + int64_t(q0) * N : nullptr;
+      const float* pp = dptr<float>(probs) + int64_t(q0) * N * k;
+
+      with_variant(lay.vpt, al, [&](auto vpt, auto alc) {
+        constexpr int VPT = decltype(vpt)::value;
+        constexpr bool AL = decltype(alc)::value;
+        auto kernel = mix_backward_kernel<T, VPT, AL>;
+        if (smem > (48u << 10))
+          ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        // One wave of resident blocks over which rows are strided (the rows'
+        // results do not depend on the grid: dw is formed by launch_dw).
+        int per_sm = 0;
+        ATTNRES_CUDA_CHECK(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+        ATTNRES_CHECK(per_sm > 0, op, ": no block of ", threads, " threads with ", smem,
+                      " bytes of shared memory fits on an SM");
+        const int64_t sms = ::attnres::cuda::device_properties().multiProcessorCount;
+        const int64_t grid = std::min<int64_t>(ceil_div(N, groups_per_block), sms * per_sm);
+        kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
+            dsrc, coef.data<float>(), qg, Q, dl, src, pp, k, kc, N, d, lay.block_mode());
+        ATTNRES_CUDA_CHECK_LAUNCH();
+      });
+      launch_dw<T>(dwp, coef.data<float>(), src, Q, k, N, d, lay, src_aligned);
+    }
+  });
+}
+
+void mix_merge_forward(Tensor& x, Tensor& stats, const Tensor& w, const Tensor& o,
+                       const Tensor& lse, const Tensor& p, float eps) {
+  const char* op = "mix_merge_forward";
+  const int64_t N = o.dim(0), d = w.dim(0);
   if (N == 0) return;
   const RowLayout lay = row_layout(op, d);
   dispatch_float(w, op, [&](auto tag) {
     using T = decltype(tag);
-    Sources<T> src{};
-    bool aligned = d % 8 == 0 && aligned16(out.raw()) && aligned16(w.raw());
-    for (int j = 0; j < k; ++j) {
-      src.v[j] = dptr<T>(sources[j]);
-      src.rstd[j] = dptr<float>(rstds[j]);
-      aligned = aligned && aligned16(src.v[j]);
-    }
-    T* outp = dptr<T>(out);
-    const T* wp = dptr<T>(w);
-    float* pp = dptr<float>(probs);
+    const bool aligned = d % 8 == 0 && aligned16(x.raw()) && aligned16(w.raw()) &&
+                         aligned16(o.raw()) && aligned16(p.raw());
+    const RowGrid grid = row_grid(lay, N);
     with_variant(lay.vpt, aligned, [&](auto vpt, auto al) {
       constexpr int VPT = decltype(vpt)::value;
       constexpr bool AL = decltype(al)::value;
-      if (lay.block_mode()) {
-        mix_forward_kernel<T, VPT, AL><<<static_cast<unsigned>(N), lay.group_size(), 0, stream()>>>(
-            outp, pp, wp, src, k, N, d, true);
-      } else {
-        const unsigned blocks = static_cast<unsigned>(ceil_div(N, kWarpRowThreads / 32));
-        mix_forward_kernel<T, VPT, AL><<<blocks, kWarpRowThreads, 0, stream()>>>(
-            outp, pp, wp, src, k, N, d, false);
-      }
+      merge_forward_kernel<T, VPT, AL><<<grid.blocks, grid.threads, 0, stream()>>>(
+          dptr<T>(x), dptr<float>(stats), dptr<T>(w), dptr<T>(o), dptr<float>(lse), dptr<T>(p),
+          N, d, eps, lay.block_mode());
       ATTNRES_CUDA_CHECK_LAUNCH();
     });
   });
 }
 
-void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const Tensor& w,
-                  Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs) {
-  const char* op = "mix_backward";
-  check_capacity(op, sources.size());
-  const int64_t N = sources[0].dim(0), d = w.dim(0);
-  const int k = static_cast<int>(sources.size());
-  if (N == 0 || d == 0) return;  // nothing to add anywhere
+void mix_merge_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, const Tensor& dx,
+                        const Tensor& w, const Tensor& o, const Tensor& p, const Tensor& stats) {
+  const char* op = "mix_merge_backward";
+  const int64_t N = o.dim(0), d = w.dim(0);
+  if (N == 0) return;
   const RowLayout lay = row_layout(op, d);
   dispatch_float(w, op, [&](auto tag) {
     using T = decltype(tag);
-    Sources<T> src{};
-    DSources<T> dsrc{};
-    bool aligned = d % 8 == 0 && aligned16(dout.raw()) && aligned16(w.raw());
-    for (int j = 0; j < k; ++j) {
-      src.v[j] = dptr<T>(sources[j]);
-      src.rstd[j] = dptr<float>(rstds[j]);
-      dsrc.dv[j] = dptr<T>(dsources[j]);
-      aligned = aligned && aligned16(src.v[j]) && aligned16(dsrc.dv[j]);
-    }
-
-    // Shared memory: per group, kc cached source rows + k dot records; in
-    // warp mode at least groups * d floats for the dw reduction at the end.
-    const int groups_per_block = lay.block_mode() ? 1 : kWarpRowThreads / 32;
-    const int threads = lay.block_mode() ? lay.group_size() : kWarpRowThreads;
-    const size_t row_bytes = size_t(lay.vpt) * lay.group_size() * sizeof(Pack<T>);
-    const size_t dots_bytes = size_t(k) * sizeof(float4);
-    const size_t per_group = kSmemBudget / groups_per_block;
-    const int kc = per_group > dots_bytes
-                       ? static_cast<int>(std::min<size_t>(k, (per_group - dots_bytes) / row_bytes))
-                       : 0;
-    size_t smem = groups_per_block * (kc * row_bytes + dots_bytes);
-    if (!lay.block_mode()) smem = std::max(smem, size_t(groups_per_block) * d * sizeof(float));
-
+    const bool aligned = d % 8 == 0 && aligned16(d_o.raw()) && aligned16(dp.raw()) &&
+                         aligned16(dx.raw()) && aligned16(w.raw()) && aligned16(o.raw()) &&
+                         aligned16(p.raw());
+    Tensor coef = Tensor::empty({N}, DType::F32, Device::CUDA);
+    const RowGrid grid = row_grid(lay, N);
     with_variant(lay.vpt, aligned, [&](auto vpt, auto al) {
       constexpr int VPT = decltype(vpt)::value;
       constexpr bool AL = decltype(al)::value;
-      auto kernel = mix_backward_kernel<T, VPT, AL>;
-      if (smem > (48u << 10))
-        ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(smem)));
-      // A fixed grid (one wave of resident blocks) over which rows are
-      // strided: its size depends only on the device and the shapes, so the
-      // dw partials, and their sum, are the same every run.
-      int per_sm = 0;
-      ATTNRES_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-      ATTNRES_CHECK(per_sm > 0, op, ": no block of ", threads, " threads with ", smem,
-                    " bytes of shared memory fits on an SM");
-      const int64_t sms = ::attnres::cuda::device_properties().multiProcessorCount;
-      const int64_t grid = std::min<int64_t>(ceil_div(N, groups_per_block), sms * per_sm);
-      Tensor partial = Tensor::empty({grid, d}, DType::F32, Device::CUDA);
-      kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
-          dsrc, partial.data<float>(), dptr<T>(dout), dptr<T>(w), src, dptr<float>(probs), k, kc,
-          N, d, lay.block_mode());
-      ATTNRES_CUDA_CHECK_LAUNCH();
-      dw_reduce_kernel<<<static_cast<unsigned>(ceil_div(d, 32)), 1024, 0, stream()>>>(
-          dptr<float>(dw), partial.data<float>(), grid, d);
+      merge_backward_kernel<T, VPT, AL><<<grid.blocks, grid.threads, 0, stream()>>>(
+          dptr<T>(d_o), dptr<float>(dlse), dptr<T>(dp), coef.data<float>(), dptr<T>(dx),
+          dptr<T>(w), dptr<T>(o), dptr<T>(p), dptr<float>(stats), N, d, lay.block_mode());
       ATTNRES_CUDA_CHECK_LAUNCH();
     });
+    if (d == 0) return;
+    bool p_aligned = d % 8 == 0;
+    const Sources<T> src = source_ptrs<T>(Span<const Tensor>(&p, 1), {}, p_aligned);
+    DwPtrs dwp{};
+    dwp.dw[0] = dptr<float>(dw);
+    launch_dw<T>(dwp, coef.data<float>(), src, 1, 1, N, d, lay, p_aligned);
   });
 }
 

@@ -1,13 +1,19 @@
-// CUDA AttnRes depth Mix (see kernels/mix.h): sources, out, w F32 or BF16;
-// rstds and probs F32; dw F32 for BF16 weights. Statistics and sums in fp32.
+// CUDA AttnRes depth Mix (see kernels/mix.h): sources, outs, ws F32 or BF16;
+// rstds, probs, lse and merge stats F32; dws F32 for BF16 weights. Statistics
+// and sums in fp32.
 #pragma once
 #include "core/span.h"
 #include "core/tensor.h"
 
 namespace attnres::kernels::cuda {
 void mix_source_rstd(Tensor& rstd, const Tensor& v, float eps);
-void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor> sources,
-                 Span<const Tensor> rstds);
-void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const Tensor& w,
-                  Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs);
+void mix_forward(Span<Tensor> outs, Tensor& probs, Tensor* lse, Span<const Tensor> ws,
+                 Span<const Tensor> sources, Span<const Tensor> rstds);
+void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> douts,
+                  const Tensor* dlse, Span<const Tensor> ws, Span<const Tensor> sources,
+                  Span<const Tensor> rstds, const Tensor& probs);
+void mix_merge_forward(Tensor& x, Tensor& stats, const Tensor& w, const Tensor& o,
+                       const Tensor& lse, const Tensor& p, float eps);
+void mix_merge_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, const Tensor& dx,
+                        const Tensor& w, const Tensor& o, const Tensor& p, const Tensor& stats);
 }  // namespace attnres::kernels::cuda

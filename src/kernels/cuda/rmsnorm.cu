@@ -108,8 +108,10 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial, float* acc_global
   const int64_t packs = d / W;  // kVec only when W divides d
   float* acc_block = acc_global ? acc_global + int64_t(blockIdx.x) * warps * d : acc_smem;
   float* acc = partial ? acc_block + int64_t(warp) * d : nullptr;
-  if (acc)
-    for (int64_t j = lane; j < d; j += 32) acc[j] = 0.f;
+  if (acc)  // each lane zeroes the elements it accumulates below: no warp sync needed
+    for (int64_t k = lane; k < packs; k += 32)
+#pragma unroll
+      for (int e = 0; e < W; ++e) acc[k * W + e] = 0.f;
 
   const int64_t row0 = int64_t(blockIdx.x) * warps * kRowsPerWarp;
   const int64_t row_end =
