@@ -52,7 +52,20 @@ namespace {
 // the fp32 dw (8 V d bytes per chunk) over many rows, small enough to leave
 // the activations their memory.
 constexpr int64_t kChunkBytes = int64_t(512) << 20;
-constexpr int kRowThreads = 512;
+// Row pass: one block of 1024 threads per row, and one block per SM. Pass 2
+// re-reads the row that pass 1 just read; with several resident blocks per
+// SM the rows in flight (e.g. 4 x 132 rows x 200 KB at V = 50304) overflow
+// the L2 and pass 2 reads DRAM again, while one block per SM keeps ~27 MB in
+// flight and pass 2 mostly hits L2. Residency is held at one block by asking
+// for more than half of an SM's shared memory (the kernel does not use it).
+constexpr int kRowThreads = 1024;
+
+size_t residency_limiting_smem() {
+  const cudaDeviceProp& p = ::attnres::cuda::device_properties();
+  return std::min<size_t>(p.sharedMemPerMultiprocessor / 2 + 1024, p.sharedMemPerBlockOptin);
+}
+
+
 
 int64_t chunk_rows(int64_t N, int64_t V) {
   if (V == 0) return N;
@@ -204,6 +217,17 @@ __global__ void __launch_bounds__(1024) sum_loss_kernel(const double* row_loss, 
   if (threadIdx.x == 0) status->loss = s;
 }
 
+template <typename Kernel>
+void launch_rows(Kernel kernel, unsigned rows, float* logits, int64_t V, const int32_t* targets,
+                 int64_t row0, double* row_loss, Status* status, bool grads, double grad_scale) {
+  const size_t smem = residency_limiting_smem();
+  ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+  kernel<<<rows, kRowThreads, smem, stream()>>>(logits, V, targets, row0, row_loss, status, grads,
+                                                grad_scale);
+  ATTNRES_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T>
 double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, Tensor* dw,
            double grad_scale, Store dh_store) {
@@ -233,13 +257,8 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
     // 1. logits[rows, V] = h_chunk w^T
     gemm(false, true, rows, V, d, ab, hc, d, wp, d, 0.0f, DType::F32, L, V);
     // 2. loss per row; dlogits in place
-    if (vec4)
-      ce_row_kernel<T, 4><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
-          L, V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
-    else
-      ce_row_kernel<T, 1><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
-          L, V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
-    ATTNRES_CUDA_CHECK_LAUNCH();
+    launch_rows(vec4 ? ce_row_kernel<T, 4> : ce_row_kernel<T, 1>, static_cast<unsigned>(rows), L,
+                V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
     if (!grads) continue;
     // 3. dh_chunk[rows, d] (+)= dlogits[rows, V] w[V, d]  (chunks own disjoint rows)
     if (dh)
