@@ -39,6 +39,18 @@ double sum_squares(const Tensor& x) {
   return result;
 }
 
+std::vector<double> sum_squares_each(Span<const Tensor> xs) {
+  const char* op = "sum_squares_each";
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (!xs[i].defined()) fail(op, ": tensor ", i, " is undefined");
+    if (xs[i].device() != xs[0].device()) fail(op, ": tensors on different devices");
+  }
+  if (!xs.empty()) ATTNRES_CUDA_DISPATCH(xs[0], op, cuda::sum_squares_each(xs));
+  std::vector<double> out;
+  for (const Tensor& x : xs) out.push_back(sum_squares(x));
+  return out;
+}
+
 void scale_(Tensor& x, double s) {
   if (!x.defined()) fail("scale_: x is undefined");
   ATTNRES_CUDA_DISPATCH(x, "scale_", cuda::scale_(x, s));

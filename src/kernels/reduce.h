@@ -1,5 +1,8 @@
 // Reductions and elementwise helpers: global grad norm, residual adds.
 #pragma once
+#include <vector>
+
+#include "core/span.h"
 #include "core/tensor.h"
 
 namespace attnres::kernels {
@@ -7,6 +10,10 @@ namespace attnres::kernels {
 // sum(x^2) accumulated in double in a fixed order (fixed-size blocks, blocks
 // summed serially), so the result does not depend on the thread count.
 double sum_squares(const Tensor& x);
+// sum_squares of each tensor (same bits as one call each), with a single wait
+// for the device when they live on a GPU instead of one per tensor (the
+// global gradient norm reads ~100 tensors per step). All on one device.
+std::vector<double> sum_squares_each(Span<const Tensor> xs);
 
 void scale_(Tensor& x, double s);                          // x *= s
 void add_(Tensor& y, const Tensor& x);                     // y += x

@@ -76,8 +76,10 @@ double Runtime::grad_norm() {
   const auto owned = model_->owned_params();
   std::vector<double> mine;
   for (const auto& chunk : owned) mine.push_back(static_cast<double>(chunk.size()));
+  std::vector<Tensor> grads;
   for (const auto& chunk : owned)
-    for (const model::Param* p : chunk) mine.push_back(kernels::sum_squares(p->grad));
+    for (const model::Param* p : chunk) grads.push_back(p->grad);
+  for (double s : kernels::sum_squares_each(grads)) mine.push_back(s);
   const auto all = grid_.pipeline().allgather(mine);
   // Chunk c lives on stage c mod P as local chunk c div P: walk the chunks in
   // global order, which is the single-process parameter order.

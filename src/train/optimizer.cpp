@@ -21,8 +21,10 @@ AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg) : params_(pa
 }
 
 double AdamW::grad_norm() const {
+  std::vector<Tensor> grads;
+  for (const auto& p : params_.all()) grads.push_back(p.grad);
   double sq = 0;
-  for (const auto& p : params_.all()) sq += k::sum_squares(p.grad);  // fixed order
+  for (double s : k::sum_squares_each(grads)) sq += s;  // fixed order
   return std::sqrt(sq);
 }
 

@@ -139,3 +139,23 @@ TEST_CASE("cuda convert rounds F32 to BF16 to nearest even and widens exactly", 
       REQUIRE(same_bits(back.to(Device::CPU), lo_host.to(DType::F32)));
     }
 }
+
+TEST_CASE("cuda sum_squares_each equals one sum_squares per tensor, bit for bit", "[gpu][reduce]") {
+  std::vector<Tensor> xs;
+  int64_t seed = 900;
+  for (int64_t n : {int64_t(1000), int64_t(0), int64_t(7), int64_t(1) << 20, int64_t(3)})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      Tensor h = randn_f32({n}, static_cast<uint64_t>(seed++));
+      xs.push_back(to_device(h, dt));
+    }
+  const std::vector<double> each = k::sum_squares_each(xs);
+  REQUIRE(each.size() == xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    INFO("tensor " << i);
+    const double one = k::sum_squares(xs[i]);
+    REQUIRE(std::memcmp(&each[i], &one, sizeof one) == 0);
+    // And the CPU value (fp32 inputs summed in double: only the order differs).
+    const double cpu = k::sum_squares(to_host_f32(xs[i]));
+    REQUIRE(each[i] == Approx(cpu).epsilon(1e-12).margin(1e-300));
+  }
+}

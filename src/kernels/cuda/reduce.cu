@@ -155,35 +155,45 @@ __global__ void sum_partials(const double* partial, int n, double* out) {
   if (threadIdx.x == 0) *out = s;
 }
 
+// Queues the sum of squares of x into *out (device memory); no wait.
 template <typename T>
-double sum_squares_t(const T* x, int64_t n) {
+void sum_squares_t(const T* x, int64_t n, double* out) {
   const int64_t blocks = sum_blocks(n);
-  Tensor buf = Tensor::empty({blocks + 1}, DType::F64, Device::CUDA);
+  Tensor buf = Tensor::empty({blocks}, DType::F64, Device::CUDA);
   double* partial = static_cast<double*>(buf.raw());
   if (aligned(x, 16))
     sum_squares_partial<T, true><<<blocks, kSumThreads, 0, stream()>>>(x, n, partial);
   else
     sum_squares_partial<T, false><<<blocks, kSumThreads, 0, stream()>>>(x, n, partial);
   ATTNRES_CUDA_CHECK_LAUNCH();
-  sum_partials<<<1, kSumMaxBlocks, 0, stream()>>>(partial, static_cast<int>(blocks),
-                                                   partial + blocks);
+  sum_partials<<<1, kSumMaxBlocks, 0, stream()>>>(partial, static_cast<int>(blocks), out);
   ATTNRES_CUDA_CHECK_LAUNCH();
-  double result = 0;
-  ::attnres::cuda::copy(&result, ::attnres::cuda::Side::Host, partial + blocks,
-                        ::attnres::cuda::Side::Device, sizeof(double));
-  return result;
+}
+
+void queue_sum_squares(const Tensor& x, double* out) {
+  if (x.numel() == 0) {
+    ATTNRES_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream()));
+    return;
+  }
+  dispatch_float(x, "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    sum_squares_t<T>(dptr<T>(x), x.numel(), out);
+  });
 }
 
 }  // namespace
 
-double sum_squares(const Tensor& x) {
-  if (x.numel() == 0) return 0.0;
-  double result = 0;
-  dispatch_float(x, "sum_squares", [&](auto tag) {
-    using T = decltype(tag);
-    result = sum_squares_t<T>(dptr<T>(x), x.numel());
-  });
-  return result;
+double sum_squares(const Tensor& x) { return sum_squares_each(Span<const Tensor>(&x, 1))[0]; }
+
+std::vector<double> sum_squares_each(Span<const Tensor> xs) {
+  std::vector<double> out(xs.size(), 0.0);
+  if (xs.empty()) return out;
+  Tensor results = Tensor::empty({static_cast<int64_t>(xs.size())}, DType::F64, Device::CUDA);
+  double* r = static_cast<double*>(results.raw());
+  for (size_t i = 0; i < xs.size(); ++i) queue_sum_squares(xs[i], r + i);
+  ::attnres::cuda::copy(out.data(), ::attnres::cuda::Side::Host, r, ::attnres::cuda::Side::Device,
+                        sizeof(double) * xs.size());  // the one wait
+  return out;
 }
 
 void scale_(Tensor& x, double s) {

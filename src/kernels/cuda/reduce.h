@@ -1,10 +1,14 @@
 // CUDA reductions and elementwise helpers (see kernels/reduce.h).
 // sum_squares is deterministic: fixed per-block partials, summed in a fixed order.
 #pragma once
+#include <vector>
+
+#include "core/span.h"
 #include "core/tensor.h"
 
 namespace attnres::kernels::cuda {
 double sum_squares(const Tensor& x);
+std::vector<double> sum_squares_each(Span<const Tensor> xs);
 void scale_(Tensor& x, double s);
 void add_(Tensor& y, const Tensor& x);
 void add(Tensor& out, const Tensor& a, const Tensor& b);
