@@ -127,6 +127,34 @@ TEST_CASE("whole-model gradients match finite differences (float64)", "[model]")
   }
 }
 
+TEST_CASE("depth attention weights: one row per Mix over its sources, each summing to one",
+          "[model]") {
+  struct Want {
+    ModelConfig cfg;
+    std::vector<size_t> sizes;  // sources per sublayer, then the final Mix
+  };
+  // Block S = 3 over 4 sublayers: [e] | [e, p] | [e, p] | [e, b_1] | final [e, b_1, p].
+  // Full: sublayer s reads e and the s earlier outputs; the final Mix all 5.
+  for (const Want& w : {Want{tiny(ResidualMode::Block, 3), {1, 2, 2, 2, 3}},
+                        Want{tiny(ResidualMode::Full), {1, 2, 3, 4, 5}}}) {
+    model::Model m(w.cfg, DType::F64);
+    randomize(m.params(), 7);
+    const int64_t B = 2, T = 6;
+    const auto rows = m.depth_attention(testing::random_tokens(B * T, w.cfg.vocab_size, 3), B, T);
+    REQUIRE(rows.size() == w.sizes.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      INFO("row " << r);
+      REQUIRE(rows[r].size() == w.sizes[r]);
+      double sum = 0;
+      for (double a : rows[r]) {
+        CHECK(a > 0);
+        sum += a;
+      }
+      CHECK(sum == Approx(1.0).epsilon(1e-12));
+    }
+  }
+}
+
 TEST_CASE("float32 model agrees with float64", "[model]") {
   ModelConfig c = tiny(ResidualMode::Block, 3);
   model::Model m64(c, DType::F64), m32(c, DType::F32);
