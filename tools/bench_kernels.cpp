@@ -189,15 +189,19 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
                             done_rs, gprobs);
           }, reps),
           e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
-      Tensor x = Tensor::empty({N, d}, dt, Device::CUDA), mstats = Tensor::empty({N, 2}, st, Device::CUDA);
+      // Phase 2 fused with the sublayer's RMSNorm (its output is u).
+      Tensor u = Tensor::empty({N, d}, dt, Device::CUDA), mstats = Tensor::empty({N, 3}, st, Device::CUDA);
       Tensor lse0 = lse.rows(0, 1).reshape({N}), dlse0 = dlse.rows(0, 1).reshape({N});
-      Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA);
-      add("mix merge fwd",
-          time_ms([&] { k::mix_merge_forward(x, mstats, w, outs[0], lse0, src[kb], 1e-5f); }, reps),
-          e * 3.0 * N * d, 6.0 * N * d);
-      add("mix merge bwd",
-          time_ms([&] { k::mix_merge_backward(d_o, dlse0, dsrc[kb], dw, dout, w, outs[0], src[kb], mstats); }, reps),
-          e * 7.0 * N * d, 12.0 * N * d);  // dx, o, p read, d_o written, dp read + written; p again for dw
+      Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 81);
+      Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
+      add("mix merge + rmsnorm fwd",
+          time_ms([&] { k::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, src[kb], gain, 1e-5f); }, reps),
+          e * 3.0 * N * d, 9.0 * N * d);  // o, p read, u written
+      add("mix merge + rmsnorm bwd",
+          time_ms([&] {
+            k::mix_merge_norm_backward(d_o, dlse0, dsrc[kb], dw, dgain, dout, w, outs[0], src[kb], gain, mstats);
+          }, reps),
+          e * 7.0 * N * d, 20.0 * N * d);  // du, o, p read, d_o written, dp read + written; p again for dw
     }
   }
   {

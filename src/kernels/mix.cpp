@@ -151,54 +151,57 @@ void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const T
 }
 
 namespace {
-// Checks the merge's common arguments: w [d], o and p [N, d]; returns {N, d}.
+// Checks the merge's common arguments: w and gain [d], o and p [N, d], stats
+// [N, 3]; returns {N, d}.
 std::pair<int64_t, int64_t> check_merge(const char* op, const Tensor& w, const Tensor& o,
-                                        const Tensor& p) {
+                                        const Tensor& p, const Tensor& gain, const Tensor& stats) {
   if (!w.defined() || w.ndim() != 1) fail(op, ": w must be 1-D [d]");
   check_2d(op, "o", o);
   const int64_t N = o.dim(0), d = w.dim(0);
   check_arg(op, "o", o, w, {N, d});
   check_arg(op, "p", p, w, {N, d});
+  check_arg(op, "gain", gain, w, {d});
+  check_arg(op, "stats", stats, w.device(), stat_dtype(w.dtype()), {N, 3});
   return {N, d};
 }
 }  // namespace
 
-void mix_merge_forward(Tensor& x, Tensor& stats, const Tensor& w, const Tensor& o,
-                       const Tensor& lse, const Tensor& p, float eps) {
-  const char* op = "mix_merge_forward";
-  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, p);
+void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Tensor& o,
+                            const Tensor& lse, const Tensor& p, const Tensor& gain, float eps) {
+  const char* op = "mix_merge_norm_forward";
+  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, p, gain, stats);
   const int64_t N = Nd.first, d = Nd.second;
-  const DType sdt = stat_dtype(w.dtype());
-  check_arg(op, "x", x, w, {N, d});
-  check_arg(op, "lse", lse, w.device(), sdt, {N});
-  check_arg(op, "stats", stats, w.device(), sdt, {N, 2});
+  check_arg(op, "u", u, w, {N, d});
+  check_arg(op, "lse", lse, w.device(), stat_dtype(w.dtype()), {N});
   if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
-  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_merge_forward(x, stats, w, o, lse, p, eps));
+  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_merge_norm_forward(u, stats, w, o, lse, p, gain, eps));
   dispatch_cpu_float(w, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::mix_merge_forward<T>(x.data<T>(), stats.data<T>(), w.data<T>(), o.data<T>(),
-                              lse.data<T>(), p.data<T>(), N, d, static_cast<T>(eps));
+    cpu::mix_merge_norm_forward<T>(u.data<T>(), stats.data<T>(), w.data<T>(), o.data<T>(),
+                                   lse.data<T>(), p.data<T>(), gain.data<T>(), N, d,
+                                   static_cast<T>(eps));
   });
 }
 
-void mix_merge_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, const Tensor& dx,
-                        const Tensor& w, const Tensor& o, const Tensor& p, const Tensor& stats) {
-  const char* op = "mix_merge_backward";
-  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, p);
+void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, Tensor& dgain,
+                             const Tensor& du, const Tensor& w, const Tensor& o, const Tensor& p,
+                             const Tensor& gain, const Tensor& stats) {
+  const char* op = "mix_merge_norm_backward";
+  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, p, gain, stats);
   const int64_t N = Nd.first, d = Nd.second;
-  const DType sdt = stat_dtype(w.dtype());
   check_arg(op, "d_o", d_o, w, {N, d});
   check_arg(op, "dp", dp, w, {N, d});
-  check_arg(op, "dx", dx, w, {N, d});
-  check_arg(op, "dlse", dlse, w.device(), sdt, {N});
-  check_arg(op, "stats", stats, w.device(), sdt, {N, 2});
+  check_arg(op, "du", du, w, {N, d});
+  check_arg(op, "dlse", dlse, w.device(), stat_dtype(w.dtype()), {N});
   check_arg(op, "dw", dw, w.device(), grad_dtype(w.dtype()), {d});
-  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_merge_backward(d_o, dlse, dp, dw, dx, w, o, p, stats));
+  check_arg(op, "dgain", dgain, w.device(), grad_dtype(w.dtype()), {d});
+  ATTNRES_CUDA_DISPATCH(
+      w, op, cuda::mix_merge_norm_backward(d_o, dlse, dp, dw, dgain, du, w, o, p, gain, stats));
   dispatch_cpu_float(w, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::mix_merge_backward<T>(d_o.data<T>(), dlse.data<T>(), dp.data<T>(), dw.data<T>(),
-                               dx.data<T>(), w.data<T>(), o.data<T>(), p.data<T>(),
-                               stats.data<T>(), N, d);
+    cpu::mix_merge_norm_backward<T>(d_o.data<T>(), dlse.data<T>(), dp.data<T>(), dw.data<T>(),
+                                    dgain.data<T>(), du.data<T>(), w.data<T>(), o.data<T>(),
+                                    p.data<T>(), gain.data<T>(), stats.data<T>(), N, d);
   });
 }
 

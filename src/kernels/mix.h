@@ -14,7 +14,7 @@
 //            block's sublayers at once (mix_forward with Q queries), giving
 //            each query its output o and log-sum-exp lse over those sources;
 //   phase 2: per sublayer, a merge with its one extra source p
-//            (mix_merge_forward): with z = w . (p rstd_p) and
+//            (mix_merge_norm_forward): with z = w . (p rstd_p) and
 //            a = exp(z) / (exp(lse) + exp(z)) = sigmoid(z - lse),
 //            x = (1 - a) o + a p,
 //            exactly the softmax over all the sources (online-softmax merge).
@@ -55,16 +55,21 @@ void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor>
 void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const Tensor& w,
                   Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs);
 
-// ---- phase 2: merge with the partial sum -----------------------------------------
-// x [N, d] = (1 - a) o + a p with a = sigmoid(w . (p rstd_p) - lse), where o
-// [N, d] and lse [N] come from phase 1 and rstd_p is computed here (eps as for
-// every source). stats [N, 2] saves {a, rstd_p} per row for the backward.
-void mix_merge_forward(Tensor& x, Tensor& stats, const Tensor& w, const Tensor& o,
-                       const Tensor& lse, const Tensor& p, float eps);
+// ---- phase 2: merge with the partial sum, fused with the RMSNorm after it ----
+// The merged input x = (1 - a) o + a p, a = sigmoid(w . (p rstd_p) - lse),
+// where o [N, d] and lse [N] come from phase 1 and rstd_p is computed here,
+// is only ever read by the sublayer's RMSNorm, so the op returns
+// u [N, d] = RMSNorm(x; gain) directly and x is never stored (the backward
+// recomputes it from o, p and a). One eps for both norms. stats [N, 3] saves
+// {a, rstd_p, rstd_x} per row.
+void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Tensor& o,
+                            const Tensor& lse, const Tensor& p, const Tensor& gain, float eps);
 
-// From dx: d_o = dL/do and dlse = dL/dlse are written (Store::Set semantics),
-// dp += dL/dp (p is also a running sum's gradient), dw += dL/dw.
-void mix_merge_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, const Tensor& dx,
-                        const Tensor& w, const Tensor& o, const Tensor& p, const Tensor& stats);
+// From du = dL/du: d_o = dL/do and dlse = dL/dlse are written (Store::Set
+// semantics); dp += dL/dp (p's gradient is also a running sum's), dw +=
+// dL/dw, dgain += dL/dgain.
+void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, Tensor& dgain,
+                             const Tensor& du, const Tensor& w, const Tensor& o, const Tensor& p,
+                             const Tensor& gain, const Tensor& stats);
 
 }  // namespace attnres::kernels

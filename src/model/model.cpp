@@ -42,6 +42,15 @@ Param& Model::out_proj() {
   return p(cfg_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
 }
 
+const Param& Model::norm_gain(int64_t s) const {
+  return p(layer_param(s / 2, s % 2 == 0 ? "input_layernorm.weight"
+                                         : "post_attention_layernorm.weight"));
+}
+Param& Model::norm_gain(int64_t s) {
+  return p(layer_param(s / 2, s % 2 == 0 ? "input_layernorm.weight"
+                                         : "post_attention_layernorm.weight"));
+}
+
 const Param& Model::mix_query(int64_t s) const {
   return p(layer_param(s / 2, s % 2 == 0 ? "attn_res.query" : "mlp_res.query"));
 }
@@ -113,8 +122,8 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
   k::matmul_forward(y, a.att, p(layer_param(l, "self_attn.o_proj.weight")).value);
 }
 
-void Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
-                               k::Store dx_store, int64_t B, int64_t T) {
+Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B,
+                                 int64_t T) {
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
   Param& wq = p(layer_param(l, "self_attn.q_proj.weight"));
@@ -136,8 +145,7 @@ void Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Ten
   k::matmul_backward(&du, &wq.grad, dq, a.u, wq.value, k::Store::Set);
   k::matmul_backward(&du, &wk.grad, dk, a.u, wk.value);
   k::matmul_backward(&du, &wv.grad, dv, a.u, wv.value);
-  Param& g = p(layer_param(l, "input_layernorm.weight"));
-  k::rmsnorm_backward(dx, &g.grad, du, a.x, a.norm_rstd, &g.value, dx_store);
+  return du;
 }
 
 void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const {
@@ -151,8 +159,7 @@ void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const {
   k::matmul_forward(y, a.h, p(layer_param(l, "mlp.down_proj.weight")).value);
 }
 
-void Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
-                         k::Store dx_store) {
+Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
   const int64_t N = a.u.dim(0), F = cfg_.d_ff;
   Param& wg = p(layer_param(l, "mlp.gate_proj.weight"));
   Param& wu = p(layer_param(l, "mlp.up_proj.weight"));
@@ -165,8 +172,7 @@ void Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& d
   Tensor du = new_act(N, cfg_.d_model);
   k::matmul_backward(&du, &wg.grad, dgate, a.u, wg.value, k::Store::Set);
   k::matmul_backward(&du, &wu.grad, dup, a.u, wu.value);
-  Param& g = p(layer_param(l, "post_attention_layernorm.weight"));
-  k::rmsnorm_backward(dx, &g.grad, du, a.x, a.norm_rstd, &g.value, dx_store);
+  return du;
 }
 
 // ---------------------------------------------------------------------------
@@ -237,23 +243,22 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   const int64_t S = cfg_.resolved_block_size();
   const int64_t i = cfg_.attnres() ? s % S : 0;
 
-  if (!cfg_.attnres()) {
-    a.x = st.hidden;
-  } else if (i == 0) {
-    a.x = a.mix_o;  // the completed blocks are all the sources
-  } else {
+  // The sublayer's input x and u = RMSNorm(x; g). With a merge (i > 0), the
+  // merge and the norm are one op and x is never stored.
+  const Tensor& gain = norm_gain(s).value;
+  a.u = new_act(N, d);
+  if (cfg_.attnres() && i > 0) {
     ATTNRES_CHECK(st.partial.defined(), "sublayer ", s, ": partial sum missing");
     a.mix_partial = st.partial;
-    a.x = new_act(N, d);
-    a.mix_stats = new_stat({N, 2});
-    k::mix_merge_forward(a.x, a.mix_stats, mix_query(s).value, a.mix_o, a.mix_lse, st.partial,
-                         eps);
+    a.mix_stats = new_stat({N, 3});
+    k::mix_merge_norm_forward(a.u, a.mix_stats, mix_query(s).value, a.mix_o, a.mix_lse,
+                              st.partial, gain, eps);
+  } else {
+    // baseline: the stream; AttnRes at i == 0: the completed blocks are all the sources
+    a.x = cfg_.attnres() ? a.mix_o : st.hidden;
+    a.norm_rstd = new_stat({N});
+    k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &gain, eps);
   }
-
-  a.u = new_act(N, d);
-  a.norm_rstd = new_stat({N});
-  const char* gain = is_attn ? "input_layernorm.weight" : "post_attention_layernorm.weight";
-  k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &p(layer_param(l, gain)).value, eps);
 
   Tensor y = new_act(N, d);
   if (is_attn) attention_forward(l, a, y, B, T, cache);
@@ -290,17 +295,10 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
   const int64_t i = cfg_.attnres() ? s % S : 0;
 
   Tensor dy;  // gradient of this sublayer's output y_s
-  Tensor dx;  // gradient of the sublayer input x
-  k::Store dx_store = k::Store::Set;
   if (!cfg_.attnres()) {
-    // x_{s+1} = x_s + y_s: dy = dx_{s+1}, and dx_s = dx_{s+1} + f_s'(dy). The
-    // sublayer's backward reads dy first and adds into dx last, so both can
-    // be the stream's gradient buffer itself.
+    // x_{s+1} = x_s + y_s: dy = dx_{s+1}, and dx_s = dx_{s+1} + f_s'(dy).
     dy = g.hidden;
-    dx = g.hidden;
-    dx_store = k::Store::Add;
   } else {
-    dx = new_act(N, d);
     if (i == S - 1) {  // undo the push: the block's gradient is the partial's
       ATTNRES_CHECK(!g.partial.defined() && !g.sources.empty(), "sublayer ", s,
                     ": depth gradient out of step");
@@ -317,25 +315,22 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
     depth_stats_->grad_count.at(s) += static_cast<double>(dy.numel());
   }
 
-  // f_s backward: dy -> dx (dy is fully consumed here, before the Mix
-  // backward below may add more into the same buffer as d p_before).
-  if (is_attn) attention_backward(l, a, dy, dx, dx_store, B, T);
-  else mlp_backward(l, a, dy, dx, dx_store);
-
-  if (!cfg_.attnres()) {
-    g.hidden = dx;
-    return;
+  // f_s backward: dy -> du (dy is fully consumed here, before the norm and
+  // Mix backward below add into the same buffer: the stream's gradient, or
+  // the partial's as d p_before).
+  const Tensor du = is_attn ? attention_backward(l, a, dy, B, T) : mlp_backward(l, a, dy);
+  Param& gain = norm_gain(s);
+  if (!cfg_.attnres()) {  // dx_s = dx_{s+1} + RMSNorm'(du), in place
+    k::rmsnorm_backward(g.hidden, &gain.grad, du, a.x, a.norm_rstd, &gain.value);
+  } else if (i == 0) {  // x was the phase-1 output itself
+    a.d_o = new_act(N, d);
+    k::rmsnorm_backward(a.d_o, &gain.grad, du, a.x, a.norm_rstd, &gain.value, k::Store::Set);
+  } else {  // merge + norm backward: d o and dlse for the group's phase 1, d p_before +=
+    Param& q = mix_query(s);
+    a.d_o = new_act(N, d);
+    k::mix_merge_norm_backward(a.d_o, a.mix_dlse_row, g.partial, q.grad, gain.grad, du, q.value,
+                               a.mix_o, a.mix_partial, gain.value, a.mix_stats);
   }
-  if (i == 0) {  // x was the phase-1 output itself
-    a.d_o = dx;
-    return;
-  }
-  // Merge backward: d o and dlse for the group's phase 1, d p_before += into
-  // the partial's gradient (dy's buffer, fully consumed above).
-  Param& q = mix_query(s);
-  a.d_o = new_act(N, d);
-  k::mix_merge_backward(a.d_o, a.mix_dlse_row, g.partial, q.grad, dx, q.value, a.mix_o,
-                        a.mix_partial, a.mix_stats);
 }
 
 void Model::mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad) {
@@ -384,37 +379,40 @@ void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad
 // Head: final Mix, norm, LM head, loss
 // ---------------------------------------------------------------------------
 
-Tensor Model::final_mix(const DepthState& st, Activations& acts) const {
-  if (!cfg_.attnres()) return st.hidden;  // baseline: z is the residual stream
-  const int64_t N = st.sources.at(0).dim(0), d = cfg_.d_model;
-  const Tensor& w = p("model.final_res.query").value;
-  acts.final_sources = st.sources;
-  acts.final_rstd = st.source_rstd;
-  acts.final_probs = new_stat({1, N, static_cast<int64_t>(st.sources.size())});
-  Tensor o = new_act(N, d);
-  const bool merge = st.partial.defined();  // 2L % S != 0: the unfinished block is a source too
-  if (merge) acts.final_lse = new_stat({1, N});
-  k::mix_forward(Span<Tensor>(&o, 1), acts.final_probs, merge ? &acts.final_lse : nullptr,
-                 Span<const Tensor>(&w, 1), st.sources, st.source_rstd);
-  if (!merge) return o;
-  acts.final_o = o;
-  acts.final_partial = st.partial;
-  acts.final_stats = new_stat({N, 2});
-  Tensor z = new_act(N, d);
-  k::mix_merge_forward(z, acts.final_stats, w, o, acts.final_lse.reshape({N}), st.partial,
-                       static_cast<float>(cfg_.norm_eps));
-  return z;
+Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
+  const int64_t N = acts.B * acts.T, d = cfg_.d_model;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  const Tensor& g = p("model.norm.weight").value;
+  Tensor h = new_act(N, d);
+  const bool merge = cfg_.attnres() && st.partial.defined();  // 2L % S != 0: p is a source too
+  if (cfg_.attnres()) {
+    const Tensor& w = p("model.final_res.query").value;
+    acts.final_sources = st.sources;
+    acts.final_rstd = st.source_rstd;
+    acts.final_probs = new_stat({1, N, static_cast<int64_t>(st.sources.size())});
+    acts.final_o = new_act(N, d);
+    if (merge) acts.final_lse = new_stat({1, N});
+    k::mix_forward(Span<Tensor>(&acts.final_o, 1), acts.final_probs,
+                   merge ? &acts.final_lse : nullptr, Span<const Tensor>(&w, 1), st.sources,
+                   st.source_rstd);
+    if (merge) {
+      acts.final_partial = st.partial;
+      acts.final_stats = new_stat({N, 3});
+      k::mix_merge_norm_forward(h, acts.final_stats, w, acts.final_o,
+                                acts.final_lse.reshape({N}), st.partial, g, eps);
+      return h;
+    }
+  }
+  acts.z = cfg_.attnres() ? acts.final_o : st.hidden;  // baseline: z is the residual stream
+  acts.z_rstd = new_stat({N});
+  k::rmsnorm_forward(h, acts.z_rstd, acts.z, &g, eps);
+  return h;
 }
 
 double Model::head_forward(const DepthState& st, const Tensor& targets, Activations& acts,
                            DepthGrad* grad, double grad_scale) {
   const int64_t N = acts.B * acts.T, d = cfg_.d_model;
-  const float eps = static_cast<float>(cfg_.norm_eps);
-  acts.z = final_mix(st, acts);
-  acts.h = new_act(N, d);
-  acts.z_rstd = new_stat({N});
-  Param& g_final = p("model.norm.weight");
-  k::rmsnorm_forward(acts.h, acts.z_rstd, acts.z, &g_final.value, eps);
+  acts.h = final_norm(st, acts);
   Param& w_out = out_proj();
   const Tensor tgt = on_device(targets);
   if (!grad) return k::lm_head_cross_entropy(acts.h, w_out.value, tgt, nullptr, nullptr, 0.0);
@@ -422,27 +420,30 @@ double Model::head_forward(const DepthState& st, const Tensor& targets, Activati
   Tensor dh = new_act(N, d);
   double loss = k::lm_head_cross_entropy(acts.h, w_out.value, tgt, &dh, &w_out.grad, grad_scale,
                                          k::Store::Set);
-  Tensor dz = new_act(N, d);
-  k::rmsnorm_backward(dz, &g_final.grad, dh, acts.z, acts.z_rstd, &g_final.value,
-                      k::Store::Set);
-
   *grad = DepthGrad{};
-  if (!cfg_.attnres()) {
-    grad->hidden = dz;
-    return loss;
+  Param& g_final = p("model.norm.weight");
+  // dz (the stream's gradient, or the final Mix's phase-1 output's) unless
+  // the final Mix merged: then its merge + norm backward gives d o and dlse.
+  Tensor dz = new_act(N, d), dlse;
+  if (!acts.final_stats.defined()) {
+    k::rmsnorm_backward(dz, &g_final.grad, dh, acts.z, acts.z_rstd, &g_final.value,
+                        k::Store::Set);
+    if (!cfg_.attnres()) {
+      grad->hidden = dz;
+      return loss;
+    }
   }
   for (size_t j = 0; j < st.sources.size(); ++j) grad->sources.push_back(zero_act(N, d));
   Param& q = p("model.final_res.query");
-  Tensor d_o = dz, dlse;
-  if (st.partial.defined()) {
+  if (acts.final_stats.defined()) {
     grad->partial = zero_act(N, d);
-    d_o = new_act(N, d);
     dlse = new_stat({1, N});
     Tensor dlse_row = dlse.reshape({N});
-    k::mix_merge_backward(d_o, dlse_row, grad->partial, q.grad, dz, q.value, acts.final_o,
-                          acts.final_partial, acts.final_stats);
+    k::mix_merge_norm_backward(dz, dlse_row, grad->partial, q.grad, g_final.grad, dh, q.value,
+                               acts.final_o, acts.final_partial, g_final.value,
+                               acts.final_stats);
   }
-  k::mix_backward(grad->sources, Span<Tensor>(&q.grad, 1), Span<const Tensor>(&d_o, 1),
+  k::mix_backward(grad->sources, Span<Tensor>(&q.grad, 1), Span<const Tensor>(&dz, 1),
                   dlse.defined() ? &dlse : nullptr, Span<const Tensor>(&q.value, 1),
                   acts.final_sources, acts.final_rstd, acts.final_probs);
   return loss;
@@ -494,10 +495,7 @@ std::vector<float> Model::decode_step(int32_t token, DecodeCache& cache) const {
   sublayers_forward(0, cfg_.n_sublayers(), st, subs, 1, 1, &cache);
   ++cache.pos;
   // Head without the loss: final Mix (or stream), norm, logits.
-  const float eps = static_cast<float>(cfg_.norm_eps);
-  Tensor z = final_mix(st, acts);
-  Tensor h = new_act(1, cfg_.d_model), zr = new_stat({1});
-  k::rmsnorm_forward(h, zr, z, &p("model.norm.weight").value, eps);
+  const Tensor h = final_norm(st, acts);
   Tensor logits = new_act(1, cfg_.vocab_size);
   k::matmul_forward(logits, h, out_proj().value);
   Tensor l32 = logits.to(Device::CPU).to(DType::F32);
@@ -522,7 +520,7 @@ std::vector<std::vector<double>> Model::depth_attention(const Tensor& tokens, in
     if (stats.defined()) s64 = stats.to(Device::CPU).to(DType::F64);
     std::vector<double> m(static_cast<size_t>(kk + (stats.defined() ? 1 : 0)), 0.0);
     for (int64_t r = 0; r < n; ++r) {
-      const double a = stats.defined() ? s64.data<double>()[2 * r] : 0.0;
+      const double a = stats.defined() ? s64.data<double>()[3 * r] : 0.0;  // {a, rstd_p, rstd_x}
       for (int64_t j = 0; j < kk; ++j) m[j] += p64.data<double>()[r * kk + j] * (1 - a) / n;
       if (stats.defined()) m[kk] += a / n;
     }

@@ -11,7 +11,6 @@
 
 #include "core/span.h"
 #include "core/tensor.h"
-#include "kernels/store.h"
 #include "model/config.h"
 #include "model/depth_state.h"
 #include "model/params.h"
@@ -34,10 +33,11 @@ struct SublayerActs {
   Tensor mix_probs, mix_dlse;
   // Every AttnRes sublayer: its phase-1 output o; with a merge, also its
   // lse [N] (a row of the leader's), the partial sum p it merged with, the
-  // merge statistics {a, rstd_p} [N, 2] and its row of the leader's dlse.
+  // merge + norm statistics {a, rstd_p, rstd_x} [N, 3] and its row of the
+  // leader's dlse (x and norm_rstd stay undefined: the merge op normalises).
   Tensor mix_o, mix_lse, mix_partial, mix_stats, mix_dlse_row;
   Tensor d_o;         // backward: dL/do, for the leader's phase-1 backward
-  Tensor x;           // sublayer input (Mix output, or the baseline stream)
+  Tensor x;           // sublayer input (phase-1 output, or the baseline stream)
   Tensor norm_rstd;   // RMSNorm statistics of x
   Tensor u;           // RMSNorm(x; g)
   // attention: q, k (after RoPE), v, attention output and its log-sum-exp
@@ -148,23 +148,23 @@ class Model {
   void mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad);
   void sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
                         DecodeCache* cache = nullptr) const;
-  // z = final Mix over all sources (AttnRes) or the stream (baseline); fills
-  // acts.final_* for the backward pass.
-  Tensor final_mix(const DepthState& st, Activations& acts) const;
+  // h = RMSNorm(z; g_final) of the final Mix z over all sources (AttnRes) or
+  // of the stream (baseline); fills acts for the backward pass.
+  Tensor final_norm(const DepthState& st, Activations& acts) const;
   void sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t B, int64_t T);
   // f_s: from the sublayer input x to its output y (both [N, d]).
   void attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
                          DecodeCache* cache) const;
-  // dx receives the gradient of the sublayer input: written (Set) or added (Add).
-  void attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
-                          kernels::Store dx_store, int64_t B, int64_t T);
+  // Backward of f_s from dy to du, the gradient of the normalised input u.
+  Tensor attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B, int64_t T);
   void mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const;
-  void mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, Tensor& dx,
-                    kernels::Store dx_store);
+  Tensor mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy);
   Tensor new_act(int64_t rows, int64_t cols) const;    // uninitialised activations
   Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
   Tensor new_stat(const Shape& shape) const;           // fp32 (fp64) statistics
   Tensor on_device(const Tensor& t) const;             // t, copied here if it lives elsewhere
+  const Param& norm_gain(int64_t s) const;  // the RMSNorm gain of sublayer s
+  Param& norm_gain(int64_t s);
   const Param& mix_query(int64_t s) const;  // the Mix query of sublayer s
   Param& mix_query(int64_t s);
   const Param& p(const std::string& name) const { return params_.get(name); }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/mix.h"
+#include "kernels/rmsnorm.h"
 #include "testing.h"
 
 using namespace attnres;
@@ -232,17 +233,31 @@ GroupOut mix_group(const std::vector<Tensor>& ws, const std::vector<Tensor>& src
   return g;
 }
 
-// The two-phase Mix of one sublayer: phase 1 over src, merge with p.
-Tensor two_phase(const Tensor& w, const std::vector<Tensor>& src, const Tensor& p, Tensor* stats,
-                 GroupOut* g1 = nullptr) {
+// The two-phase Mix of one sublayer and its RMSNorm: phase 1 over src, then
+// the merge with p fused with the norm (gain g); returns u.
+Tensor two_phase(const Tensor& w, const std::vector<Tensor>& src, const Tensor& p, const Tensor& g,
+                 Tensor* stats, GroupOut* g1 = nullptr) {
   const int64_t N = p.dim(0), d = p.dim(1);
-  GroupOut g = mix_group({w}, src, rstds_of(src));
-  Tensor x = Tensor::empty({N, d}, w.dtype());
-  Tensor st = Tensor::empty({N, 2}, w.dtype());
-  k::mix_merge_forward(x, st, w, g.outs[0], g.lse.reshape({N}), p, kEps);
+  GroupOut grp = mix_group({w}, src, rstds_of(src));
+  Tensor u = Tensor::empty({N, d}, w.dtype());
+  Tensor st = Tensor::empty({N, 3}, w.dtype());
+  k::mix_merge_norm_forward(u, st, w, grp.outs[0], grp.lse.reshape({N}), p, g, kEps);
   if (stats) *stats = st;
-  if (g1) *g1 = g;
-  return x;
+  if (g1) *g1 = grp;
+  return u;
+}
+
+// The unfused reference: RMSNorm(one-pass Mix over all sources; g).
+struct OneNorm {
+  MixOut m;
+  Tensor u, rstd;
+};
+OneNorm one_pass_norm(const Tensor& w, const std::vector<Tensor>& src, const Tensor& g) {
+  OneNorm r{mix(w, src, rstds_of(src)), Tensor(), Tensor()};
+  r.u = Tensor::empty(r.m.out.shape(), w.dtype());
+  r.rstd = Tensor::empty({r.m.out.dim(0)}, w.dtype());
+  k::rmsnorm_forward(r.u, r.rstd, r.m.out, &g, kEps);
+  return r;
 }
 
 }  // namespace
@@ -288,65 +303,73 @@ TEST_CASE("mix with Q queries equals Q single-query calls bit for bit", "[kernel
   }
 }
 
-TEST_CASE("two-phase mix equals the one-pass softmax over all sources", "[kernels]") {
+TEST_CASE("two-phase mix + norm equals the one-pass softmax over all sources, then RMSNorm",
+          "[kernels]") {
   const int64_t N = 9, d = 12;
   for (int64_t kk : {int64_t(1), int64_t(3)}) {
     INFO("completed sources " << kk);
     std::vector<Tensor> src = random_sources(kk + 1, N, d, 70 + kk);
     const Tensor p = src.back();  // the partial sum: the last source
     std::vector<Tensor> completed(src.begin(), src.end() - 1);
-    const Tensor w = randn({d}, 80);
+    const Tensor w = randn({d}, 80), g = randn({d}, 82);
     Tensor stats;
-    const Tensor x = two_phase(w, completed, p, &stats);
-    const MixOut one = mix(w, src, rstds_of(src));
-    REQUIRE(max_rel_diff(x, one.out, 1e-9) < 1e-12);
-    for (int64_t n = 0; n < N; ++n)  // a = the partial's softmax weight
-      REQUIRE(at(stats, 2 * n) == Approx(at(one.probs, n * (kk + 1) + kk)).epsilon(1e-12));
+    const Tensor u = two_phase(w, completed, p, g, &stats);
+    const OneNorm one = one_pass_norm(w, src, g);
+    REQUIRE(max_rel_diff(u, one.u, 1e-9) < 1e-12);
+    for (int64_t n = 0; n < N; ++n) {  // a = the partial's softmax weight; rstd of x
+      REQUIRE(at(stats, 3 * n) == Approx(at(one.m.probs, n * (kk + 1) + kk)).epsilon(1e-12));
+      REQUIRE(at(stats, 3 * n + 2) == Approx(at(one.rstd, n)).epsilon(1e-12));
+    }
 
     // Gradients of the composite (phase-1 backward fed by the merge's d_o
-    // and dlse) against the one-pass backward.
+    // and dlse) against the one-pass RMSNorm + Mix backward.
     const Tensor wt = randn({N, d}, 81);
-    GroupOut g;
-    two_phase(w, completed, p, &stats, &g);
+    GroupOut grp;
+    two_phase(w, completed, p, g, &stats, &grp);
     std::vector<Tensor> rs = rstds_of(completed);
     Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({1, N}, DType::F64);
     Tensor dp = Tensor::zeros({N, d}, DType::F64), dw = Tensor::zeros({d}, DType::F64);
+    Tensor dg = Tensor::zeros({d}, DType::F64);
     Tensor dlse_row = dlse.reshape({N});
-    k::mix_merge_backward(d_o, dlse_row, dp, dw, wt, w, g.outs[0], p, stats);
+    k::mix_merge_norm_backward(d_o, dlse_row, dp, dw, dg, wt, w, grp.outs[0], p, g, stats);
     std::vector<Tensor> dsrc = zeros_like(completed);
     std::vector<Tensor> dws{dw}, douts{d_o}, qs{w};
-    k::mix_backward(dsrc, dws, douts, &dlse, qs, completed, rs, g.probs);
+    k::mix_backward(dsrc, dws, douts, &dlse, qs, completed, rs, grp.probs);
 
+    Tensor dx = Tensor::zeros({N, d}, DType::F64), dg1 = Tensor::zeros({d}, DType::F64);
+    k::rmsnorm_backward(dx, &dg1, wt, one.m.out, one.rstd, &g);
     std::vector<Tensor> dsrc1 = zeros_like(src);
     Tensor dw1 = Tensor::zeros({d}, DType::F64);
-    k::mix_backward(dsrc1, dw1, wt, w, src, rstds_of(src), one.probs);
+    k::mix_backward(dsrc1, dw1, dx, w, src, rstds_of(src), one.m.probs);
+    REQUIRE(max_rel_diff(dg, dg1, 1e-9) < 1e-10);
     REQUIRE(max_rel_diff(dw, dw1, 1e-9) < 1e-10);
     REQUIRE(max_rel_diff(dp, dsrc1.back(), 1e-9) < 1e-10);
     for (int64_t j = 0; j < kk; ++j) REQUIRE(max_rel_diff(dsrc[j], dsrc1[j], 1e-9) < 1e-10);
   }
 }
 
-TEST_CASE("mix merge backward matches finite differences", "[kernels]") {
+TEST_CASE("mix merge + norm backward matches finite differences", "[kernels]") {
   const int64_t N = 6, d = 10;
   Tensor o = randn({N, d}, 90), p = randn({N, d}, 91, DType::F64, 1.7);
-  Tensor lse = randn({N}, 92), w = randn({d}, 93), wt = randn({N, d}, 94);
+  Tensor lse = randn({N}, 92), w = randn({d}, 93), wt = randn({N, d}, 94), g = randn({d}, 96);
   auto merge = [&] {
-    Tensor x = Tensor::empty({N, d}, DType::F64), st = Tensor::empty({N, 2}, DType::F64);
-    k::mix_merge_forward(x, st, w, o, lse, p, kEps);
-    return std::make_pair(x, st);
+    Tensor u = Tensor::empty({N, d}, DType::F64), st = Tensor::empty({N, 3}, DType::F64);
+    k::mix_merge_norm_forward(u, st, w, o, lse, p, g, kEps);
+    return std::make_pair(u, st);
   };
   auto loss = [&] { return weighted_sum(merge().first, wt); };
   const Tensor stats = merge().second;
   // dp accumulates: start it from random values and subtract them after.
   const Tensor dp0 = randn({N, d}, 95);
   Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({N}, DType::F64);
-  Tensor dp = dp0.clone(), dw = Tensor::zeros({d}, DType::F64);
-  k::mix_merge_backward(d_o, dlse, dp, dw, wt, w, o, p, stats);
+  Tensor dp = dp0.clone(), dw = Tensor::zeros({d}, DType::F64), dg = Tensor::zeros({d}, DType::F64);
+  k::mix_merge_norm_backward(d_o, dlse, dp, dw, dg, wt, w, o, p, g, stats);
   for (int64_t i = 0; i < dp.numel(); ++i) set(dp, i, at(dp, i) - at(dp0, i));
   REQUIRE(fd_check(o, d_o, loss, kH, kFloor) < 1e-6);
   REQUIRE(fd_check(lse, dlse, loss, kH, kFloor) < 1e-6);
   REQUIRE(fd_check(p, dp, loss, kH, kFloor) < 1e-6);
   REQUIRE(fd_check(w, dw, loss, kH, kFloor) < 1e-6);
+  REQUIRE(fd_check(g, dg, loss, kH, kFloor) < 1e-6);
 }
 
 TEST_CASE("mix backward's lse gradient matches finite differences", "[kernels]") {

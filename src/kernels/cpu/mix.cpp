@@ -159,84 +159,112 @@ void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, cons
 }
 
 template <typename T>
-void mix_merge_forward(T* x, T* stats, const T* w, const T* o, const T* lse, const T* p,
-                       int64_t N, int64_t d, T eps) {
-#pragma omp parallel for schedule(static) if (N * d >= kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
-    const T* pn = p + n * d;
-    const T* on = o + n * d;
-    T* xn = x + n * d;
-    const T r = math::rstd_from_sum_sq(dot(pn, pn, d), d, eps);
-    const T a = math::sigmoid(dot(w, pn, d) * r - lse[n]);  // the partial's softmax weight
-    stats[2 * n] = a;
-    stats[2 * n + 1] = r;
-    const T b = T(1) - a;
+void mix_merge_norm_forward(T* u, T* stats, const T* w, const T* o, const T* lse, const T* p,
+                            const T* gain, int64_t N, int64_t d, T eps) {
+#pragma omp parallel if (N * d >= kParallelMin)
+  {
+    std::vector<T> x(static_cast<size_t>(d));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* pn = p + n * d;
+      const T* on = o + n * d;
+      T* un = u + n * d;
+      const T rp = math::rstd_from_sum_sq(dot(pn, pn, d), d, eps);
+      const T a = math::sigmoid(dot(w, pn, d) * rp - lse[n]);  // the partial's softmax weight
+      const T b = T(1) - a;
 #pragma omp simd
-    for (int64_t c = 0; c < d; ++c) xn[c] = b * on[c] + a * pn[c];
+      for (int64_t c = 0; c < d; ++c) x[c] = b * on[c] + a * pn[c];
+      const T rx = math::rstd_from_sum_sq(dot(x.data(), x.data(), d), d, eps);
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) un[c] = x[c] * rx * gain[c];
+      stats[3 * n] = a;
+      stats[3 * n + 1] = rp;
+      stats[3 * n + 2] = rx;
+    }
   }
 }
 
-// With z = r (w . p), a = sigmoid(z - lse), x = (1 - a) o + a p:
-//   d_o  = (1 - a) dx
-//   dz   = a (1 - a) dx . (p - o),   dlse = -dz
-//   dp  += a dx + dz (r w - (w . p) r^3 p / d)
-//   dw  += dz r p
+// Per row, with x = (1 - a) o + a p recomputed, r = rstd_x, z = rstd_p (w . p):
+//   RMSNorm:  dx     = r g du - x r^3 (sum_k du_k g_k x_k) / d,   dgain += du x r
+//   merge:    d_o    = (1 - a) dx
+//             dz     = a (1 - a) dx . (p - o),   dlse = -dz
+//             dp    += a dx + dz (rstd_p w - (w . p) rstd_p^3 p / d)
+//             dw    += dz rstd_p p
 template <typename T>
-void mix_merge_backward(T* d_o, T* dlse, T* dp, T* dw, const T* dx, const T* w, const T* o,
-                        const T* p, const T* stats, int64_t N, int64_t d) {
+void mix_merge_norm_backward(T* d_o, T* dlse, T* dp, T* dw, T* dgain, const T* du, const T* w,
+                             const T* o, const T* p, const T* gain, const T* stats, int64_t N,
+                             int64_t d) {
   const int64_t n_chunks = (N + kRowChunk - 1) / kRowChunk;
-  std::vector<double> partial(static_cast<size_t>(n_chunks * d), 0.0);
-#pragma omp parallel for schedule(static) if (N * d >= kParallelMin)
-  for (int64_t ch = 0; ch < n_chunks; ++ch) {
-    double* pc = partial.data() + ch * d;
-    const int64_t row_end = std::min(N, (ch + 1) * kRowChunk);
-    for (int64_t n = ch * kRowChunk; n < row_end; ++n) {
-      const T* dxn = dx + n * d;
-      const T* on = o + n * d;
-      const T* pn = p + n * d;
-      T* don = d_o + n * d;
-      T* dpn = dp + n * d;
-      const T a = stats[2 * n], r = stats[2 * n + 1];
-      T wp = 0, dxp = 0, dxo = 0;
+  // Per chunk: a row of dw partials, then a row of dgain partials (double).
+  std::vector<double> partial(static_cast<size_t>(n_chunks * 2 * d), 0.0);
+#pragma omp parallel if (N * d >= kParallelMin)
+  {
+    std::vector<T> x(static_cast<size_t>(d)), dx(static_cast<size_t>(d));
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < n_chunks; ++ch) {
+      double* pw = partial.data() + ch * 2 * d;
+      double* pg = pw + d;
+      const int64_t row_end = std::min(N, (ch + 1) * kRowChunk);
+      for (int64_t n = ch * kRowChunk; n < row_end; ++n) {
+        const T* dun = du + n * d;
+        const T* on = o + n * d;
+        const T* pn = p + n * d;
+        T* don = d_o + n * d;
+        T* dpn = dp + n * d;
+        const T a = stats[3 * n], rp = stats[3 * n + 1], r = stats[3 * n + 2];
+        const T b = T(1) - a;
+        T gdot = 0;  // sum_k du_k g_k x_k
+#pragma omp simd reduction(+ : gdot)
+        for (int64_t c = 0; c < d; ++c) {
+          x[c] = b * on[c] + a * pn[c];
+          gdot += dun[c] * gain[c] * x[c];
+        }
+        const T c3 = r * r * r * gdot / T(d);
+        T wp = 0, dxp = 0, dxo = 0;
 #pragma omp simd reduction(+ : wp, dxp, dxo)
-      for (int64_t c = 0; c < d; ++c) {
-        wp += w[c] * pn[c];
-        dxp += dxn[c] * pn[c];
-        dxo += dxn[c] * on[c];
-      }
-      const T dz = a * (T(1) - a) * (dxp - dxo);
-      dlse[n] = -dz;
-      const T b = T(1) - a;
-      const T cw = dz * r;                     // coefficient of w
-      const T cp = -dz * r * r * r * wp / T(d);  // coefficient of p (through rstd_p)
+        for (int64_t c = 0; c < d; ++c) {
+          dx[c] = r * gain[c] * dun[c] - c3 * x[c];
+          pg[c] += static_cast<double>(dun[c] * x[c] * r);
+          wp += w[c] * pn[c];
+          dxp += dx[c] * pn[c];
+          dxo += dx[c] * on[c];
+        }
+        const T dz = a * b * (dxp - dxo);
+        dlse[n] = -dz;
+        const T cw = dz * rp;                          // coefficient of w
+        const T cp = -dz * rp * rp * rp * wp / T(d);   // coefficient of p (through rstd_p)
 #pragma omp simd
-      for (int64_t c = 0; c < d; ++c) {
-        const T g = dxn[c], pv = pn[c];
-        don[c] = b * g;
-        dpn[c] += a * g + cw * w[c] + cp * pv;
-        pc[c] += static_cast<double>(cw * pv);
+        for (int64_t c = 0; c < d; ++c) {
+          const T g = dx[c], pv = pn[c];
+          don[c] = b * g;
+          dpn[c] += a * g + cw * w[c] + cp * pv;
+          pw[c] += static_cast<double>(cw * pv);
+        }
       }
     }
   }
   for (int64_t c = 0; c < d; ++c) {
-    double t = 0;
-    for (int64_t ch = 0; ch < n_chunks; ++ch) t += partial[ch * d + c];
-    dw[c] += static_cast<T>(t);
+    double tw = 0, tg = 0;
+    for (int64_t ch = 0; ch < n_chunks; ++ch) {
+      tw += partial[ch * 2 * d + c];
+      tg += partial[ch * 2 * d + d + c];
+    }
+    dw[c] += static_cast<T>(tw);
+    dgain[c] += static_cast<T>(tg);
   }
 }
 
-template void mix_source_rstd<float>(float*, const float*, int64_t, int64_t, float);
-template void mix_source_rstd<double>(double*, const double*, int64_t, int64_t, double);
 #define ATTNRES_MIX_INSTANTIATE(T)                                                           \
+  template void mix_source_rstd<T>(T*, const T*, int64_t, int64_t, T);                          \
   template void mix_forward<T>(T* const*, T*, T*, const T* const*, int64_t, const T* const*,   \
                                const T* const*, int64_t, int64_t, int64_t);                    \
   template void mix_backward<T>(T* const*, T* const*, const T* const*, const T*,               \
                                 const T* const*, int64_t, const T* const*, const T* const*,    \
                                 const T*, int64_t, int64_t, int64_t);                          \
-  template void mix_merge_forward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, \
-                                     int64_t, T);                                              \
-  template void mix_merge_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, \
-                                      const T*, int64_t, int64_t);
+  template void mix_merge_norm_forward<T>(T*, T*, const T*, const T*, const T*, const T*,    \
+                                          const T*, int64_t, int64_t, T);                      \
+  template void mix_merge_norm_backward<T>(T*, T*, T*, T*, T*, const T*, const T*, const T*,  \
+                                           const T*, const T*, const T*, int64_t, int64_t);
 ATTNRES_MIX_INSTANTIATE(float)
 ATTNRES_MIX_INSTANTIATE(double)
 #undef ATTNRES_MIX_INSTANTIATE

@@ -27,15 +27,16 @@ void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, cons
                   const T* const* ws, int64_t Q, const T* const* sources, const T* const* rstds,
                   const T* probs, int64_t N, int64_t d, int64_t k);
 
-// Phase 2: x = (1 - a) o + a p, a = sigmoid(w . p rstd_p - lse); stats [N, 2]
-// = {a, rstd_p}.
+// Phase 2 fused with RMSNorm: x = (1 - a) o + a p, a = sigmoid(w . p rstd_p -
+// lse), u = RMSNorm(x; gain); stats [N, 3] = {a, rstd_p, rstd_x}.
 template <typename T>
-void mix_merge_forward(T* x, T* stats, const T* w, const T* o, const T* lse, const T* p,
-                       int64_t N, int64_t d, T eps);
+void mix_merge_norm_forward(T* u, T* stats, const T* w, const T* o, const T* lse, const T* p,
+                            const T* gain, int64_t N, int64_t d, T eps);
 
-// d_o, dlse written; dp, dw accumulated.
+// d_o, dlse written; dp, dw, dgain accumulated.
 template <typename T>
-void mix_merge_backward(T* d_o, T* dlse, T* dp, T* dw, const T* dx, const T* w, const T* o,
-                        const T* p, const T* stats, int64_t N, int64_t d);
+void mix_merge_norm_backward(T* d_o, T* dlse, T* dp, T* dw, T* dgain, const T* du, const T* w,
+                             const T* o, const T* p, const T* gain, const T* stats, int64_t N,
+                             int64_t d);
 
 }  // namespace attnres::kernels::cpu

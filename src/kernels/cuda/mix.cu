@@ -35,9 +35,12 @@
 //   store each row's coefficient (dlogit r), mix_dw_kernel sums coef * v over
 //   fixed chunks of rows in order, and dw_reduce_kernel sums the chunks
 //   column by column in a fixed order (in double).
-// - Phase 2 (merge with the partial sum, one row group per row): the forward
-//   reads p, o and writes x; the backward reads dx, o, p and writes d_o, dp
-//   (read-add-write); its dw goes through the same dw kernels (one source).
+// - Phase 2 (merge with the partial sum) fused with the RMSNorm that reads its
+//   result, one row group per row: the forward reads p, o and writes u = the
+//   normalised x (x stays in registers); the backward reads du, o, p, recomputes
+//   x, and writes d_o and dp (read-add-write): 3 and 6 passes against 5 and 9
+//   for a separate merge and RMSNorm. dw goes through the dw kernels (one
+//   source), dgain through block partials and the same fixed-order reduction.
 // - mix_source_rstd: one warp per row, sum of squares, math::rstd_from_sum_sq.
 //
 // Source pointers travel in a by-value kernel parameter of fixed capacity
@@ -530,102 +533,171 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// ---- phase 2: merge with the partial sum -----------------------------------------
+// ---- phase 2: merge with the partial sum, fused with RMSNorm -------------------------
 
-// x = (1 - a) o + a p, a = sigmoid(w . p rstd_p - lse); stats[row] = {a, rstd_p}.
+// x = (1 - a) o + a p, a = sigmoid(w . p rstd_p - lse), u = RMSNorm(x; gain);
+// stats[row] = {a, rstd_p, rstd_x}. x lives in registers only.
 template <typename T, int VPT, bool ALIGNED>
 __global__ void __launch_bounds__(kMaxThreads)
-    merge_forward_kernel(T* x, float* stats, const T* w, const T* o, const float* lse,
-                         const T* p, int64_t N, int64_t d, float eps, bool block_mode) {
+    merge_norm_forward_kernel(T* u, float* stats, const T* w, const T* o, const float* lse,
+                              const T* p, const T* gain, int64_t N, int64_t d, float eps,
+                              bool block_mode) {
   __shared__ float2 scratch[32];
   const Group g = Group::make(block_mode);
   const int64_t row = int64_t(blockIdx.x) * g.per_block + g.index;
   if (row >= N) return;  // warp mode only: no barrier skipped
   const int64_t off = row * d;
-  float pv[VPT][8];
+  const long long dl = static_cast<long long>(d);
+  float x[VPT][8];  // p first, then x
   float2 t = make_float2(0.0f, 0.0f);  // {p . p, w . p}
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     float wf[8];
-    unpack(load_pack<T, ALIGNED>(p + off, g.slot_base(i), d), pv[i]);
+    unpack(load_pack<T, ALIGNED>(p + off, g.slot_base(i), d), x[i]);
     unpack(load_pack<T, ALIGNED>(w, g.slot_base(i), d), wf);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      t.x = fmaf(pv[i][e], pv[i][e], t.x);
-      t.y = fmaf(wf[e], pv[i][e], t.y);
+      t.x = fmaf(x[i][e], x[i][e], t.x);
+      t.y = fmaf(wf[e], x[i][e], t.y);
     }
   }
   t = g.sum2(t, scratch);
-  const float r = math::rstd_from_sum_sq(t.x, static_cast<long long>(d), eps);
-  const float a = math::sigmoid(t.y * r - lse[row]);
+  const float rp = math::rstd_from_sum_sq(t.x, dl, eps);
+  const float a = math::sigmoid(t.y * rp - lse[row]);
   const float b = 1.0f - a;
+  float2 ss = make_float2(0.0f, 0.0f);  // {x . x, unused}
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    float ov[8], xv[8];
+    float ov[8];
     unpack(load_pack<T, ALIGNED>(o + off, g.slot_base(i), d), ov);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) xv[e] = b * ov[e] + a * pv[i][e];
-    store8<T, ALIGNED>(x + off, g.slot_base(i), d, xv);
+    for (int e = 0; e < 8; ++e) {
+      x[i][e] = b * ov[e] + a * x[i][e];
+      ss.x = fmaf(x[i][e], x[i][e], ss.x);
+    }
+  }
+  ss = g.sum2(ss, scratch);
+  const float rx = math::rstd_from_sum_sq(ss.x, dl, eps);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    float gf[8], uv[8];
+    unpack(load_pack<T, ALIGNED>(gain, g.slot_base(i), d), gf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) uv[e] = x[i][e] * rx * gf[e];
+    store8<T, ALIGNED>(u + off, g.slot_base(i), d, uv);
   }
   if (g.tid == 0) {
-    stats[2 * row] = a;
-    stats[2 * row + 1] = r;
+    stats[3 * row] = a;
+    stats[3 * row + 1] = rp;
+    stats[3 * row + 2] = rx;
   }
 }
 
-// With z = r (w . p): d_o = (1 - a) dx; dz = a (1 - a) dx . (p - o), dlse = -dz;
-// dp += a dx + dz r w - dz r^3 (w . p) p / d; coef[row] = dz r for dw += coef p
-// (mix_dw_kernel with one query and one source).
+// Per row (x = (1 - a) o + a p recomputed in fp32, r = rstd_x), as the CPU:
+//   dx = r g du - x r^3 (du . g x) / d;  dgain += du x r
+//   d_o = (1 - a) dx;  dz = a (1 - a) dx . (p - o), dlse = -dz;
+//   dp += a dx + dz rstd_p w - dz rstd_p^3 (w . p) p / d;  coef[row] = dz rstd_p
+// (dw += coef p by mix_dw_kernel). dgain: each group accumulates its rows in
+// registers over a fixed grid-stride row assignment; the block's groups are
+// summed in order into dgain_partial[blockIdx] (through shared memory in warp
+// mode), and dw_reduce_kernel sums the block partials in a fixed order.
 template <typename T, int VPT, bool ALIGNED>
 __global__ void __launch_bounds__(kMaxThreads)
-    merge_backward_kernel(T* d_o, float* dlse, T* dp, float* coef, const T* dx, const T* w,
-                          const T* o, const T* p, const float* stats, int64_t N, int64_t d,
-                          bool block_mode) {
+    merge_norm_backward_kernel(T* d_o, float* dlse, T* dp, float* coef, float* dgain_partial,
+                               const T* du, const T* w, const T* o, const T* p, const T* gain,
+                               const float* stats, int64_t N, int64_t d, bool block_mode) {
+  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float2 scratch[32];
   const Group g = Group::make(block_mode);
-  const int64_t row = int64_t(blockIdx.x) * g.per_block + g.index;
-  if (row >= N) return;  // warp mode only: no barrier skipped
-  const int64_t off = row * d;
-  float gx[VPT][8], pv[VPT][8];
-  float2 t = make_float2(0.0f, 0.0f);  // {w . p, dx . p}
-  float2 u = make_float2(0.0f, 0.0f);  // {dx . o, unused}
+  const float fd = static_cast<float>(d);
+  float dgacc[VPT][8];
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    float wf[8], ov[8];
-    unpack(load_pack<T, ALIGNED>(dx + off, g.slot_base(i), d), gx[i]);
-    unpack(load_pack<T, ALIGNED>(p + off, g.slot_base(i), d), pv[i]);
-    unpack(load_pack<T, ALIGNED>(o + off, g.slot_base(i), d), ov);
-    unpack(load_pack<T, ALIGNED>(w, g.slot_base(i), d), wf);
+  for (int i = 0; i < VPT; ++i)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      t.x = fmaf(wf[e], pv[i][e], t.x);
-      t.y = fmaf(gx[i][e], pv[i][e], t.y);
-      u.x = fmaf(gx[i][e], ov[e], u.x);
+    for (int e = 0; e < 8; ++e) dgacc[i][e] = 0.0f;
+
+  const int64_t groups = int64_t(gridDim.x) * g.per_block;
+  for (int64_t row = int64_t(blockIdx.x) * g.per_block + g.index; row < N; row += groups) {
+    const int64_t off = row * d;
+    const float a = stats[3 * row], rp = stats[3 * row + 1], r = stats[3 * row + 2];
+    const float b = 1.0f - a;
+    float x[VPT][8], gx[VPT][8];  // x, and g du (then dx)
+    float2 t = make_float2(0.0f, 0.0f);  // {du . g x, w . p}
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t sb = g.slot_base(i);
+      float ov[8], pv[8], dv[8], gf[8], wf[8];
+      unpack(load_pack<T, ALIGNED>(o + off, sb, d), ov);
+      unpack(load_pack<T, ALIGNED>(p + off, sb, d), pv);
+      unpack(load_pack<T, ALIGNED>(du + off, sb, d), dv);
+      unpack(load_pack<T, ALIGNED>(gain, sb, d), gf);
+      unpack(load_pack<T, ALIGNED>(w, sb, d), wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        x[i][e] = b * ov[e] + a * pv[e];
+        gx[i][e] = gf[e] * dv[e];
+        t.x = fmaf(gx[i][e], x[i][e], t.x);
+        t.y = fmaf(wf[e], pv[e], t.y);
+        dgacc[i][e] = fmaf(dv[e] * x[i][e], r, dgacc[i][e]);
+      }
+    }
+    t = g.sum2(t, scratch);
+    const float c3 = r * r * r * t.x / fd;
+    float2 q = make_float2(0.0f, 0.0f);  // {dx . p, dx . o}
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t sb = g.slot_base(i);
+      float ov[8], pv[8];
+      unpack(load_pack<T, ALIGNED>(o + off, sb, d), ov);  // L1 hits
+      unpack(load_pack<T, ALIGNED>(p + off, sb, d), pv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        gx[i][e] = r * gx[i][e] - c3 * x[i][e];  // dx
+        q.x = fmaf(gx[i][e], pv[e], q.x);
+        q.y = fmaf(gx[i][e], ov[e], q.y);
+      }
+    }
+    q = g.sum2(q, scratch);
+    const float dz = a * b * (q.x - q.y);
+    const float cw = dz * rp;                       // coefficient of w
+    const float cp = -dz * rp * rp * rp * t.y / fd;  // coefficient of p (through rstd_p)
+    if (g.tid == 0) {
+      dlse[row] = -dz;
+      coef[row] = cw;
+    }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t sb = g.slot_base(i);
+      float wf[8], pv[8], pd[8], od[8];
+      unpack(load_pack<T, ALIGNED>(w, sb, d), wf);
+      unpack(load_pack<T, ALIGNED>(p + off, sb, d), pv);
+      unpack(load_pack<T, ALIGNED>(dp + off, sb, d), pd);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        od[e] = b * gx[i][e];
+        pd[e] += fmaf(cp, pv[e], fmaf(cw, wf[e], a * gx[i][e]));
+      }
+      store8<T, ALIGNED>(d_o + off, sb, d, od);
+      store8<T, ALIGNED>(dp + off, sb, d, pd);
     }
   }
-  t = g.sum2(t, scratch);
-  u = g.sum2(u, scratch);
-  const float a = stats[2 * row], r = stats[2 * row + 1];
-  const float dz = a * (1.0f - a) * (t.y - u.x);
-  const float b = 1.0f - a;
-  const float cw = dz * r;                                      // coefficient of w
-  const float cp = -dz * r * r * r * t.x / static_cast<float>(d);  // coefficient of p
-  if (g.tid == 0) {
-    dlse[row] = -dz;
-    coef[row] = cw;
+
+  // dgain partial of this block: its groups' accumulators summed in group order.
+  float* part = dgain_partial + int64_t(blockIdx.x) * d;
+  if (block_mode) {  // one group: each element owned by one thread
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) store8<float, false>(part, g.slot_base(i), d, dgacc[i]);
+    return;
   }
+  float* red = reinterpret_cast<float*>(smem);  // [groups][d]
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    float wf[8], od[8], pd[8];
-    unpack(load_pack<T, ALIGNED>(w, g.slot_base(i), d), wf);
-    unpack(load_pack<T, ALIGNED>(dp + off, g.slot_base(i), d), pd);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      od[e] = b * gx[i][e];
-      pd[e] += fmaf(cp, pv[i][e], fmaf(cw, wf[e], a * gx[i][e]));
-    }
-    store8<T, ALIGNED>(d_o + off, g.slot_base(i), d, od);
-    store8<T, ALIGNED>(dp + off, g.slot_base(i), d, pd);
+  for (int i = 0; i < VPT; ++i)
+    store8<float, false>(red + int64_t(g.index) * d, g.slot_base(i), d, dgacc[i]);
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float s2 = 0.0f;
+    for (int k2 = 0; k2 < g.per_block; ++k2) s2 += red[int64_t(k2) * d + c];
+    part[c] = s2;
   }
 }
 
@@ -672,6 +744,24 @@ struct RowGrid {
 RowGrid row_grid(const RowLayout& lay, int64_t rows, int per_row = 1) {
   if (lay.block_mode()) return {static_cast<unsigned>(rows * per_row), lay.group_size()};
   return {static_cast<unsigned>(ceil_div(rows, kWarpRowThreads / 32) * per_row), kWarpRowThreads};
+}
+
+// Grid of a row kernel that strides rows over one wave of resident blocks of
+// `threads` threads with `smem` bytes of dynamic shared memory (raising the
+// kernel's shared-memory limit when needed). It depends only on the device
+// and the shapes, so results that sum per-block partials repeat bit for bit.
+template <typename Kernel>
+int64_t resident_grid(const char* op, Kernel kernel, int threads, size_t smem, int64_t rows,
+                      int rows_per_block) {
+  if (smem > (48u << 10))
+    ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+  int per_sm = 0;
+  ATTNRES_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  ATTNRES_CHECK(per_sm > 0, op, ": no block of ", threads, " threads with ", smem,
+                " bytes of shared memory fits on an SM");
+  const int64_t sms = ::attnres::cuda::device_properties().multiProcessorCount;
+  return std::min<int64_t>(ceil_div(rows, rows_per_block), sms * per_sm);
 }
 
 // dws.dw[q] += sum over rows and sources of coef[q, row, j] v_j[row] (q < Q):
@@ -782,18 +872,8 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
         constexpr int VPT = decltype(vpt)::value;
         constexpr bool AL = decltype(alc)::value;
         auto kernel = mix_backward_kernel<T, VPT, AL>;
-        if (smem > (48u << 10))
-          ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(
-              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        // One wave of resident blocks over which rows are strided (the rows'
-        // results do not depend on the grid: dw is formed by launch_dw).
-        int per_sm = 0;
-        ATTNRES_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-        ATTNRES_CHECK(per_sm > 0, op, ": no block of ", threads, " threads with ", smem,
-                      " bytes of shared memory fits on an SM");
-        const int64_t sms = ::attnres::cuda::device_properties().multiProcessorCount;
-        const int64_t grid = std::min<int64_t>(ceil_div(N, groups_per_block), sms * per_sm);
+        // (The rows' results do not depend on the grid: dw is formed by launch_dw.)
+        const int64_t grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
         kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
             dsrc, coef.data<float>(), qg, Q, dl, src, pp, k, kc, N, d, lay.block_mode());
         ATTNRES_CUDA_CHECK_LAUNCH();
@@ -803,52 +883,66 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
   });
 }
 
-void mix_merge_forward(Tensor& x, Tensor& stats, const Tensor& w, const Tensor& o,
-                       const Tensor& lse, const Tensor& p, float eps) {
-  const char* op = "mix_merge_forward";
+void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Tensor& o,
+                            const Tensor& lse, const Tensor& p, const Tensor& gain, float eps) {
+  const char* op = "mix_merge_norm_forward";
   const int64_t N = o.dim(0), d = w.dim(0);
   if (N == 0) return;
   const RowLayout lay = row_layout(op, d);
   dispatch_float(w, op, [&](auto tag) {
     using T = decltype(tag);
-    const bool aligned = d % 8 == 0 && aligned16(x.raw()) && aligned16(w.raw()) &&
-                         aligned16(o.raw()) && aligned16(p.raw());
+    const bool aligned = d % 8 == 0 && aligned16(u.raw()) && aligned16(w.raw()) &&
+                         aligned16(o.raw()) && aligned16(p.raw()) && aligned16(gain.raw());
     const RowGrid grid = row_grid(lay, N);
     with_variant(lay.vpt, aligned, [&](auto vpt, auto al) {
       constexpr int VPT = decltype(vpt)::value;
       constexpr bool AL = decltype(al)::value;
-      merge_forward_kernel<T, VPT, AL><<<grid.blocks, grid.threads, 0, stream()>>>(
-          dptr<T>(x), dptr<float>(stats), dptr<T>(w), dptr<T>(o), dptr<float>(lse), dptr<T>(p),
-          N, d, eps, lay.block_mode());
+      merge_norm_forward_kernel<T, VPT, AL><<<grid.blocks, grid.threads, 0, stream()>>>(
+          dptr<T>(u), dptr<float>(stats), dptr<T>(w), dptr<T>(o), dptr<float>(lse), dptr<T>(p),
+          dptr<T>(gain), N, d, eps, lay.block_mode());
       ATTNRES_CUDA_CHECK_LAUNCH();
     });
   });
 }
 
-void mix_merge_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, const Tensor& dx,
-                        const Tensor& w, const Tensor& o, const Tensor& p, const Tensor& stats) {
-  const char* op = "mix_merge_backward";
+void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, Tensor& dgain,
+                             const Tensor& du, const Tensor& w, const Tensor& o, const Tensor& p,
+                             const Tensor& gain, const Tensor& stats) {
+  const char* op = "mix_merge_norm_backward";
   const int64_t N = o.dim(0), d = w.dim(0);
-  if (N == 0) return;
+  if (N == 0 || d == 0) return;
   const RowLayout lay = row_layout(op, d);
   dispatch_float(w, op, [&](auto tag) {
     using T = decltype(tag);
-    const bool aligned = d % 8 == 0 && aligned16(d_o.raw()) && aligned16(dp.raw()) &&
-                         aligned16(dx.raw()) && aligned16(w.raw()) && aligned16(o.raw()) &&
-                         aligned16(p.raw());
+    bool p_aligned = d % 8 == 0;
+    const Sources<T> src = source_ptrs<T>(Span<const Tensor>(&p, 1), {}, p_aligned);
+    const bool aligned = p_aligned && aligned16(d_o.raw()) && aligned16(dp.raw()) &&
+                         aligned16(du.raw()) && aligned16(w.raw()) && aligned16(o.raw()) &&
+                         aligned16(gain.raw());
+    const int groups_per_block = lay.block_mode() ? 1 : kWarpRowThreads / 32;
+    const int threads = lay.block_mode() ? lay.group_size() : kWarpRowThreads;
+    // Warp mode: the block's per-group dgain rows meet in shared memory.
+    const size_t smem = lay.block_mode() ? 0 : size_t(groups_per_block) * d * sizeof(float);
     Tensor coef = Tensor::empty({N}, DType::F32, Device::CUDA);
-    const RowGrid grid = row_grid(lay, N);
+    Tensor partial;
+    int64_t grid = 0;
     with_variant(lay.vpt, aligned, [&](auto vpt, auto al) {
       constexpr int VPT = decltype(vpt)::value;
       constexpr bool AL = decltype(al)::value;
-      merge_backward_kernel<T, VPT, AL><<<grid.blocks, grid.threads, 0, stream()>>>(
-          dptr<T>(d_o), dptr<float>(dlse), dptr<T>(dp), coef.data<float>(), dptr<T>(dx),
-          dptr<T>(w), dptr<T>(o), dptr<T>(p), dptr<float>(stats), N, d, lay.block_mode());
+      auto kernel = merge_norm_backward_kernel<T, VPT, AL>;
+      grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
+      partial = Tensor::empty({grid, d}, DType::F32, Device::CUDA);
+      kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
+          dptr<T>(d_o), dptr<float>(dlse), dptr<T>(dp), coef.data<float>(), partial.data<float>(),
+          dptr<T>(du), dptr<T>(w), dptr<T>(o), dptr<T>(p), dptr<T>(gain), dptr<float>(stats), N,
+          d, lay.block_mode());
       ATTNRES_CUDA_CHECK_LAUNCH();
     });
-    if (d == 0) return;
-    bool p_aligned = d % 8 == 0;
-    const Sources<T> src = source_ptrs<T>(Span<const Tensor>(&p, 1), {}, p_aligned);
+    DwPtrs dg{};
+    dg.dw[0] = dptr<float>(dgain);
+    dw_reduce_kernel<<<dim3(static_cast<unsigned>(ceil_div(d, 32)), 1u), 1024, 0, stream()>>>(
+        dg, partial.data<float>(), grid, d);
+    ATTNRES_CUDA_CHECK_LAUNCH();
     DwPtrs dwp{};
     dwp.dw[0] = dptr<float>(dw);
     launch_dw<T>(dwp, coef.data<float>(), src, 1, 1, N, d, lay, p_aligned);
