@@ -72,4 +72,6 @@ if python3 -c "import torch" 2>/dev/null; then
 fi
 ./build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2 2>&1 \
   | tee "$out/bench_350m.txt" | tail -6
+echo "==> the CUDA issue's performance targets"
+python3 scripts/gpu_targets.py "$out" | tee "$out/targets.txt"
 exit $status
