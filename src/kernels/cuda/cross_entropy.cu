@@ -17,11 +17,11 @@
 // steps 3-4 need bf16 dlogits; the row pass writes them over the first half of
 // each fp32 logit row (a bf16 matrix with row stride 2V), so no second buffer.
 //
-// Traffic per chunk (BF16): 4RV (GEMM 1 writes) + 8RV (row pass reads twice;
-// the second read partly hits L2) + 2RV (dlogits) + 2RV + 2RV (GEMMs 3, 4
-// read dlogits) + 8Vd (dw read and written) + small. FLOPs: 6 R V d (three
-// GEMMs). At V = 50304, d = 768 the GEMMs (~3.8 TFLOP for N = 16384) and the
-// logit traffic (~15 GB) are of the same order.
+// DRAM traffic per chunk (BF16): 4RV (GEMM 1 writes) + 4RV (the row pass
+// reads the row; its second read hits L2, see kRowThreads) + 2RV (dlogits) +
+// 2RV + 2RV (GEMMs 3, 4 read dlogits) + 8Vd (dw read and written) + small.
+// FLOPs: 6 R V d (three GEMMs). At V = 50304, d = 768 the GEMMs (~3.8 TFLOP
+// for N = 16384) and the logit traffic (~11.5 GB) are of the same order.
 //
 // Loss: each row's -log p[target] is written as a double; one block sums the
 // N values in a fixed order (deterministic), and one 16-byte copy brings the
@@ -47,11 +47,12 @@ namespace attnres::kernels::cuda {
 
 namespace {
 
-// Budget of the fp32 logits buffer of one chunk. At V = 50304 this is 2560
+// Budget of the fp32 logits buffer of one chunk. At V = 50304 this is 5120
 // rows: large enough that the dw GEMM (K = R) amortises its read and write of
-// the fp32 dw (8 V d bytes per chunk) over many rows, small enough to leave
-// the activations their memory.
-constexpr int64_t kChunkBytes = int64_t(512) << 20;
+// the fp32 dw (8 V d bytes per chunk: 0.3 GB at d = 768) over many rows, small
+// enough to leave the activations their memory. (At 512 MiB the dw traffic of
+// a 16K-token batch was ~2 GB, ~0.7 ms on an H100.)
+constexpr int64_t kChunkBytes = int64_t(1) << 30;
 // Row pass: one block of 1024 threads per row, and one block per SM. Pass 2
 // re-reads the row that pass 1 just read; with several resident blocks per
 // SM the rows in flight (e.g. 4 x 132 rows x 200 KB at V = 50304) overflow
