@@ -9,6 +9,9 @@ namespace attnres::kernels {
 struct AdamWStep {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t t;  // 1-based step number, for bias correction
+  // g is used as g * grad_scale (the factor rounded to the tensor's type, as
+  // scale_ would round it): gradient clipping without a pass of its own.
+  double grad_scale = 1.0;
 };
 
 // p *= (1 - lr*wd) if decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

@@ -29,12 +29,11 @@ double AdamW::grad_norm() const {
 }
 
 void AdamW::step(double lr, double norm) {
-  if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) {
-    const double s = cfg_.grad_clip / (norm + 1e-6);
-    for (auto& p : params_.all()) k::scale_(p.grad, s);
-  }
+  // Clipping scales the gradients inside the update (no pass of its own).
+  const double clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip ? cfg_.grad_clip / (norm + 1e-6)
+                                                                   : 1.0;
   ++t_;
-  const k::AdamWStep st{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_};
+  const k::AdamWStep st{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_, clip};
   auto& ps = params_.all();
   for (size_t i = 0; i < ps.size(); ++i) {
     model::Param& p = ps[i];

@@ -10,6 +10,7 @@
 
 #include "gpu_testing.h"
 #include "kernels/adamw.h"
+#include "kernels/reduce.h"
 
 using namespace attnres;
 using namespace attnres::gpu_testing;
@@ -133,4 +134,25 @@ TEST_CASE("cuda adamw is bitwise repeatable", "[gpu][adamw]") {
     o = p.to(Device::CPU);
   }
   REQUIRE(std::memcmp(out[0].raw(), out[1].raw(), out[0].nbytes()) == 0);
+}
+
+TEST_CASE("cuda adamw's grad_scale equals scaling the gradient first, bit for bit", "[gpu][adamw]") {
+  const int64_t n = 4099;  // vector body and a scalar tail
+  const Tensor p0 = randn_f32({n}, 15), g0 = randn_f32({n}, 16), m0 = randn_f32({n}, 17, 0.1);
+  Tensor vh = randn_f32({n}, 18, 0.1);
+  for (int64_t i = 0; i < n; ++i) vh.data<float>()[i] *= vh.data<float>()[i];
+  k::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+  s.grad_scale = 0.3711;
+  Tensor p1 = p0.to(Device::CUDA), m1 = m0.to(Device::CUDA), v1 = vh.to(Device::CUDA);
+  k::adamw_update(p1, g0.to(Device::CUDA), m1, v1, s, true);
+  Tensor p2 = p0.to(Device::CUDA), m2 = m0.to(Device::CUDA), v2 = vh.to(Device::CUDA);
+  Tensor g2 = g0.to(Device::CUDA);
+  k::scale_(g2, s.grad_scale);
+  k::AdamWStep s2 = s;
+  s2.grad_scale = 1.0;
+  k::adamw_update(p2, g2, m2, v2, s2, true);
+  for (const auto& [a, b] : {std::make_pair(p1, p2), std::make_pair(m1, m2), std::make_pair(v1, v2)}) {
+    const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+    REQUIRE(std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0);
+  }
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/adamw.h"
+#include "kernels/reduce.h"
 #include "testing.h"
 
 using namespace attnres;
@@ -99,6 +100,32 @@ TEST_CASE("adamw float32 agrees with float64", "[kernels]") {
   REQUIRE(max_rel_diff(p32, p, 1e-3) < 1e-5);
   REQUIRE(scaled_diff(m32, m) < 1e-6);
   REQUIRE(max_rel_diff(v32, v, 1e-3) < 1e-5);
+}
+
+TEST_CASE("adamw's grad_scale equals scaling the gradient first, bit for bit", "[kernels]") {
+  // Gradient clipping folds its factor into the update instead of a scale_
+  // pass over the gradients: the two must give the same bits.
+  for (DType dt : {DType::F32, DType::F64}) {
+    const int64_t n = 1000;
+    const Tensor p0 = randn({n}, 40, dt), g0 = randn({n}, 41, dt), m0 = randn({n}, 42, dt, 0.1);
+    Tensor v0 = randn({n}, 43, dt, 0.1);
+    for (int64_t i = 0; i < n; ++i) set(v0, i, at(v0, i) * at(v0, i));
+    k::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+    s.grad_scale = 0.3711;
+    Tensor p1 = p0.clone(), m1 = m0.clone(), v1 = v0.clone();
+    k::adamw_update(p1, g0, m1, v1, s, true);
+    Tensor p2 = p0.clone(), m2 = m0.clone(), v2 = v0.clone(), g2 = g0.clone();
+    k::scale_(g2, s.grad_scale);
+    k::AdamWStep s2 = s;
+    s2.grad_scale = 1.0;
+    k::adamw_update(p2, g2, m2, v2, s2, true);
+    for (int64_t i = 0; i < n; ++i) {
+      REQUIRE(at(p1, i) == at(p2, i));
+      REQUIRE(at(m1, i) == at(m2, i));
+      REQUIRE(at(v1, i) == at(v2, i));
+    }
+    REQUIRE(at(p1, 0) != at(p0, 0));
+  }
 }
 
 TEST_CASE("adamw rejects mismatched tensors and bad steps", "[kernels]") {

@@ -8,6 +8,6 @@ namespace attnres::kernels::cpu {
 // decay_factor = 1 - lr*wd (or 1) are computed once by the caller.
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b1, T b2, T eps,
-                  T decay_factor, T bc1, T bc2);
+                  T decay_factor, T bc1, T bc2, T grad_scale);
 
 }  // namespace attnres::kernels::cpu

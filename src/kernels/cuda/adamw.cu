@@ -72,7 +72,7 @@ inline RnFloat& operator-=(RnFloat& a, RnDouble b) {
 __host__ __device__ __forceinline__ RnFloat& operator*=(RnFloat& a, RnFloat b) { return a = a * b; }
 
 struct Scalars {
-  float lr, b1, b2, eps, decay_factor, bc1, bc2;
+  float lr, b1, b2, eps, decay_factor, bc1, bc2, grad_scale;
 };
 
 constexpr int kThreads = 256;
@@ -87,8 +87,10 @@ __device__ __forceinline__ void update(int64_t i, float* p, const float* g, floa
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     RnFloat pj = vp.v[j], mj = vm.v[j], vj = vv.v[j];
-    math::adamw_element<RnFloat>(pj, vg.v[j], mj, vj, s.lr, s.b1, s.b2, s.eps, s.decay_factor,
-                                 s.bc1, s.bc2);
+    // g * grad_scale rounded once, as scale_ would have left it in g.
+    const RnFloat gj = RnFloat(vg.v[j]) * s.grad_scale;
+    math::adamw_element<RnFloat>(pj, gj, mj, vj, s.lr, s.b1, s.b2, s.eps, s.decay_factor, s.bc1,
+                                 s.bc2);
     vp.v[j] = pj.x;
     vm.v[j] = mj.x;
     vv.v[j] = vj.x;
@@ -118,7 +120,7 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16*
 
 void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, double lr, double beta1,
                   double beta2, double eps, double decay_factor, double bc1, double bc2,
-                  Tensor* p_lowp) {
+                  double grad_scale, Tensor* p_lowp) {
   const int64_t n = p.numel();
   if (n == 0) return;
   float* pp = dptr<float>(p);
@@ -130,7 +132,7 @@ void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, double lr, d
   const Scalars s{static_cast<float>(lr),  static_cast<float>(beta1),
                   static_cast<float>(beta2), static_cast<float>(eps),
                   static_cast<float>(decay_factor), static_cast<float>(bc1),
-                  static_cast<float>(bc2)};
+                  static_cast<float>(bc2), static_cast<float>(grad_scale)};
   const bool vec = aligned(pp, 16) && aligned(pg, 16) && aligned(pm, 16) && aligned(pv, 16) &&
                    (pl == nullptr || aligned(pl, 8));
   const int64_t work = vec ? ceil_div(n, W) : n;

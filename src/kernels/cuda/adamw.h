@@ -7,5 +7,5 @@
 namespace attnres::kernels::cuda {
 void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, double lr, double beta1,
                   double beta2, double eps, double decay_factor, double bc1, double bc2,
-                  Tensor* p_lowp);
+                  double grad_scale, Tensor* p_lowp);
 }  // namespace attnres::kernels::cuda
