@@ -141,13 +141,21 @@ TEST_CASE("cuda convert rounds F32 to BF16 to nearest even and widens exactly", 
 }
 
 TEST_CASE("cuda sum_squares_each equals one sum_squares per tensor, bit for bit", "[gpu][reduce]") {
+  // 70 F32 tensors (more than one launch batch of 64) of mixed sizes, empty
+  // and misaligned ones included, then BF16 ones.
   std::vector<Tensor> xs;
-  int64_t seed = 900;
-  for (int64_t n : {int64_t(1000), int64_t(0), int64_t(7), int64_t(1) << 20, int64_t(3)})
-    for (DType dt : {DType::F32, DType::BF16}) {
-      Tensor h = randn_f32({n}, static_cast<uint64_t>(seed++));
-      xs.push_back(to_device(h, dt));
-    }
+  uint64_t seed = 900;
+  const int64_t sizes[] = {1000, 0, 7, int64_t(1) << 20, 3, 768, 300001};
+  for (int i = 0; i < 70; ++i) {
+    const int64_t n = sizes[i % 7];
+    Tensor h = randn_f32({n + 1}, seed++);
+    Tensor d = to_device(h, DType::F32);
+    xs.push_back(i % 5 == 4 ? d.rows(1, n) : d.rows(0, n));  // every fifth one misaligned
+  }
+  for (int64_t n : {int64_t(1000), int64_t(0), int64_t(1) << 20}) {
+    Tensor h = randn_f32({n}, seed++);
+    xs.push_back(to_device(h, DType::BF16));
+  }
   const std::vector<double> each = k::sum_squares_each(xs);
   REQUIRE(each.size() == xs.size());
   for (size_t i = 0; i < xs.size(); ++i) {

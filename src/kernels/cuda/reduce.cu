@@ -116,19 +116,42 @@ int64_t sum_blocks(int64_t n) {
   return std::max<int64_t>(1, std::min(ceil_div(n, kSumThreads * kSumPerThread), kSumMaxBlocks));
 }
 
-// Thread `tid` owns the packs k = tid, tid + stride, ... of W elements (and then
-// the tail elements nv*W + tid, ...), whether it loads them as packs or not.
-template <typename T, bool kVec>
-__global__ void sum_squares_partial(const T* x, int64_t n, double* partial) {
+// Many tensors per launch: the global gradient norm reads ~100 tensors per
+// step, most of them small, and two launches each would leave the GPU idle
+// between tiny kernels. A batch holds up to kSumBatch tensors of one dtype;
+// tensor i gets sum_blocks(n_i) consecutive blocks of the partial kernel and
+// block i of the final kernel, so every tensor is summed exactly as it would
+// be alone (same blocks, same order, same bits).
+constexpr int kSumBatch = 64;
+
+template <typename T>
+struct SumBatch {
+  const T* x[kSumBatch];
+  int64_t n[kSumBatch];
+  int64_t first_block[kSumBatch + 1];  // tensor i owns blocks [first_block[i], first_block[i + 1])
+  bool vec[kSumBatch];                 // 16-byte aligned: packs as single loads
+  int count;
+};
+
+// Thread `tid` of a tensor's blocks owns the packs k = tid, tid + stride, ...
+// of W elements (and then the tail elements nv*W + tid, ...), whether it
+// loads them as packs or not. Block sums into partial[blockIdx.x].
+template <typename T>
+__global__ void sum_squares_partials(SumBatch<T> batch, double* partial) {
   __shared__ double scratch[32];
   constexpr int W = pack_of<T>();
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int i = 0;  // this block's tensor (count <= 64: a scan is cheap)
+  while (i + 1 < batch.count && batch.first_block[i + 1] <= int64_t(blockIdx.x)) ++i;
+  const T* x = batch.x[i];
+  const int64_t n = batch.n[i], b = int64_t(blockIdx.x) - batch.first_block[i];
+  const int64_t stride = (batch.first_block[i + 1] - batch.first_block[i]) * blockDim.x;
+  const int64_t tid = b * blockDim.x + threadIdx.x;
   const int64_t nv = n / W;
+  const bool vec = batch.vec[i];
   double s = 0;
   for (int64_t k = tid; k < nv; k += stride) {
     Vec<T, W> a;
-    if (kVec) {
+    if (vec) {
       a = load<W>(x + k * W);
     } else {
 #pragma unroll
@@ -140,45 +163,47 @@ __global__ void sum_squares_partial(const T* x, int64_t n, double* partial) {
       s += e * e;
     }
   }
-  for (int64_t i = nv * W + tid; i < n; i += stride) {
-    const double e = to_f32(x[i]);
+  for (int64_t k = nv * W + tid; k < n; k += stride) {
+    const double e = to_f32(x[k]);
     s += e * e;
   }
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sum_partials(const double* partial, int n, double* out) {
+// Block i (kSumMaxBlocks threads) adds tensor i's block partials: out[i].
+template <typename T>
+__global__ void sum_partials(SumBatch<T> batch, const double* partial, double* out) {
   __shared__ double scratch[32];
-  double s = threadIdx.x < n ? partial[threadIdx.x] : 0.0;
+  const int64_t first = batch.first_block[blockIdx.x];
+  const int64_t blocks = batch.first_block[blockIdx.x + 1] - first;
+  double s = threadIdx.x < blocks ? partial[first + threadIdx.x] : 0.0;
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) *out = s;
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-// Queues the sum of squares of x into *out (device memory); no wait.
+// Queues the sums of squares of xs (one dtype, at most kSumBatch tensors)
+// into out[0 .. xs.size()) (device memory); no wait.
 template <typename T>
-void sum_squares_t(const T* x, int64_t n, double* out) {
-  const int64_t blocks = sum_blocks(n);
+void queue_sum_squares(Span<const Tensor> xs, double* out) {
+  SumBatch<T> batch{};
+  batch.count = static_cast<int>(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const int64_t n = xs[i].numel();
+    batch.x[i] = n > 0 ? dptr<T>(xs[i]) : nullptr;
+    batch.n[i] = n;
+    batch.vec[i] = aligned(batch.x[i], 16);
+    batch.first_block[i + 1] = batch.first_block[i] + sum_blocks(n);
+  }
+  const int64_t blocks = batch.first_block[xs.size()];
   Tensor buf = Tensor::empty({blocks}, DType::F64, Device::CUDA);
   double* partial = static_cast<double*>(buf.raw());
-  if (aligned(x, 16))
-    sum_squares_partial<T, true><<<blocks, kSumThreads, 0, stream()>>>(x, n, partial);
-  else
-    sum_squares_partial<T, false><<<blocks, kSumThreads, 0, stream()>>>(x, n, partial);
+  sum_squares_partials<T><<<static_cast<unsigned>(blocks), kSumThreads, 0, stream()>>>(batch,
+                                                                                       partial);
   ATTNRES_CUDA_CHECK_LAUNCH();
-  sum_partials<<<1, kSumMaxBlocks, 0, stream()>>>(partial, static_cast<int>(blocks), out);
+  sum_partials<T><<<static_cast<unsigned>(xs.size()), kSumMaxBlocks, 0, stream()>>>(batch, partial,
+                                                                                     out);
   ATTNRES_CUDA_CHECK_LAUNCH();
-}
-
-void queue_sum_squares(const Tensor& x, double* out) {
-  if (x.numel() == 0) {
-    ATTNRES_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream()));
-    return;
-  }
-  dispatch_float(x, "sum_squares", [&](auto tag) {
-    using T = decltype(tag);
-    sum_squares_t<T>(dptr<T>(x), x.numel(), out);
-  });
 }
 
 }  // namespace
@@ -190,7 +215,15 @@ std::vector<double> sum_squares_each(Span<const Tensor> xs) {
   if (xs.empty()) return out;
   Tensor results = Tensor::empty({static_cast<int64_t>(xs.size())}, DType::F64, Device::CUDA);
   double* r = static_cast<double*>(results.raw());
-  for (size_t i = 0; i < xs.size(); ++i) queue_sum_squares(xs[i], r + i);
+  // Batches of consecutive tensors of one dtype, at most kSumBatch each.
+  for (size_t i = 0; i < xs.size();) {
+    size_t j = i + 1;
+    while (j < xs.size() && j - i < size_t(kSumBatch) && xs[j].dtype() == xs[i].dtype()) ++j;
+    dispatch_float(xs[i], "sum_squares", [&](auto tag) {
+      queue_sum_squares<decltype(tag)>(xs.subspan(i, j - i), r + i);
+    });
+    i = j;
+  }
   ::attnres::cuda::copy(out.data(), ::attnres::cuda::Side::Host, r, ::attnres::cuda::Side::Device,
                         sizeof(double) * xs.size());  // the one wait
   return out;
