@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/span.h"
 #include "core/tensor.h"
 
 namespace attnres::kernels {
@@ -21,5 +22,27 @@ struct AdamWStep {
 // same pass.
 void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& step,
                   bool decay, Tensor* p_lowp = nullptr);
+
+// The per-step scalars of an update, in double (the kernels round them once to
+// their type): bias corrections 1 - beta^t and the decay factor 1 - lr wd.
+struct AdamWScalars {
+  double bc1, bc2, decay_factor;
+};
+AdamWScalars adamw_scalars(const AdamWStep& step);
+
+// One parameter's tensors for adamw_update_each (p_lowp may be null).
+struct AdamWTensors {
+  Tensor* p;
+  const Tensor* g;
+  Tensor* m;
+  Tensor* v;
+  bool decay;
+  Tensor* p_lowp;
+};
+
+// adamw_update for every entry, the same results as one call each; on a GPU
+// many small parameters share a launch (an optimizer step updates ~100
+// tensors, most of them tiny 1-D gains and queries).
+void adamw_update_each(Span<const AdamWTensors> params, const AdamWStep& step);
 
 }  // namespace attnres::kernels

@@ -35,12 +35,14 @@ void AdamW::step(double lr, double norm) {
   ++t_;
   const k::AdamWStep st{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_, clip};
   auto& ps = params_.all();
+  std::vector<k::AdamWTensors> all;
   for (size_t i = 0; i < ps.size(); ++i) {
     model::Param& p = ps[i];
     // Mixed precision: update the fp32 master and write the bf16 copy in one pass.
-    k::adamw_update(p.weights(), p.grad, m_[i], v_[i], st, p.decay,
-                    p.master.defined() ? &p.value : nullptr);
+    all.push_back({&p.weights(), &p.grad, &m_[i], &v_[i], p.decay,
+                   p.master.defined() ? &p.value : nullptr});
   }
+  k::adamw_update_each(all, st);
 }
 
 std::vector<NamedTensor> AdamW::state_tensors() const {

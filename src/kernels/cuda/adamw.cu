@@ -72,15 +72,33 @@ inline RnFloat& operator-=(RnFloat& a, RnDouble b) {
 __host__ __device__ __forceinline__ RnFloat& operator*=(RnFloat& a, RnFloat b) { return a = a * b; }
 
 struct Scalars {
-  float lr, b1, b2, eps, decay_factor, bc1, bc2, grad_scale;
+  float lr, b1, b2, eps, bc1, bc2, grad_scale;
 };
 
 constexpr int kThreads = 256;
 constexpr int W = 4;  // 16 bytes of each fp32 array (8 bytes of the bf16 copy)
 
+// Up to kAdamBatch parameters per launch; parameter i owns the blocks
+// [first_block[i], first_block[i + 1]) and strides over its elements with
+// them. Every element is updated by the same arithmetic whatever the blocks,
+// so batching does not change a bit.
+constexpr int kAdamBatch = 32;
+struct AdamBatch {
+  float* p[kAdamBatch];
+  const float* g[kAdamBatch];
+  float* m[kAdamBatch];
+  float* v[kAdamBatch];
+  bf16* p_lowp[kAdamBatch];  // or null
+  int64_t n[kAdamBatch];
+  float decay_factor[kAdamBatch];
+  bool vec[kAdamBatch];  // every pointer aligned for 16-byte packs (8 for the bf16 copy)
+  int64_t first_block[kAdamBatch + 1];
+  int count;
+};
+
 template <int N>
 __device__ __forceinline__ void update(int64_t i, float* p, const float* g, float* m, float* v,
-                                       bf16* p_lowp, const Scalars& s) {
+                                       bf16* p_lowp, float decay_factor, const Scalars& s) {
   Vec<float, N> vp = load<N>(p + i), vm = load<N>(m + i), vv = load<N>(v + i);
   const Vec<float, N> vg = load<N>(g + i);
   Vec<bf16, N> lo;
@@ -89,7 +107,7 @@ __device__ __forceinline__ void update(int64_t i, float* p, const float* g, floa
     RnFloat pj = vp.v[j], mj = vm.v[j], vj = vv.v[j];
     // g * grad_scale rounded once, as scale_ would have left it in g.
     const RnFloat gj = RnFloat(vg.v[j]) * s.grad_scale;
-    math::adamw_element<RnFloat>(pj, gj, mj, vj, s.lr, s.b1, s.b2, s.eps, s.decay_factor, s.bc1,
+    math::adamw_element<RnFloat>(pj, gj, mj, vj, s.lr, s.b1, s.b2, s.eps, decay_factor, s.bc1,
                                  s.bc2);
     vp.v[j] = pj.x;
     vm.v[j] = mj.x;
@@ -102,47 +120,63 @@ __device__ __forceinline__ void update(int64_t i, float* p, const float* g, floa
   if (p_lowp) store<N>(p_lowp + i, lo);
 }
 
-template <bool kVec>
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16* p_lowp,
-                             int64_t n, Scalars s) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+__global__ void adamw_kernel(AdamBatch batch, Scalars s) {
+  int t = 0;  // this block's parameter (count <= 32: a scan is cheap)
+  while (t + 1 < batch.count && batch.first_block[t + 1] <= int64_t(blockIdx.x)) ++t;
+  float* p = batch.p[t];
+  const float* g = batch.g[t];
+  float* m = batch.m[t];
+  float* v = batch.v[t];
+  bf16* lo = batch.p_lowp[t];
+  const int64_t n = batch.n[t];
+  const float df = batch.decay_factor[t];
+  const int64_t stride = (batch.first_block[t + 1] - batch.first_block[t]) * blockDim.x;
+  const int64_t tid = (int64_t(blockIdx.x) - batch.first_block[t]) * blockDim.x + threadIdx.x;
   int64_t tail = 0;
-  if (kVec) {
+  if (batch.vec[t]) {
     const int64_t nv = n / W;
-    for (int64_t k = tid; k < nv; k += stride) update<W>(k * W, p, g, m, v, p_lowp, s);
+    for (int64_t k = tid; k < nv; k += stride) update<W>(k * W, p, g, m, v, lo, df, s);
     tail = nv * W;
   }
-  for (int64_t i = tail + tid; i < n; i += stride) update<1>(i, p, g, m, v, p_lowp, s);
+  for (int64_t i = tail + tid; i < n; i += stride) update<1>(i, p, g, m, v, lo, df, s);
 }
 
 }  // namespace
 
-void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, double lr, double beta1,
-                  double beta2, double eps, double decay_factor, double bc1, double bc2,
-                  double grad_scale, Tensor* p_lowp) {
-  const int64_t n = p.numel();
-  if (n == 0) return;
-  float* pp = dptr<float>(p);
-  const float* pg = dptr<float>(g);
-  float* pm = dptr<float>(m);
-  float* pv = dptr<float>(v);
-  bf16* pl = dptr_or_null<bf16>(p_lowp);
+void adamw_update_each(Span<const AdamWTensors> params, const AdamWStep& step,
+                       const AdamWScalars& sc) {
   // The scalars are rounded to float once, as the CPU's float path does.
-  const Scalars s{static_cast<float>(lr),  static_cast<float>(beta1),
-                  static_cast<float>(beta2), static_cast<float>(eps),
-                  static_cast<float>(decay_factor), static_cast<float>(bc1),
-                  static_cast<float>(bc2), static_cast<float>(grad_scale)};
-  const bool vec = aligned(pp, 16) && aligned(pg, 16) && aligned(pm, 16) && aligned(pv, 16) &&
-                   (pl == nullptr || aligned(pl, 8));
-  const int64_t work = vec ? ceil_div(n, W) : n;
+  const Scalars s{static_cast<float>(step.lr),  static_cast<float>(step.beta1),
+                  static_cast<float>(step.beta2), static_cast<float>(step.eps),
+                  static_cast<float>(sc.bc1),   static_cast<float>(sc.bc2),
+                  static_cast<float>(step.grad_scale)};
   const int64_t cap = int64_t(::attnres::cuda::device_properties().multiProcessorCount) * 16;
-  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, kThreads), cap)));
-  if (vec)
-    adamw_kernel<true><<<blocks, kThreads, 0, stream()>>>(pp, pg, pm, pv, pl, n, s);
-  else
-    adamw_kernel<false><<<blocks, kThreads, 0, stream()>>>(pp, pg, pm, pv, pl, n, s);
-  ATTNRES_CUDA_CHECK_LAUNCH();
+  for (size_t b0 = 0; b0 < params.size(); b0 += kAdamBatch) {
+    AdamBatch batch{};
+    batch.count = static_cast<int>(std::min<size_t>(kAdamBatch, params.size() - b0));
+    for (int i = 0; i < batch.count; ++i) {
+      const AdamWTensors& t = params[b0 + i];
+      const int64_t n = t.p->numel();
+      batch.p[i] = n ? dptr<float>(*t.p) : nullptr;
+      batch.g[i] = n ? dptr<float>(*t.g) : nullptr;
+      batch.m[i] = n ? dptr<float>(*t.m) : nullptr;
+      batch.v[i] = n ? dptr<float>(*t.v) : nullptr;
+      batch.p_lowp[i] = n ? dptr_or_null<bf16>(t.p_lowp) : nullptr;
+      batch.n[i] = n;
+      batch.decay_factor[i] = static_cast<float>(t.decay ? sc.decay_factor : 1.0);
+      batch.vec[i] = aligned(batch.p[i], 16) && aligned(batch.g[i], 16) &&
+                     aligned(batch.m[i], 16) && aligned(batch.v[i], 16) &&
+                     (batch.p_lowp[i] == nullptr || aligned(batch.p_lowp[i], 8));
+      // Enough blocks to fill the device for a big tensor (as a launch of its
+      // own would have), one for a small one.
+      const int64_t work = batch.vec[i] ? ceil_div(n, W) : n;
+      const int64_t blocks = std::max<int64_t>(1, std::min(ceil_div(work, kThreads), cap));
+      batch.first_block[i + 1] = batch.first_block[i] + blocks;
+    }
+    adamw_kernel<<<static_cast<unsigned>(batch.first_block[batch.count]), kThreads, 0, stream()>>>(
+        batch, s);
+    ATTNRES_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace attnres::kernels::cuda

@@ -1,11 +1,10 @@
-// CUDA AdamW (see kernels/adamw.h): p, g, m, v F32; p_lowp (optional) BF16
-// receives the updated weights rounded to nearest even. Per-element math is
-// math::adamw_element, shared with the CPU.
+// CUDA AdamW (see kernels/adamw.h): p, g, m, v F32 (the fp32 master weights
+// in a bf16 run), the bf16 copy of p written in the same pass when asked.
 #pragma once
-#include "core/tensor.h"
+#include "core/span.h"
+#include "kernels/adamw.h"
 
 namespace attnres::kernels::cuda {
-void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, double lr, double beta1,
-                  double beta2, double eps, double decay_factor, double bc1, double bc2,
-                  double grad_scale, Tensor* p_lowp);
+void adamw_update_each(Span<const AdamWTensors> params, const AdamWStep& step,
+                       const AdamWScalars& scalars);
 }  // namespace attnres::kernels::cuda
