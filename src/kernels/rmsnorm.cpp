@@ -3,6 +3,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/rmsnorm.h"
+#include "kernels/reduce.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/rmsnorm.h"
 #endif
@@ -23,6 +24,22 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gai
     cpu::rmsnorm_forward<T>(y.data<T>(), rstd.data<T>(), x.data<T>(),
                             gain ? gain->data<T>() : nullptr, N, d, static_cast<T>(eps));
   });
+}
+
+void add_rmsnorm_forward(Tensor& x, Tensor& y, Tensor& rstd, const Tensor& b, const Tensor* gain,
+                         float eps) {
+  const char* op = "add_rmsnorm_forward";
+  check_2d(op, "x", x);
+  const int64_t N = x.dim(0), d = x.dim(1);
+  check_arg(op, "b", b, x, {N, d});
+  check_arg(op, "y", y, x, {N, d});
+  check_arg(op, "rstd", rstd, x.device(), stat_dtype(x.dtype()), {N});
+  if (gain) check_arg(op, "gain", *gain, x, {d});
+  if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::add_rmsnorm_forward(x, y, rstd, b, gain, eps));
+  // The CPU runs the two ops: the same code, so the same bits as unfused.
+  add_(x, b);
+  rmsnorm_forward(y, rstd, x, gain, eps);
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor* dgain, const Tensor& dy, const Tensor& x,

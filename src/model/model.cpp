@@ -233,6 +233,11 @@ void Model::sublayers_forward(int64_t s0, int64_t s1, DepthState& st,
       mix_phase1_forward(s, Span<SublayerActs>(subs.data() + (s - s0), size_t(end - s)), st);
     for (; s < end; ++s) sublayer_forward(s, st, subs[s - s0], B, T, cache);
   }
+  if (st.pending.defined()) {  // baseline: the chunk's last residual add
+    k::add_(st.pending, st.hidden);
+    st.hidden = st.pending;
+    st.pending = Tensor();
+  }
 }
 
 void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
@@ -253,6 +258,14 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     a.mix_stats = new_stat({N, 3});
     k::mix_merge_norm_forward(a.u, a.mix_stats, mix_query(s).value, a.mix_o, a.mix_lse,
                               st.partial, gain, eps);
+  } else if (st.pending.defined()) {
+    // baseline: x_s = x_{s-1} + y_{s-1}, the add fused with this norm (y's
+    // buffer becomes the stream)
+    a.x = st.pending;
+    a.norm_rstd = new_stat({N});
+    k::add_rmsnorm_forward(a.x, a.u, a.norm_rstd, st.hidden, &gain, eps);
+    st.hidden = a.x;
+    st.pending = Tensor();
   } else {
     // baseline: the stream; AttnRes at i == 0: the completed blocks are all the sources
     a.x = cfg_.attnres() ? a.mix_o : st.hidden;
@@ -269,8 +282,7 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   }
 
   if (!cfg_.attnres()) {
-    k::add_(y, st.hidden);  // x_{s+1} = x_s + y_s (y's buffer becomes the new stream)
-    st.hidden = y;
+    st.pending = y;  // x_{s+1} = x_s + y_s, added by the next norm (or at the chunk's end)
     return;
   }
   if (i == 0) {
