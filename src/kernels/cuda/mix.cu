@@ -26,7 +26,8 @@
 //   and parks the raw row in shared memory (the first kc sources that fit in
 //   the budget); pass 2 updates dsources[j] once for all the queries (read,
 //   add the queries' terms in fp32, write), re-reading v_j from shared memory
-//   (or from global/L2 for sources beyond kc) and w_q, dout_q from L1. DRAM
+//   (or from global/L2 for sources beyond kc) and w_q, dout_q from L1 (from
+//   registers when there is one query, as for Full AttnRes). DRAM
 //   traffic is about (3k + Q) N d elements, against Q (3k + 1) N d for one
 //   sublayer at a time. Each thread updates only its own elements, source by
 //   source in order, so dsources that alias each other receive both
@@ -366,12 +367,18 @@ __global__ void __launch_bounds__(kMaxThreads)
 // Pass 1 reads every source row once (parking the first kc in shared memory)
 // and forms the 2 Q dots per source; pass 2 updates each dsources row once,
 // adding the queries' terms in descending order in fp32 and rounding once.
-// dout_q and w_q rows are re-read per source from L1. dw is not accumulated
+// dout_q and w_q rows are re-read per source from L1 (kept in registers when
+// there is one query: kOne). dw is not accumulated
 // here: the coefficient dlogit_qj r_j goes to coef [Q, N, k] and mix_dw_kernel
 // forms dw_q = sum over rows and sources of coef v_j in a fixed order.
 // Shared memory per group: the raw rows of the first kc sources, Q k float4
 // {w_q . v_j, dout_q . v_j, a_qj, r_j}, then Q floats sum_i a_qi dout_q . v_i.
-template <typename T, int VPT, bool ALIGNED>
+// kOne: a single query (Full AttnRes, the final Mix): its dout and w rows stay
+// in registers for the whole row instead of being re-read from L1 per source,
+// as in the first (measured) version of this kernel. That costs registers
+// (182 against 122 at d = 768 bf16: 2 resident blocks per SM instead of 4);
+// which way is faster for one query is still to be measured.
+template <typename T, int VPT, bool ALIGNED, bool kOne>
 __global__ void __launch_bounds__(kMaxThreads)
     mix_backward_kernel(DSources<T> dsrc, float* coef, QueryGrads<T> qg, int Q, const float* dlse,
                         Sources<T> src, const float* probs, int k, int kc, int64_t N, int64_t d,
@@ -393,6 +400,24 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t groups = int64_t(gridDim.x) * g.per_block;
   for (int64_t row = int64_t(blockIdx.x) * g.per_block + g.index; row < N; row += groups) {
     const int64_t off = row * d;
+    // Slot i of query q's w and dout rows: from registers (kOne) or L1.
+    float w1[kOne ? VPT : 1][8], dy1[kOne ? VPT : 1][8];
+    if constexpr (kOne) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        unpack(load_pack<T, ALIGNED>(qg.w[0], g.slot_base(i), d), w1[i]);
+        unpack(load_pack<T, ALIGNED>(qg.dout[0] + off, g.slot_base(i), d), dy1[i]);
+      }
+    }
+    auto query_slot = [&](int q, int i, float* wq, float* dy) {
+      if constexpr (kOne) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) wq[e] = w1[i][e], dy[e] = dy1[i][e];
+      } else {
+        unpack(load_pack<T, ALIGNED>(qg.w[q], g.slot_base(i), d), wq);
+        unpack(load_pack<T, ALIGNED>(qg.dout[q] + off, g.slot_base(i), d), dy);
+      }
+    };
 
     // Pass 1: dots, one read of every source row.
     Pack<T> cur[VPT], nxt[VPT];
@@ -415,8 +440,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
           float wq[8], dy[8];
-          unpack(load_pack<T, ALIGNED>(qg.w[q], g.slot_base(i), d), wq);
-          unpack(load_pack<T, ALIGNED>(qg.dout[q] + off, g.slot_base(i), d), dy);
+          query_slot(q, i, wq, dy);
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
             xy.x = fmaf(wq[e], v[i][e], xy.x);
@@ -460,8 +484,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
           float wq[8], dy[8];
-          unpack(load_pack<T, ALIGNED>(qg.w[q], g.slot_base(i), d), wq);
-          unpack(load_pack<T, ALIGNED>(qg.dout[q] + off, g.slot_base(i), d), dy);
+          query_slot(q, i, wq, dy);
 #pragma unroll
           for (int e = 0; e < 8; ++e) dv[i][e] += fmaf(cv, v[i][e], fmaf(cw, wq[e], a * dy[e]));
         }
@@ -871,7 +894,8 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
       with_variant(lay.vpt, al, [&](auto vpt, auto alc) {
         constexpr int VPT = decltype(vpt)::value;
         constexpr bool AL = decltype(alc)::value;
-        auto kernel = mix_backward_kernel<T, VPT, AL>;
+        auto kernel = Q == 1 ? mix_backward_kernel<T, VPT, AL, true>
+                             : mix_backward_kernel<T, VPT, AL, false>;
         // (The rows' results do not depend on the grid: dw is formed by launch_dw.)
         const int64_t grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
         kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
