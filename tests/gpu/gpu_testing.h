@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/device.h"
 #include "core/tensor.h"
@@ -41,6 +42,33 @@ inline Tensor poisoned(const Shape& shape, DType dtype) {
   if (dtype == DType::BF16) cuda::fill_u32(t.raw(), 0x7fc07fc0u, t.nbytes() / 4);  // NaN pairs
   else cuda::fill_u32(t.raw(), 0x7fc00000u, t.nbytes() / 4);
   return t;
+}
+
+// Whether two tensors (on any device) hold the same bytes.
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+// A random host F32 reference of `shape` and the same values on the device as
+// `dtype`; with `offset` the device tensor starts one element into its
+// allocation (a misaligned slice: no 16-byte packs).
+struct Pair {
+  Tensor host, dev;
+};
+inline Pair random_pair(const Shape& shape, DType dtype, uint64_t seed, bool offset,
+                        double stddev = 1.0) {
+  const int64_t n = shape_numel(shape);
+  Tensor h = randn_f32({n + 1}, seed, stddev);
+  Tensor d = to_device(h, dtype);
+  const int64_t b = offset ? 1 : 0;
+  return {h.rows(b, n).clone().reshape(shape), d.rows(b, n).reshape(shape)};
+}
+
+// An uninitialised (NaN) device tensor of `shape`, misaligned when `offset`.
+inline Tensor poisoned_at(const Shape& shape, DType dtype, bool offset) {
+  const int64_t n = shape_numel(shape);
+  return poisoned({n + 1}, dtype).rows(offset ? 1 : 0, n).reshape(shape);
 }
 
 // ||a - b|| / ||b|| over all elements (host tensors of any float dtype); NaN

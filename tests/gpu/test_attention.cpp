@@ -21,10 +21,7 @@ namespace {
 Tensor to_f64(const Tensor& host_f32) { return host_f32.to(DType::F64); }
 Tensor host_f64(const Tensor& dev) { return gt::to_host_f32(dev).to(DType::F64); }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
+
 
 struct DevRun {
   Tensor out, lse, dq, dk, dv;
@@ -112,11 +109,11 @@ void check_attention(const k::AttnShape& s, DType dt, uint64_t seed, double stdd
 
   // Determinism: a second run gives the same bits.
   const DevRun g2 = run_gpu(s, dt, qd, kd, vd, dod, dq0d, dk0d, dv0d);
-  CHECK(same_bits(g2.out, g.out));
-  CHECK(same_bits(g2.lse, g.lse));
-  CHECK(same_bits(g2.dq, g.dq));
-  CHECK(same_bits(g2.dk, g.dk));
-  CHECK(same_bits(g2.dv, g.dv));
+  CHECK(gt::same_bits(g2.out, g.out));
+  CHECK(gt::same_bits(g2.lse, g.lse));
+  CHECK(gt::same_bits(g2.dq, g.dq));
+  CHECK(gt::same_bits(g2.dk, g.dk));
+  CHECK(gt::same_bits(g2.dv, g.dv));
 }
 
 // (B, T, H, Hkv, hd)
@@ -182,7 +179,7 @@ TEST_CASE("cuda attention decode matches the CPU", "[gpu]") {
         CHECK(gt::rel_l2(host_f64(out), ref) < gt::tol(dt));
         Tensor out2 = gt::poisoned({c.B, c.H * c.hd}, dt);
         k::attention_decode(out2, qd, kcd, vcd, len, s);
-        CHECK(same_bits(out2, out));
+        CHECK(gt::same_bits(out2, out));
       }
 }
 

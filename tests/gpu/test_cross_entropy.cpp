@@ -16,11 +16,6 @@ namespace k = attnres::kernels;
 
 namespace {
 
-bool ce_same_bits(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
-
 struct CeCase {
   int64_t N, V, d;
 };
@@ -53,8 +48,8 @@ void check_ce(const CeCase& c, DType dt, DType ref, uint64_t seed) {
   Tensor dh_only = gt::to_device(dh0, dt), dw_only = gt::to_device(dw0, gdt);
   k::lm_head_cross_entropy(hd, wd, tgd, &dh_only, nullptr, gs);
   k::lm_head_cross_entropy(hd, wd, tgd, nullptr, &dw_only, gs);
-  CHECK(ce_same_bits(dh_only, dhd));
-  CHECK(ce_same_bits(dw_only, dwd));
+  CHECK(gt::same_bits(dh_only, dhd));
+  CHECK(gt::same_bits(dw_only, dwd));
 }
 
 }  // namespace
@@ -96,8 +91,8 @@ TEST_CASE("cuda lm_head_cross_entropy is bitwise repeatable", "[gpu][cross_entro
       loss[r] = k::lm_head_cross_entropy(hd, wd, tgd, &dh[r], &dw[r], 1.0 / N);
     }
     CHECK(std::memcmp(&loss[0], &loss[1], sizeof(double)) == 0);
-    CHECK(ce_same_bits(dh[0], dh[1]));
-    CHECK(ce_same_bits(dw[0], dw[1]));
+    CHECK(gt::same_bits(dh[0], dh[1]));
+    CHECK(gt::same_bits(dw[0], dw[1]));
   }
 }
 

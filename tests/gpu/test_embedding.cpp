@@ -15,23 +15,6 @@ namespace k = attnres::kernels;
 
 namespace {
 
-struct Pair {
-  Tensor host, dev;
-};
-// Host F32 [rows, d] and the same values on the device as `dtype`; with
-// `offset` the device tensor starts one element into its allocation.
-Pair random_pair(int64_t rows, int64_t d, DType dtype, uint64_t seed, bool offset) {
-  const int64_t n = rows * d;
-  Tensor h = randn_f32({n + 1}, seed);
-  Tensor dev = to_device(h, dtype);
-  const int64_t b = offset ? 1 : 0;
-  return {h.rows(b, n).clone().reshape({rows, d}), dev.rows(b, n).reshape({rows, d})};
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 // Token ids with a heavy head: about half the positions hold id 1, as in text.
 Tensor skewed_tokens(int64_t n, int64_t V, uint64_t seed) {
   Tensor t = testing::random_tokens(n, V, seed);
@@ -54,7 +37,7 @@ TEST_CASE("cuda embedding forward gathers exactly", "[gpu][embedding]") {
     for (Size s : kSizes)
       for (bool offset : {false, true}) {
         INFO(dtype_name(dt) << " V=" << s.V << " d=" << s.d << " N=" << s.N << " offset=" << offset);
-        Pair w = random_pair(s.V, s.d, dt, 1, offset);
+        Pair w = random_pair({s.V, s.d}, dt, 1, offset);
         Tensor tok = skewed_tokens(s.N, s.V, 2);
         Tensor out = poisoned({s.N * s.d + 1}, dt).rows(offset ? 1 : 0, s.N * s.d).reshape({s.N, s.d});
         k::embedding_forward(out, w.dev, tok.to(Device::CUDA));
@@ -69,8 +52,8 @@ TEST_CASE("cuda embedding backward matches the CPU bit for bit and repeats", "[g
     for (Size s : kSizes)
       for (bool offset : {false, true}) {
         INFO(dtype_name(dt) << " V=" << s.V << " d=" << s.d << " N=" << s.N << " offset=" << offset);
-        Pair dout = random_pair(s.N, s.d, dt, 3, offset);
-        Pair dw0 = random_pair(s.V, s.d, DType::F32, 4, offset);  // fp32 for bf16 dout too
+        Pair dout = random_pair({s.N, s.d}, dt, 3, offset);
+        Pair dw0 = random_pair({s.V, s.d}, DType::F32, 4, offset);  // fp32 for bf16 dout too
         Tensor tok = skewed_tokens(s.N, s.V, 5);
         Tensor tok_dev = tok.to(Device::CUDA);
 

@@ -16,11 +16,6 @@ namespace k = attnres::kernels;
 
 namespace {
 
-bool same_bits_host(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
-
 struct MatmulCase {
   int64_t M, N, K;
 };
@@ -67,8 +62,8 @@ void check_matmul(const MatmulCase& c, DType dt, uint64_t seed) {
   Tensor dx_only = dx0d.clone(), dw_only = dw0d.clone();
   k::matmul_backward(&dx_only, nullptr, dyd, xd, wd);
   k::matmul_backward(nullptr, &dw_only, dyd, xd, wd);
-  CHECK(same_bits_host(dx_only, dx));
-  CHECK(same_bits_host(dw_only, dw));
+  CHECK(gt::same_bits(dx_only, dx));
+  CHECK(gt::same_bits(dw_only, dw));
 }
 
 }  // namespace
@@ -138,7 +133,7 @@ TEST_CASE("cuda matmul with K = 0 writes zeros, or leaves y when accumulating", 
   Tensor y0 = gt::randn_f32({M, N}, 30);
   Tensor yacc = y0.to(Device::CUDA);
   k::matmul_forward(yacc, x, w, /*accumulate=*/true);
-  REQUIRE(same_bits_host(yacc, y0));
+  REQUIRE(gt::same_bits(yacc, y0));
 }
 
 TEST_CASE("cuda matmul is bitwise repeatable", "[gpu][matmul]") {
@@ -157,8 +152,8 @@ TEST_CASE("cuda matmul is bitwise repeatable", "[gpu][matmul]") {
       dw[r] = Tensor::zeros({N, K}, gdt, Device::CUDA);
       k::matmul_backward(&dx[r], &dw[r], dyd, xd, wd);
     }
-    CHECK(same_bits_host(y[0], y[1]));
-    CHECK(same_bits_host(dx[0], dx[1]));
-    CHECK(same_bits_host(dw[0], dw[1]));
+    CHECK(gt::same_bits(y[0], y[1]));
+    CHECK(gt::same_bits(dx[0], dx[1]));
+    CHECK(gt::same_bits(dw[0], dw[1]));
   }
 }

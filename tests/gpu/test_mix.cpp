@@ -21,11 +21,7 @@ namespace {
 
 constexpr float kMixEps = 1e-5f;
 
-bool mix_same_bits(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.is_cuda() ? a.to(Device::CPU) : a;
-  Tensor hb = b.is_cuda() ? b.to(Device::CPU) : b;
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
+
 
 // k sources [N, d] of different scales (so the softmax is far from uniform),
 // a pseudo-query w [d]; host F32 copies (bf16-rounded for BF16) and device
@@ -161,7 +157,7 @@ TEST_CASE("cuda mix with one source is the identity, bit for bit", "[gpu][mix]")
       k::mix_source_rstd(rs[0], s.src_d[0], kMixEps);
       Tensor out = gt::poisoned({N, d}, dt), probs = gt::poisoned({N, 1}, DType::F32);
       k::mix_forward(out, probs, s.w_d, s.src_d, rs);
-      REQUIRE(mix_same_bits(out, s.src_d[0]));
+      REQUIRE(gt::same_bits(out, s.src_d[0]));
       Tensor ph = probs.to(Device::CPU);
       for (int64_t n = 0; n < N; ++n) REQUIRE(ph.data<float>()[n] == 1.0f);
 
@@ -175,8 +171,8 @@ TEST_CASE("cuda mix with one source is the identity, bit for bit", "[gpu][mix]")
       Tensor expect = Tensor::empty({N, d}, DType::F32);
       for (int64_t i = 0; i < N * d; ++i)
         expect.data<float>()[i] = ds0.data<float>()[i] + dout.data<float>()[i];
-      REQUIRE(mix_same_bits(ds[0], dt == DType::BF16 ? expect.to(DType::BF16) : expect));
-      REQUIRE(mix_same_bits(dw, dw0));
+      REQUIRE(gt::same_bits(ds[0], dt == DType::BF16 ? expect.to(DType::BF16) : expect));
+      REQUIRE(gt::same_bits(dw, dw0));
     }
 }
 
@@ -231,10 +227,10 @@ TEST_CASE("cuda mix is bitwise repeatable", "[gpu][mix]") {
         dw[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
         k::mix_backward(ds[r], dw[r], dout, s.w_d, s.src_d, rs, probs[r]);
       }
-      CHECK(mix_same_bits(out[0], out[1]));
-      CHECK(mix_same_bits(probs[0], probs[1]));
-      CHECK(mix_same_bits(dw[0], dw[1]));
-      for (int64_t j = 0; j < kk; ++j) CHECK(mix_same_bits(ds[0][j], ds[1][j]));
+      CHECK(gt::same_bits(out[0], out[1]));
+      CHECK(gt::same_bits(probs[0], probs[1]));
+      CHECK(gt::same_bits(dw[0], dw[1]));
+      for (int64_t j = 0; j < kk; ++j) CHECK(gt::same_bits(ds[0][j], ds[1][j]));
     }
 }
 

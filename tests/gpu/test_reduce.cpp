@@ -17,23 +17,6 @@ namespace k = attnres::kernels;
 
 namespace {
 
-// A random tensor as a host F32 reference and a device tensor of `dtype`
-// holding the same values; with `offset`, the device tensor is a slice that
-// starts one element into its allocation (so 16-byte packs do not fit).
-struct Pair {
-  Tensor host, dev;
-};
-Pair random_pair(int64_t n, DType dtype, uint64_t seed, bool offset, double stddev = 1.0) {
-  Tensor h = randn_f32({n + 1}, seed, stddev);
-  Tensor d = to_device(h, dtype);
-  const int64_t b = offset ? 1 : 0;
-  return {h.rows(b, n).clone(), d.rows(b, n)};
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 const int64_t kSizes[] = {0, 1, 3, 8, 13, 1000, 4099, 100003};
 
 }  // namespace
@@ -43,7 +26,7 @@ TEST_CASE("cuda sum_squares matches the CPU, is deterministic and alignment-inde
     for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(1000), int64_t(12345),
                       int64_t(1 << 20) + 3, int64_t(5000000)}) {
       INFO(dtype_name(dt) << " n=" << n);
-      Pair p = random_pair(n, dt, 11 + n, /*offset=*/false);
+      Pair p = random_pair({n}, dt, 11 + n, /*offset=*/false);
       const double cpu = k::sum_squares(p.host);
       const double gpu = k::sum_squares(p.dev);
       REQUIRE(std::fabs(gpu - cpu) <= 1e-12 * std::max(1.0, cpu));
@@ -63,8 +46,8 @@ TEST_CASE("cuda scale_, add_ and add match the CPU", "[gpu][reduce]") {
     for (int layout : {0, 1, 2})
       for (int64_t n : kSizes) {
         INFO(dtype_name(dt) << " n=" << n << " layout=" << layout);
-        Pair a = random_pair(n, dt, 21 + n, layout == 1);
-        Pair b = random_pair(n, dt, 22 + n, layout >= 1);
+        Pair a = random_pair({n}, dt, 21 + n, layout == 1);
+        Pair b = random_pair({n}, dt, 22 + n, layout >= 1);
         const int64_t out_begin = layout == 1 ? 1 : 0;
 
         // out = a + b; the CPU adds in fp32, which is the GPU's arithmetic, so
@@ -97,7 +80,7 @@ TEST_CASE("cuda all_finite finds any inf or nan", "[gpu][reduce]") {
       for (int64_t n : kSizes) {
         INFO(dtype_name(dt) << " n=" << n << " offset=" << offset);
         // Large but finite values stay finite (in bf16 too).
-        Pair p = random_pair(n, dt, 31 + n, offset, 1e30);
+        Pair p = random_pair({n}, dt, 31 + n, offset, 1e30);
         REQUIRE(k::all_finite(p.dev));
         for (int64_t pos : {int64_t(0), n / 2, n - 1}) {
           if (n == 0) break;
@@ -117,7 +100,7 @@ TEST_CASE("cuda convert rounds F32 to BF16 to nearest even and widens exactly", 
   for (bool offset : {false, true})
     for (int64_t n : kSizes) {
       INFO("n=" << n << " offset=" << offset);
-      Pair p = random_pair(n, DType::F32, 41 + n, offset);
+      Pair p = random_pair({n}, DType::F32, 41 + n, offset);
       // Plant exact ties between two bf16 values (both parities), the largest
       // finite values, infinities and a denormal.
       float* h = p.host.data<float>();

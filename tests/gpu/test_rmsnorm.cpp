@@ -15,30 +15,6 @@ namespace k = attnres::kernels;
 
 namespace {
 
-struct Pair {
-  Tensor host, dev;
-};
-// Host F32 reference of `shape` (1-D or 2-D) and the same values on the
-// device as `dtype`; with `offset` the device tensor starts one element into
-// its allocation.
-Pair random_pair(const Shape& shape, DType dtype, uint64_t seed, bool offset, double sd = 1.0) {
-  const int64_t n = shape_numel(shape);
-  Tensor h = randn_f32({n + 1}, seed, sd);
-  Tensor d = to_device(h, dtype);
-  const int64_t b = offset ? 1 : 0;
-  return {h.rows(b, n).clone().reshape(shape), d.rows(b, n).reshape(shape)};
-}
-
-Tensor poisoned_at(const Shape& shape, DType dtype, bool offset) {
-  const int64_t n = shape_numel(shape);
-  return poisoned({n + 1}, dtype).rows(offset ? 1 : 0, n).reshape(shape);
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
-
 struct Size {
   int64_t N, d;
 };

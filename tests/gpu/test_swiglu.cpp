@@ -9,27 +9,6 @@ using namespace attnres;
 using namespace attnres::gpu_testing;
 namespace k = attnres::kernels;
 
-namespace {
-
-// Host F32 reference [N, F] and the same values on the device as `dtype`;
-// with `offset` the device tensor starts one element into its allocation
-// (a misaligned slice: no 16-byte packs).
-struct Pair {
-  Tensor host, dev;
-};
-Pair random_pair(int64_t N, int64_t F, DType dtype, uint64_t seed, bool offset, double sd = 1.5) {
-  Tensor h = randn_f32({N * F + 1}, seed, sd);
-  Tensor d = to_device(h, dtype);
-  const int64_t b = offset ? 1 : 0;
-  return {h.rows(b, N * F).clone().reshape({N, F}), d.rows(b, N * F).reshape({N, F})};
-}
-
-// An uninitialised (NaN) device [N, F] tensor, misaligned when `offset`.
-Tensor poisoned_out(int64_t N, int64_t F, DType dtype, bool offset) {
-  return poisoned({N * F + 1}, dtype).rows(offset ? 1 : 0, N * F).reshape({N, F});
-}
-
-}  // namespace
 
 TEST_CASE("cuda swiglu forward and backward match the CPU", "[gpu][swiglu]") {
   struct Size {
@@ -40,19 +19,19 @@ TEST_CASE("cuda swiglu forward and backward match the CPU", "[gpu][swiglu]") {
       for (int layout : {0, 1, 2}) {  // aligned, all misaligned, mixed
         const bool offset = layout == 1;
         INFO(dtype_name(dt) << " N=" << s.N << " F=" << s.F << " layout=" << layout);
-        Pair gate = random_pair(s.N, s.F, dt, 1, offset);
-        Pair up = random_pair(s.N, s.F, dt, 2, offset);
+        Pair gate = random_pair({s.N, s.F}, dt, 1, offset, 1.5);
+        Pair up = random_pair({s.N, s.F}, dt, 2, offset, 1.5);
 
-        Tensor h = poisoned_out(s.N, s.F, dt, layout >= 1);
+        Tensor h = poisoned_at({s.N, s.F}, dt, layout >= 1);
         k::swiglu_forward(h, gate.dev, up.dev);
         Tensor h_cpu = Tensor::empty({s.N, s.F});
         k::swiglu_forward(h_cpu, gate.host, up.host);
         REQUIRE(rel_l2(to_host_f32(h), h_cpu) < tol(dt));
 
         // Backward accumulates into the existing gradients.
-        Pair dh = random_pair(s.N, s.F, dt, 3, offset);
-        Pair dgate = random_pair(s.N, s.F, dt, 4, offset);
-        Pair dup = random_pair(s.N, s.F, dt, 5, layout >= 1);
+        Pair dh = random_pair({s.N, s.F}, dt, 3, offset, 1.5);
+        Pair dgate = random_pair({s.N, s.F}, dt, 4, offset, 1.5);
+        Pair dup = random_pair({s.N, s.F}, dt, 5, layout >= 1, 1.5);
         k::swiglu_backward(dgate.dev, dup.dev, dh.dev, gate.dev, up.dev);
         k::swiglu_backward(dgate.host, dup.host, dh.host, gate.host, up.host);
         REQUIRE(rel_l2(to_host_f32(dgate.dev), dgate.host) < tol(dt));
