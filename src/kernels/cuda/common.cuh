@@ -75,6 +75,39 @@ inline int grid_for(int64_t work, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, threads), cap)));
 }
 
+// ---- elementwise launches -----------------------------------------------------
+// Elements per 16-byte pack of T.
+template <typename T>
+constexpr int pack_of() { return static_cast<int>(16 / sizeof(T)); }
+
+constexpr int kElementwiseThreads = 256;
+
+// Runs f.apply<W>(i) on the packs [i, i+W) and f.apply<1>(i) on the tail.
+template <int W, typename F>
+__global__ void elementwise_kernel(int64_t n, F f) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nv = n / W;
+  for (int64_t k = tid; k < nv; k += stride) f.template apply<W>(k * W);
+  if (W > 1)
+    for (int64_t i = nv * W + tid; i < n; i += stride) f.template apply<1>(i);
+}
+
+// An elementwise op over n elements: 16-byte packs of W when every pointer is
+// aligned for them (vec_ok; tensors can be row slices at any element offset),
+// element by element otherwise. Each element gets the same arithmetic either
+// way, so results do not depend on the alignment.
+template <int W, typename F>
+void launch_elementwise(int64_t n, bool vec_ok, const F& f) {
+  constexpr int kT = kElementwiseThreads;
+  if (n <= 0) return;
+  if (vec_ok)
+    elementwise_kernel<W><<<grid_for(ceil_div(n, W), kT), kT, 0, stream()>>>(n, f);
+  else
+    elementwise_kernel<1><<<grid_for(n, kT), kT, 0, stream()>>>(n, f);
+  ATTNRES_CUDA_CHECK_LAUNCH();
+}
+
 // ---- element conversion: all arithmetic is fp32 --------------------------------
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }

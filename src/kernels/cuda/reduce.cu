@@ -1,9 +1,6 @@
 // CUDA reductions and elementwise helpers (see kernels/reduce.h).
 //
-// Elementwise ops read and write 16-byte packs when every pointer is aligned
-// for them (tensors can be row slices at any element offset), with a scalar
-// tail; otherwise they run element by element. Either way each element gets
-// the same arithmetic, so the results do not depend on the alignment.
+// Elementwise ops run through launch_elementwise (common.cuh).
 //
 // sum_squares is deterministic: the grid size depends only on n, each thread
 // accumulates a fixed set of elements in double (the same set whether the
@@ -20,32 +17,6 @@
 namespace attnres::kernels::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
-
-// Runs f.apply<W>(i) on packs [i, i+W) and f.apply<1>(i) on the tail.
-template <int W, typename F>
-__global__ void elementwise_kernel(int64_t n, F f) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nv = n / W;
-  for (int64_t k = tid; k < nv; k += stride) f.template apply<W>(k * W);
-  if (W > 1)
-    for (int64_t i = nv * W + tid; i < n; i += stride) f.template apply<1>(i);
-}
-
-template <int W, typename F>
-void launch_elementwise(int64_t n, bool vec_ok, const F& f) {
-  if (n <= 0) return;
-  if (vec_ok)
-    elementwise_kernel<W><<<grid_for(ceil_div(n, W), kThreads), kThreads, 0, stream()>>>(n, f);
-  else
-    elementwise_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, f);
-  ATTNRES_CUDA_CHECK_LAUNCH();
-}
-
-template <typename T>
-constexpr int pack_of() { return static_cast<int>(16 / sizeof(T)); }
 
 // ---- elementwise functors -----------------------------------------------------
 
