@@ -127,19 +127,27 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread
-// gets the result. `scratch` holds 32 values of shared memory. The order of
-// additions is fixed by the launch shape, so results are deterministic.
-template <typename T>
-__device__ __forceinline__ T block_sum(T v, T* scratch) {
+// A reduction over the block (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result. warp_op reduces over a warp; `scratch` holds 32
+// values of shared memory. The order of operations is fixed by the launch
+// shape, so results are deterministic.
+template <typename T, typename WarpOp>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T identity, WarpOp warp_op) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
+  v = warp_op(v);
   __syncthreads();  // scratch may still be read from a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int nwarps = blockDim.x >> 5;
-  v = lane < nwarps ? scratch[lane] : T(0);
-  return warp_sum(v);
+  v = lane < nwarps ? scratch[lane] : identity;
+  return warp_op(v);
+}
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  return block_reduce(v, scratch, T(0), [](T x) { return warp_sum(x); });
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  return block_reduce(v, scratch, -INFINITY, [](float x) { return warp_max(x); });
 }
 
 }  // namespace attnres::kernels::cuda

@@ -81,47 +81,6 @@ struct Status {
   unsigned long long bad_pos;  // first position with an invalid target; ~0 if none
 };
 
-// VEC consecutive floats (VEC = 4: one 16-byte load, p 16-byte aligned).
-template <int VEC>
-__device__ __forceinline__ void load(const float* p, float* x) {
-  if constexpr (VEC == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
-  } else {
-    x[0] = *p;
-  }
-}
-// VEC values stored as float (one 16-byte store) or bf16 (one 8-byte store).
-template <int VEC>
-__device__ __forceinline__ void store(float* p, const float* v) {
-  if constexpr (VEC == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  else *p = v[0];
-}
-template <int VEC>
-__device__ __forceinline__ void store(bf16* p, const float* v) {
-  if constexpr (VEC == 4) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
-    uint2 u;
-    u.x = *reinterpret_cast<const uint32_t*>(&lo);
-    u.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(p) = u;
-  } else {
-    *p = __float2bfloat16_rn(v[0]);
-  }
-}
-
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();  // scratch may still be read from a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int nwarps = blockDim.x >> 5;
-  v = lane < nwarps ? scratch[lane] : -INFINITY;
-  return warp_max(v);
-}
-
 // One block per logit row of the chunk. VEC = 4 reads float4 (needs V % 4 == 0
 // so every row starts 16-byte aligned), VEC = 1 reads scalars. OutT is the
 // dlogits dtype: float (overwrites the logits in place) or bf16 (written over
@@ -148,8 +107,8 @@ __global__ void __launch_bounds__(kRowThreads)
   float m = -INFINITY, s = 0.0f;
 #pragma unroll 4
   for (int64_t c = int64_t(threadIdx.x) * VEC; c < V; c += int64_t(blockDim.x) * VEC) {
-    float x[VEC];
-    load<VEC>(l + c, x);
+    const Vec<float, VEC> q = load<VEC>(l + c);
+    const float* x = q.v;
     float mx = x[0];
 #pragma unroll
     for (int e = 1; e < VEC; ++e) mx = fmaxf(mx, x[e]);
@@ -180,11 +139,11 @@ __global__ void __launch_bounds__(kRowThreads)
   constexpr int kUnroll = 4;
   const int64_t tile = int64_t(blockDim.x) * VEC * kUnroll;
   for (int64_t base = 0; base < V; base += tile) {
-    float x[kUnroll][VEC];
+    Vec<float, VEC> x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = base + (int64_t(u) * blockDim.x + threadIdx.x) * VEC;
-      if (c < V) load<VEC>(l + c, x[u]);
+      if (c < V) x[u] = load<VEC>(l + c);
     }
     if constexpr (!std::is_same_v<OutT, float>) {
       // The bf16 writes of tile j land in fp32 elements [j tile/2, (j+1) tile/2),
@@ -196,13 +155,14 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = base + (int64_t(u) * blockDim.x + threadIdx.x) * VEC;
       if (c >= V) continue;
-      float p[VEC];
+      Vec<OutT, VEC> o;  // 16 bytes of fp32 or 8 of bf16 per store
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        p[e] = expf(x[u][e] - M) * scale;
-        if (c + e == t) p[e] -= gs;
+        float p = expf(x[u].v[e] - M) * scale;
+        if (c + e == t) p -= gs;
+        o.v[e] = from_f32<OutT>(p);
       }
-      store<VEC>(out + c, p);
+      store<VEC>(out + c, o);
     }
   }
 }
