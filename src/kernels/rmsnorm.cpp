@@ -1,6 +1,8 @@
 // RMSNorm dispatcher: argument checks and dtype dispatch.
 #include "kernels/rmsnorm.h"
 
+#include <utility>
+
 #include "kernels/common.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/reduce.h"
@@ -10,14 +12,25 @@
 
 namespace attnres::kernels {
 
-void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gain, float eps) {
-  const char* op = "rmsnorm_forward";
+namespace {
+// The forward's checks: x 2-D [N, d], y like x, rstd [N] statistics, gain [d]
+// (optional), eps >= 0. Returns {N, d}.
+std::pair<int64_t, int64_t> check_forward(const char* op, const Tensor& y, const Tensor& rstd,
+                                          const Tensor& x, const Tensor* gain, float eps) {
   check_2d(op, "x", x);
   const int64_t N = x.dim(0), d = x.dim(1);
   check_arg(op, "y", y, x, {N, d});
   check_arg(op, "rstd", rstd, x.device(), stat_dtype(x.dtype()), {N});
   if (gain) check_arg(op, "gain", *gain, x, {d});
   if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
+  return {N, d};
+}
+}  // namespace
+
+void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gain, float eps) {
+  const char* op = "rmsnorm_forward";
+  const std::pair<int64_t, int64_t> Nd = check_forward(op, y, rstd, x, gain, eps);
+  const int64_t N = Nd.first, d = Nd.second;
   ATTNRES_CUDA_DISPATCH(x, op, cuda::rmsnorm_forward(y, rstd, x, gain, eps));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
@@ -29,13 +42,8 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gai
 void add_rmsnorm_forward(Tensor& x, Tensor& y, Tensor& rstd, const Tensor& b, const Tensor* gain,
                          float eps) {
   const char* op = "add_rmsnorm_forward";
-  check_2d(op, "x", x);
-  const int64_t N = x.dim(0), d = x.dim(1);
-  check_arg(op, "b", b, x, {N, d});
-  check_arg(op, "y", y, x, {N, d});
-  check_arg(op, "rstd", rstd, x.device(), stat_dtype(x.dtype()), {N});
-  if (gain) check_arg(op, "gain", *gain, x, {d});
-  if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
+  check_forward(op, y, rstd, x, gain, eps);
+  check_arg(op, "b", b, x, x.shape());
   ATTNRES_CUDA_DISPATCH(x, op, cuda::add_rmsnorm_forward(x, y, rstd, b, gain, eps));
   // The CPU runs the two ops: the same code, so the same bits as unfused.
   add_(x, b);
