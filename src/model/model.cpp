@@ -42,21 +42,23 @@ Param& Model::out_proj() {
   return p(cfg_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
 }
 
-const Param& Model::norm_gain(int64_t s) const {
-  return p(layer_param(s / 2, s % 2 == 0 ? "input_layernorm.weight"
-                                         : "post_attention_layernorm.weight"));
+namespace {
+// Sublayer s's parameter: the attention sublayer's (even s) or the MLP's.
+std::string sublayer_param(int64_t s, const char* attn, const char* mlp) {
+  return layer_param(s / 2, s % 2 == 0 ? attn : mlp);
 }
-Param& Model::norm_gain(int64_t s) {
-  return p(layer_param(s / 2, s % 2 == 0 ? "input_layernorm.weight"
-                                         : "post_attention_layernorm.weight"));
+std::string norm_gain_name(int64_t s) {
+  return sublayer_param(s, "input_layernorm.weight", "post_attention_layernorm.weight");
 }
+std::string mix_query_name(int64_t s) {
+  return sublayer_param(s, "attn_res.query", "mlp_res.query");
+}
+}  // namespace
 
-const Param& Model::mix_query(int64_t s) const {
-  return p(layer_param(s / 2, s % 2 == 0 ? "attn_res.query" : "mlp_res.query"));
-}
-Param& Model::mix_query(int64_t s) {
-  return p(layer_param(s / 2, s % 2 == 0 ? "attn_res.query" : "mlp_res.query"));
-}
+const Param& Model::norm_gain(int64_t s) const { return p(norm_gain_name(s)); }
+Param& Model::norm_gain(int64_t s) { return p(norm_gain_name(s)); }
+const Param& Model::mix_query(int64_t s) const { return p(mix_query_name(s)); }
+Param& Model::mix_query(int64_t s) { return p(mix_query_name(s)); }
 
 // ---------------------------------------------------------------------------
 // Embedding
