@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -32,6 +33,19 @@ inline Tensor random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   Tensor t = Tensor::empty({n}, DType::I32);
   for (int64_t i = 0; i < n; ++i)
     t.data<int32_t>()[i] = static_cast<int32_t>(random_u64(seed, 11, i) % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+// A learnable token stream over 64 ids: mostly a fixed successor of the
+// previous token, sometimes a random one (training on it makes the loss fall).
+inline std::vector<int32_t> learnable_tokens(uint64_t seed, int64_t n) {
+  std::vector<int32_t> t;
+  int32_t prev = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t r = random_u64(seed, 0, static_cast<uint64_t>(i));
+    prev = r % 4 == 0 ? static_cast<int32_t>((r >> 8) % 64) : (prev * 5 + 3) % 64;
+    t.push_back(prev);
+  }
   return t;
 }
 

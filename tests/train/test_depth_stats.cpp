@@ -11,11 +11,10 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/rng.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "model/model.h"
-#include "model/reference.h"
+#include "model/model_testing.h"
 #include "temp_dir.h"
 #include "testing.h"
 #include "train/config.h"
@@ -28,33 +27,10 @@ using model::ResidualMode;
 using nlohmann::json;
 using reference::Seq;
 using reference::Vec;
+using testing::randomize;
+using testing::tiny;
 
 namespace {
-
-ModelConfig tiny(ResidualMode mode, int64_t block_size = 0) {
-  ModelConfig c;
-  c.vocab_size = 11;
-  c.d_model = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.d_ff = 12;
-  c.mode = mode;
-  c.block_size = block_size;
-  c.validate();
-  return c;
-}
-
-// Random weights everywhere (queries and gains too, away from their init).
-void randomize(model::ParamTable& t, uint64_t seed) {
-  uint64_t i = 0;
-  for (auto& p : t.all()) {
-    testing::fill_normal(p.value, seed + i++, 0.5);
-    if (p.value.ndim() == 1 && p.name.find("layernorm") != std::string::npos)
-      for (int64_t j = 0; j < p.value.numel(); ++j)
-        testing::set(p.value, j, 1.0 + 0.3 * testing::at(p.value, j));
-  }
-}
 
 // reference::sequence_loss with a hook on every sublayer output y_s (after
 // f_s, before it joins the residual stream / partial sum), which may record
@@ -123,18 +99,6 @@ std::vector<int32_t> slice(const Tensor& t, int64_t b, int64_t T) {
   return std::vector<int32_t>(t.data<int32_t>() + b * T, t.data<int32_t>() + (b + 1) * T);
 }
 
-// A learnable token stream over 64 ids (as in test_sweep.cpp).
-std::vector<int32_t> stream(uint64_t seed, int64_t n) {
-  std::vector<int32_t> t;
-  int32_t prev = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t r = random_u64(seed, 0, static_cast<uint64_t>(i));
-    prev = r % 4 == 0 ? static_cast<int32_t>((r >> 8) % 64) : (prev * 5 + 3) % 64;
-    t.push_back(prev);
-  }
-  return t;
-}
-
 std::vector<json> read_jsonl(const std::string& path, bool drop_timing) {
   std::vector<json> out;
   std::ifstream f(path);
@@ -183,10 +147,7 @@ TEST_CASE("depth statistics equal a direct computation on a tiny model (float64)
         CHECK(testing::max_rel_diff(m.params().all()[i].grad, grads_off[i], 1e-300) == 0.0);
 
       // Direct: y_s from the reference, dL/dy_s by central differences on y_s.
-      const auto P = [&m](const std::string& name) {
-        Tensor v = m.params().get(name).value.to(DType::F64);
-        return Vec(v.data<double>(), v.data<double>() + v.numel());
-      };
+      const reference::ParamFn P = testing::param_fn(m.params());
       std::vector<double> out_sq(L2, 0.0), grad_sq(L2, 0.0);
       const double h = 1e-5;
       for (int64_t b = 0; b < B; ++b) {
@@ -222,8 +183,8 @@ TEST_CASE("depth statistics equal a direct computation on a tiny model (float64)
 
 TEST_CASE("run.depth_stats_every: depth_stats.jsonl, and training numbers unchanged", "[depth_stats]") {
   TempDir d;
-  data::write_shard(d / "train.bin", stream(1, 8000), 2);
-  data::write_shard(d / "val.bin", stream(2, 2000), 2);
+  data::write_shard(d / "train.bin", testing::learnable_tokens(1, 8000), 2);
+  data::write_shard(d / "val.bin", testing::learnable_tokens(2, 2000), 2);
   json j = json::parse(R"({
     "model": {"vocab_size": 64, "d_model": 16, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1,
               "d_ff": 32, "residual": {"mode": "block", "block_size": 3}},

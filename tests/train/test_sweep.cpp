@@ -15,10 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/fileio.h"
-#include "core/rng.h"
 #include "data/shard.h"
 #include "model/params.h"
 #include "temp_dir.h"
+#include "testing.h"
 #include "train/sweep.h"
 
 using namespace attnres;
@@ -30,22 +30,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A learnable token stream over 64 ids: mostly a fixed successor of the
-// previous token, sometimes a random one.
-std::vector<int32_t> stream(uint64_t seed, int64_t n) {
-  std::vector<int32_t> t;
-  int32_t prev = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t r = random_u64(seed, 0, static_cast<uint64_t>(i));
-    prev = r % 4 == 0 ? static_cast<int32_t>((r >> 8) % 64) : (prev * 5 + 3) % 64;
-    t.push_back(prev);
-  }
-  return t;
-}
-
 void write_corpus(const TempDir& d) {
-  data::write_shard(d / "train.bin", stream(1, 20000), 2);
-  data::write_shard(d / "val.bin", stream(2, 3000), 2);
+  data::write_shard(d / "train.bin", testing::learnable_tokens(1, 20000), 2);
+  data::write_shard(d / "val.bin", testing::learnable_tokens(2, 3000), 2);
 }
 
 // Two sizes, each with its own budget, x baseline / full: 4 runs of 10 and 20 steps.
