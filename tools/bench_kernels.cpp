@@ -190,18 +190,43 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
           }, reps),
           e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
       // Phase 2 fused with the sublayer's RMSNorm (its output is u).
-      Tensor u = Tensor::empty({N, d}, dt, Device::CUDA), mstats = Tensor::empty({N, 3}, st, Device::CUDA);
+      Tensor u = Tensor::empty({N, d}, dt, Device::CUDA), mstats = Tensor::empty({N, 4}, st, Device::CUDA);
+      const Span<const Tensor> part(&src[kb], 1);
+      const Span<Tensor> dpart(&dsrc[kb], 1);
       Tensor lse0 = lse.rows(0, 1).reshape({N}), dlse0 = dlse.rows(0, 1).reshape({N});
       Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 81);
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
       add("mix merge + rmsnorm fwd",
-          time_ms([&] { k::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, src[kb], gain, 1e-5f); }, reps),
+          time_ms([&] { k::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f); }, reps),
           e * 3.0 * N * d, 9.0 * N * d);  // o, p read, u written
       add("mix merge + rmsnorm bwd",
           time_ms([&] {
-            k::mix_merge_norm_backward(d_o, dlse0, dsrc[kb], dw, dgain, dout, w, outs[0], src[kb], gain, mstats);
+            k::mix_merge_norm_backward(d_o, dlse0, dpart, dw, dgain, dout, w, outs[0], part, gain, mstats);
           }, reps),
           e * 7.0 * N * d, 20.0 * N * d);  // du, o, p read, d_o written, dp read + written; p again for dw
+    }
+    // Full AttnRes's merge at its largest: the last sublayer of a Mix group
+    // of G = ceil(sqrt(2L)) merges G - 1 recent sources.
+    model::ModelConfig full = c;
+    full.mode = model::ResidualMode::Full;
+    const int64_t m = std::min<int64_t>(full.mix_group_size() - 1, ks);
+    if (m >= 1) {
+      const Span<const Tensor> recent(src.data(), size_t(m));
+      const Span<Tensor> drecent(dsrc.data(), size_t(m));
+      Tensor o = rand_dev({N, d}, dt, 90), lse = rand_dev({N}, st, 91), dl = Tensor::empty({N}, st, Device::CUDA);
+      Tensor u = Tensor::empty({N, d}, dt, Device::CUDA), mstats = Tensor::empty({N, 2 * m + 2}, st, Device::CUDA);
+      Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 92);
+      Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
+      const std::string mtag = " (full, m=" + std::to_string(m) + ")";
+      add("mix merge + rmsnorm fwd" + mtag,
+          time_ms([&] { k::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f); }, reps),
+          e * (m + 2.0) * N * d, (4.0 * m + 5.0) * N * d);  // o, recent read, u written
+      add("mix merge + rmsnorm bwd" + mtag,
+          time_ms([&] {
+            k::mix_merge_norm_backward(d_o, dl, drecent, dw, dgain, dout, w, o, recent, gain, mstats);
+          }, reps),
+          e * (4.0 + 4.0 * m) * N * d, (10.0 * m + 12.0) * N * d);  // du, o, recent read, d_o written,
+                                                                 // drecent read + written; recent again for dw
     }
   }
   {

@@ -151,57 +151,70 @@ void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const T
 }
 
 namespace {
-// Checks the merge's common arguments: w and gain [d], o and p [N, d], stats
-// [N, 3]; returns {N, d}.
+// Checks the merge's common arguments: w and gain [d], o and the m >= 1
+// recent sources [N, d], stats [N, 2m + 2]; returns {N, d}.
 std::pair<int64_t, int64_t> check_merge(const char* op, const Tensor& w, const Tensor& o,
-                                        const Tensor& p, const Tensor& gain, const Tensor& stats) {
+                                        Span<const Tensor> recent, const Tensor& gain,
+                                        const Tensor& stats) {
   if (!w.defined() || w.ndim() != 1) fail(op, ": w must be 1-D [d]");
   check_2d(op, "o", o);
   const int64_t N = o.dim(0), d = w.dim(0);
   check_arg(op, "o", o, w, {N, d});
-  check_arg(op, "p", p, w, {N, d});
+  if (recent.empty()) fail(op, ": needs at least one recent source");
+  for (size_t j = 0; j < recent.size(); ++j)
+    check_arg(op, indexed("recent", j).c_str(), recent[j], w, {N, d});
   check_arg(op, "gain", gain, w, {d});
-  check_arg(op, "stats", stats, w.device(), stat_dtype(w.dtype()), {N, 3});
+  const int64_t m = static_cast<int64_t>(recent.size());
+  check_arg(op, "stats", stats, w.device(), stat_dtype(w.dtype()), {N, 2 * m + 2});
   return {N, d};
 }
 }  // namespace
 
 void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Tensor& o,
-                            const Tensor& lse, const Tensor& p, const Tensor& gain, float eps) {
+                            const Tensor& lse, Span<const Tensor> recent, const Tensor& gain,
+                            float eps) {
   const char* op = "mix_merge_norm_forward";
-  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, p, gain, stats);
-  const int64_t N = Nd.first, d = Nd.second;
+  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, recent, gain, stats);
+  const int64_t N = Nd.first, d = Nd.second, m = static_cast<int64_t>(recent.size());
   check_arg(op, "u", u, w, {N, d});
   check_arg(op, "lse", lse, w.device(), stat_dtype(w.dtype()), {N});
   if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
-  ATTNRES_CUDA_DISPATCH(w, op, cuda::mix_merge_norm_forward(u, stats, w, o, lse, p, gain, eps));
+  ATTNRES_CUDA_DISPATCH(w, op,
+                        cuda::mix_merge_norm_forward(u, stats, w, o, lse, recent, gain, eps));
   dispatch_cpu_float(w, op, [&](auto tag) {
     using T = decltype(tag);
+    const std::vector<const T*> e = const_ptrs<T>(recent);
     cpu::mix_merge_norm_forward<T>(u.data<T>(), stats.data<T>(), w.data<T>(), o.data<T>(),
-                                   lse.data<T>(), p.data<T>(), gain.data<T>(), N, d,
+                                   lse.data<T>(), e.data(), m, gain.data<T>(), N, d,
                                    static_cast<T>(eps));
   });
 }
 
-void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, Tensor& dgain,
-                             const Tensor& du, const Tensor& w, const Tensor& o, const Tensor& p,
-                             const Tensor& gain, const Tensor& stats) {
+void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Tensor& dw,
+                             Tensor& dgain, const Tensor& du, const Tensor& w, const Tensor& o,
+                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats) {
   const char* op = "mix_merge_norm_backward";
-  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, p, gain, stats);
-  const int64_t N = Nd.first, d = Nd.second;
+  const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, recent, gain, stats);
+  const int64_t N = Nd.first, d = Nd.second, m = static_cast<int64_t>(recent.size());
   check_arg(op, "d_o", d_o, w, {N, d});
-  check_arg(op, "dp", dp, w, {N, d});
+  if (drecent.size() != recent.size())
+    fail(op, ": ", recent.size(), " recent sources but ", drecent.size(), " gradients");
+  for (size_t j = 0; j < drecent.size(); ++j)
+    check_arg(op, indexed("drecent", j).c_str(), drecent[j], w, {N, d});
   check_arg(op, "du", du, w, {N, d});
   check_arg(op, "dlse", dlse, w.device(), stat_dtype(w.dtype()), {N});
   check_arg(op, "dw", dw, w.device(), grad_dtype(w.dtype()), {d});
   check_arg(op, "dgain", dgain, w.device(), grad_dtype(w.dtype()), {d});
-  ATTNRES_CUDA_DISPATCH(
-      w, op, cuda::mix_merge_norm_backward(d_o, dlse, dp, dw, dgain, du, w, o, p, gain, stats));
+  ATTNRES_CUDA_DISPATCH(w, op,
+                        cuda::mix_merge_norm_backward(d_o, dlse, drecent, dw, dgain, du, w, o,
+                                                      recent, gain, stats));
   dispatch_cpu_float(w, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::mix_merge_norm_backward<T>(d_o.data<T>(), dlse.data<T>(), dp.data<T>(), dw.data<T>(),
+    const std::vector<const T*> e = const_ptrs<T>(recent);
+    const std::vector<T*> de = mut_ptrs<T>(drecent);
+    cpu::mix_merge_norm_backward<T>(d_o.data<T>(), dlse.data<T>(), de.data(), dw.data<T>(),
                                     dgain.data<T>(), du.data<T>(), w.data<T>(), o.data<T>(),
-                                    p.data<T>(), gain.data<T>(), stats.data<T>(), N, d);
+                                    e.data(), m, gain.data<T>(), stats.data<T>(), N, d);
   });
 }
 

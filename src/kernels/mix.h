@@ -8,19 +8,25 @@
 // rstd_j[n] = 1/sqrt(mean(v_j[n]^2) + eps). A completed block is a source of
 // many sublayers, so its rstd is computed once (mix_source_rstd) and passed in.
 //
-// Block AttnRes's two-phase form (paper section 4.2) splits a sublayer's Mix
-// over [completed blocks..., partial sum p] into
-//   phase 1: one pass over the completed blocks for the queries of all the
-//            block's sublayers at once (mix_forward with Q queries), giving
-//            each query its output o and log-sum-exp lse over those sources;
-//   phase 2: per sublayer, a merge with its one extra source p
-//            (mix_merge_norm_forward): with z = w . (p rstd_p) and
-//            a = exp(z) / (exp(lse) + exp(z)) = sigmoid(z - lse),
-//            x = (1 - a) o + a p,
-//            exactly the softmax over all the sources (online-softmax merge).
-// So every completed block is read once per block of sublayers instead of
-// once per sublayer. Full AttnRes (S = 1) is the case of one query and no
-// merge.
+// The two-phase form (paper section 4.2) computes a sublayer's Mix in two
+// steps over a split of its sources that is fixed by the sublayer's "Mix
+// group" (model/config.h, mix_group_size): Block AttnRes's block, or for Full
+// AttnRes groups of consecutive sublayers.
+//   phase 1: one pass over the sources that existed when the group started,
+//            for the queries of all the group's sublayers at once
+//            (mix_forward with Q queries), giving each query its output o and
+//            the log-sum-exp lse of its logits over those sources;
+//   phase 2: per sublayer, a merge with the m >= 1 sources added since (the
+//            "recent" sources: Block AttnRes's partial sum of the block, or
+//            the outputs of a Full AttnRes group's earlier sublayers):
+//            with z_j = w . (e_j rstd_j),
+//              (a_0, a_1, ..., a_m) = softmax(lse, z_1, ..., z_m),
+//              x = a_0 o + sum_j a_j e_j,
+//            exactly the softmax over all the sources (an online-softmax merge,
+//            mix_merge_norm_forward).
+// So a source is read once per group of sublayers instead of once per
+// sublayer. A sublayer with no recent source (the first of its group) uses
+// the phase-1 output as is.
 #pragma once
 #include "core/span.h"
 #include "core/tensor.h"
@@ -55,21 +61,21 @@ void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor>
 void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const Tensor& w,
                   Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs);
 
-// ---- phase 2: merge with the partial sum, fused with the RMSNorm after it ----
-// The merged input x = (1 - a) o + a p, a = sigmoid(w . (p rstd_p) - lse),
-// where o [N, d] and lse [N] come from phase 1 and rstd_p is computed here,
-// is only ever read by the sublayer's RMSNorm, so the op returns
-// u [N, d] = RMSNorm(x; gain) directly and x is never stored (the backward
-// recomputes it from o, p and a). One eps for both norms. stats [N, 3] saves
-// {a, rstd_p, rstd_x} per row.
+// ---- phase 2: merge with the recent sources, fused with the RMSNorm after it ----
+// The merged input x (above; o [N, d] and lse [N] from phase 1, recent
+// sources e_1..e_m [N, d], their rstd computed here) is only ever read by the
+// sublayer's RMSNorm, so the op returns u [N, d] = RMSNorm(x; gain) directly
+// and x is never stored (the backward recomputes it). One eps for both norms.
+// stats [N, 2m + 2] saves per row {a_0, ..., a_m, rstd_1, ..., rstd_m, rstd_x}.
 void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Tensor& o,
-                            const Tensor& lse, const Tensor& p, const Tensor& gain, float eps);
+                            const Tensor& lse, Span<const Tensor> recent, const Tensor& gain,
+                            float eps);
 
 // From du = dL/du: d_o = dL/do and dlse = dL/dlse are written (Store::Set
-// semantics); dp += dL/dp (p's gradient is also a running sum's), dw +=
-// dL/dw, dgain += dL/dgain.
-void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, Tensor& dgain,
-                             const Tensor& du, const Tensor& w, const Tensor& o, const Tensor& p,
-                             const Tensor& gain, const Tensor& stats);
+// semantics); drecent[j] += dL/de_j (the recent sources' gradients are running
+// sums too; they may alias each other), dw += dL/dw, dgain += dL/dgain.
+void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Tensor& dw,
+                             Tensor& dgain, const Tensor& du, const Tensor& w, const Tensor& o,
+                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats);
 
 }  // namespace attnres::kernels

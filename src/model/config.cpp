@@ -24,6 +24,15 @@ int64_t ModelConfig::resolved_block_size() const {
   return 0;
 }
 
+int64_t ModelConfig::mix_group_size() const {
+  if (!attnres()) return 0;
+  const int64_t S = resolved_block_size();
+  if (S > 1) return S;
+  int64_t G = 1;
+  while (G * G < n_sublayers()) ++G;
+  return G;
+}
+
 int64_t ModelConfig::final_sources() const {
   if (!attnres()) return 0;
   int64_t S = resolved_block_size();

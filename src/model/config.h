@@ -29,6 +29,16 @@ struct ModelConfig {
   bool attnres() const { return mode != ResidualMode::Baseline; }
   // Sublayers per block S: 1 for full, block_size or ceil(2L / n_blocks) for block.
   int64_t resolved_block_size() const;
+  // Sublayers whose depth Mix shares one phase-1 pass (kernels/mix.h, "two-phase
+  // form"), aligned from sublayer 0: Block AttnRes's block (S), and for Full
+  // AttnRes (S = 1) groups of G = ceil(sqrt(2L)) sublayers. A group of G reads
+  // each older source once instead of G times, and each of its sublayers also
+  // merges the up to G - 1 sources added inside the group: per sublayer about
+  // s / G + G / 2 + 3 row passes instead of s + 4 (s = its number of sources),
+  // least near G = sqrt(2L). A computation choice: the function is the same
+  // for any grouping, the rounding is not, so it is fixed by the config rather
+  // than by where a pipeline chunk starts.
+  int64_t mix_group_size() const;
   // Number of sources the final Mix sees: embedding + completed blocks (+ partial).
   int64_t final_sources() const;
 

@@ -186,25 +186,42 @@ Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
 // the block's earlier outputs when i > 0. After f_s: p = y (i == 0) or
 // p + y; when i == S-1 the block is complete and p becomes a new source.
 //
-// The Mix runs in two phases (kernels/mix.h). The sublayers of a block that
-// run in one chunk form a group; before its first sublayer, phase 1 mixes the
-// completed blocks for every query of the group in one pass (the completed
-// blocks do not change inside a block). Each sublayer with i > 0 then merges
-// that output with the current partial sum. A group is cut only where a
-// chunk ends; the results do not depend on where (see mix_forward).
+// The Mix runs in two phases (kernels/mix.h) over groups of consecutive
+// sublayers (ModelConfig::mix_group_size: the block, or for Full AttnRes
+// groups of about sqrt(2L) sublayers). Before a group's first sublayer in a
+// chunk (its leader), phase 1 mixes the sources that existed when the group
+// started, for every query of the group in one pass; each sublayer with
+// recent sources (added since its group started: the partial sum, or a Full
+// group's earlier outputs) then merges them in. The split of a sublayer's
+// sources depends only on the config, and phase 1's results per query do not
+// depend on how many queries share the pass, so the results do not depend on
+// where chunks are cut (see mix_forward).
+
+int64_t Model::phase1_sources(int64_t s) const {
+  const int64_t G = cfg_.mix_group_size();
+  return 1 + (s / G * G) / cfg_.resolved_block_size();
+}
+
+int64_t Model::recent_sources(int64_t s) const {
+  const int64_t S = cfg_.resolved_block_size();
+  // completed blocks since the group started (Full only), and the partial sum
+  return 1 + s / S - phase1_sources(s) + (s % S > 0 ? 1 : 0);
+}
 
 void Model::mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState& st) const {
-  const int64_t Q = static_cast<int64_t>(g.size()), S = cfg_.resolved_block_size();
+  const int64_t Q = static_cast<int64_t>(g.size());
   const int64_t N = st.sources.at(0).dim(0), d = cfg_.d_model;
-  const int64_t k = static_cast<int64_t>(st.sources.size());
+  const int64_t k = phase1_sources(s);
+  ATTNRES_CHECK(static_cast<int64_t>(st.sources.size()) >= k, "sublayer ", s, ": ",
+                st.sources.size(), " sources, phase 1 needs ", k);
   SublayerActs& leader = g[0];
   leader.group_size = Q;
-  leader.mix_sources = st.sources;
-  leader.mix_rstd = st.source_rstd;
+  leader.mix_sources.assign(st.sources.begin(), st.sources.begin() + k);
+  leader.mix_rstd.assign(st.source_rstd.begin(), st.source_rstd.begin() + k);
   leader.mix_probs = new_stat({Q, N, k});
-  // Only sublayers past their block's first merge (and need lse): all but
+  // Only sublayers with recent sources merge (and need lse): all but
   // possibly the leader.
-  const bool merges = Q > 1 || s % S > 0;
+  const bool merges = Q > 1 || recent_sources(s) > 0;
   Tensor lse;
   if (merges) {
     lse = new_stat({Q, N});
@@ -215,22 +232,22 @@ void Model::mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState
     g[q].mix_o = new_act(N, d);
     outs.push_back(g[q].mix_o);
     ws.push_back(mix_query(s + q).value);
-    if ((s + q) % S > 0) {
+    if (recent_sources(s + q) > 0) {
       g[q].mix_lse = lse.rows(q, 1).reshape({N});
       g[q].mix_dlse_row = leader.mix_dlse.rows(q, 1).reshape({N});
     }
   }
-  k::mix_forward(outs, leader.mix_probs, merges ? &lse : nullptr, ws, st.sources,
-                 st.source_rstd);
+  k::mix_forward(outs, leader.mix_probs, merges ? &lse : nullptr, ws, leader.mix_sources,
+                 leader.mix_rstd);
 }
 
 void Model::sublayers_forward(int64_t s0, int64_t s1, DepthState& st,
                               std::vector<SublayerActs>& subs, int64_t B, int64_t T,
                               DecodeCache* cache) const {
-  const int64_t S = cfg_.resolved_block_size();
+  const int64_t G = cfg_.mix_group_size();
   for (int64_t s = s0; s < s1;) {
-    // The group: up to the end of s's block or of the chunk.
-    const int64_t end = cfg_.attnres() ? std::min((s / S + 1) * S, s1) : s + 1;
+    // The group: up to the end of s's Mix group or of the chunk.
+    const int64_t end = cfg_.attnres() ? std::min((s / G + 1) * G, s1) : s + 1;
     if (cfg_.attnres())
       mix_phase1_forward(s, Span<SublayerActs>(subs.data() + (s - s0), size_t(end - s)), st);
     for (; s < end; ++s) sublayer_forward(s, st, subs[s - s0], B, T, cache);
@@ -250,16 +267,19 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   const int64_t S = cfg_.resolved_block_size();
   const int64_t i = cfg_.attnres() ? s % S : 0;
 
-  // The sublayer's input x and u = RMSNorm(x; g). With a merge (i > 0), the
+  // The sublayer's input x and u = RMSNorm(x; g). With recent sources, the
   // merge and the norm are one op and x is never stored.
   const Tensor& gain = norm_gain(s).value;
   a.u = new_act(N, d);
-  if (cfg_.attnres() && i > 0) {
-    ATTNRES_CHECK(st.partial.defined(), "sublayer ", s, ": partial sum missing");
-    a.mix_partial = st.partial;
-    a.mix_stats = new_stat({N, 3});
+  const int64_t m = cfg_.attnres() ? recent_sources(s) : 0;
+  if (m > 0) {
+    a.mix_recent.assign(st.sources.begin() + phase1_sources(s), st.sources.end());
+    if (st.partial.defined()) a.mix_recent.push_back(st.partial);
+    ATTNRES_CHECK(static_cast<int64_t>(a.mix_recent.size()) == m, "sublayer ", s, ": ",
+                  a.mix_recent.size(), " recent sources, expected ", m);
+    a.mix_stats = new_stat({N, 2 * m + 2});
     k::mix_merge_norm_forward(a.u, a.mix_stats, mix_query(s).value, a.mix_o, a.mix_lse,
-                              st.partial, gain, eps);
+                              a.mix_recent, gain, eps);
   } else if (st.pending.defined()) {
     // baseline: x_s = x_{s-1} + y_{s-1}, the add fused with this norm (y's
     // buffer becomes the stream)
@@ -269,7 +289,7 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     st.hidden = a.x;
     st.pending = Tensor();
   } else {
-    // baseline: the stream; AttnRes at i == 0: the completed blocks are all the sources
+    // baseline: the stream; AttnRes without recent sources: phase 1 saw them all
     a.x = cfg_.attnres() ? a.mix_o : st.hidden;
     a.norm_rstd = new_stat({N});
     k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &gain, eps);
@@ -336,22 +356,30 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
   Param& gain = norm_gain(s);
   if (!cfg_.attnres()) {  // dx_s = dx_{s+1} + RMSNorm'(du), in place
     k::rmsnorm_backward(g.hidden, &gain.grad, du, a.x, a.norm_rstd, &gain.value);
-  } else if (i == 0) {  // x was the phase-1 output itself
+  } else if (!a.mix_stats.defined()) {  // x was the phase-1 output itself
     a.d_o = new_act(N, d);
     k::rmsnorm_backward(a.d_o, &gain.grad, du, a.x, a.norm_rstd, &gain.value, k::Store::Set);
-  } else {  // merge + norm backward: d o and dlse for the group's phase 1, d p_before +=
+  } else {  // merge + norm backward: d o and dlse for the group's phase 1, recent sources +=
+    // The recent sources' gradients, as in the forward: sources past phase
+    // 1's, then d p_before (the partial's, defined exactly when it merged).
+    std::vector<Tensor> drecent(g.sources.begin() + phase1_sources(s), g.sources.end());
+    if (g.partial.defined()) drecent.push_back(g.partial);
+    ATTNRES_CHECK(drecent.size() == a.mix_recent.size(), "sublayer ", s, ": ", drecent.size(),
+                  " recent source gradients for ", a.mix_recent.size(), " recent sources");
     Param& q = mix_query(s);
     a.d_o = new_act(N, d);
-    k::mix_merge_norm_backward(a.d_o, a.mix_dlse_row, g.partial, q.grad, gain.grad, du, q.value,
-                               a.mix_o, a.mix_partial, gain.value, a.mix_stats);
+    k::mix_merge_norm_backward(a.d_o, a.mix_dlse_row, drecent, q.grad, gain.grad, du, q.value,
+                               a.mix_o, a.mix_recent, gain.value, a.mix_stats);
   }
 }
 
 void Model::mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad) {
   const SublayerActs& leader = g[0];
-  ATTNRES_CHECK(grad.sources.size() == leader.mix_sources.size(), "sublayer ", s, ": ",
-                grad.sources.size(), " source gradients for ", leader.mix_sources.size(),
-                " sources");
+  const int64_t S = cfg_.resolved_block_size();
+  // The gradients of the sources before s (those of s's own block are back in
+  // the partial's); phase 1 read the first mix_sources.size() of them.
+  ATTNRES_CHECK(static_cast<int64_t>(grad.sources.size()) == 1 + s / S, "sublayer ", s, ": ",
+                grad.sources.size(), " source gradients, expected ", 1 + s / S);
   std::vector<Tensor> dws, douts, ws;
   for (size_t q = 0; q < g.size(); ++q) {
     Param& w = mix_query(s + static_cast<int64_t>(q));
@@ -359,8 +387,9 @@ void Model::mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad
     ws.push_back(w.value);
     douts.push_back(g[q].d_o);
   }
-  k::mix_backward(grad.sources, dws, douts, leader.mix_dlse.defined() ? &leader.mix_dlse : nullptr,
-                  ws, leader.mix_sources, leader.mix_rstd, leader.mix_probs);
+  k::mix_backward(Span<Tensor>(grad.sources.data(), leader.mix_sources.size()), dws, douts,
+                  leader.mix_dlse.defined() ? &leader.mix_dlse : nullptr, ws, leader.mix_sources,
+                  leader.mix_rstd, leader.mix_probs);
 }
 
 // ---------------------------------------------------------------------------
@@ -411,9 +440,10 @@ Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
                    st.source_rstd);
     if (merge) {
       acts.final_partial = st.partial;
-      acts.final_stats = new_stat({N, 3});
+      acts.final_stats = new_stat({N, 4});
       k::mix_merge_norm_forward(h, acts.final_stats, w, acts.final_o,
-                                acts.final_lse.reshape({N}), st.partial, g, eps);
+                                acts.final_lse.reshape({N}), Span<const Tensor>(&st.partial, 1),
+                                g, eps);
       return h;
     }
   }
@@ -453,8 +483,9 @@ double Model::head_forward(const DepthState& st, const Tensor& targets, Activati
     grad->partial = zero_act(N, d);
     dlse = new_stat({1, N});
     Tensor dlse_row = dlse.reshape({N});
-    k::mix_merge_norm_backward(dz, dlse_row, grad->partial, q.grad, g_final.grad, dh, q.value,
-                               acts.final_o, acts.final_partial, g_final.value,
+    k::mix_merge_norm_backward(dz, dlse_row, Span<Tensor>(&grad->partial, 1), q.grad,
+                               g_final.grad, dh, q.value, acts.final_o,
+                               Span<const Tensor>(&acts.final_partial, 1), g_final.value,
                                acts.final_stats);
   }
   k::mix_backward(grad->sources, Span<Tensor>(&q.grad, 1), Span<const Tensor>(&dz, 1),
@@ -526,17 +557,20 @@ std::vector<std::vector<double>> Model::depth_attention(const Tensor& tokens, in
   Tensor dummy_targets = Tensor::zeros({B * T}, DType::I32, device_);
   head_forward(st, dummy_targets, acts, nullptr, 0.0);
   // Mean over tokens of one Mix's weights: its phase-1 weights probs [N, k],
-  // scaled by (1 - a) and followed by a (the partial's weight) when it merged.
+  // scaled by a_0 and followed by a_1..a_m (the recent sources' weights) when
+  // it merged (stats [N, 2m + 2] = {a_0..a_m, rstds...}).
   auto mean_weights = [&](const Tensor& probs, const Tensor& stats) {
     const int64_t n = probs.dim(0), kk = probs.dim(1);
+    const int64_t ns = stats.defined() ? stats.dim(1) : 0, mm = stats.defined() ? ns / 2 - 1 : 0;
     const Tensor p64 = probs.to(Device::CPU).to(DType::F64);
     Tensor s64;
     if (stats.defined()) s64 = stats.to(Device::CPU).to(DType::F64);
-    std::vector<double> m(static_cast<size_t>(kk + (stats.defined() ? 1 : 0)), 0.0);
+    std::vector<double> m(static_cast<size_t>(kk + mm), 0.0);
     for (int64_t r = 0; r < n; ++r) {
-      const double a = stats.defined() ? s64.data<double>()[3 * r] : 0.0;  // {a, rstd_p, rstd_x}
-      for (int64_t j = 0; j < kk; ++j) m[j] += p64.data<double>()[r * kk + j] * (1 - a) / n;
-      if (stats.defined()) m[kk] += a / n;
+      const double* a = stats.defined() ? s64.data<double>() + r * ns : nullptr;
+      for (int64_t j = 0; j < kk; ++j)
+        m[j] += p64.data<double>()[r * kk + j] * (a ? a[0] : 1.0) / n;
+      for (int64_t j = 0; j < mm; ++j) m[kk + j] += a[1 + j] / n;
     }
     return m;
   };

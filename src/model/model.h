@@ -20,10 +20,11 @@ namespace attnres::model {
 // Saved tensors of one sublayer (attention or MLP).
 //
 // AttnRes modes run the depth Mix in two phases (kernels/mix.h): the
-// consecutive sublayers of one block inside one chunk form a group whose
-// first sublayer (the leader) runs phase 1 for all of them, over the
-// completed blocks; each sublayer past its block's first then merges with the
-// block's partial sum. The leader keeps the group's phase-1 record.
+// consecutive sublayers of one Mix group (ModelConfig::mix_group_size) inside
+// one chunk form a group whose first sublayer (the leader) runs phase 1 for
+// all of them, over the sources that existed when the Mix group started; each
+// sublayer with recent sources (added since) then merges them in. The leader
+// keeps the group's phase-1 record.
 struct SublayerActs {
   // Group leader: the completed sources read, their RMS stats, the softmax
   // weights [Q, N, k], and dL/dlse [Q, N] (rows of merging sublayers are
@@ -32,10 +33,12 @@ struct SublayerActs {
   std::vector<Tensor> mix_sources, mix_rstd;
   Tensor mix_probs, mix_dlse;
   // Every AttnRes sublayer: its phase-1 output o; with a merge, also its
-  // lse [N] (a row of the leader's), the partial sum p it merged with, the
-  // merge + norm statistics {a, rstd_p, rstd_x} [N, 3] and its row of the
-  // leader's dlse (x and norm_rstd stay undefined: the merge op normalises).
-  Tensor mix_o, mix_lse, mix_partial, mix_stats, mix_dlse_row;
+  // lse [N] (a row of the leader's), the m recent sources it merged (later
+  // sources, then the partial sum), the merge + norm statistics [N, 2m + 2]
+  // and its row of the leader's dlse (x and norm_rstd stay undefined: the
+  // merge op normalises).
+  std::vector<Tensor> mix_recent;
+  Tensor mix_o, mix_lse, mix_stats, mix_dlse_row;
   Tensor d_o;         // backward: dL/do, for the leader's phase-1 backward
   Tensor x;           // sublayer input (phase-1 output, or the baseline stream)
   Tensor norm_rstd;   // RMSNorm statistics of x
@@ -145,6 +148,10 @@ class Model {
                          int64_t B, int64_t T, DecodeCache* cache = nullptr) const;
   // Phase 1 of the group g[0..Q) (sublayers s, s + 1, ...) over st's completed sources.
   void mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState& st) const;
+  // Sublayer s's sources read by its Mix group's phase 1 (a prefix of the
+  // state's sources), and its recent sources, merged in phase 2.
+  int64_t phase1_sources(int64_t s) const;
+  int64_t recent_sources(int64_t s) const;
   void mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad);
   void sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
                         DecodeCache* cache = nullptr) const;

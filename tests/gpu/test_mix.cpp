@@ -321,43 +321,55 @@ void check_group(int64_t N, int64_t d, int64_t kk, int64_t Q, DType dt, uint64_t
   }
 }
 
-// The merge with a partial sum fused with RMSNorm, forward and backward,
-// against the CPU in F64.
-void check_merge(int64_t N, int64_t d, DType dt, uint64_t seed) {
-  INFO("N=" << N << " d=" << d << " " << dtype_name(dt));
+// The merge with m recent sources fused with RMSNorm, forward and backward,
+// against the CPU in F64. The recent sources' gradients start from random
+// values (they accumulate).
+void check_merge(int64_t N, int64_t d, int64_t m, DType dt, uint64_t seed) {
+  INFO("N=" << N << " d=" << d << " m=" << m << " " << dtype_name(dt));
   const double tol = gt::tol(dt);
-  Tensor o = gt::randn_f32({N, d}, seed), p = gt::randn_f32({N, d}, seed + 1, 1.5);
+  const int64_t ns = 2 * m + 2;
+  Tensor o = gt::randn_f32({N, d}, seed);
   Tensor w = gt::randn_f32({d}, seed + 2, 2.0 / std::sqrt(double(d)));
   Tensor g = gt::randn_f32({d}, seed + 6, 0.3);
   for (int64_t c = 0; c < d; ++c) g.data<float>()[c] += 1.0f;
   Tensor lse = gt::randn_f32({N}, seed + 3);
-  const Tensor o_d = gt::to_device(o, dt), p_d = gt::to_device(p, dt), w_d = gt::to_device(w, dt);
+  std::vector<Tensor> e, e_d, e64, de0, de_ref, de_d;
+  for (int64_t j = 0; j < m; ++j) {
+    e.push_back(gt::randn_f32({N, d}, seed + 10 + j, 1.5 + 0.25 * double(j)));
+    e_d.push_back(gt::to_device(e[j], dt));
+    e64.push_back(e[j].to(DType::F64));
+    de0.push_back(gt::randn_f32({N, d}, seed + 40 + j, 0.5));
+    de_ref.push_back(de0[j].to(DType::F64));
+    de_d.push_back(gt::to_device(de0[j], dt));
+  }
+  const Tensor o_d = gt::to_device(o, dt), w_d = gt::to_device(w, dt);
   const Tensor g_d = gt::to_device(g, dt), lse_d = lse.to(Device::CUDA);
-  const Tensor o64 = o.to(DType::F64), p64 = p.to(DType::F64), w64 = w.to(DType::F64);
-  const Tensor g64 = g.to(DType::F64);
-  Tensor u_ref = Tensor::empty({N, d}, DType::F64), st_ref = Tensor::empty({N, 3}, DType::F64);
-  k::mix_merge_norm_forward(u_ref, st_ref, w64, o64, lse.to(DType::F64), p64, g64, kMixEps);
-  Tensor u = gt::poisoned({N, d}, dt), st = gt::poisoned({N, 3}, DType::F32);
-  k::mix_merge_norm_forward(u, st, w_d, o_d, lse_d, p_d, g_d, kMixEps);
+  const Tensor o64 = o.to(DType::F64), w64 = w.to(DType::F64), g64 = g.to(DType::F64);
+  Tensor u_ref = Tensor::empty({N, d}, DType::F64), st_ref = Tensor::empty({N, ns}, DType::F64);
+  k::mix_merge_norm_forward(u_ref, st_ref, w64, o64, lse.to(DType::F64), e64, g64, kMixEps);
+  Tensor u = gt::poisoned({N, d}, dt), st = gt::poisoned({N, ns}, DType::F32);
+  k::mix_merge_norm_forward(u, st, w_d, o_d, lse_d, e_d, g_d, kMixEps);
   CHECK(gt::rel_l2(gt::to_host_f32(u), u_ref) < tol);
   CHECK(gt::rel_l2(st.to(Device::CPU), st_ref) < gt::kTolF32);
 
   // Backward from the CPU's stats (rounded to F32) on both sides.
   const Tensor st32 = st_ref.to(DType::F32);
-  Tensor du = gt::randn_f32({N, d}, seed + 4), dp0 = gt::randn_f32({N, d}, seed + 5, 0.5);
+  Tensor du = gt::randn_f32({N, d}, seed + 4);
   Tensor do_ref = Tensor::empty({N, d}, DType::F64), dlse_ref = Tensor::empty({N}, DType::F64);
-  Tensor dp_ref = dp0.to(DType::F64), dw_ref = Tensor::zeros({d}, DType::F64);
-  Tensor dg_ref = Tensor::zeros({d}, DType::F64);
-  k::mix_merge_norm_backward(do_ref, dlse_ref, dp_ref, dw_ref, dg_ref, du.to(DType::F64), w64, o64,
-                             p64, g64, st32.to(DType::F64));
+  Tensor dw_ref = Tensor::zeros({d}, DType::F64), dg_ref = Tensor::zeros({d}, DType::F64);
+  k::mix_merge_norm_backward(do_ref, dlse_ref, de_ref, dw_ref, dg_ref, du.to(DType::F64), w64,
+                             o64, e64, g64, st32.to(DType::F64));
   Tensor do_d = gt::poisoned({N, d}, dt), dlse_d = gt::poisoned({N}, DType::F32);
-  Tensor dp_d = gt::to_device(dp0, dt), dw_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
+  Tensor dw_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
   Tensor dg_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
-  k::mix_merge_norm_backward(do_d, dlse_d, dp_d, dw_d, dg_d, gt::to_device(du, dt), w_d, o_d, p_d,
+  k::mix_merge_norm_backward(do_d, dlse_d, de_d, dw_d, dg_d, gt::to_device(du, dt), w_d, o_d, e_d,
                              g_d, st32.to(Device::CUDA));
   CHECK(gt::rel_l2(gt::to_host_f32(do_d), do_ref) < tol);
   CHECK(gt::rel_l2(dlse_d.to(Device::CPU), dlse_ref) < (dt == DType::BF16 ? tol : 1e-5));
-  CHECK(gt::rel_l2(gt::to_host_f32(dp_d), dp_ref) < tol);
+  for (int64_t j = 0; j < m; ++j) {
+    INFO("recent source " << j);
+    CHECK(gt::rel_l2(gt::to_host_f32(de_d[j]), de_ref[j]) < tol);
+  }
   CHECK(gt::rel_l2(dw_d.to(Device::CPU), dw_ref) < (dt == DType::BF16 ? tol : 1e-5));
   CHECK(gt::rel_l2(dg_d.to(Device::CPU), dg_ref) < (dt == DType::BF16 ? tol : 1e-5));
 }
@@ -374,9 +386,12 @@ TEST_CASE("cuda mix with Q queries (phase 1) matches the CPU", "[gpu][mix]") {
 
 TEST_CASE("cuda mix merge + rmsnorm (phase 2) matches the CPU", "[gpu][mix]") {
   uint64_t seed = 80000;
-  // warp rows, block rows, d not a multiple of 8; N = 20000 spans more rows
-  // than the backward's grid, so groups take several rows each.
+  // warp rows, block rows, d not a multiple of 8; one recent source (Block
+  // AttnRes's partial) and several (a Full AttnRes group). N = 20000 spans
+  // more rows than the backward's grid, so groups take several rows each.
   for (int64_t d : {int64_t(36), int64_t(768), int64_t(4100)})
-    for (DType dt : {DType::F32, DType::BF16}) check_merge(257, d, dt, seed += 100);
-  check_merge(20000, 768, DType::BF16, seed += 100);
+    for (int64_t m : {int64_t(1), int64_t(5)})
+      for (DType dt : {DType::F32, DType::BF16}) check_merge(257, d, m, dt, seed += 100);
+  check_merge(20000, 768, 1, DType::BF16, seed += 100);
+  check_merge(20000, 768, 6, DType::BF16, seed += 100);
 }

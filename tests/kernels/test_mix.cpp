@@ -234,14 +234,15 @@ GroupOut mix_group(const std::vector<Tensor>& ws, const std::vector<Tensor>& src
 }
 
 // The two-phase Mix of one sublayer and its RMSNorm: phase 1 over src, then
-// the merge with p fused with the norm (gain g); returns u.
-Tensor two_phase(const Tensor& w, const std::vector<Tensor>& src, const Tensor& p, const Tensor& g,
-                 Tensor* stats, GroupOut* g1 = nullptr) {
-  const int64_t N = p.dim(0), d = p.dim(1);
+// the merge with the recent sources fused with the norm (gain g); returns u.
+Tensor two_phase(const Tensor& w, const std::vector<Tensor>& src,
+                 const std::vector<Tensor>& recent, const Tensor& g, Tensor* stats,
+                 GroupOut* g1 = nullptr) {
+  const int64_t N = src[0].dim(0), d = src[0].dim(1), m = static_cast<int64_t>(recent.size());
   GroupOut grp = mix_group({w}, src, rstds_of(src));
   Tensor u = Tensor::empty({N, d}, w.dtype());
-  Tensor st = Tensor::empty({N, 3}, w.dtype());
-  k::mix_merge_norm_forward(u, st, w, grp.outs[0], grp.lse.reshape({N}), p, g, kEps);
+  Tensor st = Tensor::empty({N, 2 * m + 2}, w.dtype());
+  k::mix_merge_norm_forward(u, st, w, grp.outs[0], grp.lse.reshape({N}), recent, g, kEps);
   if (stats) *stats = st;
   if (g1) *g1 = grp;
   return u;
@@ -306,35 +307,45 @@ TEST_CASE("mix with Q queries equals Q single-query calls bit for bit", "[kernel
 TEST_CASE("two-phase mix + norm equals the one-pass softmax over all sources, then RMSNorm",
           "[kernels]") {
   const int64_t N = 9, d = 12;
-  for (int64_t kk : {int64_t(1), int64_t(3)}) {
-    INFO("completed sources " << kk);
-    std::vector<Tensor> src = random_sources(kk + 1, N, d, 70 + kk);
-    const Tensor p = src.back();  // the partial sum: the last source
-    std::vector<Tensor> completed(src.begin(), src.end() - 1);
+  struct C { int64_t kk, m; };  // phase-1 sources, recent sources
+  for (const C& c : {C{1, 1}, C{3, 1}, C{2, 4}}) {
+    INFO("phase-1 sources " << c.kk << ", recent sources " << c.m);
+    const int64_t ns = 2 * c.m + 2;
+    std::vector<Tensor> src = random_sources(c.kk + c.m, N, d, 70 + c.kk);
+    std::vector<Tensor> first(src.begin(), src.begin() + c.kk);
+    std::vector<Tensor> recent(src.begin() + c.kk, src.end());
     const Tensor w = randn({d}, 80), g = randn({d}, 82);
     Tensor stats;
-    const Tensor u = two_phase(w, completed, p, g, &stats);
+    const Tensor u = two_phase(w, first, recent, g, &stats);
     const OneNorm one = one_pass_norm(w, src, g);
     REQUIRE(max_rel_diff(u, one.u, 1e-9) < 1e-12);
-    for (int64_t n = 0; n < N; ++n) {  // a = the partial's softmax weight; rstd of x
-      REQUIRE(at(stats, 3 * n) == Approx(at(one.m.probs, n * (kk + 1) + kk)).epsilon(1e-12));
-      REQUIRE(at(stats, 3 * n + 2) == Approx(at(one.rstd, n)).epsilon(1e-12));
+    const int64_t kt = c.kk + c.m;
+    for (int64_t n = 0; n < N; ++n) {
+      // a_0 = the phase-1 sources' total weight, a_j = recent source j's; rstd of x
+      double a0 = 0;
+      for (int64_t j = 0; j < c.kk; ++j) a0 += at(one.m.probs, n * kt + j);
+      REQUIRE(at(stats, ns * n) == Approx(a0).epsilon(1e-12));
+      for (int64_t j = 0; j < c.m; ++j)
+        REQUIRE(at(stats, ns * n + 1 + j) ==
+                Approx(at(one.m.probs, n * kt + c.kk + j)).epsilon(1e-12));
+      REQUIRE(at(stats, ns * n + ns - 1) == Approx(at(one.rstd, n)).epsilon(1e-12));
     }
 
     // Gradients of the composite (phase-1 backward fed by the merge's d_o
     // and dlse) against the one-pass RMSNorm + Mix backward.
     const Tensor wt = randn({N, d}, 81);
     GroupOut grp;
-    two_phase(w, completed, p, g, &stats, &grp);
-    std::vector<Tensor> rs = rstds_of(completed);
+    two_phase(w, first, recent, g, &stats, &grp);
+    std::vector<Tensor> rs = rstds_of(first);
     Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({1, N}, DType::F64);
-    Tensor dp = Tensor::zeros({N, d}, DType::F64), dw = Tensor::zeros({d}, DType::F64);
-    Tensor dg = Tensor::zeros({d}, DType::F64);
+    std::vector<Tensor> drecent = zeros_like(recent);
+    Tensor dw = Tensor::zeros({d}, DType::F64), dg = Tensor::zeros({d}, DType::F64);
     Tensor dlse_row = dlse.reshape({N});
-    k::mix_merge_norm_backward(d_o, dlse_row, dp, dw, dg, wt, w, grp.outs[0], p, g, stats);
-    std::vector<Tensor> dsrc = zeros_like(completed);
+    k::mix_merge_norm_backward(d_o, dlse_row, drecent, dw, dg, wt, w, grp.outs[0], recent, g,
+                               stats);
+    std::vector<Tensor> dsrc = zeros_like(first);
     std::vector<Tensor> dws{dw}, douts{d_o}, qs{w};
-    k::mix_backward(dsrc, dws, douts, &dlse, qs, completed, rs, grp.probs);
+    k::mix_backward(dsrc, dws, douts, &dlse, qs, first, rs, grp.probs);
 
     Tensor dx = Tensor::zeros({N, d}, DType::F64), dg1 = Tensor::zeros({d}, DType::F64);
     k::rmsnorm_backward(dx, &dg1, wt, one.m.out, one.rstd, &g);
@@ -343,33 +354,47 @@ TEST_CASE("two-phase mix + norm equals the one-pass softmax over all sources, th
     k::mix_backward(dsrc1, dw1, dx, w, src, rstds_of(src), one.m.probs);
     REQUIRE(max_rel_diff(dg, dg1, 1e-9) < 1e-10);
     REQUIRE(max_rel_diff(dw, dw1, 1e-9) < 1e-10);
-    REQUIRE(max_rel_diff(dp, dsrc1.back(), 1e-9) < 1e-10);
-    for (int64_t j = 0; j < kk; ++j) REQUIRE(max_rel_diff(dsrc[j], dsrc1[j], 1e-9) < 1e-10);
+    for (int64_t j = 0; j < c.m; ++j)
+      REQUIRE(max_rel_diff(drecent[j], dsrc1[c.kk + j], 1e-9) < 1e-10);
+    for (int64_t j = 0; j < c.kk; ++j) REQUIRE(max_rel_diff(dsrc[j], dsrc1[j], 1e-9) < 1e-10);
   }
 }
 
 TEST_CASE("mix merge + norm backward matches finite differences", "[kernels]") {
   const int64_t N = 6, d = 10;
-  Tensor o = randn({N, d}, 90), p = randn({N, d}, 91, DType::F64, 1.7);
-  Tensor lse = randn({N}, 92), w = randn({d}, 93), wt = randn({N, d}, 94), g = randn({d}, 96);
-  auto merge = [&] {
-    Tensor u = Tensor::empty({N, d}, DType::F64), st = Tensor::empty({N, 3}, DType::F64);
-    k::mix_merge_norm_forward(u, st, w, o, lse, p, g, kEps);
-    return std::make_pair(u, st);
-  };
-  auto loss = [&] { return weighted_sum(merge().first, wt); };
-  const Tensor stats = merge().second;
-  // dp accumulates: start it from random values and subtract them after.
-  const Tensor dp0 = randn({N, d}, 95);
-  Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({N}, DType::F64);
-  Tensor dp = dp0.clone(), dw = Tensor::zeros({d}, DType::F64), dg = Tensor::zeros({d}, DType::F64);
-  k::mix_merge_norm_backward(d_o, dlse, dp, dw, dg, wt, w, o, p, g, stats);
-  for (int64_t i = 0; i < dp.numel(); ++i) set(dp, i, at(dp, i) - at(dp0, i));
-  REQUIRE(fd_check(o, d_o, loss, kH, kFloor) < 1e-6);
-  REQUIRE(fd_check(lse, dlse, loss, kH, kFloor) < 1e-6);
-  REQUIRE(fd_check(p, dp, loss, kH, kFloor) < 1e-6);
-  REQUIRE(fd_check(w, dw, loss, kH, kFloor) < 1e-6);
-  REQUIRE(fd_check(g, dg, loss, kH, kFloor) < 1e-6);
+  for (int64_t m : {int64_t(1), int64_t(3)}) {
+    INFO("recent sources " << m);
+    std::vector<Tensor> e;
+    for (int64_t j = 0; j < m; ++j) e.push_back(randn({N, d}, 91 + 10 * j, DType::F64, 1.7));
+    Tensor o = randn({N, d}, 90), lse = randn({N}, 92), w = randn({d}, 93);
+    Tensor wt = randn({N, d}, 94), g = randn({d}, 96);
+    auto merge = [&] {
+      Tensor u = Tensor::empty({N, d}, DType::F64);
+      Tensor st = Tensor::empty({N, 2 * m + 2}, DType::F64);
+      k::mix_merge_norm_forward(u, st, w, o, lse, e, g, kEps);
+      return std::make_pair(u, st);
+    };
+    auto loss = [&] { return weighted_sum(merge().first, wt); };
+    const Tensor stats = merge().second;
+    // The recent sources' gradients accumulate: start them from random
+    // values and subtract those after.
+    std::vector<Tensor> de0, de;
+    for (int64_t j = 0; j < m; ++j) {
+      de0.push_back(randn({N, d}, 95 + 10 * j));
+      de.push_back(de0[j].clone());
+    }
+    Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({N}, DType::F64);
+    Tensor dw = Tensor::zeros({d}, DType::F64), dg = Tensor::zeros({d}, DType::F64);
+    k::mix_merge_norm_backward(d_o, dlse, de, dw, dg, wt, w, o, e, g, stats);
+    REQUIRE(fd_check(o, d_o, loss, kH, kFloor) < 1e-6);
+    REQUIRE(fd_check(lse, dlse, loss, kH, kFloor) < 1e-6);
+    for (int64_t j = 0; j < m; ++j) {
+      for (int64_t i = 0; i < de[j].numel(); ++i) set(de[j], i, at(de[j], i) - at(de0[j], i));
+      REQUIRE(fd_check(e[j], de[j], loss, kH, kFloor) < 1e-6);
+    }
+    REQUIRE(fd_check(w, dw, loss, kH, kFloor) < 1e-6);
+    REQUIRE(fd_check(g, dg, loss, kH, kFloor) < 1e-6);
+  }
 }
 
 TEST_CASE("mix backward's lse gradient matches finite differences", "[kernels]") {
@@ -432,4 +457,22 @@ TEST_CASE("mix rejects bad arguments", "[kernels]") {
   Tensor rstd = Tensor::empty({N + 1}, DType::F64);
   REQUIRE_THROWS_WITH(k::mix_source_rstd(rstd, src[0], kEps),
                       Catch::Contains("mix_source_rstd: rstd has shape [5], expected [4]"));
+
+  // The merge: stats [N, 2m + 2] for m recent sources, m >= 1, one gradient each.
+  Tensor u = Tensor::empty({N, d}, DType::F64), lse = randn({N}, 65), g = randn({d}, 66);
+  Tensor stats = Tensor::empty({N, 6}, DType::F64);
+  REQUIRE_NOTHROW(k::mix_merge_norm_forward(u, stats, w, out, lse, src, g, kEps));
+  REQUIRE_THROWS_WITH(k::mix_merge_norm_forward(u, stats, w, out, lse, none, g, kEps),
+                      Catch::Contains("mix_merge_norm_forward: needs at least one recent source"));
+  Tensor stats3 = Tensor::empty({N, 3}, DType::F64);
+  REQUIRE_THROWS_WITH(k::mix_merge_norm_forward(u, stats3, w, out, lse, src, g, kEps),
+                      Catch::Contains("stats has shape [4, 3], expected [4, 6]"));
+  REQUIRE_THROWS_WITH(k::mix_merge_norm_forward(u, stats, w, out, lse, bad_src, g, kEps),
+                      Catch::Contains("recent[1] has shape [4, 7], expected [4, 6]"));
+  Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({N}, DType::F64);
+  Tensor dg = Tensor::zeros({d}, DType::F64);
+  REQUIRE_NOTHROW(k::mix_merge_norm_backward(d_o, dlse, dsrc, dw, dg, dout, w, out, src, g, stats));
+  REQUIRE_THROWS_WITH(
+      k::mix_merge_norm_backward(d_o, dlse, dsrc1, dw, dg, dout, w, out, src, g, stats),
+      Catch::Contains("mix_merge_norm_backward: 2 recent sources but 1 gradients"));
 }

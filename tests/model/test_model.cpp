@@ -31,6 +31,8 @@ std::vector<Case> cases() {
       {"block n_blocks=2 of 6 sublayers", tiny(ResidualMode::Block, 0, 2, false, 3)},
       {"block S=4 = all sublayers", tiny(ResidualMode::Block, 4)},
       {"full, tied embeddings", tiny(ResidualMode::Full, 0, 0, true)},
+      {"full, 5 layers (Mix groups of 4: up to 3 recent sources)",
+       tiny(ResidualMode::Full, 0, 0, false, 5)},
       {"baseline, tied embeddings", tiny(ResidualMode::Baseline, 0, 0, true)},
   };
 }
@@ -48,6 +50,13 @@ TEST_CASE("block sizes and final source counts follow MODEL.md", "[model]") {
   CHECK(c.resolved_block_size() == 7);  // ceil(54 / 8)
   CHECK(tiny(ResidualMode::Full).resolved_block_size() == 1);
   CHECK(tiny(ResidualMode::Full).final_sources() == 5);  // e + 4 sublayer outputs
+  // Mix groups: the block, or ceil(sqrt(2L)) sublayers for Full AttnRes
+  CHECK(tiny(ResidualMode::Block, 3).mix_group_size() == 3);
+  CHECK(tiny(ResidualMode::Full).mix_group_size() == 2);
+  CHECK(tiny(ResidualMode::Full, 0, 0, false, 5).mix_group_size() == 4);
+  CHECK(tiny(ResidualMode::Full, 0, 0, false, 12).mix_group_size() == 5);
+  CHECK(tiny(ResidualMode::Full, 0, 0, false, 24).mix_group_size() == 7);
+  CHECK(tiny(ResidualMode::Baseline).mix_group_size() == 0);
   CHECK(tiny(ResidualMode::Block, 3).final_sources() == 3);  // e, b_1, partial
 }
 
@@ -101,9 +110,12 @@ TEST_CASE("depth attention weights: one row per Mix over its sources, each summi
     std::vector<size_t> sizes;  // sources per sublayer, then the final Mix
   };
   // Block S = 3 over 4 sublayers: [e] | [e, p] | [e, p] | [e, b_1] | final [e, b_1, p].
-  // Full: sublayer s reads e and the s earlier outputs; the final Mix all 5.
+  // Full: sublayer s reads e and the s earlier outputs; the final Mix all 5
+  // (with 5 layers, Mix groups of 4: phase-1 weights, then the recent ones).
   for (const Want& w : {Want{tiny(ResidualMode::Block, 3), {1, 2, 2, 2, 3}},
-                        Want{tiny(ResidualMode::Full), {1, 2, 3, 4, 5}}}) {
+                        Want{tiny(ResidualMode::Full), {1, 2, 3, 4, 5}},
+                        Want{tiny(ResidualMode::Full, 0, 0, false, 5),
+                             {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}}}) {
     model::Model m(w.cfg, DType::F64);
     randomize(m.params(), 7);
     const int64_t B = 2, T = 6;

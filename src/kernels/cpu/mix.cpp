@@ -158,48 +158,66 @@ void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, cons
     }
 }
 
+// The merge is the online softmax of math::OnlineSoftmax started from
+// phase 1's state (max lse, sum 1, accumulator o), the same recurrence as the
+// CUDA kernel.
 template <typename T>
-void mix_merge_norm_forward(T* u, T* stats, const T* w, const T* o, const T* lse, const T* p,
-                            const T* gain, int64_t N, int64_t d, T eps) {
-#pragma omp parallel if (N * d >= kParallelMin)
+void mix_merge_norm_forward(T* u, T* stats, const T* w, const T* o, const T* lse,
+                            const T* const* recent, int64_t m, const T* gain, int64_t N, int64_t d,
+                            T eps) {
+  const int64_t ns = 2 * m + 2;  // stats per row
+#pragma omp parallel if (N * d * (m + 1) >= kParallelMin)
   {
-    std::vector<T> x(static_cast<size_t>(d));
+    std::vector<T> x(static_cast<size_t>(d)), z(static_cast<size_t>(m));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const T* pn = p + n * d;
       const T* on = o + n * d;
       T* un = u + n * d;
-      const T rp = math::rstd_from_sum_sq(dot(pn, pn, d), d, eps);
-      const T a = math::sigmoid(dot(w, pn, d) * rp - lse[n]);  // the partial's softmax weight
-      const T b = T(1) - a;
+      T* st = stats + n * ns;
+      math::OnlineSoftmax<T> sm;
+      T weight;
+      sm.push(lse[n], weight);  // weight 1: the accumulator starts as o
+      std::copy(on, on + d, x.begin());
+      for (int64_t j = 0; j < m; ++j) {
+        const T* e = recent[j] + n * d;
+        const T r = math::rstd_from_sum_sq(dot(e, e, d), d, eps);
+        z[j] = dot(w, e, d) * r;
+        st[m + 1 + j] = r;
+        const T scale = sm.push(z[j], weight);
 #pragma omp simd
-      for (int64_t c = 0; c < d; ++c) x[c] = b * on[c] + a * pn[c];
+        for (int64_t c = 0; c < d; ++c) x[c] = x[c] * scale + weight * e[c];
+      }
+      const T inv = T(1) / sm.l;
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) x[c] *= inv;
       const T rx = math::rstd_from_sum_sq(dot(x.data(), x.data(), d), d, eps);
 #pragma omp simd
       for (int64_t c = 0; c < d; ++c) un[c] = x[c] * rx * gain[c];
-      stats[3 * n] = a;
-      stats[3 * n + 1] = rp;
-      stats[3 * n + 2] = rx;
+      st[0] = std::exp(lse[n] - sm.m) * inv;
+      for (int64_t j = 0; j < m; ++j) st[1 + j] = std::exp(z[j] - sm.m) * inv;
+      st[ns - 1] = rx;
     }
   }
 }
 
-// Per row, with x = (1 - a) o + a p recomputed, r = rstd_x, z = rstd_p (w . p):
-//   RMSNorm:  dx     = r g du - x r^3 (sum_k du_k g_k x_k) / d,   dgain += du x r
-//   merge:    d_o    = (1 - a) dx
-//             dz     = a (1 - a) dx . (p - o),   dlse = -dz
-//             dp    += a dx + dz (rstd_p w - (w . p) rstd_p^3 p / d)
-//             dw    += dz rstd_p p
+// Per row, with x = a_0 o + sum_j a_j e_j recomputed, r = rstd_x, r_j = rstd_j:
+//   RMSNorm:  dx      = r g du - x r^3 (sum_c du_c g_c x_c) / d,   dgain += du x r
+//   merge:    s_0 = dx . o, s_j = dx . e_j, s = sum_{i=0..m} a_i s_i (= dx . x)
+//             d_o     = a_0 dx,   dlse = a_0 (s_0 - s)        (softmax backward)
+//             dz_j    = a_j (s_j - s)
+//             de_j   += a_j dx + dz_j r_j w - dz_j r_j^3 (w . e_j) e_j / d
+//             dw     += dz_j r_j e_j
 template <typename T>
-void mix_merge_norm_backward(T* d_o, T* dlse, T* dp, T* dw, T* dgain, const T* du, const T* w,
-                             const T* o, const T* p, const T* gain, const T* stats, int64_t N,
-                             int64_t d) {
-  const int64_t n_chunks = (N + kRowChunk - 1) / kRowChunk;
+void mix_merge_norm_backward(T* d_o, T* dlse, T* const* drecent, T* dw, T* dgain, const T* du,
+                             const T* w, const T* o, const T* const* recent, int64_t m,
+                             const T* gain, const T* stats, int64_t N, int64_t d) {
+  const int64_t n_chunks = (N + kRowChunk - 1) / kRowChunk, ns = 2 * m + 2;
   // Per chunk: a row of dw partials, then a row of dgain partials (double).
   std::vector<double> partial(static_cast<size_t>(n_chunks * 2 * d), 0.0);
-#pragma omp parallel if (N * d >= kParallelMin)
+#pragma omp parallel if (N * d * (m + 1) >= kParallelMin)
   {
     std::vector<T> x(static_cast<size_t>(d)), dx(static_cast<size_t>(d));
+    std::vector<T> sj(static_cast<size_t>(m)), we(static_cast<size_t>(m));
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < n_chunks; ++ch) {
       double* pw = partial.data() + ch * 2 * d;
@@ -208,37 +226,50 @@ void mix_merge_norm_backward(T* d_o, T* dlse, T* dp, T* dw, T* dgain, const T* d
       for (int64_t n = ch * kRowChunk; n < row_end; ++n) {
         const T* dun = du + n * d;
         const T* on = o + n * d;
-        const T* pn = p + n * d;
-        T* don = d_o + n * d;
-        T* dpn = dp + n * d;
-        const T a = stats[3 * n], rp = stats[3 * n + 1], r = stats[3 * n + 2];
-        const T b = T(1) - a;
-        T gdot = 0;  // sum_k du_k g_k x_k
-#pragma omp simd reduction(+ : gdot)
-        for (int64_t c = 0; c < d; ++c) {
-          x[c] = b * on[c] + a * pn[c];
-          gdot += dun[c] * gain[c] * x[c];
+        const T* st = stats + n * ns;
+        const T a0 = st[0], r = st[ns - 1];
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) x[c] = a0 * on[c];
+        for (int64_t j = 0; j < m; ++j) {
+          const T* e = recent[j] + n * d;
+          const T aj = st[1 + j];
+#pragma omp simd
+          for (int64_t c = 0; c < d; ++c) x[c] += aj * e[c];
         }
+        T gdot = 0;  // sum_c du_c g_c x_c
+#pragma omp simd reduction(+ : gdot)
+        for (int64_t c = 0; c < d; ++c) gdot += dun[c] * gain[c] * x[c];
         const T c3 = r * r * r * gdot / T(d);
-        T wp = 0, dxp = 0, dxo = 0;
-#pragma omp simd reduction(+ : wp, dxp, dxo)
+        T s0 = 0;
+#pragma omp simd reduction(+ : s0)
         for (int64_t c = 0; c < d; ++c) {
           dx[c] = r * gain[c] * dun[c] - c3 * x[c];
           pg[c] += static_cast<double>(dun[c] * x[c] * r);
-          wp += w[c] * pn[c];
-          dxp += dx[c] * pn[c];
-          dxo += dx[c] * on[c];
+          s0 += dx[c] * on[c];
         }
-        const T dz = a * b * (dxp - dxo);
-        dlse[n] = -dz;
-        const T cw = dz * rp;                          // coefficient of w
-        const T cp = -dz * rp * rp * rp * wp / T(d);   // coefficient of p (through rstd_p)
+        T s = a0 * s0;
+        for (int64_t j = 0; j < m; ++j) {
+          const T* e = recent[j] + n * d;
+          sj[j] = dot(dx.data(), e, d);
+          we[j] = dot(w, e, d);
+          s += st[1 + j] * sj[j];
+        }
+        dlse[n] = a0 * (s0 - s);
+        T* don = d_o + n * d;
 #pragma omp simd
-        for (int64_t c = 0; c < d; ++c) {
-          const T g = dx[c], pv = pn[c];
-          don[c] = b * g;
-          dpn[c] += a * g + cw * w[c] + cp * pv;
-          pw[c] += static_cast<double>(cw * pv);
+        for (int64_t c = 0; c < d; ++c) don[c] = a0 * dx[c];
+        for (int64_t j = 0; j < m; ++j) {
+          const T* e = recent[j] + n * d;
+          T* de = drecent[j] + n * d;
+          const T aj = st[1 + j], rj = st[m + 1 + j];
+          const T dz = aj * (sj[j] - s);
+          const T cw = dz * rj;                           // coefficient of w
+          const T ce = -dz * rj * rj * rj * we[j] / T(d);  // coefficient of e_j (through rstd_j)
+#pragma omp simd
+          for (int64_t c = 0; c < d; ++c) {
+            de[c] += aj * dx[c] + cw * w[c] + ce * e[c];
+            pw[c] += static_cast<double>(cw * e[c]);
+          }
         }
       }
     }
@@ -261,10 +292,12 @@ void mix_merge_norm_backward(T* d_o, T* dlse, T* dp, T* dw, T* dgain, const T* d
   template void mix_backward<T>(T* const*, T* const*, const T* const*, const T*,               \
                                 const T* const*, int64_t, const T* const*, const T* const*,    \
                                 const T*, int64_t, int64_t, int64_t);                          \
-  template void mix_merge_norm_forward<T>(T*, T*, const T*, const T*, const T*, const T*,    \
-                                          const T*, int64_t, int64_t, T);                      \
-  template void mix_merge_norm_backward<T>(T*, T*, T*, T*, T*, const T*, const T*, const T*,  \
-                                           const T*, const T*, const T*, int64_t, int64_t);
+  template void mix_merge_norm_forward<T>(T*, T*, const T*, const T*, const T*,               \
+                                          const T* const*, int64_t, const T*, int64_t, int64_t, \
+                                          T);                                                  \
+  template void mix_merge_norm_backward<T>(T*, T*, T* const*, T*, T*, const T*, const T*,       \
+                                           const T*, const T* const*, int64_t, const T*,        \
+                                           const T*, int64_t, int64_t);
 ATTNRES_MIX_INSTANTIATE(float)
 ATTNRES_MIX_INSTANTIATE(double)
 #undef ATTNRES_MIX_INSTANTIATE

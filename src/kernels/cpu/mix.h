@@ -27,16 +27,18 @@ void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, cons
                   const T* const* ws, int64_t Q, const T* const* sources, const T* const* rstds,
                   const T* probs, int64_t N, int64_t d, int64_t k);
 
-// Phase 2 fused with RMSNorm: x = (1 - a) o + a p, a = sigmoid(w . p rstd_p -
-// lse), u = RMSNorm(x; gain); stats [N, 3] = {a, rstd_p, rstd_x}.
+// Phase 2 fused with RMSNorm over the m recent sources e_j: (a_0..a_m) =
+// softmax(lse, w . e_j rstd_j), x = a_0 o + sum_j a_j e_j, u = RMSNorm(x;
+// gain); stats [N, 2m + 2] = {a_0..a_m, rstd_1..rstd_m, rstd_x}.
 template <typename T>
-void mix_merge_norm_forward(T* u, T* stats, const T* w, const T* o, const T* lse, const T* p,
-                            const T* gain, int64_t N, int64_t d, T eps);
+void mix_merge_norm_forward(T* u, T* stats, const T* w, const T* o, const T* lse,
+                            const T* const* recent, int64_t m, const T* gain, int64_t N, int64_t d,
+                            T eps);
 
-// d_o, dlse written; dp, dw, dgain accumulated.
+// d_o, dlse written; drecent (may alias each other), dw, dgain accumulated.
 template <typename T>
-void mix_merge_norm_backward(T* d_o, T* dlse, T* dp, T* dw, T* dgain, const T* du, const T* w,
-                             const T* o, const T* p, const T* gain, const T* stats, int64_t N,
-                             int64_t d);
+void mix_merge_norm_backward(T* d_o, T* dlse, T* const* drecent, T* dw, T* dgain, const T* du,
+                             const T* w, const T* o, const T* const* recent, int64_t m,
+                             const T* gain, const T* stats, int64_t N, int64_t d);
 
 }  // namespace attnres::kernels::cpu

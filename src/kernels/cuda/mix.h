@@ -13,8 +13,9 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
                   const Tensor* dlse, Span<const Tensor> ws, Span<const Tensor> sources,
                   Span<const Tensor> rstds, const Tensor& probs);
 void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Tensor& o,
-                            const Tensor& lse, const Tensor& p, const Tensor& gain, float eps);
-void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Tensor& dp, Tensor& dw, Tensor& dgain,
-                             const Tensor& du, const Tensor& w, const Tensor& o, const Tensor& p,
-                             const Tensor& gain, const Tensor& stats);
+                            const Tensor& lse, Span<const Tensor> recent, const Tensor& gain,
+                            float eps);
+void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Tensor& dw,
+                             Tensor& dgain, const Tensor& du, const Tensor& w, const Tensor& o,
+                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats);
 }  // namespace attnres::kernels::cuda
