@@ -1,5 +1,6 @@
 // Shared test utilities: random tensors, finite differences, comparisons.
 #pragma once
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -59,6 +60,13 @@ inline void set(Tensor& t, int64_t i, double v) {
 }
 
 // Largest |a-b| / max(|a|, |b|, floor) over all elements.
+// Whether two tensors (on any device) hold the same bytes: bit-for-bit
+// equality, NaNs included.
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
 inline double max_rel_diff(const Tensor& a, const Tensor& b, double floor = 1e-6) {
   if (a.numel() != b.numel()) return INFINITY;
   double worst = 0;

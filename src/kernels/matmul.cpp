@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/common.h"
+#include "kernels/reduce.h"
 #include "kernels/cpu/matmul.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/matmul.h"
@@ -34,15 +35,18 @@ void matmul_dims(const char* op, const Tensor& x, const Tensor& w, int64_t& M, i
 
 }  // namespace
 
-void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
+void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* residual) {
   const char* op = "matmul_forward";
   int64_t M, N, K;
   matmul_dims(op, x, w, M, N, K);
   check_arg(op, "y", y, x, {M, N});
-  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_forward(y, x, w, accumulate));
+  if (residual) check_arg(op, "residual", *residual, x, {M, N});
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_forward(y, x, w, residual));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::matmul_forward<T>(y.data<T>(), x.data<T>(), w.data<T>(), M, N, K, accumulate);
+    const bool in_place = residual && residual->raw() == y.raw();
+    cpu::matmul_forward<T>(y.data<T>(), x.data<T>(), w.data<T>(), M, N, K, in_place);
+    if (residual && !in_place) add_(y, *residual);
   });
 }
 

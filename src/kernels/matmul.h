@@ -5,8 +5,12 @@
 
 namespace attnres::kernels {
 
-// y [M, N] = x [M, K] W[N, K]^T  (accumulate: y += ...)
-void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, bool accumulate = false);
+// y [M, N] = x [M, K] W[N, K]^T (+ residual [M, N]). The residual may be y
+// itself (accumulate) or another tensor: then on the GPU it is added in the
+// GEMM's epilogue (read once, one rounding) instead of by a separate pass.
+// On the CPU the product is rounded first and then added to, as by add_.
+void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w,
+                    const Tensor* residual = nullptr);
 
 // dx [M, K] += dy W (dx_store Set: dx = dy W); dw [N, K] += dy^T x. Either
 // gradient may be nullptr.

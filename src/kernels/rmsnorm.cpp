@@ -5,7 +5,6 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/rmsnorm.h"
-#include "kernels/reduce.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/rmsnorm.h"
 #endif
@@ -37,17 +36,6 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gai
     cpu::rmsnorm_forward<T>(y.data<T>(), rstd.data<T>(), x.data<T>(),
                             gain ? gain->data<T>() : nullptr, N, d, static_cast<T>(eps));
   });
-}
-
-void add_rmsnorm_forward(Tensor& x, Tensor& y, Tensor& rstd, const Tensor& b, const Tensor* gain,
-                         float eps) {
-  const char* op = "add_rmsnorm_forward";
-  check_forward(op, y, rstd, x, gain, eps);
-  check_arg(op, "b", b, x, x.shape());
-  ATTNRES_CUDA_DISPATCH(x, op, cuda::add_rmsnorm_forward(x, y, rstd, b, gain, eps));
-  // The CPU runs the two ops: the same code, so the same bits as unfused.
-  add_(x, b);
-  rmsnorm_forward(y, rstd, x, gain, eps);
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor* dgain, const Tensor& dy, const Tensor& x,

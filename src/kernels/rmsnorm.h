@@ -8,12 +8,6 @@ namespace attnres::kernels {
 // x, y [N, d]; rstd [N] (saved for backward); gain [d] or nullptr (no gain).
 void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gain, float eps);
 
-// The residual add fused with the RMSNorm that reads its result:
-// x += b (in place), then y = RMSNorm(x; gain), rstd saved. The same bits as
-// add_(x, b) followed by rmsnorm_forward, one pass less over the rows.
-void add_rmsnorm_forward(Tensor& x, Tensor& y, Tensor& rstd, const Tensor& b, const Tensor* gain,
-                         float eps);
-
 // dx [N, d] += dL/dx (dx_store Set: dx = dL/dx); dgain [d] += dL/dgain (if
 // both gain and dgain are given).
 void rmsnorm_backward(Tensor& dx, Tensor* dgain, const Tensor& dy, const Tensor& x,

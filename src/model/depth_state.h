@@ -14,10 +14,6 @@ namespace attnres::model {
 
 struct DepthState {
   Tensor hidden;                     // baseline only, [N, d]
-  // Baseline, inside a run of sublayers only: the last sublayer's output, not
-  // yet added to `hidden` (the next sublayer adds it in its fused add +
-  // RMSNorm). Undefined whenever the state leaves Model::sublayers_forward.
-  Tensor pending;
   std::vector<Tensor> sources;       // attnres: b_0 .. b_{n-1}, each [N, d]
   std::vector<Tensor> source_rstd;   // attnres: RMS statistics of each source, [N]
   Tensor partial;                    // attnres: current block's partial sum, or undefined

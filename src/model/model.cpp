@@ -55,6 +55,9 @@ std::string mix_query_name(int64_t s) {
 }
 }  // namespace
 
+const Param& Model::out_proj_of(int64_t s) const {
+  return p(sublayer_param(s, "self_attn.o_proj.weight", "mlp.down_proj.weight"));
+}
 const Param& Model::norm_gain(int64_t s) const { return p(norm_gain_name(s)); }
 Param& Model::norm_gain(int64_t s) { return p(norm_gain_name(s)); }
 const Param& Model::mix_query(int64_t s) const { return p(mix_query_name(s)); }
@@ -98,7 +101,7 @@ void Model::embed_backward(const Activations& acts, DepthGrad& g) {
 // ---------------------------------------------------------------------------
 
 void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
-                              DecodeCache* cache) const {
+                              DecodeCache* cache, const Tensor* residual) const {
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
   a.q = new_act(N, H * hd);
@@ -121,7 +124,7 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
     a.lse = new_stat({B, H, T});
     k::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd});
   }
-  k::matmul_forward(y, a.att, p(layer_param(l, "self_attn.o_proj.weight")).value);
+  k::matmul_forward(y, a.att, p(layer_param(l, "self_attn.o_proj.weight")).value, residual);
 }
 
 Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B,
@@ -150,7 +153,7 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
   return du;
 }
 
-void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const {
+void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const {
   const int64_t N = a.u.dim(0), F = cfg_.d_ff;
   a.gate = new_act(N, F);
   a.up = new_act(N, F);
@@ -158,7 +161,7 @@ void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const {
   k::matmul_forward(a.gate, a.u, p(layer_param(l, "mlp.gate_proj.weight")).value);
   k::matmul_forward(a.up, a.u, p(layer_param(l, "mlp.up_proj.weight")).value);
   k::swiglu_forward(a.h, a.gate, a.up);
-  k::matmul_forward(y, a.h, p(layer_param(l, "mlp.down_proj.weight")).value);
+  k::matmul_forward(y, a.h, p(layer_param(l, "mlp.down_proj.weight")).value, residual);
 }
 
 Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
@@ -252,11 +255,6 @@ void Model::sublayers_forward(int64_t s0, int64_t s1, DepthState& st,
       mix_phase1_forward(s, Span<SublayerActs>(subs.data() + (s - s0), size_t(end - s)), st);
     for (; s < end; ++s) sublayer_forward(s, st, subs[s - s0], B, T, cache);
   }
-  if (st.pending.defined()) {  // baseline: the chunk's last residual add
-    k::add_(st.pending, st.hidden);
-    st.hidden = st.pending;
-    st.pending = Tensor();
-  }
 }
 
 void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
@@ -280,14 +278,6 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     a.mix_stats = new_stat({N, 2 * m + 2});
     k::mix_merge_norm_forward(a.u, a.mix_stats, mix_query(s).value, a.mix_o, a.mix_lse,
                               a.mix_recent, gain, eps);
-  } else if (st.pending.defined()) {
-    // baseline: x_s = x_{s-1} + y_{s-1}, the add fused with this norm (y's
-    // buffer becomes the stream)
-    a.x = st.pending;
-    a.norm_rstd = new_stat({N});
-    k::add_rmsnorm_forward(a.x, a.u, a.norm_rstd, st.hidden, &gain, eps);
-    st.hidden = a.x;
-    st.pending = Tensor();
   } else {
     // baseline: the stream; AttnRes without recent sources: phase 1 saw them all
     a.x = cfg_.attnres() ? a.mix_o : st.hidden;
@@ -295,24 +285,31 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &gain, eps);
   }
 
-  Tensor y = new_act(N, d);
-  if (is_attn) attention_forward(l, a, y, B, T, cache);
-  else mlp_forward(l, a, y);
-  if (depth_stats_) {  // y_s itself, before its buffer becomes a running sum below
+  // f_s. Where y_s only ever enters a running sum (the baseline's stream
+  // x_{s+1} = x_s + y_s, a block's partial p + y_s), f_s's last projection
+  // adds it there itself (on the GPU in the GEMM's epilogue: no pass of its
+  // own); the old sum stays saved (the stream as a.x, p as a Mix source).
+  const Tensor* sum_into = !cfg_.attnres() ? &st.hidden : (i > 0 ? &st.partial : nullptr);
+  Tensor out = new_act(N, d);
+  if (is_attn) attention_forward(l, a, out, B, T, cache, sum_into);
+  else mlp_forward(l, a, out, sum_into);
+  if (depth_stats_) {
+    // y_s itself; where it went straight into a sum, computed again on the
+    // side (observing must not change what is computed)
+    Tensor y = out;
+    if (sum_into) {
+      y = new_act(N, d);
+      k::matmul_forward(y, is_attn ? a.att : a.h, out_proj_of(s).value);
+    }
     depth_stats_->output_sumsq.at(s) += k::sum_squares(y);
     depth_stats_->output_count.at(s) += static_cast<double>(y.numel());
   }
 
   if (!cfg_.attnres()) {
-    st.pending = y;  // x_{s+1} = x_s + y_s, added by the next norm (or at the chunk's end)
+    st.hidden = out;
     return;
   }
-  if (i == 0) {
-    st.partial = y;
-  } else {
-    k::add_(y, st.partial);  // new partial; the old one stays saved as a Mix source
-    st.partial = y;
-  }
+  st.partial = out;
   if (i == S - 1) {  // block complete: it becomes a source
     Tensor rstd = new_stat({N});
     k::mix_source_rstd(rstd, st.partial, eps);

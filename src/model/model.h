@@ -159,17 +159,19 @@ class Model {
   // of the stream (baseline); fills acts for the backward pass.
   Tensor final_norm(const DepthState& st, Activations& acts) const;
   void sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t B, int64_t T);
-  // f_s: from the sublayer input x to its output y (both [N, d]).
+  // f_s: from the sublayer input x to its output y (both [N, d]), plus
+  // `residual` when given (added by the last projection).
   void attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
-                         DecodeCache* cache) const;
+                         DecodeCache* cache, const Tensor* residual) const;
   // Backward of f_s from dy to du, the gradient of the normalised input u.
   Tensor attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B, int64_t T);
-  void mlp_forward(int64_t l, SublayerActs& a, Tensor& y) const;
+  void mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const;
   Tensor mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy);
   Tensor new_act(int64_t rows, int64_t cols) const;    // uninitialised activations
   Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
   Tensor new_stat(const Shape& shape) const;           // fp32 (fp64) statistics
   Tensor on_device(const Tensor& t) const;             // t, copied here if it lives elsewhere
+  const Param& out_proj_of(int64_t s) const;  // sublayer s's last projection (o_proj, down_proj)
   const Param& norm_gain(int64_t s) const;  // the RMSNorm gain of sublayer s
   Param& norm_gain(int64_t s);
   const Param& mix_query(int64_t s) const;  // the Mix query of sublayer s

@@ -44,11 +44,7 @@ inline Tensor poisoned(const Shape& shape, DType dtype) {
   return t;
 }
 
-// Whether two tensors (on any device) hold the same bytes.
-inline bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
+using testing::same_bits;  // (testing.h) any device
 
 // A random host F32 reference of `shape` and the same values on the device as
 // `dtype`; with `offset` the device tensor starts one element into its

@@ -39,7 +39,7 @@ void check_matmul(const MatmulCase& c, DType dt, uint64_t seed) {
   Tensor yref = Tensor::empty({c.M, c.N}, DType::F64);
   k::matmul_forward(yref, x64, w64);
   Tensor yacc_ref = y0.to(DType::F64);
-  k::matmul_forward(yacc_ref, x64, w64, /*accumulate=*/true);
+  k::matmul_forward(yacc_ref, x64, w64, &yacc_ref);
   Tensor dx_ref = dx0.to(DType::F64), dw_ref = dw0.to(DType::F64);
   k::matmul_backward(&dx_ref, &dw_ref, dy64, x64, w64);
 
@@ -48,8 +48,14 @@ void check_matmul(const MatmulCase& c, DType dt, uint64_t seed) {
   CHECK(gt::rel_l2(gt::to_host_f32(y), yref) < tol);
 
   Tensor yacc = y0d.clone();
-  k::matmul_forward(yacc, xd, wd, /*accumulate=*/true);
+  k::matmul_forward(yacc, xd, wd, &yacc);
   CHECK(gt::rel_l2(gt::to_host_f32(yacc), yacc_ref) < tol);
+  // A separate residual, read by the GEMM's epilogue: the same sum, written
+  // over poison, the residual untouched.
+  Tensor yres = gt::poisoned({c.M, c.N}, dt);
+  k::matmul_forward(yres, xd, wd, &y0d);
+  CHECK(gt::rel_l2(gt::to_host_f32(yres), yacc_ref) < tol);
+  CHECK(gt::same_bits(y0d, gt::to_device(y0, dt)));
 
   Tensor dx = dx0d.clone(), dw = dw0d.clone();
   k::matmul_backward(&dx, &dw, dyd, xd, wd);
@@ -122,7 +128,7 @@ TEST_CASE("cuda matmul takes row slices that are not 256-byte aligned", "[gpu][m
   }
 }
 
-TEST_CASE("cuda matmul with K = 0 writes zeros, or leaves y when accumulating", "[gpu][matmul]") {
+TEST_CASE("cuda matmul with K = 0 writes zeros, or the residual", "[gpu][matmul]") {
   const int64_t M = 5, N = 3;
   Tensor x = Tensor::empty({M, 0}, DType::F32, Device::CUDA);
   Tensor w = Tensor::empty({N, 0}, DType::F32, Device::CUDA);
@@ -132,8 +138,11 @@ TEST_CASE("cuda matmul with K = 0 writes zeros, or leaves y when accumulating", 
   for (int64_t i = 0; i < h.numel(); ++i) REQUIRE(h.data<float>()[i] == 0.0f);
   Tensor y0 = gt::randn_f32({M, N}, 30);
   Tensor yacc = y0.to(Device::CUDA);
-  k::matmul_forward(yacc, x, w, /*accumulate=*/true);
+  k::matmul_forward(yacc, x, w, &yacc);
   REQUIRE(gt::same_bits(yacc, y0));
+  Tensor yres = gt::poisoned({M, N}, DType::F32), r = y0.to(Device::CUDA);
+  k::matmul_forward(yres, x, w, &r);
+  REQUIRE(gt::same_bits(yres, y0));
 }
 
 TEST_CASE("cuda matmul is bitwise repeatable", "[gpu][matmul]") {

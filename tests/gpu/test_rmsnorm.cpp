@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "gpu_testing.h"
-#include "kernels/reduce.h"
 #include "kernels/rmsnorm.h"
 
 using namespace attnres;
@@ -100,35 +99,5 @@ TEST_CASE("cuda rmsnorm backward matches the CPU and repeats bit for bit", "[gpu
           if (!with_dgain) REQUIRE(same_bits(dg_gpu[0], dg0.host));
           REQUIRE(same_bits(dx_gpu[0], dx_gpu[1]));
           REQUIRE(same_bits(dg_gpu[0], dg_gpu[1]));
-        }
-}
-
-TEST_CASE("cuda add_rmsnorm_forward equals add_ then rmsnorm_forward, bit for bit",
-          "[gpu][rmsnorm]") {
-  const float eps = 1e-5f;
-  for (DType dt : {DType::F32, DType::BF16})
-    for (Size s : kSizes)
-      for (bool with_gain : {true, false})
-        for (bool offset : {false, true}) {
-          INFO(dtype_name(dt) << " N=" << s.N << " d=" << s.d << " gain=" << with_gain
-                              << " offset=" << offset);
-          Pair x = random_pair({s.N, s.d}, dt, 21, offset, 2.0);
-          Pair b = random_pair({s.N, s.d}, dt, 22, offset);
-          Pair g = random_pair({s.d}, dt, 23, offset);
-          const Tensor* gp = with_gain ? &g.dev : nullptr;
-          // Fused, on a copy of x.
-          Tensor x1 = poisoned_at({s.N, s.d}, dt, offset);
-          x1.copy_from(x.dev);
-          Tensor y1 = poisoned_at({s.N, s.d}, dt, offset), r1 = poisoned_at({s.N}, DType::F32, offset);
-          k::add_rmsnorm_forward(x1, y1, r1, b.dev, gp, eps);
-          // Unfused.
-          Tensor x2 = poisoned_at({s.N, s.d}, dt, offset);
-          x2.copy_from(x.dev);
-          k::add_(x2, b.dev);
-          Tensor y2 = poisoned_at({s.N, s.d}, dt, offset), r2 = poisoned_at({s.N}, DType::F32, offset);
-          k::rmsnorm_forward(y2, r2, x2, gp, eps);
-          REQUIRE(same_bits(x1, x2));
-          REQUIRE(same_bits(y1, y2));
-          REQUIRE(same_bits(r1, r2));
         }
 }

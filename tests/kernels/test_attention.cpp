@@ -36,10 +36,6 @@ double scaled_diff(const Tensor& a, const Tensor& b) {
   return num / den;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 struct Qkv {
   Tensor q, k, v;
 };

@@ -18,10 +18,6 @@ Tensor tokens_from(const std::vector<int32_t>& ids) {
   return Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())});
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 }  // namespace
 
 TEST_CASE("embedding forward gathers rows", "[kernels]") {

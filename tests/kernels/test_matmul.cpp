@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "kernels/matmul.h"
+#include "kernels/reduce.h"
 #include "testing.h"
 
 using namespace attnres;
@@ -36,9 +37,17 @@ TEST_CASE("matmul forward matches a triple loop; accumulate adds", "[kernels]") 
 
   Tensor y0 = randn({M, N}, 3);
   Tensor acc = y0.clone();
-  k::matmul_forward(acc, x, w, /*accumulate=*/true);
+  k::matmul_forward(acc, x, w, &acc);  // the residual is y itself: accumulate
   for (int64_t i = 0; i < acc.numel(); ++i)
     REQUIRE(at(acc, i) == Approx(at(y0, i) + at(ref, i)).epsilon(1e-13));
+  // A separate residual: the product rounded, then added (as add_), bit for
+  // bit, and the residual left as it was.
+  Tensor r = y0.clone(), yr = Tensor::empty({M, N}, DType::F64);
+  k::matmul_forward(yr, x, w, &r);
+  Tensor two_step = y.clone();
+  k::add_(two_step, y0);
+  REQUIRE(same_bits(yr, two_step));
+  REQUIRE(same_bits(r, y0));
 
   // Non-accumulating forward overwrites whatever was in y (even NaN).
   Tensor dirty = Tensor::empty({M, N}, DType::F64);

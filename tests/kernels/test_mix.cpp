@@ -40,10 +40,6 @@ double scaled_diff(const Tensor& a, const Tensor& b) {
   return num / den;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 std::vector<Tensor> random_sources(int64_t kk, int64_t N, int64_t d, uint64_t seed,
                                    DType dt = DType::F64) {
   std::vector<Tensor> v;

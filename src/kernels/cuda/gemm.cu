@@ -10,7 +10,7 @@
 // costs tens of microseconds of host time, more than a small GEMM takes on the
 // device, and a training step repeats the same few dozen shapes thousands of
 // times. So each distinct problem (shapes, strides, transposes, dtypes, beta,
-// pointer alignments) gets a Plan (descriptors + the chosen algorithm), built
+// pointer alignments, whether C is read from another buffer) gets a Plan (descriptors + the chosen algorithm), built
 // once and kept. Keeping the algorithm fixed per problem also keeps results
 // bit-identical from run to run.
 //
@@ -70,12 +70,12 @@ struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   bool trans_a, trans_b, beta_zero;
   DType ab, c;
-  uint32_t align_a, align_b, align_c;
+  uint32_t align_a, align_b, align_c, align_cin;  // align_cin: of C_in (= align_c in place)
   bool operator==(const Key& o) const {
     return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
            trans_a == o.trans_a && trans_b == o.trans_b && beta_zero == o.beta_zero &&
            ab == o.ab && c == o.c && align_a == o.align_a && align_b == o.align_b &&
-           align_c == o.align_c;
+           align_c == o.align_c && align_cin == o.align_cin;
   }
 };
 
@@ -89,7 +89,8 @@ struct KeyHash {
     mix(key.m), mix(key.n), mix(key.k), mix(key.lda), mix(key.ldb), mix(key.ldc);
     mix(key.trans_a | key.trans_b << 1 | key.beta_zero << 2);
     mix(static_cast<uint64_t>(key.ab) | static_cast<uint64_t>(key.c) << 8);
-    mix(key.align_a | uint64_t(key.align_b) << 16 | uint64_t(key.align_c) << 32);
+    mix(key.align_a | uint64_t(key.align_b) << 16 | uint64_t(key.align_c) << 32 |
+        uint64_t(key.align_cin) << 48);
     return static_cast<size_t>(h);
   }
 };
@@ -120,7 +121,7 @@ LayoutPtr make_layout(DType t, int64_t rows, int64_t cols, int64_t ld) {
 // algorithm the heuristic chose for it.
 struct Plan {
   DescPtr op;
-  LayoutPtr a, b, c;  // cuBLASLt's A (= our B), B (= our A), C = D
+  LayoutPtr a, b, c;  // cuBLASLt's A (= our B), B (= our A), C and D (one layout)
   cublasLtMatmulAlgo_t algo{};
 };
 
@@ -152,13 +153,13 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& key) {
   const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
-  // cuBLASLt's A/B are our B/A; C and D are the same buffer.
+  // cuBLASLt's A/B are our B/A; D is our C, C our C_in.
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_b, sizeof key.align_b));
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_a, sizeof key.align_a));
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_c, sizeof key.align_c));
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_cin, sizeof key.align_cin));
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof key.align_c));
 
@@ -188,7 +189,7 @@ class Lt {
     return lt;
   }
 
-  void run(const Key& key, const void* a, const void* b, float beta, void* c) {
+  void run(const Key& key, const void* a, const void* b, float beta, const void* c_in, void* c) {
     const Plan* plan = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);  // the map may be used from several host threads
@@ -198,7 +199,7 @@ class Lt {
     }
     const float alpha = 1.0f;
     ATTNRES_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op.get(), &alpha, b, plan->a.get(), a,
-                                        plan->b.get(), &beta, c, plan->c.get(), c, plan->c.get(),
+                                        plan->b.get(), &beta, c_in, plan->c.get(), c, plan->c.get(),
                                         &plan->algo, workspace_.raw(), kWorkspaceBytes, stream()));
   }
 
@@ -226,14 +227,23 @@ class Lt {
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, DType ab_type,
           const void* a, int64_t lda, const void* b, int64_t ldb, float beta, DType c_type,
-          void* c, int64_t ldc) {
+          void* c, int64_t ldc, const void* c_in) {
   ATTNRES_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative dims [", m, ", ", n, ", ", k, "]");
   ATTNRES_CHECK(beta == 0.0f || beta == 1.0f, "gemm: beta must be 0 or 1, got ", beta);
   ATTNRES_CHECK(ab_type == DType::F32 || ab_type == DType::BF16, "gemm: A/B must be F32 or BF16");
   ATTNRES_CHECK(c_type == ab_type || c_type == DType::F32, "gemm: C is ", dtype_name(c_type),
                 " for ", dtype_name(ab_type), " inputs");
+  if (c_in == nullptr) c_in = c;
+  ATTNRES_CHECK(c_in == c || beta == 1.0f, "gemm: a separate C_in is only read with beta = 1");
   if (m == 0 || n == 0) return;
   ATTNRES_CHECK(ldc >= n, "gemm: ldc ", ldc, " < n ", n);
+  if (k == 0 && c_in != c) {  // empty sum: C = C_in
+    const size_t es = dtype_size(c_type), pitch = static_cast<size_t>(ldc) * es;
+    ATTNRES_CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, static_cast<size_t>(n) * es,
+                                         static_cast<size_t>(m), cudaMemcpyDeviceToDevice,
+                                         stream()));
+    return;
+  }
   if (k == 0) {  // empty sum: C = beta C
     if (beta == 0.0f) {
       const size_t es = dtype_size(c_type);
@@ -247,8 +257,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, DType ab_
   ATTNRES_CHECK(ldb >= (trans_b ? k : n), "gemm: ldb ", ldb, " too small");
   const Key key{m,         n,           k,        lda,   ldb,  ldc,
                 trans_a,   trans_b,     beta == 0.0f,   ab_type, c_type,
-                alignment_of(a), alignment_of(b), alignment_of(c)};
-  Lt::get().run(key, a, b, beta, c);
+                alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(c_in)};
+  Lt::get().run(key, a, b, beta, c_in, c);
 }
 
 }  // namespace attnres::kernels::cuda

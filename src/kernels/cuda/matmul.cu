@@ -15,11 +15,12 @@
 
 namespace attnres::kernels::cuda {
 
-void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
+void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* residual) {
   const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
-  // y[M, N] = x[M, K] w[N, K]^T (K == 0: y = 0, or unchanged when accumulating)
-  gemm(false, true, M, N, K, x.dtype(), x.raw(), K, w.raw(), K, accumulate ? 1.0f : 0.0f,
-       y.dtype(), y.raw(), N);
+  // y[M, N] = x[M, K] w[N, K]^T + residual, the residual read by the epilogue
+  // (K == 0: y = 0, or the residual)
+  gemm(false, true, M, N, K, x.dtype(), x.raw(), K, w.raw(), K, residual ? 1.0f : 0.0f,
+       y.dtype(), y.raw(), N, residual ? residual->raw() : nullptr);
 }
 
 void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,

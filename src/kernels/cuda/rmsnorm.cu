@@ -60,27 +60,19 @@ struct RowPack {
   }
 };
 
-// With b (the residual add fused in): x = x + b, rounded to T and stored,
-// before the sum of squares, exactly what add_ then this kernel would read.
 template <typename T, bool kVec>
-__global__ void rmsnorm_forward_kernel(T* y, float* rstd, T* x, const T* b, const T* gain,
-                                       int64_t d, float eps) {
+__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* gain, int64_t d,
+                                       float eps) {
   __shared__ float scratch[32];
   constexpr int N = kVec ? static_cast<int>(16 / sizeof(T)) : 1;
   const int64_t row = blockIdx.x;
-  T* xr = x + row * d;
+  const T* xr = x + row * d;
   T* yr = y + row * d;
   const int64_t packs = d / N;  // kVec only when N divides d
 
   float ss = 0;
   for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
-    Vec<T, N> v = load<N>(xr + k * N);
-    if (b) {
-      const Vec<T, N> vb = load<N>(b + row * d + k * N);
-#pragma unroll
-      for (int e = 0; e < N; ++e) v.v[e] = from_f32<T>(to_f32(v.v[e]) + to_f32(vb.v[e]));
-      store<N>(xr + k * N, v);
-    }
+    const Vec<T, N> v = load<N>(xr + k * N);
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       const float a = to_f32(v.v[e]);
@@ -199,11 +191,7 @@ __global__ void __launch_bounds__(32 * kReduceSlices)
 
 }  // namespace
 
-namespace {
-
-// rmsnorm_forward, with the residual add x += b first when b is given.
-void launch_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* b, const Tensor* gain,
-                    float eps) {
+void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gain, float eps) {
   const int64_t N = x.dim(0), d = x.dim(1);
   if (N == 0) return;
   float* pr = dptr<float>(rstd);
@@ -211,27 +199,14 @@ void launch_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* b, c
     using T = decltype(tag);
     constexpr int W = 16 / sizeof(T);
     T* py = dptr<T>(y);
-    T* px = dptr<T>(x);
-    const T* pb = dptr_or_null<T>(b);
+    const T* px = dptr<T>(x);
     const T* pg = dptr_or_null<T>(gain);
-    const bool vec = d % W == 0 && aligned(py, 16) && aligned(px, 16) && (!pb || aligned(pb, 16)) &&
-                     (!pg || aligned(pg, 16));
+    const bool vec = d % W == 0 && aligned(py, 16) && aligned(px, 16) && (!pg || aligned(pg, 16));
     const auto kernel = vec ? rmsnorm_forward_kernel<T, true> : rmsnorm_forward_kernel<T, false>;
-    kernel<<<static_cast<unsigned>(N), threads_for(vec ? d / W : d), 0, stream()>>>(py, pr, px, pb,
-                                                                                   pg, d, eps);
+    kernel<<<static_cast<unsigned>(N), threads_for(vec ? d / W : d), 0, stream()>>>(py, pr, px, pg,
+                                                                                   d, eps);
     ATTNRES_CUDA_CHECK_LAUNCH();
   });
-}
-
-}  // namespace
-
-void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gain, float eps) {
-  launch_forward(y, rstd, x, nullptr, gain, eps);  // x is written only with b
-}
-
-void add_rmsnorm_forward(Tensor& x, Tensor& y, Tensor& rstd, const Tensor& b, const Tensor* gain,
-                         float eps) {
-  launch_forward(y, rstd, x, &b, gain, eps);
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor* dgain, const Tensor& dy, const Tensor& x,

@@ -6,8 +6,6 @@
 
 namespace attnres::kernels::cuda {
 void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gain, float eps);
-void add_rmsnorm_forward(Tensor& x, Tensor& y, Tensor& rstd, const Tensor& b, const Tensor* gain,
-                         float eps);
 void rmsnorm_backward(Tensor& dx, Tensor* dgain, const Tensor& dy, const Tensor& x,
                       const Tensor& rstd, const Tensor* gain, Store dx_store);
 }  // namespace attnres::kernels::cuda
