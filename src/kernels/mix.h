@@ -6,7 +6,9 @@
 //   out[n]  = sum_j a_j v_j[n]
 //
 // rstd_j[n] = 1/sqrt(mean(v_j[n]^2) + eps). A completed block is a source of
-// many sublayers, so its rstd is computed once (mix_source_rstd) and passed in.
+// many sublayers, so its rstd is computed once (mix_source_rstd) and passed to
+// phase 1; the merge (phase 2) computes its recent sources' rstd from the rows
+// it reads anyway.
 //
 // The two-phase form (paper section 4.2) computes a sublayer's Mix in two
 // steps over a split of its sources that is fixed by the sublayer's "Mix
@@ -54,8 +56,7 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
                   const Tensor* dlse, Span<const Tensor> ws, Span<const Tensor> sources,
                   Span<const Tensor> rstds, const Tensor& probs);
 
-// One query (Full AttnRes, a block's first sublayer, the final Mix without a
-// partial): out [N, d], probs [N, k], w [d].
+// One query (the Q = 1 case, with probs [N, k]): out [N, d], w [d].
 void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor> sources,
                  Span<const Tensor> rstds);
 void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const Tensor& w,

@@ -146,7 +146,8 @@ class Model {
   // Sublayers [s0, s1) on `st`; subs[s - s0] receives sublayer s's record.
   void sublayers_forward(int64_t s0, int64_t s1, DepthState& st, std::vector<SublayerActs>& subs,
                          int64_t B, int64_t T, DecodeCache* cache = nullptr) const;
-  // Phase 1 of the group g[0..Q) (sublayers s, s + 1, ...) over st's completed sources.
+  // Phase 1 of the group g[0..Q) (sublayers s, s + 1, ...) over the first
+  // phase1_sources(s) of st's sources.
   void mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState& st) const;
   // Sublayer s's sources read by its Mix group's phase 1 (a prefix of the
   // state's sources), and its recent sources, merged in phase 2.

@@ -379,8 +379,11 @@ void check_merge(int64_t N, int64_t d, int64_t m, DType dt, uint64_t seed) {
 TEST_CASE("cuda mix with Q queries (phase 1) matches the CPU", "[gpu][mix]") {
   uint64_t seed = 70000;
   struct C { int64_t N, d, kk, Q; };
-  // warp and block rows; Q = 17 spans two launches of at most 16 queries.
-  for (const C& c : {C{300, 768, 4, 3}, C{37, 36, 2, 17}, C{5, 2048, 3, 2}, C{16384, 768, 8, 3}})
+  // warp and block rows; Q = 17 spans two launches of at most 16 queries;
+  // Full AttnRes's late Mix groups (many sources, G queries: only part of the
+  // sources fit the backward's shared-memory cache).
+  for (const C& c : {C{300, 768, 4, 3}, C{37, 36, 2, 17}, C{5, 2048, 3, 2}, C{16384, 768, 8, 3},
+                     C{4096, 768, 43, 7}, C{5, 2048, 30, 6}})
     for (DType dt : {DType::F32, DType::BF16}) check_group(c.N, c.d, c.kk, c.Q, dt, seed += 1000);
 }
 

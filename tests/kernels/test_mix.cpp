@@ -1,9 +1,10 @@
 // AttnRes depth Mix: forward vs an explicit per-row softmax, gradients (w and
 // every source, through the rstd path) vs finite differences for k = 1, 2, 5,
-// k = 1 identity, accumulation, precision, determinism and errors; Block
-// AttnRes's two-phase form: Q queries at once equal Q single calls bit for
-// bit, the merge equals the one-pass softmax over all sources, and its
-// gradients (through lse and rstd_p) match finite differences.
+// k = 1 identity, accumulation, precision, determinism and errors; the
+// two-phase form: Q queries at once equal Q single calls bit for bit, the
+// merge with m recent sources equals the one-pass softmax over all sources,
+// and its gradients (through lse and the recent sources' rstd) match finite
+// differences, also into aliased gradient buffers.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kernels/mix.h"
+#include "kernels/reduce.h"
 #include "kernels/rmsnorm.h"
 #include "testing.h"
 
@@ -390,6 +392,16 @@ TEST_CASE("mix merge + norm backward matches finite differences", "[kernels]") {
     }
     REQUIRE(fd_check(w, dw, loss, kH, kFloor) < 1e-6);
     REQUIRE(fd_check(g, dg, loss, kH, kFloor) < 1e-6);
+
+    // The recent sources' gradients may alias: one buffer receives the sum.
+    Tensor shared = Tensor::zeros({N, d}, DType::F64), d_o2 = Tensor::empty({N, d}, DType::F64);
+    Tensor dlse2 = Tensor::empty({N}, DType::F64), dw2 = Tensor::zeros({d}, DType::F64);
+    Tensor dg2 = Tensor::zeros({d}, DType::F64);
+    std::vector<Tensor> aliased(static_cast<size_t>(m), shared);
+    k::mix_merge_norm_backward(d_o2, dlse2, aliased, dw2, dg2, wt, w, o, e, g, stats);
+    Tensor sum = Tensor::zeros({N, d}, DType::F64);
+    for (const Tensor& t : de) k::add_(sum, t);
+    REQUIRE(max_rel_diff(shared, sum, 1e-9) < 1e-12);
   }
 }
 

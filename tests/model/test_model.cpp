@@ -1,6 +1,7 @@
 // Whole-model tests: the model computes MODEL.md's function (against the
 // literal reference in reference.h), its gradients are right (finite
-// differences in float64), and decoding with a KV cache agrees with training.
+// differences in float64), layers cut into chunks anywhere give the same bits
+// as one chunk, and decoding with a KV cache agrees with training.
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -98,6 +99,70 @@ TEST_CASE("whole-model gradients match finite differences (float64)", "[model]")
         // h = 3e-5 balances truncation (~h^2) against round-off (~1e-16/h) for
         // these O(1) weights; both stay under 1e-6 relative here.
         CHECK(testing::fd_check(p.value, p.grad, loss, 3e-5, 1e-6) < 1e-5);
+      }
+    }
+  }
+}
+
+namespace {
+// Forward + backward of one microbatch with the layers cut at `cuts` (chunk
+// boundaries, as the pipeline runtime does, here in one process); returns the
+// loss and leaves the parameter gradients in m.
+double chunked_forward_backward(model::Model& m, const Tensor& tokens, const Tensor& targets,
+                                int64_t B, int64_t T, const std::vector<int64_t>& cuts) {
+  std::vector<int64_t> b{0};
+  b.insert(b.end(), cuts.begin(), cuts.end());
+  b.push_back(m.config().n_layers);
+  std::vector<model::Activations> acts(b.size() - 1);
+  model::DepthState st;
+  m.embed_forward(tokens, B, T, st, acts[0]);
+  for (size_t c = 0; c + 1 < b.size(); ++c) {
+    acts[c].B = B, acts[c].T = T;
+    m.layers_forward(b[c], b[c + 1], st, acts[c]);
+  }
+  model::DepthGrad g;
+  const double loss = m.head_forward(st, targets, acts.back(), &g, 1.0);
+  st = model::DepthState{};
+  for (size_t c = acts.size(); c-- > 0;) m.layers_backward(b[c], b[c + 1], acts[c], g);
+  m.embed_backward(acts[0], g);
+  return loss;
+}
+}  // namespace
+
+TEST_CASE("chunked layers give the single chunk's loss and gradients bit for bit", "[model]") {
+  // Mix groups cut by chunk boundaries (Full: groups of ceil(sqrt(2L)); Block:
+  // blocks that straddle chunks, an uneven last block), in float32.
+  struct C {
+    const char* name;
+    ModelConfig cfg;
+  };
+  for (const C& c : {C{"full L=8 (groups of 4)", tiny(ResidualMode::Full, 0, 0, false, 8)},
+                     C{"full L=12 (groups of 5)", tiny(ResidualMode::Full, 0, 0, false, 12)},
+                     C{"block S=5 L=7", tiny(ResidualMode::Block, 5, 0, false, 7)},
+                     C{"baseline L=5", tiny(ResidualMode::Baseline, 0, 0, false, 5)}}) {
+    SECTION(c.name) {
+      const int64_t B = 2, T = 4, L = c.cfg.n_layers;
+      const Tensor tokens = testing::random_tokens(B * T, c.cfg.vocab_size, 1);
+      const Tensor targets = testing::random_tokens(B * T, c.cfg.vocab_size, 2);
+      model::Model one(c.cfg, DType::F32), cut(c.cfg, DType::F32);
+      randomize(one.params(), 5);
+      randomize(cut.params(), 5);
+      one.params().zero_grads();
+      const double loss = one.forward_backward(tokens, targets, B, T, 1.0);
+      std::vector<std::vector<int64_t>> splits, every(1);
+      for (int64_t l = 1; l < L; ++l) {
+        splits.push_back({l});
+        every[0].push_back(l);
+      }
+      splits.push_back(every[0]);
+      for (const auto& split : splits) {
+        INFO("cut at " << split.size() << " boundaries, the first after layer " << split[0]);
+        cut.params().zero_grads();
+        CHECK(chunked_forward_backward(cut, tokens, targets, B, T, split) == loss);
+        for (size_t i = 0; i < one.params().all().size(); ++i) {
+          INFO(one.params().all()[i].name);
+          CHECK(testing::same_bits(cut.params().all()[i].grad, one.params().all()[i].grad));
+        }
       }
     }
   }
@@ -203,3 +268,4 @@ TEST_CASE("initialisation follows MODEL.md section 3 and depends only on the see
   CHECK(testing::max_rel_diff(part.params().get("model.layers.1.mlp.up_proj.weight").value,
                               m.params().get("model.layers.1.mlp.up_proj.weight").value) == 0);
 }
+

@@ -11,13 +11,13 @@
 //   consecutive elements, slot i covering [(i G + t) 8, +8): one 16-byte load
 //   per slot for bf16 (two for fp32), coalesced across the group. VPT (1..4)
 //   is a template parameter so the row lives in registers.
-// - Phase 1 forward (Q queries of a block of sublayers over the completed
-//   sources), one pass over the sources per query: for each source j in
+// - Phase 1 forward (the Q queries of a Mix group over the sources that
+//   existed when the group started), one pass over the sources per query: for each source j in
 //   order, load its row (the next source's row is prefetched meanwhile), dot
 //   it with w, logit_j = dot * rstd_j, then update an online softmax
 //   (math::OnlineSoftmax) and the running weighted sum acc = acc * rescale +
 //   weight * v_j. The Q queries of the same rows are adjacent blocks, so a
-//   source row comes from DRAM once per block of sublayers and from L2 for
+//   source row comes from DRAM once per Mix group and from L2 for
 //   the other queries: about (k + Q) N d elements of DRAM traffic. With k == 1
 //   the weight is exactly 1 and acc is the source itself, so the output
 //   equals the source bit for bit.
@@ -27,7 +27,7 @@
 //   the budget); pass 2 updates dsources[j] once for all the queries (read,
 //   add the queries' terms in fp32, write), re-reading v_j from shared memory
 //   (or from global/L2 for sources beyond kc) and w_q, dout_q from L1 (from
-//   registers when there is one query, as for Full AttnRes). DRAM
+//   registers when there is one query, as for the final Mix). DRAM
 //   traffic is about (3k + Q) N d elements, against Q (3k + 1) N d for one
 //   sublayer at a time. Each thread updates only its own elements, source by
 //   source in order, so dsources that alias each other receive both
@@ -375,7 +375,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 // forms dw_q = sum over rows and sources of coef v_j in a fixed order.
 // Shared memory per group: the raw rows of the first kc sources, Q k float4
 // {w_q . v_j, dout_q . v_j, a_qj, r_j}, then Q floats sum_i a_qi dout_q . v_i.
-// kOne: a single query (Full AttnRes, the final Mix): its dout and w rows stay
+// kOne: a single query (the final Mix, a group cut to one sublayer by a chunk
+// boundary): its dout and w rows stay
 // in registers for the whole row instead of being re-read from L1 per source,
 // as in the first (measured) version of this kernel. That costs registers
 // (182 against 122 at d = 768 bf16: 2 resident blocks per SM instead of 4);
@@ -644,8 +645,9 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   s_0 = dx . o, s_j = dx . e_j, s = sum_i a_i s_i
 //   d_o = a_0 dx;  dlse = a_0 (s_0 - s);  dz_j = a_j (s_j - s)
 //   de_j += a_j dx + dz_j r_j w - dz_j r_j^3 (w . e_j) e_j / d;  coef[row, j] = dz_j r_j
-// (dw += coef e_j by mix_dw_kernel). Three passes over the recent rows (x;
-// the dots; the updates), the second and third mostly from L1/L2. Each
+// (dw += coef e_j by mix_dw_kernel, a fourth pass over the recent rows). Three
+// passes over the recent rows here (x; the dots; the updates), the second and
+// third mostly from L1/L2. Each
 // thread does the read-add-write of de_j for its own elements source after
 // source, so drecent may alias. dgain: each group accumulates its rows in
 // registers over a fixed grid-stride row assignment; the block's groups are
