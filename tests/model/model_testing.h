@@ -11,6 +11,12 @@
 
 namespace attnres::testing {
 
+// A configuration with a name for SECTIONs.
+struct NamedConfig {
+  const char* name;
+  model::ModelConfig cfg;
+};
+
 inline model::ModelConfig tiny(model::ResidualMode mode, int64_t block_size = 0,
                                int64_t n_blocks = 0, bool tie = false, int64_t layers = 2) {
   model::ModelConfig c;

@@ -18,12 +18,7 @@ using testing::tiny;
 
 namespace {
 
-struct Case {
-  const char* name;
-  ModelConfig cfg;
-};
-
-std::vector<Case> cases() {
+std::vector<testing::NamedConfig> cases() {
   return {
       {"baseline", tiny(ResidualMode::Baseline)},
       {"full", tiny(ResidualMode::Full)},
@@ -132,10 +127,7 @@ double chunked_forward_backward(model::Model& m, const Tensor& tokens, const Ten
 TEST_CASE("chunked layers give the single chunk's loss and gradients bit for bit", "[model]") {
   // Mix groups cut by chunk boundaries (Full: groups of ceil(sqrt(2L)); Block:
   // blocks that straddle chunks, an uneven last block), in float32.
-  struct C {
-    const char* name;
-    ModelConfig cfg;
-  };
+  using C = testing::NamedConfig;
   for (const C& c : {C{"full L=8 (groups of 4)", tiny(ResidualMode::Full, 0, 0, false, 8)},
                      C{"full L=12 (groups of 5)", tiny(ResidualMode::Full, 0, 0, false, 12)},
                      C{"block S=5 L=7", tiny(ResidualMode::Block, 5, 0, false, 7)},

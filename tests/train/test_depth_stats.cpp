@@ -117,10 +117,7 @@ std::vector<json> read_jsonl(const std::string& path, bool drop_timing) {
 }  // namespace
 
 TEST_CASE("depth statistics equal a direct computation on a tiny model (float64)", "[depth_stats]") {
-  struct Case {
-    const char* name;
-    ModelConfig cfg;
-  };
+  using Case = testing::NamedConfig;
   for (const auto& tc : {Case{"baseline", tiny(ResidualMode::Baseline)}, Case{"full", tiny(ResidualMode::Full)},
                          Case{"block S=3 (final partial)", tiny(ResidualMode::Block, 3)}}) {
     SECTION(tc.name) {
