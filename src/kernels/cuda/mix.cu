@@ -68,10 +68,14 @@ constexpr int kWarpRowThreads = 128;  // warp mode: 4 rows per block
 // Block mode: up to 8 warps per row, so d <= 8192. (The bound also lets the
 // compiler give each thread up to 255 registers: the row slots live there.)
 constexpr int kMaxThreads = 256;
-// Shared memory a backward block may use for its source cache (the default
-// limit, no opt-in needed; leaves room for 4 blocks per SM).
-// Below 48 KiB by the kernels' static shared memory, so no launch needs the opt-in
-// attribute for more than 48 KiB.
+// Shared memory a backward block gives its source cache (about the default
+// 48 KiB less the kernels' static shared memory; leaves room for 4 blocks per
+// SM). The dots records come first: with many queries and sources (Q k > ~700
+// in warp mode) they alone exceed it, the cache gets no rows, and
+// resident_grid opts the launch into more shared memory. A tuning knob to
+// measure: Full AttnRes's late groups (Q ~ 7, k ~ 40 at d = 768) cache only
+// ~4 source rows per group here, so pass 2 re-reads the others (from L2 at
+// best).
 constexpr size_t kSmemBudget = (48 << 10) - 1024;
 
 template <typename T>
