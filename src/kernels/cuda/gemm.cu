@@ -10,9 +10,9 @@
 // costs tens of microseconds of host time, more than a small GEMM takes on the
 // device, and a training step repeats the same few dozen shapes thousands of
 // times. So each distinct problem (shapes, strides, transposes, dtypes, beta,
-// pointer alignments, whether C is read from another buffer) gets a Plan (descriptors + the chosen algorithm), built
-// once and kept. Keeping the algorithm fixed per problem also keeps results
-// bit-identical from run to run.
+// pointer alignments, including C_in's) gets a Plan (descriptors + the chosen
+// algorithm), built once and kept. Keeping the algorithm fixed per problem
+// also keeps results bit-identical from run to run.
 //
 // Split-K: the heuristic is limited to algorithms that either do not split
 // the reduction or reduce the parts in fp32 in the workspace. The remaining
