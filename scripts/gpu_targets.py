@@ -7,6 +7,13 @@ REPORT_DIR holds what scripts/gpu_check.sh writes: bench_124m.txt and
 bench_350m.txt (`attnres bench` tables), kernels_124m.txt (`--kernels`) and,
 when PyTorch was there, attention_torch.txt. Missing files give "not measured"
 rows. Standard library only.
+
+After the targets it prints, per model, the floor of a training step from the
+ceilings measured on the same machine (docs/cuda.md, "What the targets need"):
+the GEMMs at the measured GEMM rate, attention at cuDNN's measured speed, and
+an estimate of the memory-bound bytes (norms, SwiGLU, RoPE, the residual
+epilogues, the LM head's fp32 logits, AdamW) at the measured copy bandwidth.
+The bytes are counted from the shapes, so the floor is an estimate.
 """
 import os
 import re
@@ -47,6 +54,39 @@ def cudnn_fb_ms(text, shape="(16, 12, 1024, 64)"):
     return None
 
 
+def model_shape(text):
+    """The `model:` line of an `attnres bench` report as a dict of ints."""
+    for line in (text or "").splitlines():
+        if line.startswith("model:"):
+            return {k: int(v) for k, v in re.findall(r"\b(d|L|H|Hkv|d_ff|V|T|B)=(\d+)", line)}
+    return None
+
+
+def ceilings(text):
+    """(copy GB/s, GEMM TFLOP/s) from the `measured ceilings:` line."""
+    m = re.search(r"copy (\d+) GB/s.*GEMM \S+ (\d+) TFLOP/s", text or "")
+    return (float(m.group(1)), float(m.group(2))) if m else None
+
+
+def floor_step(shape, copy_gbs, gemm_tfs, attn_fb_ms):
+    """(floor ms, model TFLOP) of one bf16 training step; see the module doc."""
+    d, L, H, Hkv, F, V, T, B = (shape[k] for k in ("d", "L", "H", "Hkv", "d_ff", "V", "T", "B"))
+    hd, N = d // H, B * T
+    matmul_params = L * (2 * d * H * hd + 2 * d * Hkv * hd + 3 * d * F) + V * d
+    gemm_flops = 6.0 * matmul_params * N
+    model_flops = gemm_flops + 6.0 * L * T * d * N  # as model/flops.cpp (baseline)
+    e = 2  # bytes per bf16 element
+    per_layer = e * N * (2 * (2 + 3) * d            # two RMSNorms, forward 2 and backward 3 passes
+                         + 2 * 2 * d                # residual read by two GEMM epilogues, stream grad
+                         + (3 + 5) * F              # SwiGLU forward 3, backward 5 passes
+                         + 4 * (H + Hkv) * hd)      # RoPE on q and k, forward and backward
+    lm_head = 14.0 * N * V                          # fp32 logits: see cuda/cross_entropy.cu
+    adamw = 34.0 * (matmul_params + V * d)          # master, grad, m, v, bf16 copy; grad norm
+    mem_bytes = L * per_layer + lm_head + adamw
+    ms = gemm_flops / (gemm_tfs * 1e9) + L * attn_fb_ms + mem_bytes / (copy_gbs * 1e6)
+    return ms, model_flops / 1e12
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -73,6 +113,27 @@ def main():
     for name, got, goal, met in rows:
         print(f"{name:46} {got or 'not measured':>10} {goal:>9}  "
               f"{'-' if met is None else ('yes' if met else 'no')}")
+
+    # Floors from this machine's ceilings (estimates; see the module doc).
+    ceil = ceilings(k)
+    torch_text = read(os.path.join(d, "attention_torch.txt"))
+    printed = False
+    for size in ("124m", "350m"):
+        shape = model_shape(read(os.path.join(d, f"bench_{size}.txt")))
+        if not ceil or not shape:
+            continue
+        hd = shape["d"] // shape["H"]
+        attn = cudnn_fb_ms(torch_text, f"({shape['B']}, {shape['H']}, {shape['T']}, {hd})")
+        if attn is None:
+            continue
+        ms, tflop = floor_step(shape, ceil[0], ceil[1], attn)
+        if not printed:
+            print(f"\nfloor of a step from the measured ceilings (copy {ceil[0]:.0f} GB/s, "
+                  f"GEMM {ceil[1]:.0f} TFLOP/s, cuDNN attention), an estimate:")
+            printed = True
+        print(f"  {size.upper()}: {ms:.1f} ms for {tflop:.1f} TFLOP, i.e. at most "
+              f"{100 * tflop / (989 * ms * 1e-3):.1f}% MFU (50% needs "
+              f"{tflop / (0.5 * 989) * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# scripts/gpu_targets.py on a real gpu_check.sh report (the H100 run kept in
+# docs/measurements): every target row with its measured value and verdict,
+# and the floor of a step from that machine's measured ceilings; on an empty
+# report, "not measured" rows and no floor.
+# Usage: gpu_targets.sh BIN SRC (BIN unused: the script is Python)
+set -euo pipefail
+SRC="$2"
+PY=/usr/bin/python3  # the system Python (scripts/install_deps.sh installs it)
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+out=$("$PY" "$SRC/scripts/gpu_targets.py" "$SRC/docs/measurements/2026-11-22-h100")
+echo "$out"
+expect() { grep -qF -- "$1" <<<"$out" || fail "output lacks: $1"; }
+expect "124M baseline MFU                                   26.4%    >= 50%  no"
+expect "124M block step vs baseline                        +13.7%    <= +2%  no"
+expect "350M full step vs baseline                         +68.8%    <= +5%  no"
+expect "attention fwd+bwd vs cuDNN SDPA (124M shape)        1.27x  <= 1.30x  yes"
+expect "(copy 3004 GB/s, GEMM 780 TFLOP/s, cuDNN attention)"
+expect "124M: 32.4 ms for 13.1 TFLOP, i.e. at most 40.8% MFU (50% needs 26.4 ms)"
+expect "350M: 89.3 ms for 40.3 TFLOP, i.e. at most 45.7% MFU (50% needs 81.5 ms)"
+
+empty=$(mktemp -d /tmp/attnres_targets.XXXXXX)
+trap 'rm -rf "$empty"' EXIT
+out=$("$PY" "$SRC/scripts/gpu_targets.py" "$empty")
+echo "$out"
+[[ $(grep -c "not measured" <<<"$out") -eq 7 ]] || fail "an empty report should give 7 'not measured' rows"
+grep -q "floor of a step" <<<"$out" && fail "an empty report should print no floor"
+echo "ok: gpu_targets.py"
