@@ -52,6 +52,14 @@ grep -E "^(GPU tests on|All tests passed|test cases:)" "$out/gpu_tests.log"
 if [[ $status -ne 0 ]]; then
   grep -B3 -A12 "FAILED" "$out/gpu_tests.log" | head -150
 fi
+echo "==> exact resume and eval on the GPU (bf16): tests/cli/resume.sh"
+if ATTNRES_TEST_DEVICE=cuda bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD" \
+     > "$out/resume.log" 2>&1; then
+  grep -E "^(ok|skipped)" "$out/resume.log"
+else
+  status=1
+  tail -30 "$out/resume.log"
+fi
 if command -v mpirun >/dev/null && cmake --build build-gpu -j"$(nproc)" --target test_mpi >> "$out/build.log" 2>&1; then
   echo "==> NCCL transport (1 rank: self-exchange, P = 1 with two chunks)"
   mpirun --allow-run-as-root -np 1 ./build-gpu/tests/test_mpi "[nccl]" -s > "$out/nccl.log" 2>&1 || status=1

@@ -33,13 +33,28 @@ make_corpus() {
     --val-fraction 0.34 --name tiny >/dev/null
 }
 
+# The device and precision the tests train on: the CPU in fp32, or, with
+# ATTNRES_TEST_DEVICE=cuda (the GPU variant of a test), the GPU in bf16.
+DEVICE="${ATTNRES_TEST_DEVICE:-cpu}"
+PRECISION=$([[ "$DEVICE" == cuda ]] && echo bf16 || echo fp32)
+
+# On a machine without a GPU a CUDA variant says so and stops (CTest reports
+# it skipped).
+require_device() {
+  if [[ "$DEVICE" == cuda ]] && ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "skipped: no CUDA device visible"
+    exit 0
+  fi
+}
+
 write_config() {
   cat > base.json <<JSON
 {"model": {"vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
            "d_ff": 64, "residual": {"mode": "block", "block_size": 3}},
  "optimizer": {"lr": 3e-3},
  "schedule": {"type": "cosine", "warmup_steps": 2},
- "training": {"steps": 12, "micro_batch_size": 2, "seq_len": 16, "grad_accum": 2, "seed": 7},
+ "training": {"steps": 12, "micro_batch_size": 2, "seq_len": 16, "grad_accum": 2, "seed": 7,
+              "device": "$DEVICE", "precision": "$PRECISION"},
  "data": {"train": "shards/tiny_train_*.bin", "val": "shards/tiny_val_*.bin", "shuffle": true,
           "tokenizer": "tok.json"},
  "checkpoint": {"dir": "ckpt", "every": 4, "keep_last": 0},

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # 12 steps straight == 6 steps + resume to 12: bit-identical losses (shuffled
 # data, cosine schedule, grad accumulation), and eval of the final checkpoint
-# reproduces the trainer's val loss.
+# reproduces the trainer's val loss. With ATTNRES_TEST_DEVICE=cuda the same on
+# the GPU in bf16 ("gpu: resume", and scripts/gpu_check.sh).
 source "$(dirname "$0")/lib.sh"
+require_device
 make_corpus
 write_config
 
