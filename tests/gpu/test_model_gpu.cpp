@@ -35,9 +35,22 @@ struct Case {
   const char* name;
   ModelConfig cfg;
 };
+// Full AttnRes deeper (12 sublayers: Mix groups of 4, merges of up to 3
+// recent sources) and wider (d > 1024: the Mix kernels' block-per-row mode).
+ModelConfig full_deep_wide(int64_t layers, int64_t d) {
+  ModelConfig c = small(ResidualMode::Full);
+  c.n_layers = layers;
+  c.d_model = d;
+  c.n_heads = d / 16;
+  c.n_kv_heads = d / 32;
+  c.validate();
+  return c;
+}
 std::vector<Case> cases() {
   return {{"baseline", small(ResidualMode::Baseline)},
           {"full", small(ResidualMode::Full)},
+          {"full, 6 layers (Mix groups of 4)", full_deep_wide(6, 64)},
+          {"full, d = 1280 (block-mode Mix rows)", full_deep_wide(2, 1280)},
           {"block S=4 (uneven: final partial)", small(ResidualMode::Block, 4)},
           {"block S=2, tied embeddings", small(ResidualMode::Block, 2, true)}};
 }
