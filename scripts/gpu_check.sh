@@ -53,7 +53,7 @@ if [[ $status -ne 0 ]]; then
   grep -B3 -A12 "FAILED" "$out/gpu_tests.log" | head -150
 fi
 echo "==> exact resume and eval on the GPU (bf16): tests/cli/resume.sh"
-if ATTNRES_TEST_DEVICE=cuda bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD" \
+if ATTNRES_TEST_DEVICE=cuda timeout 300 bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD" \
      > "$out/resume.log" 2>&1; then
   grep -E "^(ok|skipped)" "$out/resume.log"
 else
