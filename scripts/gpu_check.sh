@@ -80,6 +80,9 @@ if python3 -c "import torch" 2>/dev/null; then
 fi
 ./build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2 2>&1 \
   | tee "$out/bench_350m.txt" | tail -6
+echo "==> kernel benchmark (350M shapes, bf16; attention rows shown)"
+./build-gpu/attnres bench --device cuda --preset 350m --kernels > "$out/kernels_350m.txt" 2>&1
+grep -E "^(measured ceilings|attention)" "$out/kernels_350m.txt"
 echo "==> the CUDA issue's performance targets"
 python3 scripts/gpu_targets.py "$out" | tee "$out/targets.txt"
 exit $status

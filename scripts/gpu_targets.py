@@ -4,8 +4,8 @@
     scripts/gpu_targets.py REPORT_DIR
 
 REPORT_DIR holds what scripts/gpu_check.sh writes: bench_124m.txt and
-bench_350m.txt (`attnres bench` tables), kernels_124m.txt (`--kernels`) and,
-when PyTorch was there, attention_torch.txt. Missing files give "not measured"
+bench_350m.txt (`attnres bench` tables), kernels_124m.txt and kernels_350m.txt
+(`--kernels`) and, when PyTorch was there, attention_torch.txt. Missing files give "not measured"
 rows. Standard library only.
 
 After the targets it prints, per model, the floor of a training step from the
@@ -102,12 +102,15 @@ def main():
             vs = b.get(mode, (None, None))[1]
             rows.append((f"{label} {mode} step vs baseline", vs is not None and f"{vs:+.1f}%" or None,
                          f"<= +{goal:.0f}%", None if vs is None else vs <= goal))
+    torch_text = read(os.path.join(d, "attention_torch.txt"))
+    for size, shape in (("124m", "(16, 12, 1024, 64)"), ("350m", "(8, 16, 2048, 64)")):
+        kt = read(os.path.join(d, f"kernels_{size}.txt"))
+        fwd, bwd = kernel_ms(kt, "attention fwd"), kernel_ms(kt, "attention bwd")
+        ref = cudnn_fb_ms(torch_text, shape)
+        ratio = fwd and bwd and ref and (fwd + bwd) / ref
+        rows.append((f"attention fwd+bwd vs cuDNN SDPA ({size.upper()} shape)",
+                     ratio and f"{ratio:.2f}x", "<= 1.30x", None if not ratio else ratio <= 1.3))
     k = read(os.path.join(d, "kernels_124m.txt"))
-    fwd, bwd = kernel_ms(k, "attention fwd"), kernel_ms(k, "attention bwd")
-    ref = cudnn_fb_ms(read(os.path.join(d, "attention_torch.txt")))
-    ratio = fwd and bwd and ref and (fwd + bwd) / ref
-    rows.append(("attention fwd+bwd vs cuDNN SDPA (124M shape)", ratio and f"{ratio:.2f}x",
-                 "<= 1.30x", None if not ratio else ratio <= 1.3))
 
     print(f"{'target':46} {'measured':>10} {'goal':>9}  met")
     for name, got, goal, met in rows:
@@ -116,7 +119,6 @@ def main():
 
     # Floors from this machine's ceilings (estimates; see the module doc).
     ceil = ceilings(k)
-    torch_text = read(os.path.join(d, "attention_torch.txt"))
     printed = False
     for size in ("124m", "350m"):
         shape = model_shape(read(os.path.join(d, f"bench_{size}.txt")))
