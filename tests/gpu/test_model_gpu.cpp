@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "gpu_testing.h"
+#include "model/model_testing.h"
 #include "model/model.h"
 #include "train/optimizer.h"
 
@@ -17,34 +18,15 @@ namespace {
 // A small model whose head dim (16) the CUDA attention kernels cover on both
 // the fp32 and the tensor-core bf16 paths.
 ModelConfig small(ResidualMode mode, int64_t block_size = 0, bool tie = false) {
-  ModelConfig c;
-  c.vocab_size = 97;
-  c.d_model = 64;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.d_ff = 96;
-  c.mode = mode;
-  c.block_size = block_size;
-  c.tie_embeddings = tie;
-  c.validate();
-  return c;
+  return testing::resized(testing::tiny(mode, block_size, 0, tie, 3), 97, 64, 4, 2, 96);
 }
 
-struct Case {
-  const char* name;
-  ModelConfig cfg;
-};
+using Case = testing::NamedConfig;
 // Full AttnRes deeper (12 sublayers: Mix groups of 4, merges of up to 3
 // recent sources) and wider (d > 1024: the Mix kernels' block-per-row mode).
 ModelConfig full_deep_wide(int64_t layers, int64_t d) {
-  ModelConfig c = small(ResidualMode::Full);
-  c.n_layers = layers;
-  c.d_model = d;
-  c.n_heads = d / 16;
-  c.n_kv_heads = d / 32;
-  c.validate();
-  return c;
+  return testing::resized(testing::tiny(ResidualMode::Full, 0, 0, false, layers), 97, d, d / 16,
+                          d / 32, 96);
 }
 std::vector<Case> cases() {
   return {{"baseline", small(ResidualMode::Baseline)},

@@ -17,21 +17,27 @@ struct NamedConfig {
   model::ModelConfig cfg;
 };
 
+// `c` with these widths (vocabulary, d_model, heads, KV heads, d_ff), validated.
+inline model::ModelConfig resized(model::ModelConfig c, int64_t vocab, int64_t d, int64_t heads,
+                                  int64_t kv_heads, int64_t d_ff) {
+  c.vocab_size = vocab;
+  c.d_model = d;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.d_ff = d_ff;
+  c.validate();
+  return c;
+}
+
 inline model::ModelConfig tiny(model::ResidualMode mode, int64_t block_size = 0,
                                int64_t n_blocks = 0, bool tie = false, int64_t layers = 2) {
   model::ModelConfig c;
-  c.vocab_size = 11;
-  c.d_model = 8;
   c.n_layers = layers;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.d_ff = 12;
   c.tie_embeddings = tie;
   c.mode = mode;
   c.block_size = block_size;
   c.n_blocks = n_blocks;
-  c.validate();
-  return c;
+  return resized(c, 11, 8, 2, 1, 12);
 }
 
 // Random parameters everywhere (queries and gains too, so every Mix and norm

@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "kernels/reduce.h"
 #include "model/model.h"
+#include "model/model_testing.h"
 #include "mpi_testing.h"
 #include "parallel/runtime.h"
 #include "train/optimizer.h"
@@ -26,17 +27,9 @@ namespace {
 constexpr int64_t kB = 2, kT = 8, kSteps = 3;
 
 model::ModelConfig tiny_model(ResidualMode mode, bool tie, int64_t layers = 8) {
-  model::ModelConfig m;
-  m.vocab_size = 37;
-  m.d_model = 16;
-  m.n_layers = layers;
-  m.n_heads = 2;
-  m.n_kv_heads = 1;
-  m.d_ff = 24;
-  m.tie_embeddings = tie;
-  m.mode = mode;
-  if (mode == ResidualMode::Block) m.block_size = 3;  // blocks straddle chunk boundaries
-  return m;
+  // Block S = 3: blocks straddle chunk boundaries.
+  const int64_t S = mode == ResidualMode::Block ? 3 : 0;
+  return testing::resized(testing::tiny(mode, S, 0, tie, layers), 37, 16, 2, 1, 24);
 }
 
 train::OptimizerConfig optimizer() {
