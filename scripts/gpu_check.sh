@@ -3,6 +3,8 @@
 # sm_90, runs the GPU tests, then the benchmarks, and prints a short table.
 #   scripts/gpu_check.sh            everything
 #   scripts/gpu_check.sh --quick    build + GPU tests only
+#   scripts/gpu_check.sh --tests SPEC   only the GPU tests a Catch2 test spec
+#                                       selects, e.g. "[mix],[adamw]"
 # Logs and tables go to $OUT (if set, as on the device tool) or build-gpu/report.
 #
 # Dependencies: nvcc, CMake and the CUDA libraries must be there. The Debian
@@ -14,7 +16,15 @@ cd "$(dirname "$0")/.."
 out="${OUT:-build-gpu/report}"
 mkdir -p "$out"
 quick=0
-[[ "${1:-}" == "--quick" ]] && quick=1
+tests=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --tests) tests=("$2"); shift ;;
+    *) echo "usage: scripts/gpu_check.sh [--quick] [--tests SPEC]" >&2; exit 2 ;;
+  esac
+  shift
+done
 
 cmake_extra=()
 have_deps=1
@@ -47,7 +57,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 status=0
 echo "==> GPU tests"
-./build-gpu/tests/test_gpu --durations yes > "$out/gpu_tests.log" 2>&1 || status=1
+./build-gpu/tests/test_gpu "${tests[@]}" --durations yes > "$out/gpu_tests.log" 2>&1 || status=1
 grep -E "^(GPU tests on|All tests passed|test cases:)" "$out/gpu_tests.log"
 if [[ $status -ne 0 ]]; then
   grep -B3 -A12 "FAILED" "$out/gpu_tests.log" | head -150

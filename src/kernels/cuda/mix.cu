@@ -505,18 +505,30 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // dw of the depth queries, deterministic, in two kernels. mix_dw_kernel: one
 // block per (chunk of kDwRows rows, query), the query varying fastest (so the
-// Q blocks of the same rows share their source reads through L2); thread t
-// owns the same slots as in the row kernels and adds coef[q, row, j] v_j[row]
-// over the chunk's rows and sources in order:
+// Q blocks of the same rows share their source reads through L2):
 //   partial[q, chunk, :] = sum_{rows, j} coef[q, row, j] v_j[row, :].
-// dw_reduce_kernel then sums each query's chunk partials in a fixed order.
-constexpr int64_t kDwRows = 64;
+// The block is R = kDwThreads / G row groups of the row kernels' size G
+// (8 warps at d <= 1024). Row group r takes the chunk's rows
+// r, r + R, ... and sums coef v_j over them and the sources in order, in
+// registers; the R sums then meet in shared memory and are added in r order.
+// Fixed shapes, so fixed bits. (The first version gave a chunk of 64 rows to a
+// single warp: about 2 warps per SM at N = 16K, latency-bound, and most of
+// the measured Mix backward time on the H100.)
+constexpr int64_t kDwRows = 32;
+constexpr int kDwThreads = 256;
 
 template <typename T, int VPT, bool ALIGNED>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kDwThreads)
     mix_dw_kernel(float* partial, const float* coef, Sources<T> src, int Q, int k, int64_t N,
-                  int64_t d) {
-  const Group g = Group::make(true);  // the block is one group
+                  int64_t d, int group_size) {
+  // R d <= kDwThreads * kMaxVpt * 8 floats: d <= G VPT 8 and R G = kDwThreads.
+  __shared__ float red[kDwThreads * kMaxVpt * 8];
+  Group g;
+  g.block_mode = false;  // (sync() is not used: the block meets at __syncthreads)
+  g.size = group_size;
+  g.tid = static_cast<int>(threadIdx.x % unsigned(group_size));
+  g.index = static_cast<int>(threadIdx.x / unsigned(group_size));
+  g.per_block = static_cast<int>(blockDim.x / unsigned(group_size));
   const int q = static_cast<int>(blockIdx.x % unsigned(Q));
   const int64_t chunk = blockIdx.x / unsigned(Q), chunks = ceil_div_dev(N, kDwRows);
   const int64_t row0 = chunk * kDwRows, row1 = row0 + kDwRows < N ? row0 + kDwRows : N;
@@ -525,7 +537,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int i = 0; i < VPT; ++i)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
-  for (int64_t row = row0; row < row1; ++row)
+  for (int64_t row = row0 + g.index; row < row1; row += g.per_block)
     for (int j = 0; j < k; ++j) {
       const float c = coef[(int64_t(q) * N + row) * k + j];
 #pragma unroll
@@ -537,8 +549,20 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
   float* out = partial + (int64_t(q) * chunks + chunk) * d;
+  if (g.per_block == 1) {
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) store8<float, false>(out, g.slot_base(i), d, acc[i]);
+    for (int i = 0; i < VPT; ++i) store8<float, false>(out, g.slot_base(i), d, acc[i]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    store8<float, false>(red + int64_t(g.index) * d, g.slot_base(i), d, acc[i]);
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float t = 0.0f;
+    for (int r = 0; r < g.per_block; ++r) t += red[int64_t(r) * d + c];
+    out[c] = t;
+  }
 }
 
 // dw_q[c] += sum over chunks b (in order) of partial[q, b, c]; blockIdx.y = q.
@@ -866,8 +890,9 @@ void launch_dw(const DwPtrs& dws, const float* coef, const Sources<T>& src, int 
   with_variant(lay.vpt, aligned, [&](auto vpt, auto al) {
     constexpr int VPT = decltype(vpt)::value;
     constexpr bool AL = decltype(al)::value;
-    mix_dw_kernel<T, VPT, AL><<<static_cast<unsigned>(chunks * Q), lay.group_size(), 0, stream()>>>(
-        partial.data<float>(), coef, src, Q, k, N, d);
+    const int G = lay.group_size(), threads = kDwThreads / G * G;  // whole row groups
+    mix_dw_kernel<T, VPT, AL><<<static_cast<unsigned>(chunks * Q), threads, 0, stream()>>>(
+        partial.data<float>(), coef, src, Q, k, N, d, G);
     ATTNRES_CUDA_CHECK_LAUNCH();
   });
   dw_reduce_kernel<<<dim3(static_cast<unsigned>(ceil_div(d, 32)), static_cast<unsigned>(Q)), 1024,
