@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_targets.py on a real gpu_check.sh report (the H100 run kept in
+# scripts/gpu_targets.py on real gpu_check.sh reports (the H100 runs kept in
 # docs/measurements): every target row with its measured value and verdict,
 # and the floor of a step from that machine's measured ceilings; on an empty
 # report, "not measured" rows and no floor.
@@ -20,6 +20,15 @@ expect "attention fwd+bwd vs cuDNN SDPA (350M shape)   not measured  <= 1.30x  -
 expect "(copy 3004 GB/s, GEMM 780 TFLOP/s, cuDNN attention)"
 expect "124M: 32.4 ms for 13.1 TFLOP, i.e. at most 40.8% MFU (50% needs 26.4 ms)"
 expect "350M: 89.3 ms for 40.3 TFLOP, i.e. at most 45.7% MFU (50% needs 81.5 ms)"
+
+# The second H100 report has kernels_350m.txt: the 350M attention row is measured.
+out=$("$PY" "$SRC/scripts/gpu_targets.py" "$SRC/docs/measurements/2026-11-22-h100-2")
+echo "$out"
+expect "124M baseline MFU                                   34.0%    >= 50%  no"
+expect "350M block step vs baseline                        +13.1%    <= +2%  no"
+expect "attention fwd+bwd vs cuDNN SDPA (124M shape)        1.14x  <= 1.30x  yes"
+expect "attention fwd+bwd vs cuDNN SDPA (350M shape)        1.34x  <= 1.30x  no"
+expect "124M: 32.1 ms for 13.1 TFLOP, i.e. at most 41.2% MFU (50% needs 26.4 ms)"
 
 empty=$(mktemp -d /tmp/attnres_targets.XXXXXX)
 trap 'rm -rf "$empty"' EXIT
