@@ -3,6 +3,10 @@
 # sm_90, runs the GPU tests, then the benchmarks, and prints a short table.
 #   scripts/gpu_check.sh            everything
 #   scripts/gpu_check.sh --quick    build + GPU tests only
+#   scripts/gpu_check.sh --bench    build + benchmarks only (the whole script takes
+#                                   ~10.5 min on an H100: ~2 build, ~4 tests, ~5
+#                                   benchmarks; --quick then --bench fit a
+#                                   10-minute limit per command)
 #   scripts/gpu_check.sh --tests SPEC   only the GPU tests a Catch2 test spec
 #                                       selects, e.g. "[mix],[adamw]"
 # Logs and tables go to $OUT (if set, as on the device tool) or build-gpu/report.
@@ -16,12 +20,14 @@ cd "$(dirname "$0")/.."
 out="${OUT:-build-gpu/report}"
 mkdir -p "$out"
 quick=0
+bench_only=0
 tests=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
+    --bench) bench_only=1 ;;
     --tests) tests=("$2"); shift ;;
-    *) echo "usage: scripts/gpu_check.sh [--quick] [--tests SPEC]" >&2; exit 2 ;;
+    *) echo "usage: scripts/gpu_check.sh [--quick | --bench] [--tests SPEC]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -56,26 +62,28 @@ cmake --build build-gpu -j"$(nproc)" --target attnres test_gpu > "$out/build.log
 echo "build: $(( $(date +%s) - t0 )) s"
 
 status=0
-echo "==> GPU tests"
-./build-gpu/tests/test_gpu "${tests[@]}" --durations yes > "$out/gpu_tests.log" 2>&1 || status=1
-grep -E "^(GPU tests on|All tests passed|test cases:)" "$out/gpu_tests.log"
-if [[ $status -ne 0 ]]; then
-  grep -B3 -A12 "FAILED" "$out/gpu_tests.log" | head -150
-fi
-echo "==> exact resume and eval on the GPU (bf16): tests/cli/resume.sh"
-if ATTNRES_TEST_DEVICE=cuda timeout 300 bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD" \
-     > "$out/resume.log" 2>&1; then
-  grep -E "^(ok|skipped)" "$out/resume.log"
-else
-  status=1
-  tail -30 "$out/resume.log"
-fi
-if command -v mpirun >/dev/null && cmake --build build-gpu -j"$(nproc)" --target test_mpi >> "$out/build.log" 2>&1; then
-  echo "==> NCCL transport (1 rank: self-exchange, P = 1 with two chunks)"
-  mpirun --allow-run-as-root -np 1 ./build-gpu/tests/test_mpi "[nccl]" -s > "$out/nccl.log" 2>&1 || status=1
-  grep -E "skipped|All tests passed|test cases:|FAILED" "$out/nccl.log" | head -20
-else
-  echo "==> NCCL transport test not run (no mpirun on this machine)"
+if [[ $bench_only -eq 0 ]]; then
+  echo "==> GPU tests"
+  ./build-gpu/tests/test_gpu "${tests[@]}" --durations yes > "$out/gpu_tests.log" 2>&1 || status=1
+  grep -E "^(GPU tests on|All tests passed|test cases:)" "$out/gpu_tests.log"
+  if [[ $status -ne 0 ]]; then
+    grep -B3 -A12 "FAILED" "$out/gpu_tests.log" | head -150
+  fi
+  echo "==> exact resume and eval on the GPU (bf16): tests/cli/resume.sh"
+  if ATTNRES_TEST_DEVICE=cuda timeout 300 bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD" \
+       > "$out/resume.log" 2>&1; then
+    grep -E "^(ok|skipped)" "$out/resume.log"
+  else
+    status=1
+    tail -30 "$out/resume.log"
+  fi
+  if command -v mpirun >/dev/null && cmake --build build-gpu -j"$(nproc)" --target test_mpi >> "$out/build.log" 2>&1; then
+    echo "==> NCCL transport (1 rank: self-exchange, P = 1 with two chunks)"
+    mpirun --allow-run-as-root -np 1 ./build-gpu/tests/test_mpi "[nccl]" -s > "$out/nccl.log" 2>&1 || status=1
+    grep -E "skipped|All tests passed|test cases:|FAILED" "$out/nccl.log" | head -20
+  else
+    echo "==> NCCL transport test not run (no mpirun on this machine)"
+  fi
 fi
 [[ $quick -eq 1 ]] && exit $status
 

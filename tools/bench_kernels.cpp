@@ -55,11 +55,6 @@ double time_ms(const std::function<void()>& fn, int reps) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
 }
 
-struct Row {
-  std::string op;
-  double ms, bytes, flops;
-};
-
 }  // namespace
 
 void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, int64_t n_blocks) {
@@ -84,10 +79,19 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
   }
   std::printf("measured ceilings: copy %.0f GB/s (read+write), %s GEMM 8192^3 %.0f TFLOP/s\n",
               bw * 1e-9, dtype_name(dt), peak * 1e-12);
+  std::fflush(stdout);
 
-  std::vector<Row> rows;
+  // Each row is printed (and flushed) as soon as it is measured, so a run cut
+  // off by a time limit keeps the rows it finished.
+  std::printf("\n%-26s %10s %10s %10s %9s  %s\n", "op", "ms", "floor ms", "GB/s", "TFLOP/s",
+              "of floor (bound)");
   auto add = [&](const std::string& op, double ms, double bytes, double flops) {
-    rows.push_back({op, ms, bytes, flops});
+    const double t_bytes = bytes / bw * 1e3, t_flops = flops / peak * 1e3;
+    const double floor_ms = std::max(t_bytes, t_flops);
+    std::printf("%-26s %10.3f %10.3f %10.0f %9.1f  %5.1f%% (%s)\n", op.c_str(), ms, floor_ms,
+                bytes / (ms * 1e-3) * 1e-9, flops / (ms * 1e-3) * 1e-12, 100.0 * floor_ms / ms,
+                t_flops > t_bytes ? "compute" : "memory");
+    std::fflush(stdout);
   };
   const int reps = 20;
 
@@ -251,16 +255,6 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     add("adamw 124M params", time_ms([&] { k::adamw_update(p, g, m, v, s, true, bf ? &lowp : nullptr); }, 5),
         P * (28.0 + (bf ? 2 : 0)), 0);
     add("grad norm 124M", time_ms([&] { (void)k::sum_squares(g); }, 5), P * 4.0, 0);
-  }
-
-  std::printf("\n%-26s %10s %10s %10s %9s  %s\n", "op", "ms", "floor ms", "GB/s", "TFLOP/s",
-              "of floor (bound)");
-  for (const Row& r : rows) {
-    const double t_bytes = r.bytes / bw * 1e3, t_flops = r.flops / peak * 1e3;
-    const double floor_ms = std::max(t_bytes, t_flops);
-    std::printf("%-26s %10.3f %10.3f %10.0f %9.1f  %5.1f%% (%s)\n", r.op.c_str(), r.ms, floor_ms,
-                r.bytes / (r.ms * 1e-3) * 1e-9, r.flops / (r.ms * 1e-3) * 1e-12,
-                100.0 * floor_ms / r.ms, t_flops > t_bytes ? "compute" : "memory");
   }
 }
 
