@@ -148,6 +148,34 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     add("swiglu bwd", time_ms([&] { k::swiglu_backward(dg, du, dh, g, u, k::Store::Set); }, reps),
         e * 5.0 * N * F, 0);  // read dh, gate, up; write dgate, dup
   }
+  // Phase 1 of a Mix group: Q queries over k sources, forward and backward
+  // rows; returns the queries' outputs and lse for the merge rows.
+  struct Phase1 {
+    std::vector<Tensor> outs;
+    Tensor lse, dlse;
+  };
+  auto phase1_rows = [&](const std::string& tag, Span<const Tensor> done,
+                         Span<const Tensor> done_rs, Span<Tensor> ddone, int64_t Q) {
+    const int64_t kb = static_cast<int64_t>(done.size());
+    std::vector<Tensor> ws, douts, dws;
+    Phase1 r;
+    for (int64_t q = 0; q < Q; ++q) {
+      ws.push_back(rand_dev({d}, dt, 42 + q));
+      r.outs.push_back(Tensor::empty({N, d}, dt, Device::CUDA));
+      douts.push_back(rand_dev({N, d}, dt, 60 + q));
+      dws.push_back(Tensor::zeros({d}, gt, Device::CUDA));
+    }
+    Tensor gprobs = Tensor::empty({Q, N, kb}, st, Device::CUDA);
+    r.lse = Tensor::empty({Q, N}, st, Device::CUDA);
+    r.dlse = rand_dev({Q, N}, st, 80);
+    add("mix phase-1 fwd" + tag,
+        time_ms([&] { k::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs); }, reps),
+        e * double(kb + Q) * N * d, 4.0 * kb * Q * N * d);
+    add("mix phase-1 bwd" + tag,
+        time_ms([&] { k::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); }, reps),
+        e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
+    return r;
+  };
   {
     const int64_t ks = n_blocks + 1;  // the last block's sublayers: e + (N-1) blocks + partial
     std::vector<Tensor> src, rs, dsrc;
@@ -173,26 +201,12 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     const int64_t nb = std::max<int64_t>(1, n_blocks);
     const int64_t kb = ks - 1, Q = (2 * c.n_layers + nb - 1) / nb;
     if (kb >= 1) {
-      const Span<const Tensor> done(src.data(), size_t(kb)), done_rs(rs.data(), size_t(kb));
-      std::vector<Tensor> ws, outs, douts, dws;
-      for (int64_t q = 0; q < Q; ++q) {
-        ws.push_back(rand_dev({d}, dt, 42 + q));
-        outs.push_back(Tensor::empty({N, d}, dt, Device::CUDA));
-        douts.push_back(rand_dev({N, d}, dt, 60 + q));
-        dws.push_back(Tensor::zeros({d}, gt, Device::CUDA));
-      }
-      Tensor gprobs = Tensor::empty({Q, N, kb}, st, Device::CUDA);
-      Tensor lse = Tensor::empty({Q, N}, st, Device::CUDA), dlse = rand_dev({Q, N}, st, 80);
-      const std::string gtag = " (k=" + std::to_string(kb) + ", Q=" + std::to_string(Q) + ")";
-      add("mix phase-1 fwd" + gtag,
-          time_ms([&] { k::mix_forward(outs, gprobs, &lse, ws, done, done_rs); }, reps),
-          e * double(kb + Q) * N * d, 4.0 * kb * Q * N * d);
-      add("mix phase-1 bwd" + gtag,
-          time_ms([&] {
-            k::mix_backward(Span<Tensor>(dsrc.data(), size_t(kb)), dws, douts, &dlse, ws, done,
-                            done_rs, gprobs);
-          }, reps),
-          e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
+      const Phase1 p1 = phase1_rows(" (k=" + std::to_string(kb) + ", Q=" + std::to_string(Q) + ")",
+                                    Span<const Tensor>(src.data(), size_t(kb)),
+                                    Span<const Tensor>(rs.data(), size_t(kb)),
+                                    Span<Tensor>(dsrc.data(), size_t(kb)), Q);
+      const std::vector<Tensor>& outs = p1.outs;
+      const Tensor &lse = p1.lse, &dlse = p1.dlse;
       // Phase 2 fused with the sublayer's RMSNorm (its output is u).
       Tensor u = Tensor::empty({N, d}, dt, Device::CUDA), mstats = Tensor::empty({N, 4}, st, Device::CUDA);
       const Span<const Tensor> part(&src[kb], 1);
@@ -209,10 +223,25 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
           }, reps),
           e * 7.0 * N * d, 20.0 * N * d);  // du, o, p read, d_o written, dp read + written; p again for dw
     }
-    // Full AttnRes's merge at its largest: the last sublayer of a Mix group
-    // of G = ceil(sqrt(2L)) merges G - 1 recent sources.
+    // Full AttnRes's phase 1 at its last Mix group: Q = the group's sublayers
+    // over k = 1 + (sublayers before the group) sources, the most of any group.
     model::ModelConfig full = c;
     full.mode = model::ResidualMode::Full;
+    {
+      const int64_t G = full.mix_group_size(), subl = 2 * c.n_layers;
+      const int64_t s0 = (subl - 1) / G * G, kf = 1 + s0, Qf = subl - s0;
+      std::vector<Tensor> fsrc, frs, fdsrc;
+      for (int64_t j = 0; j < kf; ++j) {
+        fsrc.push_back(rand_dev({N, d}, dt, 100 + j));
+        frs.push_back(Tensor::empty({N}, st, Device::CUDA));
+        k::mix_source_rstd(frs.back(), fsrc.back(), 1e-5f);
+        fdsrc.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
+      }
+      phase1_rows(" (full, k=" + std::to_string(kf) + ", Q=" + std::to_string(Qf) + ")", fsrc, frs,
+                  fdsrc, Qf);
+    }
+    // Full AttnRes's merge at its largest: the last sublayer of a Mix group
+    // of G = ceil(sqrt(2L)) merges G - 1 recent sources.
     const int64_t m = std::min<int64_t>(full.mix_group_size() - 1, ks);
     if (m >= 1) {
       const Span<const Tensor> recent(src.data(), size_t(m));
