@@ -176,15 +176,24 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
         e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
     return r;
   };
+  // `count` random source rows [N, d] with their rstds, and zeroed gradients.
+  struct MixSources {
+    std::vector<Tensor> src, rs, dsrc;
+  };
+  auto mix_sources = [&](int64_t count, uint64_t seed) {
+    MixSources m;
+    for (int64_t j = 0; j < count; ++j) {
+      m.src.push_back(rand_dev({N, d}, dt, seed + j));
+      m.rs.push_back(Tensor::empty({N}, st, Device::CUDA));
+      k::mix_source_rstd(m.rs.back(), m.src.back(), 1e-5f);
+      m.dsrc.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
+    }
+    return m;
+  };
   {
     const int64_t ks = n_blocks + 1;  // the last block's sublayers: e + (N-1) blocks + partial
-    std::vector<Tensor> src, rs, dsrc;
-    for (int64_t j = 0; j < ks; ++j) {
-      src.push_back(rand_dev({N, d}, dt, 20 + j));
-      rs.push_back(Tensor::empty({N}, st, Device::CUDA));
-      k::mix_source_rstd(rs.back(), src.back(), 1e-5f);
-      dsrc.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
-    }
+    MixSources ms = mix_sources(ks, 20);
+    std::vector<Tensor> &src = ms.src, &rs = ms.rs, &dsrc = ms.dsrc;
     Tensor w = rand_dev({d}, dt, 40), out = Tensor::empty({N, d}, dt, Device::CUDA);
     Tensor probs = Tensor::empty({N, ks}, st, Device::CUDA), dout = rand_dev({N, d}, dt, 41);
     Tensor dw = Tensor::zeros({d}, gt, Device::CUDA);
@@ -230,15 +239,9 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     {
       const int64_t G = full.mix_group_size(), subl = 2 * c.n_layers;
       const int64_t s0 = (subl - 1) / G * G, kf = 1 + s0, Qf = subl - s0;
-      std::vector<Tensor> fsrc, frs, fdsrc;
-      for (int64_t j = 0; j < kf; ++j) {
-        fsrc.push_back(rand_dev({N, d}, dt, 100 + j));
-        frs.push_back(Tensor::empty({N}, st, Device::CUDA));
-        k::mix_source_rstd(frs.back(), fsrc.back(), 1e-5f);
-        fdsrc.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
-      }
-      phase1_rows(" (full, k=" + std::to_string(kf) + ", Q=" + std::to_string(Qf) + ")", fsrc, frs,
-                  fdsrc, Qf);
+      MixSources fs = mix_sources(kf, 100);
+      phase1_rows(" (full, k=" + std::to_string(kf) + ", Q=" + std::to_string(Qf) + ")", fs.src,
+                  fs.rs, fs.dsrc, Qf);
     }
     // Full AttnRes's merge at its largest: the last sublayer of a Mix group
     // of G = ceil(sqrt(2L)) merges G - 1 recent sources.

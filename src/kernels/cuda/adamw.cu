@@ -14,9 +14,8 @@
 //   with the denominator, the quotient and the subtraction in double. Under
 //   nvcc, `using std::sqrt` makes the same line all-float. RnFloat's sqrt
 //   returns an RnDouble, whose operators follow the C++ promotion rules.
-// With it the result is bit-identical to a CPU build that does not contract
-// to FMA (and within an ulp or so of one that does, e.g. -march=native on an
-// FMA host).
+// With it the result is bit-identical to the CPU's, whose AdamW loop is
+// compiled without FMA contraction (src/CMakeLists.txt) on any host.
 #include "kernels/cuda/adamw.h"
 
 #include <algorithm>

@@ -221,6 +221,29 @@ struct Group {
   }
 };
 
+// out[0..d) = the sum of the block's row groups' per-thread slot values acc,
+// added in group order (fixed, so fixed bits). One group stores its own;
+// several meet in red (shared memory of per_block * d floats). Every thread of
+// the block must call it.
+template <int VPT>
+__device__ void sum_groups_in_order(float* out, float* red, const float (&acc)[VPT][8],
+                                    const Group& g, int64_t d) {
+  if (g.per_block == 1) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) store8<float, false>(out, g.slot_base(i), d, acc[i]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    store8<float, false>(red + int64_t(g.index) * d, g.slot_base(i), d, acc[i]);
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float t = 0.0f;
+    for (int r = 0; r < g.per_block; ++r) t += red[int64_t(r) * d + c];
+    out[c] = t;
+  }
+}
+
 // How a row of d elements is split: VPT slots per thread, and warps per row
 // (1 = warp mode).
 struct RowLayout {
@@ -548,21 +571,7 @@ __global__ void __launch_bounds__(kDwThreads)
         for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(c, v[e], acc[i][e]);
       }
     }
-  float* out = partial + (int64_t(q) * chunks + chunk) * d;
-  if (g.per_block == 1) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) store8<float, false>(out, g.slot_base(i), d, acc[i]);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    store8<float, false>(red + int64_t(g.index) * d, g.slot_base(i), d, acc[i]);
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float t = 0.0f;
-    for (int r = 0; r < g.per_block; ++r) t += red[int64_t(r) * d + c];
-    out[c] = t;
-  }
+  sum_groups_in_order<VPT>(partial + (int64_t(q) * chunks + chunk) * d, red, acc, g, d);
 }
 
 // dw_q[c] += sum over chunks b (in order) of partial[q, b, c]; blockIdx.y = q.
@@ -799,22 +808,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 
   // dgain partial of this block: its groups' accumulators summed in group order.
-  float* part = dgain_partial + int64_t(blockIdx.x) * d;
-  if (block_mode) {  // one group: each element owned by one thread
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) store8<float, false>(part, g.slot_base(i), d, dgacc[i]);
-    return;
-  }
-  float* red = reinterpret_cast<float*>(smem);  // [groups][d]
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    store8<float, false>(red + int64_t(g.index) * d, g.slot_base(i), d, dgacc[i]);
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float s2 = 0.0f;
-    for (int k2 = 0; k2 < g.per_block; ++k2) s2 += red[int64_t(k2) * d + c];
-    part[c] = s2;
-  }
+  sum_groups_in_order<VPT>(dgain_partial + int64_t(blockIdx.x) * d, reinterpret_cast<float*>(smem),
+                           dgacc, g, d);
 }
 
 }  // namespace
