@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu_targets.py on real gpu_check.sh reports (the H100 runs kept in
 # docs/measurements): every target row with its measured value and verdict,
-# and the floor of a step from that machine's measured ceilings; on an empty
+# the floor of a step from that machine's measured ceilings, and the AttnRes
+# overheads against the traffic floor of their depth Mix; on an empty
 # report, "not measured" rows and no floor.
 # Usage: gpu_targets.sh BIN SRC (BIN unused: the script is Python)
 set -euo pipefail
@@ -29,11 +30,15 @@ expect "350M block step vs baseline                        +13.1%    <= +2%  no"
 expect "attention fwd+bwd vs cuDNN SDPA (124M shape)        1.14x  <= 1.30x  yes"
 expect "attention fwd+bwd vs cuDNN SDPA (350M shape)        1.34x  <= 1.30x  no"
 expect "124M: 32.1 ms for 13.1 TFLOP, i.e. at most 41.2% MFU (50% needs 26.4 ms)"
+# The AttnRes overheads against the passes their depth Mix makes (Block: 8 groups of
+# 3 sublayers over 1..8 sources at 124M; counted by depth_passes from model.cpp's schedule).
+expect "124M  block N=8      +6.5 ms  +16.6%     341   2.85 ms  2.3x     271   2.27 ms   +5.8%"
+expect "350M  full          +59.5 ms  +52.5%    1820  20.32 ms  2.9x    1427  15.93 ms  +14.1%"
 
 empty=$(mktemp -d /tmp/attnres_targets.XXXXXX)
 trap 'rm -rf "$empty"' EXIT
 out=$("$PY" "$SRC/scripts/gpu_targets.py" "$empty")
 echo "$out"
 [[ $(grep -c "not measured" <<<"$out") -eq 8 ]] || fail "an empty report should give 8 'not measured' rows"
-grep -q "floor of a step" <<<"$out" && fail "an empty report should print no floor"
+grep -qE "floor of a step|AttnRes overhead" <<<"$out" && fail "an empty report should print no floor"
 echo "ok: gpu_targets.py"
