@@ -85,16 +85,18 @@ int cmd_bench(const Args& args) {
   Flags f(args, "bench",
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
-           "preset"},
+           "preset", "only"},
           {"help", "kernels"});
   if (f.has("help")) {
     std::puts(
         "usage: attnres bench [--device cpu|cuda] [--precision fp32|bf16] [--preset 124m|350m]\n"
         "  [--mode baseline|full|block|all] [--steps 5] [--warmup 1] [--d-model 256]\n"
         "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
-        "  [--batch 8] [--grad-accum 1] [--block-size 4 | --n-blocks N] [--kernels]\n"
+        "  [--batch 8] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
+        "  [--kernels [--only TEXT]]\n"
         "--kernels times each CUDA op at the model's shapes against its floors\n"
-        "(bytes / bandwidth, FLOPs / peak) instead of whole training steps.");
+        "(bytes / bandwidth, FLOPs / peak) instead of whole training steps;\n"
+        "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.");
     return 0;
   }
   const std::string preset = f.get("preset", "");
@@ -126,6 +128,8 @@ int cmd_bench(const Args& args) {
   NB = f.get_int("n-blocks", f.has("block-size") ? 0 : NB, "bench");
   S = f.get_int("block-size", S, "bench");
   const std::string which = f.get("mode", "all");
+  if (f.has("only") && !f.has("kernels"))
+    fail("bench: --only selects rows of --kernels; add --kernels");
   const std::string dev_name = f.get("device", "cpu");
   if (dev_name != "cpu" && dev_name != "cuda") fail("bench: --device is cpu or cuda, got ", dev_name);
   const Device device = dev_name == "cuda" ? Device::CUDA : Device::CPU;
@@ -151,7 +155,7 @@ int cmd_bench(const Args& args) {
               (long long)B, (long long)A, steps, warmup);
   if (f.has("kernels")) {
     if (device != Device::CUDA) fail("bench --kernels times the CUDA ops: add --device cuda");
-    bench_kernels(c, B, T, dtype, NB > 0 ? NB : 8);
+    bench_kernels(c, B, T, dtype, NB > 0 ? NB : 8, f.get("only", ""));
     return 0;
   }
 

@@ -16,4 +16,5 @@ pass "bench printed baseline, block and full rows"
 
 expect_error "bf16 on the cpu" "bf16 is a CUDA precision" "$BIN" bench "${small[@]}" --precision bf16
 expect_error "unknown preset" "unknown --preset" "$BIN" bench --preset 7b
+expect_error "--only without --kernels" "--only selects rows of --kernels" "$BIN" bench "${small[@]}" --only mix
 echo "all bench checks passed"
