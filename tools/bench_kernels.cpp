@@ -212,6 +212,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     Tensor probs = Tensor::empty({N, ks}, st, Device::CUDA), dout = rand_dev({N, d}, dt, 41);
     Tensor dw = Tensor::zeros({d}, gt, Device::CUDA);
     const std::string tag = " (k=" + std::to_string(ks) + ")";
+    k::mix_forward(out, probs, w, src, rs);  // probs for the bwd row, whatever --only runs
     add("mix fwd" + tag, [&] { k::mix_forward(out, probs, w, src, rs); }, reps,
         e * (ks + 1.0) * N * d, 4.0 * ks * N * d);
     add("mix bwd" + tag, [&] { k::mix_backward(dsrc, dw, dout, w, src, rs, probs); }, reps,
@@ -237,6 +238,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       Tensor lse0 = lse.rows(0, 1).reshape({N}), dlse0 = dlse.rows(0, 1).reshape({N});
       Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 81);
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
+      k::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f);  // mstats, as above
       add("mix merge + rmsnorm fwd",
           [&] { k::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f); }, reps,
           e * 3.0 * N * d, 9.0 * N * d);  // o, p read, u written
@@ -268,6 +270,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 92);
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
       const std::string mtag = " (full, m=" + std::to_string(m) + ")";
+      k::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f);  // mstats, as above
       add("mix merge + rmsnorm fwd" + mtag,
           [&] { k::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f); }, reps,
           e * (m + 2.0) * N * d, (4.0 * m + 5.0) * N * d);  // o, recent read, u written
