@@ -77,10 +77,9 @@ struct Scalars {
 constexpr int kThreads = 256;
 constexpr int W = 4;  // 16 bytes of each fp32 array (8 bytes of the bf16 copy)
 
-// Up to kAdamBatch parameters per launch; parameter i owns the blocks
-// [first_block[i], first_block[i + 1]) and strides over its elements with
-// them. Every element is updated by the same arithmetic whatever the blocks,
-// so batching does not change a bit.
+// Up to kAdamBatch parameters per launch (a batched launch, common.cuh's
+// batch_slot). Every element is updated by the same arithmetic whatever the
+// blocks, so batching does not change a bit.
 constexpr int kAdamBatch = 32;
 struct AdamBatch {
   float* p[kAdamBatch];
@@ -120,8 +119,9 @@ __device__ __forceinline__ void update(int64_t i, float* p, const float* g, floa
 }
 
 __global__ void adamw_kernel(AdamBatch batch, Scalars s) {
-  int t = 0;  // this block's parameter (count <= 32: a scan is cheap)
-  while (t + 1 < batch.count && batch.first_block[t + 1] <= int64_t(blockIdx.x)) ++t;
+  const BatchSlot slot = batch_slot(batch);
+  const int t = slot.member;
+  const int64_t tid = slot.tid, stride = slot.stride;
   float* p = batch.p[t];
   const float* g = batch.g[t];
   float* m = batch.m[t];
@@ -129,8 +129,6 @@ __global__ void adamw_kernel(AdamBatch batch, Scalars s) {
   bf16* lo = batch.p_lowp[t];
   const int64_t n = batch.n[t];
   const float df = batch.decay_factor[t];
-  const int64_t stride = (batch.first_block[t + 1] - batch.first_block[t]) * blockDim.x;
-  const int64_t tid = (int64_t(blockIdx.x) - batch.first_block[t]) * blockDim.x + threadIdx.x;
   int64_t tail = 0;
   if (batch.vec[t]) {
     const int64_t nv = n / W;
@@ -149,7 +147,6 @@ void adamw_update_each(Span<const AdamWTensors> params, const AdamWStep& step,
                   static_cast<float>(step.beta2), static_cast<float>(step.eps),
                   static_cast<float>(sc.bc1),   static_cast<float>(sc.bc2),
                   static_cast<float>(step.grad_scale)};
-  const int64_t cap = int64_t(::attnres::cuda::device_properties().multiProcessorCount) * 16;
   for (size_t b0 = 0; b0 < params.size(); b0 += kAdamBatch) {
     AdamBatch batch{};
     batch.count = static_cast<int>(std::min<size_t>(kAdamBatch, params.size() - b0));
@@ -169,8 +166,7 @@ void adamw_update_each(Span<const AdamWTensors> params, const AdamWStep& step,
       // Enough blocks to fill the device for a big tensor (as a launch of its
       // own would have), one for a small one.
       const int64_t work = batch.vec[i] ? ceil_div(n, W) : n;
-      const int64_t blocks = std::max<int64_t>(1, std::min(ceil_div(work, kThreads), cap));
-      batch.first_block[i + 1] = batch.first_block[i] + blocks;
+      batch.first_block[i + 1] = batch.first_block[i] + grid_for(work, kThreads);
     }
     adamw_kernel<<<static_cast<unsigned>(batch.first_block[batch.count]), kThreads, 0, stream()>>>(
         batch, s);

@@ -56,16 +56,6 @@ void backward_mma(const Params& p, bf16* dq, bf16* dk, bf16* dv, const bf16* dou
 // Head dims the mma kernels are instantiated for.
 inline bool mma_head_dim(int hd) { return hd == 32 || hd == 64 || hd == 128; }
 
-// Sets the dynamic shared-memory limit of `kernel` when it needs more than the
-// default 48 KiB (a cheap attribute write; doing it at each launch keeps the
-// launchers free of static state).
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(bytes)));
-}
-
 // ---- PTX building blocks (sm_80+) ------------------------------------------------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -17,7 +17,7 @@ using bf16 = __nv_bfloat16;
 // Every kernel and copy runs on the runtime's compute stream.
 inline cudaStream_t stream() { return ::attnres::cuda::compute_stream(); }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Typed device pointer of a CUDA tensor; T is float, bf16 (F32 / BF16),
 // int32_t (I32) or double (F64).
@@ -75,12 +75,39 @@ inline int grid_for(int64_t work, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, threads), cap)));
 }
 
+// Sets the dynamic shared-memory limit of `kernel` when it needs more than the
+// default 48 KiB (a cheap attribute write; doing it at each launch keeps the
+// launchers free of static state).
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(bytes)));
+}
+
+// ---- batched launches -----------------------------------------------------------
+// One launch for many tensors (an optimizer step, a global norm): member i of
+// the batch owns the blocks [first_block[i], first_block[i + 1]) and runs a
+// grid-stride loop over its own elements with them, so each member's
+// arithmetic is what a launch of its own with that many blocks would do.
+struct BatchSlot {
+  int member;          // this block's member
+  int64_t tid, stride; // this thread's start and the stride within the member's blocks
+};
+template <typename Batch>
+__device__ __forceinline__ BatchSlot batch_slot(const Batch& batch) {
+  int i = 0;  // count is small (<= 64): a scan is cheap
+  while (i + 1 < batch.count && batch.first_block[i + 1] <= int64_t(blockIdx.x)) ++i;
+  const int64_t b = int64_t(blockIdx.x) - batch.first_block[i];
+  return {i, b * blockDim.x + threadIdx.x,
+          (batch.first_block[i + 1] - batch.first_block[i]) * blockDim.x};
+}
+
 // ---- elementwise launches -----------------------------------------------------
 // Elements per 16-byte pack of T.
 template <typename T>
 constexpr int pack_of() { return static_cast<int>(16 / sizeof(T)); }
 
-constexpr int kElementwiseThreads = 256;
 
 // Runs f.apply<W>(i) on the packs [i, i+W) and f.apply<1>(i) on the tail.
 template <int W, typename F>
@@ -99,7 +126,7 @@ __global__ void elementwise_kernel(int64_t n, F f) {
 // way, so results do not depend on the alignment.
 template <int W, typename F>
 void launch_elementwise(int64_t n, bool vec_ok, const F& f) {
-  constexpr int kT = kElementwiseThreads;
+  constexpr int kT = 256;
   if (n <= 0) return;
   if (vec_ok)
     elementwise_kernel<W><<<grid_for(ceil_div(n, W), kT), kT, 0, stream()>>>(n, f);

@@ -47,7 +47,7 @@ namespace attnres::kernels::cuda {
 
 namespace {
 
-// Budget of the fp32 logits buffer of one chunk. At V = 50304 this is 5120
+// Budget of the fp32 logits buffer of one chunk. At V = 50304 this is 5248
 // rows: large enough that the dw GEMM (K = R) amortises its read and write of
 // the fp32 dw (8 V d bytes per chunk: 0.3 GB at d = 768) over many rows, small
 // enough to leave the activations their memory. (At 512 MiB the dw traffic of
@@ -65,8 +65,6 @@ size_t residency_limiting_smem() {
   const cudaDeviceProp& p = ::attnres::cuda::device_properties();
   return std::min<size_t>(p.sharedMemPerMultiprocessor / 2 + 1024, p.sharedMemPerBlockOptin);
 }
-
-
 
 int64_t chunk_rows(int64_t N, int64_t V) {
   if (V == 0) return N;
@@ -178,17 +176,6 @@ __global__ void __launch_bounds__(1024) sum_loss_kernel(const double* row_loss, 
   if (threadIdx.x == 0) status->loss = s;
 }
 
-template <typename Kernel>
-void launch_rows(Kernel kernel, unsigned rows, float* logits, int64_t V, const int32_t* targets,
-                 int64_t row0, double* row_loss, Status* status, bool grads, double grad_scale) {
-  const size_t smem = residency_limiting_smem();
-  ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-  kernel<<<rows, kRowThreads, smem, stream()>>>(logits, V, targets, row0, row_loss, status, grads,
-                                                grad_scale);
-  ATTNRES_CUDA_CHECK_LAUNCH();
-}
-
 template <typename T>
 double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, Tensor* dw,
            double grad_scale, Store dh_store) {
@@ -212,14 +199,18 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
   // dlogits: in place, T elements, row stride = the fp32 row's bytes.
   const int64_t ld_dl = V * int64_t(sizeof(float) / sizeof(T));
   const bool vec4 = V % 4 == 0;
+  const auto row_kernel = vec4 ? ce_row_kernel<T, 4> : ce_row_kernel<T, 1>;
+  const size_t row_smem = residency_limiting_smem();
+  allow_smem(row_kernel, row_smem);
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const T* hc = hp + r0 * d;
     // 1. logits[rows, V] = h_chunk w^T
     gemm(false, true, rows, V, d, ab, hc, d, wp, d, 0.0f, DType::F32, L, V);
     // 2. loss per row; dlogits in place
-    launch_rows(vec4 ? ce_row_kernel<T, 4> : ce_row_kernel<T, 1>, static_cast<unsigned>(rows), L,
-                V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
+    row_kernel<<<static_cast<unsigned>(rows), kRowThreads, row_smem, stream()>>>(
+        L, V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
+    ATTNRES_CUDA_CHECK_LAUNCH();
     if (!grads) continue;
     // 3. dh_chunk[rows, d] (+)= dlogits[rows, V] w[V, d]  (chunks own disjoint rows)
     if (dh)

@@ -144,7 +144,7 @@ void embedding_forward(Tensor& out, const Tensor& weight, const Tensor& tokens) 
   BadFlag flag;
   dispatch_float(weight, op, [&](auto tag) {
     using T = decltype(tag);
-    constexpr int W = 16 / sizeof(T);
+    constexpr int W = pack_of<T>();
     T* po = dptr<T>(out);
     const T* pw = dptr<T>(weight);
     const unsigned grid = static_cast<unsigned>(N);
@@ -221,7 +221,7 @@ void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& token
   float* pdw = dptr<float>(dweight);
   dispatch_float(dout, op, [&](auto tag) {
     using T = decltype(tag);
-    constexpr int W = 16 / sizeof(T);  // 4 floats, or 8 bf16 into 8 floats
+    constexpr int W = pack_of<T>();  // 4 floats, or 8 bf16 into 8 floats
     const T* pd = dptr<T>(dout);
     const bool vec = d % W == 0 && aligned(pd, 16) && aligned(pdw, sizeof(float) * W);
     const int64_t packs = vec ? d / W : d;

@@ -237,20 +237,15 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, DType ab_
   ATTNRES_CHECK(c_in == c || beta == 1.0f, "gemm: a separate C_in is only read with beta = 1");
   if (m == 0 || n == 0) return;
   ATTNRES_CHECK(ldc >= n, "gemm: ldc ", ldc, " < n ", n);
-  if (k == 0 && c_in != c) {  // empty sum: C = C_in
+  if (k == 0) {  // empty sum: C = beta C_in (beta is 0 or 1)
     const size_t es = dtype_size(c_type), pitch = static_cast<size_t>(ldc) * es;
-    ATTNRES_CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, static_cast<size_t>(n) * es,
-                                         static_cast<size_t>(m), cudaMemcpyDeviceToDevice,
-                                         stream()));
-    return;
-  }
-  if (k == 0) {  // empty sum: C = beta C
-    if (beta == 0.0f) {
-      const size_t es = dtype_size(c_type);
-      ATTNRES_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<size_t>(ldc) * es, 0,
-                                           static_cast<size_t>(n) * es, static_cast<size_t>(m),
+    if (beta == 0.0f)
+      ATTNRES_CUDA_CHECK(cudaMemset2DAsync(c, pitch, 0, static_cast<size_t>(n) * es,
+                                           static_cast<size_t>(m), stream()));
+    else if (c_in != c)
+      ATTNRES_CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, static_cast<size_t>(n) * es,
+                                           static_cast<size_t>(m), cudaMemcpyDeviceToDevice,
                                            stream()));
-    }
     return;
   }
   ATTNRES_CHECK(lda >= (trans_a ? m : k), "gemm: lda ", lda, " too small");

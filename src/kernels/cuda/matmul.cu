@@ -4,7 +4,8 @@
 // No custom kernel: a tensor-core GEMM is compute-bound at these shapes and
 // cuBLASLt is at the hardware's roofline; writing our own would only lose.
 // The work is 2 M N K FLOPs per GEMM (forward; dx and dw each the same), and
-// the bytes are the three operands once (plus C read once when accumulating).
+// the bytes are the three operands once (plus C_in, the residual or y itself,
+// read once when the epilogue adds it).
 //
 // Dtypes: F32 tensors compute in true fp32 (no TF32), matching the CPU to
 // ~1e-6. BF16 tensors use bf16 tensor cores with fp32 accumulation; dw is F32

@@ -104,8 +104,6 @@ struct DwPtrs {
   float* dw[kMaxQueries];
 };
 
-__host__ __device__ inline int64_t ceil_div_dev(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Shared memory of a backward row group after its source cache: Q k float4
 // dot records and Q floats, rounded up to 16 bytes so that the next group's
 // cache stays 16-byte aligned.
@@ -206,6 +204,10 @@ struct Group {
   __device__ float sum(float v, float* scratch) const {
     return block_mode ? block_sum(v, scratch) : warp_sum(v);
   }
+  // Two sums with one pair of barriers in block mode. (Written out rather
+  // than through block_reduce: that form, and plain sums for the callers that
+  // use only .x, each moved the merge kernels' register allocation, with
+  // spills at d = 1024, in ptxas; this is the code measured on the H100.)
   __device__ float2 sum2(float2 v, float2* scratch) const {
     v.x = warp_sum(v.x);
     v.y = warp_sum(v.y);
@@ -251,6 +253,9 @@ struct RowLayout {
   int warps_per_row;
   bool block_mode() const { return warps_per_row > 1; }
   int group_size() const { return 32 * warps_per_row; }
+  // Row groups per block and threads per block of a one-group-per-row kernel.
+  int groups_per_block() const { return block_mode() ? 1 : kWarpRowThreads / 32; }
+  int threads() const { return block_mode() ? group_size() : kWarpRowThreads; }
 };
 
 RowLayout row_layout(const char* op, int64_t d) {
@@ -261,8 +266,6 @@ RowLayout row_layout(const char* op, int64_t d) {
     fail(op, ": d = ", d, " exceeds the CUDA kernel's limit of ", kMaxThreads * kMaxVpt * 8);
   return {static_cast<int>(ceil_div(slots, 32 * wpr)), static_cast<int>(wpr)};
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Runs fn(integral_constant<int, VPT>, bool_constant<ALIGNED>) for the runtime
 // choice, instantiating every kernel variant once.
@@ -285,6 +288,10 @@ void check_capacity(const char* op, size_t k) {
   if (k > static_cast<size_t>(kMaxSources))
     fail(op, ": ", k, " sources exceed the CUDA kernel's capacity of ", kMaxSources);
 }
+
+// 16-byte alignment (a named helper: the launchers' `aligned` flags would hide
+// common.cuh's aligned()).
+bool aligned16(const void* p) { return aligned(p, 16); }
 
 // ---- rstd ------------------------------------------------------------------------
 
@@ -553,7 +560,7 @@ __global__ void __launch_bounds__(kDwThreads)
   g.index = static_cast<int>(threadIdx.x / unsigned(group_size));
   g.per_block = static_cast<int>(blockDim.x / unsigned(group_size));
   const int q = static_cast<int>(blockIdx.x % unsigned(Q));
-  const int64_t chunk = blockIdx.x / unsigned(Q), chunks = ceil_div_dev(N, kDwRows);
+  const int64_t chunk = blockIdx.x / unsigned(Q), chunks = ceil_div(N, kDwRows);
   const int64_t row0 = chunk * kDwRows, row1 = row0 + kDwRows < N ? row0 + kDwRows : N;
   float acc[VPT][8];
 #pragma unroll
@@ -853,8 +860,7 @@ struct RowGrid {
   int threads;
 };
 RowGrid row_grid(const RowLayout& lay, int64_t rows, int per_row = 1) {
-  if (lay.block_mode()) return {static_cast<unsigned>(rows * per_row), lay.group_size()};
-  return {static_cast<unsigned>(ceil_div(rows, kWarpRowThreads / 32) * per_row), kWarpRowThreads};
+  return {static_cast<unsigned>(ceil_div(rows, lay.groups_per_block()) * per_row), lay.threads()};
 }
 
 // Grid of a row kernel that strides rows over one wave of resident blocks of
@@ -864,9 +870,7 @@ RowGrid row_grid(const RowLayout& lay, int64_t rows, int per_row = 1) {
 template <typename Kernel>
 int64_t resident_grid(const char* op, Kernel kernel, int threads, size_t smem, int64_t rows,
                       int rows_per_block) {
-  if (smem > (48u << 10))
-    ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
+  allow_smem(kernel, smem);
   int per_sm = 0;
   ATTNRES_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   ATTNRES_CHECK(per_sm > 0, op, ": no block of ", threads, " threads with ", smem,
@@ -951,6 +955,8 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
       dsrc.dv[j] = dptr<T>(dsources[j]);
       aligned = aligned && aligned16(dsrc.dv[j]);
     }
+    const int groups_per_block = lay.groups_per_block(), threads = lay.threads();
+    const size_t row_bytes = size_t(lay.vpt) * lay.group_size() * sizeof(Pack<T>);
     // Launches of up to kMaxQueries queries, the last queries first (the
     // descending order of kernels/mix.h).
     const int n_launches = static_cast<int>(ceil_div(n_queries, kMaxQueries));
@@ -967,9 +973,6 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
       }
       // Shared memory per group: kc cached source rows, then the dots and
       // the softmax sums.
-      const int groups_per_block = lay.block_mode() ? 1 : kWarpRowThreads / 32;
-      const int threads = lay.block_mode() ? lay.group_size() : kWarpRowThreads;
-      const size_t row_bytes = size_t(lay.vpt) * lay.group_size() * sizeof(Pack<T>);
       const size_t db = dots_bytes(Q, k);
       const size_t per_group = kSmemBudget / groups_per_block;
       const int kc = per_group > db
@@ -1042,8 +1045,7 @@ void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Te
       drec.dv[j] = dptr<T>(drecent[j]);
       aligned = aligned && aligned16(drec.dv[j]);
     }
-    const int groups_per_block = lay.block_mode() ? 1 : kWarpRowThreads / 32;
-    const int threads = lay.block_mode() ? lay.group_size() : kWarpRowThreads;
+    const int groups_per_block = lay.groups_per_block(), threads = lay.threads();
     // Warp mode: the block's per-group dgain rows meet in shared memory.
     const size_t smem = lay.block_mode() ? 0 : size_t(groups_per_block) * d * sizeof(float);
     Tensor coef = Tensor::empty({N, m}, DType::F32, Device::CUDA);

@@ -111,12 +111,11 @@ template <typename T>
 __global__ void sum_squares_partials(SumBatch<T> batch, double* partial) {
   __shared__ double scratch[32];
   constexpr int W = pack_of<T>();
-  int i = 0;  // this block's tensor (count <= 64: a scan is cheap)
-  while (i + 1 < batch.count && batch.first_block[i + 1] <= int64_t(blockIdx.x)) ++i;
+  const BatchSlot slot = batch_slot(batch);
+  const int i = slot.member;
+  const int64_t tid = slot.tid, stride = slot.stride;
   const T* x = batch.x[i];
-  const int64_t n = batch.n[i], b = int64_t(blockIdx.x) - batch.first_block[i];
-  const int64_t stride = (batch.first_block[i + 1] - batch.first_block[i]) * blockDim.x;
-  const int64_t tid = b * blockDim.x + threadIdx.x;
+  const int64_t n = batch.n[i];
   const int64_t nv = n / W;
   const bool vec = batch.vec[i];
   double s = 0;
@@ -179,7 +178,10 @@ void queue_sum_squares(Span<const Tensor> xs, double* out) {
 
 }  // namespace
 
-double sum_squares(const Tensor& x) { return sum_squares_each(Span<const Tensor>(&x, 1))[0]; }
+double sum_squares(const Tensor& x) {
+  if (x.numel() == 0) return 0.0;  // no launch, no wait
+  return sum_squares_each(Span<const Tensor>(&x, 1))[0];
+}
 
 std::vector<double> sum_squares_each(Span<const Tensor> xs) {
   std::vector<double> out(xs.size(), 0.0);

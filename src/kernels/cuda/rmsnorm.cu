@@ -64,7 +64,7 @@ template <typename T, bool kVec>
 __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* gain, int64_t d,
                                        float eps) {
   __shared__ float scratch[32];
-  constexpr int N = kVec ? static_cast<int>(16 / sizeof(T)) : 1;
+  constexpr int N = kVec ? pack_of<T>() : 1;
   const int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   T* yr = y + row * d;
@@ -103,7 +103,7 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial, float* acc_global
                                         const T* x, const float* rstd, const T* gain,
                                         int64_t N_rows, int64_t d, bool accumulate) {
   extern __shared__ float acc_smem[];
-  constexpr int W = kVec ? static_cast<int>(16 / sizeof(T)) : 1;
+  constexpr int W = kVec ? pack_of<T>() : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int64_t packs = d / W;  // kVec only when W divides d
   float* acc_block = acc_global ? acc_global + int64_t(blockIdx.x) * warps * d : acc_smem;
@@ -197,7 +197,7 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gai
   float* pr = dptr<float>(rstd);
   dispatch_float(x, "rmsnorm_forward", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int W = 16 / sizeof(T);
+    constexpr int W = pack_of<T>();
     T* py = dptr<T>(y);
     const T* px = dptr<T>(x);
     const T* pg = dptr_or_null<T>(gain);
@@ -239,7 +239,7 @@ void rmsnorm_backward(Tensor& dx, Tensor* dgain, const Tensor& dy, const Tensor&
 
   dispatch_float(x, "rmsnorm_backward", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int W = 16 / sizeof(T);
+    constexpr int W = pack_of<T>();
     T* pdx = dptr<T>(dx);
     const T* pdy = dptr<T>(dy);
     const T* px = dptr<T>(x);
