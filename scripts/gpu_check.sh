@@ -8,7 +8,9 @@
 #                                   benchmarks; --quick then --bench fit a
 #                                   10-minute limit per command)
 #   scripts/gpu_check.sh --tests SPEC   only the GPU tests a Catch2 test spec
-#                                       selects, e.g. "[mix],[adamw]"
+#                                       selects, e.g. "[mix],[adamw]" (filters the
+#                                       test_gpu binary only: the resume and NCCL
+#                                       tests still run)
 # Logs and tables go to $OUT (if set, as on the device tool) or build-gpu/report.
 #
 # Dependencies: nvcc, CMake and the CUDA libraries must be there. The Debian
@@ -22,15 +24,17 @@ mkdir -p "$out"
 quick=0
 bench_only=0
 tests=()
+usage() { echo "usage: scripts/gpu_check.sh [--quick | --bench] [--tests SPEC]" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
     --bench) bench_only=1 ;;
-    --tests) tests=("$2"); shift ;;
-    *) echo "usage: scripts/gpu_check.sh [--quick | --bench] [--tests SPEC]" >&2; exit 2 ;;
+    --tests) [[ $# -ge 2 ]] || usage; tests=("$2"); shift ;;
+    *) usage ;;
   esac
   shift
 done
+[[ $quick -eq 1 && $bench_only -eq 1 ]] && usage  # one or the other
 
 cmake_extra=()
 have_deps=1
@@ -88,18 +92,22 @@ fi
 [[ $quick -eq 1 ]] && exit $status
 
 echo "==> kernel benchmark (124M shapes, bf16)"
-./build-gpu/attnres bench --device cuda --preset 124m --kernels 2>&1 | tee "$out/kernels_124m.txt" | tail -30
+./build-gpu/attnres bench --device cuda --preset 124m --kernels 2>&1 | tee "$out/kernels_124m.txt" | tail -30 \
+  || status=1
 echo "==> end-to-end training steps (bf16)"
 ./build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3 2>&1 \
-  | tee "$out/bench_124m.txt" | tail -6
+  | tee "$out/bench_124m.txt" | tail -6 || status=1
 if python3 -c "import torch" 2>/dev/null; then
   echo "==> reference attention (PyTorch SDPA, each backend) at the same shapes"
   python3 scripts/bench_attention_torch.py 2>&1 | tee "$out/attention_torch.txt"
 fi
 ./build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2 2>&1 \
-  | tee "$out/bench_350m.txt" | tail -6
+  | tee "$out/bench_350m.txt" | tail -6 || status=1
 echo "==> kernel benchmark (350M shapes, bf16; attention rows shown)"
-./build-gpu/attnres bench --device cuda --preset 350m --kernels > "$out/kernels_350m.txt" 2>&1
+./build-gpu/attnres bench --device cuda --preset 350m --kernels > "$out/kernels_350m.txt" 2>&1 || {
+  status=1
+  tail -30 "$out/kernels_350m.txt"
+}
 grep -E "^(measured ceilings|attention)" "$out/kernels_350m.txt"
 echo "==> the CUDA issue's performance targets"
 python3 scripts/gpu_targets.py "$out" | tee "$out/targets.txt"

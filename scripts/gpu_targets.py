@@ -28,6 +28,8 @@ import os
 import re
 import sys
 
+PEAK_TFLOPS = 989  # the H100's dense bf16 peak, which train/config.h takes for MFU
+
 
 def read(path):
     try:
@@ -58,7 +60,8 @@ def kernel_ms(text, op):
     return None
 
 
-def cudnn_fb_ms(text, shape="(16, 12, 1024, 64)"):
+def cudnn_fb_ms(text, shape):
+    """cuDNN's forward + backward ms at `shape` (see attention_shape) in attention_torch.txt."""
     for line in (text or "").splitlines():
         if shape in line and " cudnn " in line:
             return float(line.split(")")[1].split()[3])  # backend, fwd ms, fwd TF/s, f+b ms
@@ -71,6 +74,11 @@ def model_shape(text):
         if line.startswith("model:"):
             return {k: int(v) for k, v in re.findall(r"\b(d|L|H|Hkv|d_ff|V|T|B)=(\d+)", line)}
     return None
+
+
+def attention_shape(shape):
+    """A model_shape's attention shape as attention_torch.txt names it: (B, H, T, head dim)."""
+    return f"({shape['B']}, {shape['H']}, {shape['T']}, {shape['d'] // shape['H']})"
 
 
 def ceilings(text):
@@ -174,10 +182,11 @@ def main():
             rows.append((f"{label} {mode} step vs baseline", vs is not None and f"{vs:+.1f}%" or None,
                          f"<= +{goal:.0f}%", None if vs is None else vs <= goal))
     torch_text = read(os.path.join(d, "attention_torch.txt"))
-    for size, shape in (("124m", "(16, 12, 1024, 64)"), ("350m", "(8, 16, 2048, 64)")):
+    for size in ("124m", "350m"):
         kt = read(os.path.join(d, f"kernels_{size}.txt"))
         fwd, bwd = kernel_ms(kt, "attention fwd"), kernel_ms(kt, "attention bwd")
-        ref = cudnn_fb_ms(torch_text, shape)
+        shape = model_shape(kt)  # the shape the kernels were timed at
+        ref = shape and cudnn_fb_ms(torch_text, attention_shape(shape))
         ratio = fwd and bwd and ref and (fwd + bwd) / ref
         rows.append((f"attention fwd+bwd vs cuDNN SDPA ({size.upper()} shape)",
                      ratio and f"{ratio:.2f}x", "<= 1.30x", None if not ratio else ratio <= 1.3))
@@ -195,8 +204,7 @@ def main():
         shape = model_shape(read(os.path.join(d, f"bench_{size}.txt")))
         if not ceil or not shape:
             continue
-        hd = shape["d"] // shape["H"]
-        attn = cudnn_fb_ms(torch_text, f"({shape['B']}, {shape['H']}, {shape['T']}, {hd})")
+        attn = cudnn_fb_ms(torch_text, attention_shape(shape))
         if attn is None:
             continue
         ms, tflop = floor_step(shape, ceil[0], ceil[1], attn)
@@ -205,8 +213,8 @@ def main():
                   f"GEMM {ceil[1]:.0f} TFLOP/s, cuDNN attention), an estimate:")
             printed = True
         print(f"  {size.upper()}: {ms:.1f} ms for {tflop:.1f} TFLOP, i.e. at most "
-              f"{100 * tflop / (989 * ms * 1e-3):.1f}% MFU (50% needs "
-              f"{tflop / (0.5 * 989) * 1e3:.1f} ms)")
+              f"{100 * tflop / (PEAK_TFLOPS * ms * 1e-3):.1f}% MFU (50% needs "
+              f"{tflop / (0.5 * PEAK_TFLOPS) * 1e3:.1f} ms)")
 
     # The AttnRes overheads against the traffic their depth Mix must move.
     printed = False

@@ -59,7 +59,6 @@ inline void set(Tensor& t, int64_t i, double v) {
   else t.data<double>()[i] = v;
 }
 
-// Largest |a-b| / max(|a|, |b|, floor) over all elements.
 // Whether two tensors (on any device) hold the same bytes: bit-for-bit
 // equality, NaNs included.
 inline bool same_bits(const Tensor& a, const Tensor& b) {
@@ -67,6 +66,7 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
+// Largest |a-b| / max(|a|, |b|, floor) over all elements.
 inline double max_rel_diff(const Tensor& a, const Tensor& b, double floor = 1e-6) {
   if (a.numel() != b.numel()) return INFINITY;
   double worst = 0;

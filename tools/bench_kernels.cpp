@@ -222,8 +222,11 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     // Block AttnRes's two phases for the last block: phase 1 runs the block's
     // Q = S queries over its kb = ks - 1 completed blocks in one pass, phase 2
     // merges each sublayer's output with the partial sum.
-    const int64_t nb = std::max<int64_t>(1, n_blocks);
-    const int64_t kb = ks - 1, Q = (2 * c.n_layers + nb - 1) / nb;
+    model::ModelConfig block = c;
+    block.mode = model::ResidualMode::Block;
+    block.block_size = 0;
+    block.n_blocks = std::max<int64_t>(1, n_blocks);
+    const int64_t kb = ks - 1, Q = block.resolved_block_size();
     if (kb >= 1) {
       const Phase1 p1 = phase1_rows(" (k=" + std::to_string(kb) + ", Q=" + std::to_string(Q) + ")",
                                     Span<const Tensor>(src.data(), size_t(kb)),
@@ -232,9 +235,11 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       const std::vector<Tensor>& outs = p1.outs;
       const Tensor &lse = p1.lse, &dlse = p1.dlse;
       // Phase 2 fused with the sublayer's RMSNorm (its output is u).
-      Tensor u = Tensor::empty({N, d}, dt, Device::CUDA), mstats = Tensor::empty({N, 4}, st, Device::CUDA);
-      const Span<const Tensor> part(&src[kb], 1);
-      const Span<Tensor> dpart(&dsrc[kb], 1);
+      const int64_t mp = 1;  // one recent source: the partial sum
+      Tensor u = Tensor::empty({N, d}, dt, Device::CUDA);
+      Tensor mstats = Tensor::empty({N, 2 * mp + 2}, st, Device::CUDA);
+      const Span<const Tensor> part(&src[kb], size_t(mp));
+      const Span<Tensor> dpart(&dsrc[kb], size_t(mp));
       Tensor lse0 = lse.rows(0, 1).reshape({N}), dlse0 = dlse.rows(0, 1).reshape({N});
       Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 81);
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);

@@ -5,12 +5,9 @@
 # overheads against the traffic floor of their depth Mix; on an empty
 # report, "not measured" rows and no floor.
 # Usage: gpu_targets.sh BIN SRC (BIN unused: the script is Python)
-set -euo pipefail
-SRC="$2"
-PY=/usr/bin/python3  # the system Python (scripts/install_deps.sh installs it)
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/lib.sh"
 
-out=$("$PY" "$SRC/scripts/gpu_targets.py" "$SRC/docs/measurements/2026-11-22-h100")
+out=$(python3 "$SRC/scripts/gpu_targets.py" "$SRC/docs/measurements/2026-11-22-h100")
 echo "$out"
 expect() { grep -qF -- "$1" <<<"$out" || fail "output lacks: $1"; }
 expect "124M baseline MFU                                   26.4%    >= 50%  no"
@@ -23,7 +20,7 @@ expect "124M: 32.4 ms for 13.1 TFLOP, i.e. at most 40.8% MFU (50% needs 26.4 ms)
 expect "350M: 89.3 ms for 40.3 TFLOP, i.e. at most 45.7% MFU (50% needs 81.5 ms)"
 
 # The second H100 report has kernels_350m.txt: the 350M attention row is measured.
-out=$("$PY" "$SRC/scripts/gpu_targets.py" "$SRC/docs/measurements/2026-11-22-h100-2")
+out=$(python3 "$SRC/scripts/gpu_targets.py" "$SRC/docs/measurements/2026-11-22-h100-2")
 echo "$out"
 expect "124M baseline MFU                                   34.0%    >= 50%  no"
 expect "350M block step vs baseline                        +13.1%    <= +2%  no"
@@ -35,10 +32,9 @@ expect "124M: 32.1 ms for 13.1 TFLOP, i.e. at most 41.2% MFU (50% needs 26.4 ms)
 expect "124M  block N=8      +6.5 ms  +16.6%     341   2.85 ms  2.3x     271   2.27 ms   +5.8%"
 expect "350M  full          +59.5 ms  +52.5%    1820  20.32 ms  2.9x    1427  15.93 ms  +14.1%"
 
-empty=$(mktemp -d /tmp/attnres_targets.XXXXXX)
-trap 'rm -rf "$empty"' EXIT
-out=$("$PY" "$SRC/scripts/gpu_targets.py" "$empty")
+mkdir empty  # in $WORK, removed with it
+out=$(python3 "$SRC/scripts/gpu_targets.py" empty)
 echo "$out"
 [[ $(grep -c "not measured" <<<"$out") -eq 8 ]] || fail "an empty report should give 8 'not measured' rows"
 grep -qE "floor of a step|AttnRes overhead" <<<"$out" && fail "an empty report should print no floor"
-echo "ok: gpu_targets.py"
+pass "gpu_targets.py"

@@ -4,7 +4,6 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "core/device.h"
 #include "core/tensor.h"

@@ -3,9 +3,7 @@
 // src/CMakeLists.txt, and the kernel does the CPU's operations in the CPU's
 // precisions), and the bf16 copy of p is p rounded to nearest even.
 #include <catch2/catch.hpp>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "gpu_testing.h"
 #include "kernels/adamw.h"
@@ -14,19 +12,6 @@
 using namespace attnres;
 using namespace attnres::gpu_testing;
 namespace k = attnres::kernels;
-
-namespace {
-
-// Elements of the GPU tensor whose bits differ from the CPU tensor's.
-int64_t bits_differ(const Tensor& gpu, const Tensor& cpu) {
-  Tensor g = gpu.to(Device::CPU);
-  int64_t n = 0;
-  for (int64_t i = 0; i < cpu.numel(); ++i)
-    n += std::memcmp(g.data<float>() + i, cpu.data<float>() + i, sizeof(float)) != 0;
-  return n;
-}
-
-}  // namespace
 
 TEST_CASE("cuda adamw matches the CPU bit for bit over several steps", "[gpu][adamw]") {
   for (int64_t n : {int64_t(0), int64_t(1), int64_t(5), int64_t(4096), int64_t(100003)})
@@ -57,15 +42,13 @@ TEST_CASE("cuda adamw matches the CPU bit for bit over several steps", "[gpu][ad
             k::adamw_update(p, g, m, v, step, decay);
             k::adamw_update(dp, dg, dm, dv, step, decay, lowp ? &dlow : nullptr);
             INFO("step " << t);
-            REQUIRE(bits_differ(dm, m) == 0);
-            REQUIRE(bits_differ(dv, v) == 0);
-            REQUIRE(bits_differ(dp, p) == 0);
+            REQUIRE(same_bits(dm, m));
+            REQUIRE(same_bits(dv, v));
+            REQUIRE(same_bits(dp, p));
           }
           if (lowp) {
             // The bf16 copy is the GPU's own fp32 p, rounded to nearest even.
-            Tensor want = dp.to(Device::CPU).to(DType::BF16);
-            Tensor got = dlow.to(Device::CPU);
-            REQUIRE(std::memcmp(got.raw(), want.raw(), got.nbytes()) == 0);
+            REQUIRE(same_bits(dlow, dp.to(Device::CPU).to(DType::BF16)));
           }
         }
 }
@@ -86,7 +69,7 @@ TEST_CASE("cuda adamw is bitwise repeatable", "[gpu][adamw]") {
     k::adamw_update(p, dg, m, v, step, true);
     o = p.to(Device::CPU);
   }
-  REQUIRE(std::memcmp(out[0].raw(), out[1].raw(), out[0].nbytes()) == 0);
+  REQUIRE(same_bits(out[0], out[1]));
 }
 
 TEST_CASE("cuda adamw's grad_scale equals scaling the gradient first, bit for bit", "[gpu][adamw]") {

@@ -6,7 +6,6 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "gpu_testing.h"
@@ -20,8 +19,6 @@ namespace {
 
 Tensor to_f64(const Tensor& host_f32) { return host_f32.to(DType::F64); }
 Tensor host_f64(const Tensor& dev) { return gt::to_host_f32(dev).to(DType::F64); }
-
-
 
 struct DevRun {
   Tensor out, lse, dq, dk, dv;

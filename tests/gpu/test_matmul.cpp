@@ -4,7 +4,6 @@
 // TF32) and BF16 (F32 dw), row-slice operands that are not 256-byte aligned,
 // the empty sum K = 0, and bitwise repeatability.
 #include <catch2/catch.hpp>
-#include <cstring>
 #include <vector>
 
 #include "gpu_testing.h"

@@ -117,7 +117,7 @@ TEST_CASE("cuda convert rounds F32 to BF16 to nearest even and widens exactly", 
       Tensor lo_host = lo.to(Device::CPU);
       REQUIRE(same_bits(lo_host, p.host.to(DType::BF16)));  // float_to_bf16: RNE
 
-      Tensor back = poisoned({n + 1}, DType::F32).rows(offset ? 1 : 0, n);
+      Tensor back = poisoned_at({n}, DType::F32, offset);
       k::convert(back, lo);
       REQUIRE(same_bits(back.to(Device::CPU), lo_host.to(DType::F32)));
     }
@@ -131,9 +131,7 @@ TEST_CASE("cuda sum_squares_each equals one sum_squares per tensor, bit for bit"
   const int64_t sizes[] = {1000, 0, 7, int64_t(1) << 20, 3, 768, 300001};
   for (int i = 0; i < 70; ++i) {
     const int64_t n = sizes[i % 7];
-    Tensor h = randn_f32({n + 1}, seed++);
-    Tensor d = to_device(h, DType::F32);
-    xs.push_back(i % 5 == 4 ? d.rows(1, n) : d.rows(0, n));  // every fifth one misaligned
+    xs.push_back(random_pair({n}, DType::F32, seed++, i % 5 == 4).dev);  // every fifth one misaligned
   }
   for (int64_t n : {int64_t(1000), int64_t(0), int64_t(1) << 20}) {
     Tensor h = randn_f32({n}, seed++);

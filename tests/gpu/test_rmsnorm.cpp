@@ -3,7 +3,6 @@
 // at misaligned offsets, a width whose dgain partial row does not fit in
 // shared memory; dgain is reduced in a fixed order, so it repeats bit for bit.
 #include <catch2/catch.hpp>
-#include <cstring>
 
 #include "gpu_testing.h"
 #include "kernels/rmsnorm.h"

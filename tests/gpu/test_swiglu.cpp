@@ -9,7 +9,6 @@ using namespace attnres;
 using namespace attnres::gpu_testing;
 namespace k = attnres::kernels;
 
-
 TEST_CASE("cuda swiglu forward and backward match the CPU", "[gpu][swiglu]") {
   struct Size {
     int64_t N, F;

@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <catch2/catch.hpp>
-#include <cstring>
 
 #include "kernels/embedding.h"
 #include "testing.h"

@@ -10,7 +10,6 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "kernels/mix.h"
@@ -314,7 +313,8 @@ TEST_CASE("two-phase mix + norm equals the one-pass softmax over all sources, th
     std::vector<Tensor> recent(src.begin() + c.kk, src.end());
     const Tensor w = randn({d}, 80), g = randn({d}, 82);
     Tensor stats;
-    const Tensor u = two_phase(w, first, recent, g, &stats);
+    GroupOut grp;  // phase 1's output and lse, for the gradients below
+    const Tensor u = two_phase(w, first, recent, g, &stats, &grp);
     const OneNorm one = one_pass_norm(w, src, g);
     REQUIRE(max_rel_diff(u, one.u, 1e-9) < 1e-12);
     const int64_t kt = c.kk + c.m;
@@ -332,8 +332,6 @@ TEST_CASE("two-phase mix + norm equals the one-pass softmax over all sources, th
     // Gradients of the composite (phase-1 backward fed by the merge's d_o
     // and dlse) against the one-pass RMSNorm + Mix backward.
     const Tensor wt = randn({N, d}, 81);
-    GroupOut grp;
-    two_phase(w, first, recent, g, &stats, &grp);
     std::vector<Tensor> rs = rstds_of(first);
     Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({1, N}, DType::F64);
     std::vector<Tensor> drecent = zeros_like(recent);

@@ -1,6 +1,7 @@
-// Helpers shared by the tests that build small models (model, train): a tiny
-// configuration, random parameters away from their initialisation, and the
-// parameters as the literal reference (reference.h) reads them.
+// Helpers shared by the tests that build small models (model, train, gpu,
+// mpi): a tiny configuration, random parameters away from their
+// initialisation, and the parameters as the literal reference (reference.h)
+// reads them.
 #pragma once
 #include <string>
 

@@ -260,4 +260,3 @@ TEST_CASE("initialisation follows MODEL.md section 3 and depends only on the see
   CHECK(testing::max_rel_diff(part.params().get("model.layers.1.mlp.up_proj.weight").value,
                               m.params().get("model.layers.1.mlp.up_proj.weight").value) == 0);
 }
-
