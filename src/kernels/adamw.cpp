@@ -33,14 +33,14 @@ void check_tensors(const char* op, const AdamWTensors& t) {
   if (t.p_lowp) check_arg(op, "p_lowp", *t.p_lowp, t.p->device(), DType::BF16, t.p->shape());
 }
 
-}  // namespace
-
 AdamWScalars adamw_scalars(const AdamWStep& step) {
   // Per-step scalars in double, rounded once to the tensor's type by the kernels.
   return {1.0 - std::pow(step.beta1, static_cast<double>(step.t)),
           1.0 - std::pow(step.beta2, static_cast<double>(step.t)),
           1.0 - step.lr * step.weight_decay};
 }
+
+}  // namespace
 
 void adamw_update_each(Span<const AdamWTensors> params, const AdamWStep& step) {
   const char* op = "adamw_update";

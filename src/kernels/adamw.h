@@ -1,4 +1,5 @@
-// AdamW with PyTorch semantics (MODEL.md section 4), one tensor at a time.
+// AdamW with PyTorch semantics (MODEL.md section 4): one tensor (adamw_update)
+// or a list of them (adamw_update_each).
 #pragma once
 #include <cstdint>
 
@@ -28,7 +29,6 @@ void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWS
 struct AdamWScalars {
   double bc1, bc2, decay_factor;
 };
-AdamWScalars adamw_scalars(const AdamWStep& step);
 
 // One parameter's tensors for adamw_update_each (p_lowp may be null).
 struct AdamWTensors {

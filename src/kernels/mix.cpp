@@ -129,7 +129,9 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
   });
 }
 
-// One query: the Q = 1 case with probs viewed as [1, N, k].
+// One query: the Q = 1 case with probs viewed as [1, N, k]. probs (and dw) are
+// checked here although the Span overload checks them again, so that an error
+// names what the caller passed: probs [N, k], not [1, N, k]; dw, not dws[0].
 void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor> sources,
                  Span<const Tensor> rstds) {
   const int64_t N = check_sources("mix_forward", w, sources, rstds).first;

@@ -1,8 +1,6 @@
 // RMSNorm dispatcher: argument checks and dtype dispatch.
 #include "kernels/rmsnorm.h"
 
-#include <utility>
-
 #include "kernels/common.h"
 #include "kernels/cpu/rmsnorm.h"
 #if ATTNRES_HAVE_CUDA
@@ -11,25 +9,14 @@
 
 namespace attnres::kernels {
 
-namespace {
-// The forward's checks: x 2-D [N, d], y like x, rstd [N] statistics, gain [d]
-// (optional), eps >= 0. Returns {N, d}.
-std::pair<int64_t, int64_t> check_forward(const char* op, const Tensor& y, const Tensor& rstd,
-                                          const Tensor& x, const Tensor* gain, float eps) {
+void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gain, float eps) {
+  const char* op = "rmsnorm_forward";
   check_2d(op, "x", x);
   const int64_t N = x.dim(0), d = x.dim(1);
   check_arg(op, "y", y, x, {N, d});
   check_arg(op, "rstd", rstd, x.device(), stat_dtype(x.dtype()), {N});
   if (gain) check_arg(op, "gain", *gain, x, {d});
   if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
-  return {N, d};
-}
-}  // namespace
-
-void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* gain, float eps) {
-  const char* op = "rmsnorm_forward";
-  const std::pair<int64_t, int64_t> Nd = check_forward(op, y, rstd, x, gain, eps);
-  const int64_t N = Nd.first, d = Nd.second;
   ATTNRES_CUDA_DISPATCH(x, op, cuda::rmsnorm_forward(y, rstd, x, gain, eps));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);

@@ -15,8 +15,10 @@ class AdamW {
 
   // Global L2 norm of all gradients (deterministic, accumulated in double).
   double grad_norm() const;
-  // Clip (if cfg.grad_clip > 0 and norm > clip: g *= clip / (norm + 1e-6)),
-  // then one AdamW update at learning rate lr. `norm` is grad_norm()'s value.
+  // One AdamW update at learning rate lr, with clipping folded into it: if
+  // cfg.grad_clip > 0 and norm > clip, the update uses g * clip / (norm + 1e-6)
+  // (AdamWStep::grad_scale); p.grad itself is left unclipped. `norm` is
+  // grad_norm()'s value.
   void step(double lr, double norm);
 
   int64_t steps_taken() const { return t_; }

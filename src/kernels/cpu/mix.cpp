@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/reduce.h"
 #include "kernels/math.h"
 
 namespace attnres::kernels::cpu {
@@ -151,11 +152,7 @@ void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, cons
 
   // Combine each query's chunk partials in chunk order.
   for (int64_t q = 0; q < Q; ++q)
-    for (int64_t c = 0; c < d; ++c) {
-      double t = 0;
-      for (int64_t ch = 0; ch < n_chunks; ++ch) t += partial[(q * n_chunks + ch) * d + c];
-      dws[q][c] += static_cast<T>(t);
-    }
+    add_chunk_sums(dws[q], partial.data() + q * n_chunks * d, n_chunks, d, d);
 }
 
 // The merge is the online softmax of math::OnlineSoftmax started from
@@ -274,15 +271,8 @@ void mix_merge_norm_backward(T* d_o, T* dlse, T* const* drecent, T* dw, T* dgain
       }
     }
   }
-  for (int64_t c = 0; c < d; ++c) {
-    double tw = 0, tg = 0;
-    for (int64_t ch = 0; ch < n_chunks; ++ch) {
-      tw += partial[ch * 2 * d + c];
-      tg += partial[ch * 2 * d + d + c];
-    }
-    dw[c] += static_cast<T>(tw);
-    dgain[c] += static_cast<T>(tg);
-  }
+  add_chunk_sums(dw, partial.data(), n_chunks, 2 * d, d);
+  add_chunk_sums(dgain, partial.data() + d, n_chunks, 2 * d, d);
 }
 
 #define ATTNRES_MIX_INSTANTIATE(T)                                                           \

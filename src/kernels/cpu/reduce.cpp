@@ -60,12 +60,24 @@ bool all_finite(const T* x, int64_t n) {
   return acc == T(0);
 }
 
+template <typename T>
+void add_chunk_sums(T* out, const double* partial, int64_t n_chunks, int64_t stride, int64_t d) {
+  // One column per iteration, so the threads do not change the order.
+#pragma omp parallel for schedule(static) if (n_chunks * d >= kParallelMin)
+  for (int64_t c = 0; c < d; ++c) {
+    double s = 0;
+    for (int64_t ch = 0; ch < n_chunks; ++ch) s += partial[ch * stride + c];
+    out[c] += static_cast<T>(s);
+  }
+}
+
 #define ATTNRES_INSTANTIATE(T)                                  \
   template double sum_squares<T>(const T*, int64_t);            \
   template void scale_<T>(T*, int64_t, T);                      \
   template void add_<T>(T*, const T*, int64_t);                 \
   template void add<T>(T*, const T*, const T*, int64_t);        \
-  template bool all_finite<T>(const T*, int64_t);
+  template bool all_finite<T>(const T*, int64_t);               \
+  template void add_chunk_sums<T>(T*, const double*, int64_t, int64_t, int64_t);
 ATTNRES_INSTANTIATE(float)
 ATTNRES_INSTANTIATE(double)
 #undef ATTNRES_INSTANTIATE

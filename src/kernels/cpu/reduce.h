@@ -20,4 +20,10 @@ void add(T* out, const T* a, const T* b, int64_t n);  // out = a + b
 template <typename T>
 bool all_finite(const T* x, int64_t n);
 
+// out[c] += sum over ch = 0..n_chunks-1, in that order, of partial[ch * stride + c]
+// (c < d), the sum in double and rounded once to T: the combine of per-chunk
+// partials that makes a row reduction independent of the thread count.
+template <typename T>
+void add_chunk_sums(T* out, const double* partial, int64_t n_chunks, int64_t stride, int64_t d);
+
 }  // namespace attnres::kernels::cpu

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "kernels/cpu/reduce.h"
 #include "kernels/math.h"
 
 namespace attnres::kernels::cpu {
@@ -81,14 +82,7 @@ void rmsnorm_backward(T* dx, T* dgain, const T* dy, const T* x, const T* rstd, c
     }
   }
 
-  if (!dgain) return;
-  // Combine the chunk partials in chunk order, one column per iteration.
-#pragma omp parallel for schedule(static) if (n_chunks * d >= kParallelMin)
-  for (int64_t j = 0; j < d; ++j) {
-    double s = 0;
-    for (int64_t c = 0; c < n_chunks; ++c) s += partial[c * d + j];
-    dgain[j] += static_cast<T>(s);
-  }
+  if (dgain) add_chunk_sums(dgain, partial.data(), n_chunks, d, d);  // in chunk order
 }
 
 template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int64_t, int64_t,
