@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/attention.h"
@@ -52,6 +53,14 @@ std::string norm_gain_name(int64_t s) {
 }
 std::string mix_query_name(int64_t s) {
   return sublayer_param(s, "attn_res.query", "mlp_res.query");
+}
+// A sublayer's recent sources (or their gradients): those past the first
+// `first` of the state's, then the partial sum when it exists.
+template <typename State>
+std::vector<Tensor> recent_of(const State& st, int64_t first) {
+  std::vector<Tensor> r(st.sources.begin() + first, st.sources.end());
+  if (st.partial.defined()) r.push_back(st.partial);
+  return r;
 }
 }  // namespace
 
@@ -212,30 +221,40 @@ int64_t Model::recent_sources(int64_t s) const {
 }
 
 void Model::mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState& st) const {
-  const int64_t Q = static_cast<int64_t>(g.size());
-  const int64_t N = st.sources.at(0).dim(0), d = cfg_.d_model;
+  std::vector<Tensor> ws;
+  std::vector<bool> merging;
+  for (size_t q = 0; q < g.size(); ++q) {
+    ws.push_back(mix_query(s + static_cast<int64_t>(q)).value);
+    merging.push_back(recent_sources(s + static_cast<int64_t>(q)) > 0);  // all but maybe the leader
+  }
   const int64_t k = phase1_sources(s);
   ATTNRES_CHECK(static_cast<int64_t>(st.sources.size()) >= k, "sublayer ", s, ": ",
                 st.sources.size(), " sources, phase 1 needs ", k);
+  phase1_forward(g, ws, k, merging, st);
+}
+
+void Model::phase1_forward(Span<SublayerActs> g, Span<const Tensor> ws, int64_t k,
+                           const std::vector<bool>& merging, const DepthState& st) const {
+  const int64_t Q = static_cast<int64_t>(g.size());
+  const int64_t N = st.sources.at(0).dim(0), d = cfg_.d_model;
   SublayerActs& leader = g[0];
   leader.group_size = Q;
   leader.mix_sources.assign(st.sources.begin(), st.sources.begin() + k);
   leader.mix_rstd.assign(st.source_rstd.begin(), st.source_rstd.begin() + k);
   leader.mix_probs = new_stat({Q, N, k});
-  // Only sublayers with recent sources merge (and need lse): all but
-  // possibly the leader.
-  const bool merges = Q > 1 || recent_sources(s) > 0;
+  // Queries that merge read their lse, and their backward writes their row
+  // of dlse (phase1_backward zeroes the others' rows).
+  const bool merges = std::find(merging.begin(), merging.end(), true) != merging.end();
   Tensor lse;
   if (merges) {
     lse = new_stat({Q, N});
-    leader.mix_dlse = Tensor::zeros({Q, N}, k::stat_dtype(dtype_), device_);
+    leader.mix_dlse = new_stat({Q, N});
   }
-  std::vector<Tensor> outs, ws;
+  std::vector<Tensor> outs;
   for (int64_t q = 0; q < Q; ++q) {
     g[q].mix_o = new_act(N, d);
     outs.push_back(g[q].mix_o);
-    ws.push_back(mix_query(s + q).value);
-    if (recent_sources(s + q) > 0) {
+    if (merging[q]) {
       g[q].mix_lse = lse.rows(q, 1).reshape({N});
       g[q].mix_dlse_row = leader.mix_dlse.rows(q, 1).reshape({N});
     }
@@ -265,25 +284,18 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   const int64_t S = cfg_.resolved_block_size();
   const int64_t i = cfg_.attnres() ? s % S : 0;
 
-  // The sublayer's input x and u = RMSNorm(x; g). With recent sources, the
-  // merge and the norm are one op and x is never stored.
-  const Tensor& gain = norm_gain(s).value;
-  a.u = new_act(N, d);
+  // The sublayer's input x and u = RMSNorm(x; g): the stream (baseline), the
+  // phase-1 output (AttnRes, no recent sources: phase 1 saw them all), or its
+  // merge with the recent sources.
   const int64_t m = cfg_.attnres() ? recent_sources(s) : 0;
   if (m > 0) {
-    a.mix_recent.assign(st.sources.begin() + phase1_sources(s), st.sources.end());
-    if (st.partial.defined()) a.mix_recent.push_back(st.partial);
+    a.mix_recent = recent_of(st, phase1_sources(s));
     ATTNRES_CHECK(static_cast<int64_t>(a.mix_recent.size()) == m, "sublayer ", s, ": ",
                   a.mix_recent.size(), " recent sources, expected ", m);
-    a.mix_stats = new_stat({N, 2 * m + 2});
-    k::mix_merge_norm_forward(a.u, a.mix_stats, mix_query(s).value, a.mix_o, a.mix_lse,
-                              a.mix_recent, gain, eps);
   } else {
-    // baseline: the stream; AttnRes without recent sources: phase 1 saw them all
     a.x = cfg_.attnres() ? a.mix_o : st.hidden;
-    a.norm_rstd = new_stat({N});
-    k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &gain, eps);
   }
+  norm_forward(a, cfg_.attnres() ? &mix_query(s).value : nullptr, norm_gain(s).value);
 
   // f_s. Where y_s only ever enters a running sum (the baseline's stream
   // x_{s+1} = x_s + y_s, a block's partial p + y_s), f_s's last projection
@@ -320,7 +332,7 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
 }
 
 void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t B, int64_t T) {
-  const int64_t l = s / 2, N = B * T, d = cfg_.d_model;
+  const int64_t l = s / 2;
   const bool is_attn = (s % 2 == 0);
   const int64_t S = cfg_.resolved_block_size();
   const int64_t i = cfg_.attnres() ? s % S : 0;
@@ -350,39 +362,72 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
   // Mix backward below add into the same buffer: the stream's gradient, or
   // the partial's as d p_before).
   const Tensor du = is_attn ? attention_backward(l, a, dy, B, T) : mlp_backward(l, a, dy);
-  Param& gain = norm_gain(s);
   if (!cfg_.attnres()) {  // dx_s = dx_{s+1} + RMSNorm'(du), in place
-    k::rmsnorm_backward(g.hidden, &gain.grad, du, a.x, a.norm_rstd, &gain.value);
-  } else if (!a.mix_stats.defined()) {  // x was the phase-1 output itself
-    a.d_o = new_act(N, d);
-    k::rmsnorm_backward(a.d_o, &gain.grad, du, a.x, a.norm_rstd, &gain.value, k::Store::Set);
-  } else {  // merge + norm backward: d o and dlse for the group's phase 1, recent sources +=
-    // The recent sources' gradients, as in the forward: sources past phase
-    // 1's, then d p_before (the partial's, defined exactly when it merged).
-    std::vector<Tensor> drecent(g.sources.begin() + phase1_sources(s), g.sources.end());
-    if (g.partial.defined()) drecent.push_back(g.partial);
-    ATTNRES_CHECK(drecent.size() == a.mix_recent.size(), "sublayer ", s, ": ", drecent.size(),
-                  " recent source gradients for ", a.mix_recent.size(), " recent sources");
-    Param& q = mix_query(s);
-    a.d_o = new_act(N, d);
-    k::mix_merge_norm_backward(a.d_o, a.mix_dlse_row, drecent, q.grad, gain.grad, du, q.value,
-                               a.mix_o, a.mix_recent, gain.value, a.mix_stats);
+    norm_backward(a, du, nullptr, norm_gain(s), {}, &g.hidden);
+    return;
+  }
+  // The recent sources' gradients, as in the forward: sources past phase 1's,
+  // then d p_before (the partial's, defined exactly when it merged).
+  std::vector<Tensor> drecent;
+  if (a.mix_stats.defined()) drecent = recent_of(g, phase1_sources(s));
+  norm_backward(a, du, &mix_query(s), norm_gain(s), drecent, nullptr);
+}
+
+void Model::norm_forward(SublayerActs& a, const Tensor* w, const Tensor& gain) const {
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  const bool merge = !a.mix_recent.empty();
+  const int64_t N = (merge ? a.mix_o : a.x).dim(0), d = cfg_.d_model;
+  a.u = new_act(N, d);
+  if (merge) {  // one op: x is never stored
+    const int64_t m = static_cast<int64_t>(a.mix_recent.size());
+    a.mix_stats = new_stat({N, 2 * m + 2});
+    k::mix_merge_norm_forward(a.u, a.mix_stats, *w, a.mix_o, a.mix_lse, a.mix_recent, gain, eps);
+    a.mix_lse = Tensor();  // read only here
+  } else {
+    a.norm_rstd = new_stat({N});
+    k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &gain, eps);
   }
 }
 
+void Model::norm_backward(SublayerActs& a, const Tensor& du, Param* query, Param& gain,
+                          Span<Tensor> drecent, Tensor* stream) {
+  if (stream) {
+    k::rmsnorm_backward(*stream, &gain.grad, du, a.x, a.norm_rstd, &gain.value);
+    return;
+  }
+  a.d_o = new_act(du.dim(0), du.dim(1));
+  if (!a.mix_stats.defined()) {  // x was the phase-1 output (or the head's stream) itself
+    k::rmsnorm_backward(a.d_o, &gain.grad, du, a.x, a.norm_rstd, &gain.value, k::Store::Set);
+    return;
+  }
+  // merge + norm backward: d o and dlse for the group's phase 1, recent sources +=
+  ATTNRES_CHECK(drecent.size() == a.mix_recent.size(), drecent.size(),
+                " recent source gradients for ", a.mix_recent.size(), " recent sources");
+  k::mix_merge_norm_backward(a.d_o, a.mix_dlse_row, drecent, query->grad, gain.grad, du,
+                             query->value, a.mix_o, a.mix_recent, gain.value, a.mix_stats);
+}
+
 void Model::mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad) {
-  const SublayerActs& leader = g[0];
   const int64_t S = cfg_.resolved_block_size();
   // The gradients of the sources before s (those of s's own block are back in
   // the partial's); phase 1 read the first mix_sources.size() of them.
   ATTNRES_CHECK(static_cast<int64_t>(grad.sources.size()) == 1 + s / S, "sublayer ", s, ": ",
                 grad.sources.size(), " source gradients, expected ", 1 + s / S);
+  std::vector<Param*> queries;
+  for (size_t q = 0; q < g.size(); ++q) queries.push_back(&mix_query(s + static_cast<int64_t>(q)));
+  phase1_backward(g, queries, grad);
+}
+
+void Model::phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, DepthGrad& grad) {
+  SublayerActs& leader = g[0];
   std::vector<Tensor> dws, douts, ws;
   for (size_t q = 0; q < g.size(); ++q) {
-    Param& w = mix_query(s + static_cast<int64_t>(q));
-    dws.push_back(w.grad);
-    ws.push_back(w.value);
+    dws.push_back(queries[q]->grad);
+    ws.push_back(queries[q]->value);
     douts.push_back(g[q].d_o);
+    // A query that did not merge has no dlse (its backward wrote no row).
+    if (leader.mix_dlse.defined() && !g[q].mix_stats.defined())
+      leader.mix_dlse.rows(static_cast<int64_t>(q), 1).zero_();
   }
   k::mix_backward(Span<Tensor>(grad.sources.data(), leader.mix_sources.size()), dws, douts,
                   leader.mix_dlse.defined() ? &leader.mix_dlse : nullptr, ws, leader.mix_sources,
@@ -420,74 +465,52 @@ void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad
 // ---------------------------------------------------------------------------
 
 Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
-  const int64_t N = acts.B * acts.T, d = cfg_.d_model;
-  const float eps = static_cast<float>(cfg_.norm_eps);
-  const Tensor& g = p("model.norm.weight").value;
-  Tensor h = new_act(N, d);
-  const bool merge = cfg_.attnres() && st.partial.defined();  // 2L % S != 0: p is a source too
+  // The head's input is a Mix group of one query over all the completed
+  // sources, merged with the unfinished block's partial sum when 2L % S != 0
+  // (AttnRes), or the stream (baseline); then the final norm.
+  SublayerActs& a = acts.head = SublayerActs{};
+  const Tensor* w = nullptr;
   if (cfg_.attnres()) {
-    const Tensor& w = p("model.final_res.query").value;
-    acts.final_sources = st.sources;
-    acts.final_rstd = st.source_rstd;
-    acts.final_probs = new_stat({1, N, static_cast<int64_t>(st.sources.size())});
-    acts.final_o = new_act(N, d);
-    if (merge) acts.final_lse = new_stat({1, N});
-    k::mix_forward(Span<Tensor>(&acts.final_o, 1), acts.final_probs,
-                   merge ? &acts.final_lse : nullptr, Span<const Tensor>(&w, 1), st.sources,
-                   st.source_rstd);
-    if (merge) {
-      acts.final_partial = st.partial;
-      acts.final_stats = new_stat({N, 4});
-      k::mix_merge_norm_forward(h, acts.final_stats, w, acts.final_o,
-                                acts.final_lse.reshape({N}), Span<const Tensor>(&st.partial, 1),
-                                g, eps);
-      return h;
-    }
+    w = &p("model.final_res.query").value;
+    const bool merge = st.partial.defined();
+    phase1_forward(Span<SublayerActs>(&a, 1), Span<const Tensor>(w, 1),
+                   static_cast<int64_t>(st.sources.size()), {merge}, st);
+    if (merge) a.mix_recent = {st.partial};
+    else a.x = a.mix_o;
+  } else {
+    a.x = st.hidden;
   }
-  acts.z = cfg_.attnres() ? acts.final_o : st.hidden;  // baseline: z is the residual stream
-  acts.z_rstd = new_stat({N});
-  k::rmsnorm_forward(h, acts.z_rstd, acts.z, &g, eps);
-  return h;
+  norm_forward(a, w, p("model.norm.weight").value);
+  return a.u;
 }
 
 double Model::head_forward(const DepthState& st, const Tensor& targets, Activations& acts,
                            DepthGrad* grad, double grad_scale) {
   const int64_t N = acts.B * acts.T, d = cfg_.d_model;
-  acts.h = final_norm(st, acts);
+  const Tensor h = final_norm(st, acts);
   Param& w_out = out_proj();
   const Tensor tgt = on_device(targets);
-  if (!grad) return k::lm_head_cross_entropy(acts.h, w_out.value, tgt, nullptr, nullptr, 0.0);
+  if (!grad) return k::lm_head_cross_entropy(h, w_out.value, tgt, nullptr, nullptr, 0.0);
 
   Tensor dh = new_act(N, d);
-  double loss = k::lm_head_cross_entropy(acts.h, w_out.value, tgt, &dh, &w_out.grad, grad_scale,
+  double loss = k::lm_head_cross_entropy(h, w_out.value, tgt, &dh, &w_out.grad, grad_scale,
                                          k::Store::Set);
   *grad = DepthGrad{};
+  SublayerActs& a = acts.head;
   Param& g_final = p("model.norm.weight");
-  // dz (the stream's gradient, or the final Mix's phase-1 output's) unless
-  // the final Mix merged: then its merge + norm backward gives d o and dlse.
-  Tensor dz = new_act(N, d), dlse;
-  if (!acts.final_stats.defined()) {
-    k::rmsnorm_backward(dz, &g_final.grad, dh, acts.z, acts.z_rstd, &g_final.value,
-                        k::Store::Set);
-    if (!cfg_.attnres()) {
-      grad->hidden = dz;
-      return loss;
-    }
+  if (!cfg_.attnres()) {
+    norm_backward(a, dh, nullptr, g_final, {}, nullptr);
+    grad->hidden = a.d_o;
+    return loss;
   }
+  // The head is the first backward to reach the sources: their gradients start here.
   for (size_t j = 0; j < st.sources.size(); ++j) grad->sources.push_back(zero_act(N, d));
-  Param& q = p("model.final_res.query");
-  if (acts.final_stats.defined()) {
-    grad->partial = zero_act(N, d);
-    dlse = new_stat({1, N});
-    Tensor dlse_row = dlse.reshape({N});
-    k::mix_merge_norm_backward(dz, dlse_row, Span<Tensor>(&grad->partial, 1), q.grad,
-                               g_final.grad, dh, q.value, acts.final_o,
-                               Span<const Tensor>(&acts.final_partial, 1), g_final.value,
-                               acts.final_stats);
-  }
-  k::mix_backward(grad->sources, Span<Tensor>(&q.grad, 1), Span<const Tensor>(&dz, 1),
-                  dlse.defined() ? &dlse : nullptr, Span<const Tensor>(&q.value, 1),
-                  acts.final_sources, acts.final_rstd, acts.final_probs);
+  if (a.mix_stats.defined()) grad->partial = zero_act(N, d);
+  Param* q = &p("model.final_res.query");
+  norm_backward(a, dh, q, g_final, a.mix_stats.defined() ? Span<Tensor>(&grad->partial, 1)
+                                                         : Span<Tensor>(),
+                nullptr);
+  phase1_backward(Span<SublayerActs>(&a, 1), Span<Param* const>(&q, 1), *grad);
   return loss;
 }
 
@@ -581,8 +604,8 @@ std::vector<std::vector<double>> Model::depth_attention(const Tensor& tokens, in
     out.push_back(mean_weights(probs.rows(q, 1).reshape({probs.dim(1), probs.dim(2)}),
                                a.mix_stats));
   }
-  const Tensor& fp = acts.final_probs;
-  out.push_back(mean_weights(fp.reshape({fp.dim(1), fp.dim(2)}), acts.final_stats));
+  const Tensor& fp = acts.head.mix_probs;
+  out.push_back(mean_weights(fp.reshape({fp.dim(1), fp.dim(2)}), acts.head.mix_stats));
   return out;
 }
 

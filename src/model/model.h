@@ -28,15 +28,16 @@ namespace attnres::model {
 struct SublayerActs {
   // Group leader: the completed sources read, their RMS stats, the softmax
   // weights [Q, N, k], and dL/dlse [Q, N] (rows of merging sublayers are
-  // written by their backward; zero when no sublayer merges: undefined).
+  // written by their backward, the others zeroed by the phase-1 backward;
+  // undefined when no sublayer merges).
   int64_t group_size = 0;  // Q for a leader, 0 otherwise
   std::vector<Tensor> mix_sources, mix_rstd;
   Tensor mix_probs, mix_dlse;
   // Every AttnRes sublayer: its phase-1 output o; with a merge, also its
-  // lse [N] (a row of the leader's), the m recent sources it merged (later
-  // sources, then the partial sum), the merge + norm statistics [N, 2m + 2]
-  // and its row of the leader's dlse (x and norm_rstd stay undefined: the
-  // merge op normalises).
+  // lse [N] (a row of the leader's, until the merge has read it), the m
+  // recent sources it merged (later sources, then the partial sum), the
+  // merge + norm statistics [N, 2m + 2] and its row of the leader's dlse (x
+  // and norm_rstd stay undefined: the merge op normalises).
   std::vector<Tensor> mix_recent;
   Tensor mix_o, mix_lse, mix_stats, mix_dlse_row;
   Tensor d_o;         // backward: dL/do, for the leader's phase-1 backward
@@ -55,10 +56,10 @@ struct Activations {
   Tensor tokens;                      // embedding chunk only
   int64_t first_sublayer = 0;
   std::vector<SublayerActs> sub;      // in forward order
-  // head: final Mix (phase 1 over the completed sources, merged with the
-  // unfinished block's partial sum when 2L % S != 0), norm, LM head
-  std::vector<Tensor> final_sources, final_rstd;
-  Tensor final_probs, final_o, final_lse, final_partial, final_stats, z, z_rstd, h;
+  // head: its input (final Mix: a group of one query over the completed
+  // sources, merged with the unfinished block's partial sum when
+  // 2L % S != 0; or the stream) and the final norm, recorded as a sublayer's
+  SublayerActs head;
 };
 
 // Per-sublayer statistics for the depth analysis (the paper's Figure 5 view),
@@ -154,6 +155,21 @@ class Model {
   int64_t phase1_sources(int64_t s) const;
   int64_t recent_sources(int64_t s) const;
   void mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad);
+  // Phase 1 of the group g[0..Q) of queries ws over the first k of st's
+  // sources; merging[q]: whether g[q] merges recent sources afterwards (it
+  // then reads lse, and its backward writes its row of dlse). The backward
+  // adds into the first k source gradients and the queries' gradients.
+  void phase1_forward(Span<SublayerActs> g, Span<const Tensor> ws, int64_t k,
+                      const std::vector<bool>& merging, const DepthState& st) const;
+  void phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, DepthGrad& grad);
+  // The input norm of a sublayer or the head: a.u = RMSNorm(x; gain), x being
+  // the merge of a.mix_o with a.mix_recent (one op, query w) when there are
+  // recent sources, else a.x. Its backward from du: with `stream` (baseline)
+  // stream += dL/dx; else a.d_o written and, after a merge, a.mix_dlse_row
+  // written and drecent += (query's gradient too).
+  void norm_forward(SublayerActs& a, const Tensor* w, const Tensor& gain) const;
+  void norm_backward(SublayerActs& a, const Tensor& du, Param* query, Param& gain,
+                     Span<Tensor> drecent, Tensor* stream);
   void sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
                         DecodeCache* cache = nullptr) const;
   // h = RMSNorm(z; g_final) of the final Mix z over all sources (AttnRes) or
