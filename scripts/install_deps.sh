@@ -6,7 +6,8 @@ set -euo pipefail
 
 pkgs=(cmake g++ make ccache nlohmann-json3-dev libspdlog-dev catch2
       libopenblas-openmp-dev libopenmpi-dev openmpi-bin
-      python3-matplotlib)  # the sweep figures (scripts/plot_sweep.py, /usr/bin/python3)
+      libopenblas0-pthread  # only for a test: the BLAS cases under the pthread build
+      python3-matplotlib)   # the sweep figures (scripts/plot_sweep.py, /usr/bin/python3)
 if [[ "${1:-}" == "--corpus" ]] && ! command -v npm >/dev/null; then pkgs+=(npm); fi
 
 missing=()

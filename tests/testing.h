@@ -1,8 +1,10 @@
 // Shared test utilities: random tensors, finite differences, comparisons.
 #pragma once
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -66,7 +68,56 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
-// Largest |a-b| / max(|a|, |b|, floor) over all elements.
+// Tolerances that hold on every CPU. Which last bits a result carries depends
+// on the host (vector width, FMA contraction, the BLAS kernel it dispatches
+// to), and rounding error is relative to the size of the terms that produce a
+// value, not to the value: O(1) terms that cancel to 1e-5 carry an error of
+// O(1e-16) (fp64) or O(1e-7) (fp32), which is huge relative to 1e-5. So a
+// value that can be near zero is compared with a margin scaled by its terms
+// (approx_terms, scaled_diff); a relative-only tolerance (Approx(x).epsilon,
+// max_rel_diff) is kept for values that are products or positive sums (norms,
+// probabilities, losses), where the terms' size is the value's size.
+// Bit-for-bit comparisons (same_bits) are only for two runs of one code path.
+
+// Approx passing when |got - want| <= tol * scale, scale = the size of the
+// terms `want` was computed from (e.g. sum |term|). Note Catch2's Approx has a
+// default relative epsilon of ~1.2e-5 that .margin() alone does not remove.
+inline Approx approx_terms(double want, double tol, double scale) {
+  return Approx(want).epsilon(0).margin(tol * scale);
+}
+
+// max |a - b| over max |b|: agreement judged against the tensor's scale, for
+// tensors whose elements are sums that may cancel to ~0 (gradients, mixes,
+// rotations). Two all-zero tensors agree (0); INFINITY when the sizes differ;
+// NaN-propagating.
+inline double scaled_diff(const Tensor& a, const Tensor& b) {
+  if (a.numel() != b.numel()) return INFINITY;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double e = std::fabs(at(a, i) - at(b, i));
+    if (!(e <= num)) num = e;
+    den = std::max(den, std::fabs(at(b, i)));
+  }
+  return den > 0 || num != 0 ? num / den : 0.0;
+}
+
+// a + b elementwise, in double (the exact double of a is sum_of(a, a)).
+inline Tensor sum_of(const Tensor& a, const Tensor& b) {
+  Tensor s = Tensor::empty(a.shape(), DType::F64);
+  for (int64_t i = 0; i < a.numel(); ++i) set(s, i, at(a, i) + at(b, i));
+  return s;
+}
+
+// |a| elementwise, in double: feeds a reference computation to get the size
+// of the terms behind each element (e.g. |x| |W|^T for x W^T).
+inline Tensor abs_of(const Tensor& a) {
+  Tensor s = Tensor::empty(a.shape(), DType::F64);
+  for (int64_t i = 0; i < a.numel(); ++i) set(s, i, std::fabs(at(a, i)));
+  return s;
+}
+
+// Largest |a-b| / max(|a|, |b|, floor) over all elements: for values whose
+// size is their terms' size (see above).
 inline double max_rel_diff(const Tensor& a, const Tensor& b, double floor = 1e-6) {
   if (a.numel() != b.numel()) return INFINITY;
   double worst = 0;

@@ -17,6 +17,7 @@
 
 #include "core/device.h"
 #include "core/rng.h"
+#include "kernels/cpu/blas.h"
 #include "model/flops.h"
 #include "model/model.h"
 #include "tools/bench_kernels.h"
@@ -146,7 +147,10 @@ int cmd_bench(const Args& args) {
     std::printf("attnres GPU benchmark on %s, %s\n", cuda::device_description(0).c_str(),
                 prec.c_str());
   } else {
-    std::printf("attnres CPU benchmark, %d threads\n", omp_get_max_threads());
+    std::printf("attnres CPU benchmark, %d OpenMP threads; BLAS: %s\n", omp_get_max_threads(),
+                kernels::cpu::blas_description().c_str());
+    if (const std::string w = kernels::cpu::blas_warning(); !w.empty())
+      std::printf("warning: %s\n", w.c_str());
   }
   std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld V=%lld | T=%lld B=%lld A=%lld | "
               "median of %d timed steps after %d warm-up\n",

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/mpi.h"
 #include "tools/commands.h"
 
 namespace {
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const attnres::Error& e) {
     // Bad input of any kind: the message names the key / file and the reason.
+    // Under mpirun every rank usually meets it alike: printed once.
+    attnres::parallel::let_rank0_report_first(attnres::parallel::launcher_world_rank());
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {

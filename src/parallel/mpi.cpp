@@ -1,5 +1,10 @@
 #include "parallel/mpi.h"
 
+#include <omp.h>
+#include <spdlog/fmt/fmt.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -20,6 +25,18 @@ int launcher_world_size() {
     if (v && *v && std::atoi(v) >= 1) return std::atoi(v);
   }
   return 1;
+}
+
+int launcher_world_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) return std::atoi(v);
+  }
+  return 0;
+}
+
+void let_rank0_report_first(int rank) {
+  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(3));
 }
 
 double comm_timeout_seconds() {
@@ -59,6 +76,24 @@ std::string pin_local_gpu(int local_rank, int local_size) {
   const std::string mine = devices.at(static_cast<size_t>(local_rank));
   setenv("CUDA_VISIBLE_DEVICES", mine.c_str(), 1);
   return mine;
+}
+
+std::string share_node_cores(int local_size) {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env && *env)
+    return fmt::format("{} OpenMP threads per process (OMP_NUM_THREADS={})", omp_get_max_threads(),
+                       env);
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const int cpus = static_cast<int>(std::max(1L, online));
+  const int share = std::max(1, cpus / std::max(1, local_size));
+  // omp_get_num_procs(): the CPUs this process may run on (the launcher may
+  // have bound it to fewer than its share).
+  const int threads = std::min(share, std::max(1, omp_get_num_procs()));
+  omp_set_num_threads(threads);
+  return fmt::format("{} OpenMP thread{} per process ({} CPUs / {} process{} on this node{}; "
+                     "OMP_NUM_THREADS overrides)", threads, threads == 1 ? "" : "s", cpus,
+                     local_size, local_size == 1 ? "" : "es",
+                     threads < share ? ", bound to fewer" : "");
 }
 
 #if ATTNRES_HAVE_MPI
@@ -124,6 +159,7 @@ void MpiSession::abort(int code, const std::string& message) {
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
   if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (code == 2) let_rank0_report_first(rank);
   std::fprintf(stderr, "error: rank %d: %s\n", rank, message.c_str());
   std::fflush(stderr);
   std::fflush(stdout);

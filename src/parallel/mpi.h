@@ -30,6 +30,16 @@ bool mpi_compiled();
 // MV2_COMM_WORLD_SIZE for MVAPICH); 1 when not started by such a launcher.
 int launcher_world_size();
 
+// This process's rank among those the launcher started (OMPI_COMM_WORLD_RANK,
+// PMI_RANK, MV2_COMM_WORLD_RANK); 0 when not started by one.
+int launcher_world_rank();
+
+// Call before reporting bad input (exit code 2) from rank `rank` of a job:
+// ranks other than 0 pause a few seconds first. When every rank meets the
+// same error (a config key), rank 0's report ends the job and the message is
+// printed once; an error of one rank alone is still reported, a moment later.
+void let_rank0_report_first(int rank);
+
 // Seconds a wait may block before it is an error: ATTNRES_COMM_TIMEOUT_S,
 // default 1800 (long enough for rank 0 writing a large checkpoint while the
 // others wait).
@@ -70,6 +80,14 @@ class MpiSession {
 // ranks share a GPU and should use parallel.transport = "mpi"). Returns the
 // value it set, or "" when it changed nothing.
 std::string pin_local_gpu(int local_rank, int local_size);
+
+// This process's share of the node's cores for OpenMP: with local_size
+// processes of the job on this node, the online CPUs divided among them (at
+// least 1, and no more than this process may run on), so that ranks do not
+// each start a thread per core and fight over them. OMP_NUM_THREADS, when
+// set, wins. Sets the OpenMP thread count and returns a line for the log,
+// e.g. "2 OpenMP threads per process (8 CPUs / 4 processes on this node)".
+std::string share_node_cores(int local_size);
 
 // An MPI communicator (freed on destruction, except MPI_COMM_WORLD).
 class Comm {

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -12,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/shard.h"
+#include "kernels/cpu/blas.h"
 #include "model/flops.h"
 #include "parallel/mpi.h"
 #include "parallel/nccl_transport.h"
@@ -96,6 +99,12 @@ DeviceChoice choose_device(const TrainingConfig& tc) {
   if (c.on_gpu && c.peak_flops == 0 && cuda::device_count() > 0)
     c.peak_flops = cuda::peak_dense_flops(0, c.dtype == DType::BF16);
   return c;
+}
+
+// The CPU's threads and BLAS, for the start-up log of a CPU run.
+void log_cpu_setup(const std::string& threads) {
+  spdlog::info("cpu: {}; BLAS: {}", threads, kernels::cpu::blas_description());
+  if (const std::string w = kernels::cpu::blas_warning(); !w.empty()) spdlog::warn("{}", w);
 }
 
 // The run's token streams (MODEL.md section 5), validated before any compute.
@@ -452,6 +461,8 @@ int train_parallel(const Config& cfg) {
   parallel::MpiSession mpi;
   init_logging(mpi.world_rank());
   try {
+    const std::string threads = parallel::share_node_cores(mpi.local_size());
+    if (mpi.world_rank() == 0 && cfg.training.device != "cuda") log_cpu_setup(threads);
     const int rc = train_parallel_impl(cfg, mpi);
     // Nobody leaves while a peer may still need it (e.g. rank 0 still writing).
     parallel::Comm::world().barrier();
@@ -487,6 +498,7 @@ int train(const Config& cfg) {
 
   // ---- device + model + optimizer ----
   const DeviceChoice dev = choose_device(tc);
+  if (!dev.on_gpu) log_cpu_setup(std::to_string(omp_get_max_threads()) + " OpenMP threads");
   if (dev.on_gpu) {
     if (cuda::device_count() == 0)
       fail("config key training.device is \"cuda\" but no CUDA device is visible (driver or GPU "

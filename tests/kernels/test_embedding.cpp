@@ -53,11 +53,11 @@ TEST_CASE("embedding backward accumulates and float32 agrees with float64", "[ke
   k::embedding_backward(dw, dout, tok);
   Tensor once = dw.clone();
   k::embedding_backward(dw, dout, tok);
-  for (int64_t i = 0; i < dw.numel(); ++i) REQUIRE(at(dw, i) == Approx(2 * at(once, i)).margin(1e-15));
+  REQUIRE(scaled_diff(dw, sum_of(once, once)) < 1e-14);  // rows are sums that may cancel
 
   Tensor dw32 = Tensor::zeros({V, d}, DType::F32);
   k::embedding_backward(dw32, dout.to(DType::F32), tok);
-  REQUIRE(max_rel_diff(dw32, once, 1e-3) < 1e-5);
+  REQUIRE(scaled_diff(dw32, once) < 1e-6);
 
   Tensor out32 = Tensor::empty({N, d}, DType::F32), out64 = Tensor::empty({N, d}, DType::F64);
   Tensor w = randn({V, d}, 7);

@@ -18,16 +18,6 @@ namespace {
 
 constexpr float kEps = 1e-5f;
 
-// max |a - b| over max |b|: float-vs-double agreement judged against the
-// tensor's scale, since elements that cancel to ~0 carry rounding of that scale.
-double scaled_diff(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    num = std::max(num, std::fabs(at(a, i) - at(b, i)));
-    den = std::max(den, std::fabs(at(b, i)));
-  }
-  return num / den;
-}
 
 // y = rmsnorm(x; gain) for a scalar loss.
 Tensor rms(const Tensor& x, const Tensor* gain) {

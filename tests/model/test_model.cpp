@@ -203,7 +203,8 @@ TEST_CASE("float32 model agrees with float64", "[model]") {
   CHECK(l32 == Approx(l64).epsilon(1e-5));
   for (size_t i = 0; i < m64.params().all().size(); ++i) {
     INFO(m64.params().all()[i].name);
-    CHECK(testing::max_rel_diff(m32.params().all()[i].grad, m64.params().all()[i].grad, 1e-3) < 1e-3);
+    // Gradients are sums that may cancel: judged against each tensor's scale.
+    CHECK(testing::scaled_diff(m32.params().all()[i].grad, m64.params().all()[i].grad) < 2e-5);
   }
 }
 

@@ -34,6 +34,13 @@ expect_fail "P*D != processes" "parallel.pipeline * parallel.data = 4 * 1 = 4 pr
   "${NP2[@]}" "$BIN" train base.json --parallel.pipeline=4 --checkpoint.dir=ck_x --run.dir=run_x
 expect_fail "P*D = 1 under mpirun -np 2" "= 1 processes, but the job has 2" \
   "${NP2[@]}" "$BIN" train base.json --checkpoint.dir=ck_x --run.dir=run_x
+# Bad input that every rank meets alike is reported once (by rank 0), not once per rank.
+NP4=("$MPIEXEC" "$NPFLAG" 4 "${MPI_FLAGS[@]}")
+expect_fail "too many chunks, 4 ranks" "16 chunks exceed model.n_layers = 8" \
+  "${NP4[@]}" "$BIN" train base.json --parallel.pipeline=4 --parallel.virtual_stages=4 \
+  --checkpoint.dir=ck_x --run.dir=run_x
+[[ $(grep -c "chunks exceed" err.txt) -eq 1 ]] || { cat err.txt; fail "the error was printed $(grep -c "chunks exceed" err.txt) times"; }
+pass "... printed once"
 expect_fail "P = 2 without mpirun" "start the job with mpirun -np 2" \
   "$BIN" train base.json --parallel.pipeline=2 --checkpoint.dir=ck_x --run.dir=run_x
 [[ ! -e ck_x && ! -e run_x/metrics.jsonl ]] || fail "a refused job wrote files"

@@ -7,17 +7,16 @@
 // (B*H*T*T would not fit for long sequences). The backward pass recomputes the
 // probabilities from q, k and the saved log-sum-exp, as flash attention does.
 //
-// BLAS calls are made from inside our `omp parallel` regions; the OpenMP
-// flavour of OpenBLAS then runs them single-threaded, so each work item is
-// computed by exactly one thread in a fixed order and the result bits do not
-// depend on the thread count.
+// Each work item is computed by one thread with single-threaded BLAS calls
+// (gemm_serial, blas.h) in a fixed order, so the result bits do not depend on
+// the thread count.
 #include "kernels/cpu/attention.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "kernels/cpu/blas.h"
 
 namespace attnres::kernels::cpu {
 
@@ -26,24 +25,6 @@ namespace {
 // Query rows per block. 64 keeps the per-thread scratch at 64*T values per
 // buffer and gives BLAS GEMMs large enough (64 x keys x hd) to run near peak.
 constexpr int64_t kQBlock = 64;
-
-// Row-major C = alpha op(A) op(B) + beta C routed to sgemm/dgemm; leading
-// dimensions are the row strides of the stored (untransposed) arrays, which
-// lets us address one head's columns inside a [rows, heads*hd] activation.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
-}
 
 // Where one (batch, head) slice starts inside the packed activations.
 struct Heads {
@@ -80,7 +61,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
           T* S = scores.data();
 
           // S = scale * Q_blk K^T over keys [0, keys).
-          gemm(false, true, rows, keys, hd, scale, q + L.q_off(b, t0, h), L.ldq(),
+          gemm_serial(false, true, rows, keys, hd, scale, q + L.q_off(b, t0, h), L.ldq(),
                k + L.k_off(b, 0, j), L.ldk(), T(0), S, keys);
 
           // Row t = t0 + i sees keys [0, t]. Softmax with max subtraction;
@@ -103,7 +84,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
           }
 
           // out_blk = P V over keys [0, keys), written straight into the head's columns.
-          gemm(false, false, rows, hd, keys, T(1), S, keys, v + L.k_off(b, 0, j), L.ldk(), T(0),
+          gemm_serial(false, false, rows, hd, keys, T(1), S, keys, v + L.k_off(b, 0, j), L.ldk(), T(0),
                out + L.q_off(b, t0, h), L.ldq());
         }
   }
@@ -154,7 +135,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             T* dS = dsbuf.data();
 
             // Recompute P = exp(scale q k^T - lse), zero above the diagonal.
-            gemm(false, true, rows, keys, hd, scale, qblk, L.ldq(), kb, L.ldk(), T(0), P, keys);
+            gemm_serial(false, true, rows, keys, hd, scale, qblk, L.ldq(), kb, L.ldk(), T(0), P, keys);
             for (int64_t i = 0; i < rows; ++i) {
               T* p = P + i * keys;
               const int64_t n_valid = t0 + i + 1;
@@ -164,7 +145,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             }
 
             // dP = dO V^T; D_i = dO_i . O_i; dS = P * (dP - D) in place.
-            gemm(false, true, rows, keys, hd, T(1), doblk, L.ldq(), vb, L.ldk(), T(0), dS, keys);
+            gemm_serial(false, true, rows, keys, hd, T(1), doblk, L.ldq(), vb, L.ldk(), T(0), dS, keys);
             for (int64_t i = 0; i < rows; ++i) {
               const T* doi = doblk + i * L.ldq();
               const T* oi = oblk + i * L.ldq();
@@ -183,11 +164,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 
             // Into the gradients: dQ rows of this block get their whole sum
             // here (beta = 0 unless accumulating), dK/dV add up (beta = 1).
-            gemm(false, false, rows, hd, keys, scale, dS, keys, kb, L.ldk(), T(accumulate),
+            gemm_serial(false, false, rows, hd, keys, scale, dS, keys, kb, L.ldk(), T(accumulate),
                  dq + L.q_off(b, t0, h), L.ldq());                                 // dQ += scale dS K
-            gemm(true, false, keys, hd, rows, scale, dS, keys, qblk, L.ldq(), T(1), dkb,
+            gemm_serial(true, false, keys, hd, rows, scale, dS, keys, qblk, L.ldq(), T(1), dkb,
                  L.ldk());                                                          // dK += scale dS^T Q
-            gemm(true, false, keys, hd, rows, T(1), P, keys, doblk, L.ldq(), T(1), dvb,
+            gemm_serial(true, false, keys, hd, rows, T(1), P, keys, doblk, L.ldq(), T(1), dvb,
                  L.ldk());                                                          // dV += P^T dO
           }
       }

@@ -5,16 +5,16 @@
 // per-row pass turns them into the loss and, in place, into dlogits, and two
 // GEMMs (beta = 1) push dlogits into dh and dw. The chunk size is a constant,
 // so the order in which dw sums the chunks, and with it the result bits, never
-// changes. GEMMs are called outside any parallel region and may use all of
-// OpenBLAS's threads; the per-row pass is split over rows with OpenMP.
+// changes. The GEMMs spread their tiles over the OpenMP team (blas.h); the
+// per-row pass is split over rows.
 #include "kernels/cpu/cross_entropy.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
+
+#include "kernels/cpu/blas.h"
 
 namespace attnres::kernels::cpu {
 
@@ -23,22 +23,6 @@ namespace {
 constexpr int64_t kChunkRows = 128;
 // Below this many logits, thread start-up costs more than the row pass.
 constexpr int64_t kParallelMin = 1 << 14;
-
-// Row-major C = op(A) op(B) + beta C routed to sgemm/dgemm.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda,
-          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), 1.0, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
-}
 
 }  // namespace
 
@@ -60,7 +44,7 @@ double lm_head_cross_entropy(const T* h, const T* w, const int32_t* targets, T* 
     const T* hc = h + r0 * d;
     T* L = logits.get();
     // logits[rows, V] = h_chunk W^T
-    if (d > 0) gemm(false, true, rows, V, d, hc, d, w, d, T(0), L, V);
+    if (d > 0) gemm(false, true, rows, V, d, T(1), hc, d, w, d, T(0), L, V);
     else std::fill(L, L + rows * V, T(0));
 
 #pragma omp parallel for schedule(static) if (rows * V >= kParallelMin)
@@ -94,8 +78,8 @@ double lm_head_cross_entropy(const T* h, const T* w, const int32_t* targets, T* 
     }
 
     if (dh && d > 0)  // dh (+)= dL W: the chunks own disjoint rows of dh
-      gemm(false, false, rows, d, V, L, V, w, d, accumulate_dh ? T(1) : T(0), dh + r0 * d, d);
-    if (dw && d > 0) gemm(true, false, V, d, rows, L, V, hc, d, T(1), dw, d);           // dw += dL^T h
+      gemm(false, false, rows, d, V, T(1), L, V, w, d, accumulate_dh ? T(1) : T(0), dh + r0 * d, d);
+    if (dw && d > 0) gemm(true, false, V, d, rows, T(1), L, V, hc, d, T(1), dw, d);           // dw += dL^T h
   }
 
   double total = 0;
