@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Figures for an `attnres sweep` output directory (docs/sweeps.md).
 
 usage: plot_sweep.py OUT_DIR [--attnres BIN] [--size NAME --budget TOKENS] [--batches N]

@@ -19,6 +19,8 @@ usage:
   attnres generate --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
   attnres tokenize train|encode ...      (attnres tokenize --help)
   attnres inspect checkpoint DIR | config CONFIG.json | attention --checkpoint DIR --data GLOB
+                  | compare DIR_A DIR_B | schedule --pipeline P --virtual V --microbatches M
+                                                     (attnres inspect --help)
   attnres bench [--mode baseline|full|block|all] [--steps N] [...]   CPU training benchmark
   attnres sweep SWEEP.json [--dry-run | --report] [--no-plots]      scaling-law sweep
 

@@ -34,27 +34,34 @@ for f in files:
             path = os.path.normpath(os.path.join(src, os.path.dirname(f), target))
             if not path.startswith(os.path.normpath(src) + os.sep) or not os.path.exists(path):
                 bad.append(f"{f}: link to {m.group(1)} does not resolve inside the repository")
-    lines, in_bash, cont = text.split("\n"), False, ""
-    for line in lines:
+    prose, in_bash, cont = [], False, ""
+    for line in text.split("\n"):
         if line.startswith("```"):
             in_bash = line.strip() == "```bash"
+            prose.append("")
             continue
-        if in_bash:
-            # Drop a trailing comment (no '#' inside our commands' quotes).
-            code = re.sub(r"(^|\s)#.*$", "", line).rstrip()
-            if code.endswith("\\"):
-                cont += code[:-1] + " "
-                continue
-            code = (cont + code).strip()
-            cont = ""
-            if code:
-                print(f"{f}\t{code}")
+        if not in_bash:
+            prose.append(line)
             continue
-        for span in re.findall(r"`([^`]+)`", line):
-            if re.match(r"attnres \S+ \S", span):
-                bad.append(f"{f}: `{span}`: write build/attnres (attnres is not on PATH)")
-            elif span.startswith(starts) and not placeholder.search(span):
-                print(f"{f}\t{span}")
+        # Drop a trailing comment (no '#' inside our commands' quotes).
+        code = re.sub(r"(^|\s)#.*$", "", line).rstrip()
+        if code.endswith("\\"):
+            cont += code[:-1] + " "
+            continue
+        code = (cont + code).strip()
+        cont = ""
+        if code:
+            print(f"{f}\t{code}")
+    # Inline spans may wrap across lines. A span is a command when it starts
+    # like one and has arguments (`scripts/x.sh` alone names a file, `mpirun
+    # -np` a flag); mpirun spans must launch build/....
+    for span in re.findall(r"`([^`]+)`", "\n".join(prose)):
+        span = " ".join(span.split())
+        if re.match(r"attnres \S+.*( -|/|\.json)", span):  # an invocation, not a name
+            bad.append(f"{f}: `{span}`: write build/attnres (attnres is not on PATH)")
+        elif (span.startswith(starts) and " " in span and not placeholder.search(span)
+              and (not span.startswith("mpirun ") or " build/" in span)):
+            print(f"{f}\t{span}")
 for b in bad:
     print(f"BAD\t{b}")
 PYEOF
