@@ -17,6 +17,14 @@ namespace {
 // edges on the kernels' register-block multiples.
 constexpr int64_t kMaxTile = 512, kMinTile = 128, kAlign = 32, kTargetTiles = 32;
 
+// Products of at most this many multiply-adds (m n k) are one BLAS call made
+// from here, without a parallel region: forking a team costs more than such a
+// product (and much more when processes share cores, as a test run's do).
+// OpenBLAS never threads them itself (interface/gemm.c: m n k <= 65536 x
+// GEMM_MULTITHREAD_THRESHOLD, 4 unless its build changed it), so they stay
+// single-threaded.
+constexpr double kSmallProduct = 65536.0 * 4;
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct Tiling {
@@ -78,6 +86,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   ensure_single_threaded_blas();
+  if (static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <= kSmallProduct)
+    return call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   const Tiling t = tiling(m, n);
   const int64_t mt = ceil_div(m, t.tm), nt = ceil_div(n, t.tn);
   // Always a parallel region, even for one tile: inside an active region the
