@@ -30,7 +30,8 @@ struct Block {
 };
 Block random_block(int64_t rows, int64_t cols, uint64_t seed) {
   const Tensor t = randn({rows, cols + 3}, seed);
-  return {std::vector<double>(t.data<double>(), t.data<double>() + t.numel()), rows, cols, cols + 3};
+  const double* v = t.data<double>();
+  return {std::vector<double>(v, v + t.numel()), rows, cols, cols + 3};
 }
 
 template <typename T>
@@ -78,7 +79,8 @@ TEST_CASE("gemm's tiles give the triple loop for every transpose and leading dim
         }
       // The padding columns beyond n are not C's: untouched.
       for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = n; j < c0.ld; ++j) REQUIRE(c[static_cast<size_t>(i * c0.ld + j)] == c0.at(i, j));
+        for (int64_t j = n; j < c0.ld; ++j)
+          REQUIRE(c[static_cast<size_t>(i * c0.ld + j)] == c0.at(i, j));
     }
 }
 
@@ -124,7 +126,8 @@ TEST_CASE("BLAS runs single-threaded whichever OpenBLAS build is loaded", "[kern
   const std::string expected = env ? env : "OpenMP";
   INFO(cpu::blas_description());
   REQUIRE(cpu::blas_threading() == expected);
-  const Block a = random_block(300, 40, 7), b = random_block(300, 40, 8), c0 = random_block(300, 300, 9);
+  const Block a = random_block(300, 40, 7), b = random_block(300, 40, 8);
+  const Block c0 = random_block(300, 300, 9);
 #pragma omp parallel num_threads(2)
   run_gemm<float>(false, true, 300, 300, 40, a, b, c0, 1.0, 0.0);
   // A pthread build keeps its own pool: unless told to use one thread it

@@ -62,7 +62,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 
           // S = scale * Q_blk K^T over keys [0, keys).
           gemm_serial(false, true, rows, keys, hd, scale, q + L.q_off(b, t0, h), L.ldq(),
-               k + L.k_off(b, 0, j), L.ldk(), T(0), S, keys);
+                      k + L.k_off(b, 0, j), L.ldk(), T(0), S, keys);
 
           // Row t = t0 + i sees keys [0, t]. Softmax with max subtraction;
           // masked keys get probability exactly 0 so the PV product ignores them.
@@ -84,8 +84,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
           }
 
           // out_blk = P V over keys [0, keys), written straight into the head's columns.
-          gemm_serial(false, false, rows, hd, keys, T(1), S, keys, v + L.k_off(b, 0, j), L.ldk(), T(0),
-               out + L.q_off(b, t0, h), L.ldq());
+          gemm_serial(false, false, rows, hd, keys, T(1), S, keys, v + L.k_off(b, 0, j), L.ldk(),
+                      T(0), out + L.q_off(b, t0, h), L.ldq());
         }
   }
 }
@@ -135,7 +135,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             T* dS = dsbuf.data();
 
             // Recompute P = exp(scale q k^T - lse), zero above the diagonal.
-            gemm_serial(false, true, rows, keys, hd, scale, qblk, L.ldq(), kb, L.ldk(), T(0), P, keys);
+            gemm_serial(false, true, rows, keys, hd, scale, qblk, L.ldq(), kb, L.ldk(), T(0), P,
+                        keys);
             for (int64_t i = 0; i < rows; ++i) {
               T* p = P + i * keys;
               const int64_t n_valid = t0 + i + 1;
@@ -145,7 +146,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             }
 
             // dP = dO V^T; D_i = dO_i . O_i; dS = P * (dP - D) in place.
-            gemm_serial(false, true, rows, keys, hd, T(1), doblk, L.ldq(), vb, L.ldk(), T(0), dS, keys);
+            gemm_serial(false, true, rows, keys, hd, T(1), doblk, L.ldq(), vb, L.ldk(), T(0), dS,
+                        keys);
             for (int64_t i = 0; i < rows; ++i) {
               const T* doi = doblk + i * L.ldq();
               const T* oi = oblk + i * L.ldq();
@@ -164,12 +166,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 
             // Into the gradients: dQ rows of this block get their whole sum
             // here (beta = 0 unless accumulating), dK/dV add up (beta = 1).
+            // dQ += scale dS K; dK += scale dS^T Q; dV += P^T dO.
             gemm_serial(false, false, rows, hd, keys, scale, dS, keys, kb, L.ldk(), T(accumulate),
-                 dq + L.q_off(b, t0, h), L.ldq());                                 // dQ += scale dS K
+                        dq + L.q_off(b, t0, h), L.ldq());
             gemm_serial(true, false, keys, hd, rows, scale, dS, keys, qblk, L.ldq(), T(1), dkb,
-                 L.ldk());                                                          // dK += scale dS^T Q
+                        L.ldk());
             gemm_serial(true, false, keys, hd, rows, T(1), P, keys, doblk, L.ldq(), T(1), dvb,
-                 L.ldk());                                                          // dV += P^T dO
+                        L.ldk());
           }
       }
   }

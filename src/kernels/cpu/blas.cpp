@@ -33,7 +33,9 @@ struct Tiling {
 
 Tiling tiling(int64_t m, int64_t n) {
   int64_t tm = std::min(m, kMaxTile), tn = std::min(n, kMaxTile);
-  auto halve = [](int64_t t) { return std::max(kMinTile, ceil_div(ceil_div(t, 2), kAlign) * kAlign); };
+  auto halve = [](int64_t t) {
+    return std::max(kMinTile, ceil_div(ceil_div(t, 2), kAlign) * kAlign);
+  };
   while (ceil_div(m, tm) * ceil_div(n, tn) < kTargetTiles) {
     const bool cut_m = tm > kMinTile && (tm >= tn || tn <= kMinTile);
     const bool cut_n = !cut_m && tn > kMinTile;

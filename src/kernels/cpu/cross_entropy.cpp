@@ -78,8 +78,9 @@ double lm_head_cross_entropy(const T* h, const T* w, const int32_t* targets, T* 
     }
 
     if (dh && d > 0)  // dh (+)= dL W: the chunks own disjoint rows of dh
-      gemm(false, false, rows, d, V, T(1), L, V, w, d, accumulate_dh ? T(1) : T(0), dh + r0 * d, d);
-    if (dw && d > 0) gemm(true, false, V, d, rows, T(1), L, V, hc, d, T(1), dw, d);           // dw += dL^T h
+      gemm(false, false, rows, d, V, T(1), L, V, w, d, accumulate_dh ? T(1) : T(0), dh + r0 * d,
+           d);
+    if (dw && d > 0) gemm(true, false, V, d, rows, T(1), L, V, hc, d, T(1), dw, d);  // dw += dL^T h
   }
 
   double total = 0;

@@ -27,9 +27,9 @@ void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t 
     if (dx && !accumulate_dx) std::memset(dx, 0, sizeof(T) * M * K);
     return;
   }
-  // dx[M,K] (+)= dy[M,N] w[N,K]
+  // dx[M,K] (+)= dy[M,N] w[N,K];  dw[N,K] += dy^T[N,M] x[M,K]
   if (dx) gemm(false, false, M, K, N, T(1), dy, N, w, K, accumulate_dx ? T(1) : T(0), dx, K);
-  if (dw) gemm(true, false, N, K, M, T(1), dy, N, x, K, T(1), dw, K);   // dw[N,K] += dy^T[N,M] x[M,K]
+  if (dw) gemm(true, false, N, K, M, T(1), dy, N, x, K, T(1), dw, K);
 }
 
 template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t,
