@@ -87,18 +87,27 @@ def plot_loss_vs_compute(rows, fits, modes, out):
     ax = axes[0][0]
     loss_key = fits.get("loss", "val_loss")
     for m in modes:
-        pts = [(float(r["pflops_days"]), float(r[loss_key])) for r in rows
-               if r["mode"] == m and r["status"] == "done" and r[loss_key]]
-        if not pts:
+        # Every seed, small; the points' means over seeds with +-1 standard
+        # error (fits.json), which the fitted line goes through.
+        seeds = [(float(r["pflops_days"]), float(r[loss_key])) for r in rows
+                 if r["mode"] == m and r["status"] == "done" and r[loss_key]]
+        if not seeds:
             continue
-        c, l = zip(*sorted(pts))
         fit = fits["modes"].get(m, {})
+        means = sorted((p["compute"], p["loss"], p.get("loss_se") or 0.0)
+                       for p in fit.get("points", []))
         label = m
         if "A" in fit:
             label += f": {fit['A']:.4g}·C^-{fit['alpha']:.4f} (R²={fit['r2']:.3f})"
+            c = [p[0] for p in means]
             cc = np.geomspace(min(c) / 1.3, max(c) * 1.3, 50)
             ax.plot(cc, fit["A"] * cc ** -fit["alpha"], color=colors[m], lw=1.2, alpha=0.8)
-        ax.scatter(c, l, color=colors[m], s=22, label=label, zorder=3)
+        if len(seeds) > len(means):
+            ax.scatter(*zip(*seeds), color=colors[m], s=8, alpha=0.35, zorder=2)
+        if means:
+            c, l, se = zip(*means)
+            ax.errorbar(c, l, yerr=se, fmt="o", ms=4.5, color=colors[m], capsize=2, label=label,
+                        zorder=3)
     ax.set_xscale("log")
     ax.set_yscale("log")
     # Losses span less than a decade: label round values (log scale keeps the
@@ -118,12 +127,22 @@ def plot_loss_vs_compute(rows, fits, modes, out):
         ax = axes[0][1]
         base = fits.get("baseline", "baseline")
         for m in modes:
-            pts = [(r["compute"], r["multiplier_measured"]) for r in fits["multipliers"]
-                   if r["mode"] == m and "multiplier_measured" in r]
+            pts = sorted((r["compute"], r["multiplier_measured"], r.get("ci95"))
+                         for r in fits["multipliers"]
+                         if r["mode"] == m and "multiplier_measured" in r)
             if not pts:
                 continue
-            c, x = zip(*sorted(pts))
-            ax.plot(c, x, "o", color=colors[m], label=f"{m} (measured loss)")
+            c = [p[0] for p in pts]
+            x = [p[1] for p in pts]
+            # 95% bootstrap intervals over seeds, where the sweep has them.
+            err = [[max(0.0, p[1] - p[2][0]) if p[2] else 0.0 for p in pts],
+                   [max(0.0, p[2][1] - p[1]) if p[2] else 0.0 for p in pts]]
+            summary = fits.get("summary", {}).get(m, {})
+            label = f"{m} (mean loss)"
+            if summary.get("ci95"):
+                lo, hi = summary["ci95"]
+                label += f": {summary['geomean_multiplier_measured']:.2f}x [{lo:.2f}, {hi:.2f}]"
+            ax.errorbar(c, x, yerr=err, fmt="o", color=colors[m], capsize=2, label=label)
             fpts = sorted((r["compute"], r["multiplier_fit"]) for r in fits["multipliers"]
                           if r["mode"] == m and "multiplier_fit" in r)
             if fpts:
@@ -152,6 +171,7 @@ def plot_loss_curves(rows, modes, sweep_dir, out):
                              sharey=True)
     for ax, size in zip(axes[0], sizes):
         budgets = sorted({int(r["tokens"]) for r in rows if r["size"] == size})
+        labelled = set()
         for r in rows:
             if r["size"] != size:
                 continue
@@ -165,8 +185,11 @@ def plot_loss_curves(rows, modes, sweep_dir, out):
             y = smooth([loss[s] for s in steps], window)
             x = np.array(steps[window - 1:]) * tokens_per_step
             shade = 0.45 + 0.55 * (budgets.index(int(r["tokens"])) + 1) / len(budgets)
+            first = int(r["tokens"]) == budgets[-1] and r["mode"] not in labelled
+            if first:
+                labelled.add(r["mode"])
             ax.plot(x, y, color=colors[r["mode"]], lw=1, alpha=shade,
-                    label=r["mode"] if int(r["tokens"]) == budgets[-1] else None)
+                    label=r["mode"] if first else None)
             val = by_step(recs, "val_loss")
             if val:
                 last = max(val)
@@ -194,12 +217,12 @@ def pick_point(rows, size, budget):
 
 
 def point_runs(rows, point, modes):
-    """{mode: row} of the runs at `point`, in mode order."""
+    """{mode: row} of the runs at `point`, in mode order (the first seed's run)."""
     out = {}
     for m in modes:
         for r in rows:
             if r["mode"] == m and (r["size"], r["tokens"]) == point and r["status"] == "done":
-                out[m] = r
+                out.setdefault(m, r)
     return out
 
 

@@ -2,6 +2,7 @@
 //               [--section.key=value ...]
 //   Scaling-law sweep: trains every run of the grid that is not complete yet,
 //   then writes results.csv, fits.json and the plots (docs/sweeps.md).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
@@ -28,8 +29,7 @@ const char* kSweepUsage =
     "  --no-plots   skip the plotting script\n"
     "  --section.key=value  override a key of the base config of every run\n"
     "                       (e.g. --run.stop_after=100 for time slices; see docs/sweeps.md)\n"
-    "  --out_dir=DIR        write into DIR instead of the file's out_dir (e.g. a replicate\n"
-    "                       with --training.seed=2)\n";
+    "  --out_dir=DIR        write into DIR instead of the file's out_dir\n";
 
 // This binary, for the plot script's `attnres inspect attention` calls.
 std::string own_binary() {
@@ -61,9 +61,25 @@ int cmd_sweep(const Args& args) {
   if (dry_run) {
     std::vector<train::RunOutcome> outcomes;
     for (const auto& r : plan.runs) outcomes.push_back(train::read_outcome(r));
-    std::printf("sweep %s: %zu runs into %s; every run config validated\n", args[0].c_str(),
-                plan.runs.size(), plan.out_dir.c_str());
+    std::printf("sweep %s: %zu runs into %s\n", args[0].c_str(), plan.runs.size(),
+                plan.out_dir.c_str());
     std::printf("%s", train::plan_table(plan, outcomes).c_str());
+    // A started run whose config the file now changes: the real run would
+    // refuse the sweep, so the dry run does too, naming every such run.
+    std::vector<std::string> changed;
+    for (const auto& r : plan.runs)
+      if (std::string c = train::changed_config(r); !c.empty()) changed.push_back(std::move(c));
+    if (!changed.empty()) {
+      for (const auto& c : changed) std::fprintf(stderr, "error: %s\n", c.c_str());
+      std::fprintf(stderr, "error: %zu started run(s) would be refused: the sweep cannot run as it is\n",
+                   changed.size());
+      return 2;
+    }
+    std::printf("every run config validated%s\n",
+                std::any_of(outcomes.begin(), outcomes.end(),
+                            [](const train::RunOutcome& o) { return o.status != "new"; })
+                    ? "; the started runs match their stored configs"
+                    : "");
     // The data is only opened when a run starts; say now if it is missing.
     const auto& data = plan.runs.front().config.data;
     for (const auto& [key, spec] : {std::pair<const char*, std::string>{"data.train", data.train},

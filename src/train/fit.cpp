@@ -1,8 +1,10 @@
 #include "train/fit.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace attnres::train {
 
@@ -70,6 +72,107 @@ double compute_multiplier(const PowerLawFit& baseline, double loss, double compu
   if (!(compute > 0) || !std::isfinite(compute))
     fail("compute multiplier: compute must be a finite positive number, got ", compute);
   return baseline.compute_for_loss(loss) / compute;
+}
+
+double SeedLosses::mean() const {
+  double s = 0;
+  for (double l : losses) s += l;
+  return losses.empty() ? NAN : s / static_cast<double>(losses.size());
+}
+
+double SeedLosses::standard_error() const {
+  const size_t n = losses.size();
+  if (n < 2) return NAN;
+  const double m = mean();
+  double ss = 0;
+  for (double l : losses) ss += (l - m) * (l - m);
+  return std::sqrt(ss / static_cast<double>(n - 1) / static_cast<double>(n));
+}
+
+PowerLawFit fit_means(const std::vector<SeedLosses>& points, const std::string& what) {
+  std::vector<double> C, L;
+  for (const auto& p : points) {
+    C.push_back(p.compute);
+    L.push_back(p.mean());
+  }
+  return fit_power_law(C, L, what);
+}
+
+MultiplierEstimate estimate_multiplier(const PowerLawFit& baseline,
+                                       const std::vector<SeedLosses>& mode) {
+  MultiplierEstimate e;
+  double log_sum = 0;
+  for (const auto& p : mode) {
+    e.per_point.push_back(compute_multiplier(baseline, p.mean(), p.compute));
+    log_sum += std::log(e.per_point.back());
+  }
+  if (!mode.empty()) e.geomean = std::exp(log_sum / static_cast<double>(mode.size()));
+  return e;
+}
+
+namespace {
+
+// The q-quantile of sorted values, interpolating between neighbours.
+double quantile(const std::vector<double>& sorted, double q) {
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const size_t i = static_cast<size_t>(pos);
+  if (i + 1 >= sorted.size()) return sorted.back();
+  return sorted[i] + (pos - static_cast<double>(i)) * (sorted[i + 1] - sorted[i]);
+}
+
+Interval percentile_interval(std::vector<double> values, double level) {
+  if (values.empty()) return Interval{};
+  std::sort(values.begin(), values.end());
+  return {quantile(values, (1 - level) / 2), quantile(values, (1 + level) / 2)};
+}
+
+}  // namespace
+
+MultiplierInterval bootstrap_multiplier(const std::vector<SeedLosses>& baseline,
+                                        const std::vector<SeedLosses>& mode,
+                                        const std::vector<std::vector<SeedLosses>>& pool_from,
+                                        int replicates, uint64_t rng_seed, double level) {
+  MultiplierInterval out;
+  out.per_point.resize(mode.size());
+  std::vector<double> pool;
+  for (const auto& points : pool_from)
+    for (const auto& p : points) {
+      const size_t n = p.losses.size();
+      if (n < 2) continue;
+      const double m = p.mean(), inflate = std::sqrt(static_cast<double>(n) / (n - 1));
+      for (double l : p.losses) pool.push_back(inflate * std::log(l / m));
+    }
+  if (pool.empty()) return out;
+
+  // Stream r of the generator is replicate r; its draws are numbered in the
+  // order the points are visited, so a replicate does not depend on others.
+  uint64_t draw = 0;
+  auto resampled = [&](const SeedLosses& p, uint64_t r) {
+    SeedLosses q{p.compute, {}};
+    const double m = p.mean();
+    for (size_t s = 0; s < p.losses.size(); ++s)
+      q.losses.push_back(m * std::exp(pool[random_u64(rng_seed, r, draw++) % pool.size()]));
+    return q;
+  };
+  std::vector<double> geo;
+  std::vector<std::vector<double>> per(mode.size());
+  for (int r = 0; r < replicates; ++r) {
+    draw = 0;
+    std::vector<SeedLosses> b, m;
+    for (const auto& p : baseline) b.push_back(resampled(p, static_cast<uint64_t>(r)));
+    for (const auto& p : mode) m.push_back(resampled(p, static_cast<uint64_t>(r)));
+    ++out.replicates;
+    try {
+      const MultiplierEstimate e = estimate_multiplier(fit_means(b, "bootstrap baseline"), m);
+      geo.push_back(e.geomean);
+      for (size_t i = 0; i < mode.size(); ++i) per[i].push_back(e.per_point[i]);
+    } catch (const Error&) {
+      ++out.failed;  // this replicate's baseline line does not fall with compute
+    }
+  }
+  out.geomean = percentile_interval(geo, level);
+  for (size_t i = 0; i < mode.size(); ++i) out.per_point[i] = percentile_interval(per[i], level);
+  return out;
 }
 
 }  // namespace attnres::train

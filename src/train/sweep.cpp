@@ -193,11 +193,69 @@ void forbid_sweep_keys(const json& j, const std::string& where, const std::strin
            "remove it");
 }
 
+// One run of the grid: what the sweep file says about it.
+struct RunSpec {
+  const std::string& size;
+  const json& size_base;  // the base config with the size's keys merged in
+  const ModeSpec& mode;
+  int64_t budget;
+  bool seeded;            // the sweep has "seeds": the name carries the seed
+  int64_t seed;
+};
+
+// The run's name, directory and resolved, validated config.
+SweepRun make_run(const SweepPlan& plan, const RunSpec& spec, double warmup_fraction) {
+  SweepRun run;
+  run.size = spec.size;
+  run.mode = spec.mode.name;
+  run.budget = spec.budget;
+  run.point = spec.size + "_" + spec.mode.name + "_" + tokens_label(spec.budget);
+  run.name = spec.seeded ? run.point + "_s" + std::to_string(spec.seed) : run.point;
+  run.dir = (fs::path(plan.out_dir) / "runs" / run.name).string();
+  const std::string run_source = plan.source + " (run " + run.name + ")";
+
+  json cj = spec.size_base;
+  cj["model"]["residual"] = spec.mode.residual;
+  cj["training"]["steps"] = 1;  // placeholder until the batch size is known
+  if (spec.seeded) cj["training"]["seed"] = spec.seed;
+  Config c = Config::from_json(cj, run_source);
+  run.seed = c.training.seed;
+  const int64_t per_step = c.training.micro_batch_size * c.training.seq_len *
+                           c.training.grad_accum * c.parallel.data;
+  run.steps = static_cast<int64_t>(std::llround(static_cast<double>(spec.budget) / per_step));
+  if (run.steps < 1)
+    fail(run_source, ": token budget ", spec.budget, " is less than half a step (", per_step,
+         " tokens per step = micro_batch_size * seq_len * grad_accum * parallel.data)");
+  run.tokens = run.steps * per_step;
+  c.training.steps = run.steps;
+  if (warmup_fraction >= 0)
+    c.schedule.warmup_steps = static_cast<int64_t>(std::llround(warmup_fraction * run.steps));
+  c.run.dir = run.dir;
+  c.checkpoint.dir = (fs::path(run.dir) / "ckpt").string();
+  c.checkpoint.resume = "auto";
+  // Evaluate inside the training loop at the last step, i.e. before the
+  // final checkpoint, so a run with a final checkpoint has its val loss.
+  if (c.eval.every == 0 && !c.data.val.empty()) c.eval.every = run.steps;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail(run_source, ": ", e.what());
+  }
+  if (plan.fit_loss == "val" && c.data.val.empty())
+    fail(run_source, ": 'fit.loss' is \"val\" but the config has no data.val; set "
+         "base.data.val or \"fit\": {\"loss\": \"train\"}");
+  run.config = c;
+  run.params = non_embedding_params(c.model);
+  run.params_total = total_params(c.model);
+  run.flops = 6.0 * static_cast<double>(run.params) * static_cast<double>(run.tokens);
+  return run;
+}
+
 }  // namespace
 
 SweepPlan parse_sweep(const json& j, const std::string& source,
                       const std::vector<std::string>& overrides) {
-  check_keys(j, "", {"description", "out_dir", "base", "sizes", "modes", "tokens",
+  check_keys(j, "", {"description", "out_dir", "base", "sizes", "modes", "tokens", "seeds",
                      "warmup_fraction", "fit", "plots"}, source);
   SweepPlan plan;
   plan.source = source;
@@ -218,6 +276,26 @@ SweepPlan parse_sweep(const json& j, const std::string& source,
     }
   }
   forbid_sweep_keys(base, "base", source);
+
+  // Seeds: every point is trained once per seed (training.seed: the weights'
+  // initialisation and the data order), as <point>_s<seed>. Without "seeds",
+  // the base config's seed alone and the runs are named <point>.
+  const bool seeded = j.contains("seeds");
+  if (seeded) {
+    const json& sj = j["seeds"];
+    if (!sj.is_array() || sj.empty())
+      fail(source, ": 'seeds' must be a non-empty array of seeds, e.g. [1, 2, 3], got ", sj.dump());
+    if (find_path(base, "training.seed"))
+      fail(source, ": 'base' sets config key 'training.seed', but 'seeds' sets it for every run; "
+           "remove one");
+    for (const auto& x : sj) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0)
+        fail(source, ": 'seeds' must hold non-negative integers, got ", x.dump());
+      if (std::count(plan.seeds.begin(), plan.seeds.end(), x.get<int64_t>()))
+        fail(source, ": 'seeds' lists ", x.dump(), " twice");
+      plan.seeds.push_back(x.get<int64_t>());
+    }
+  }
 
   // Modes.
   if (!j.contains("modes") || !j["modes"].is_array() || j["modes"].empty())
@@ -293,55 +371,18 @@ SweepPlan parse_sweep(const json& j, const std::string& source,
     }
     size_base["model"].merge_patch(sz["model"]);
 
-    for (const auto& mode : modes) {
-      for (int64_t budget : budgets) {
-        SweepRun run;
-        run.size = size_name;
-        run.mode = mode.name;
-        run.budget = budget;
-        run.name = size_name + "_" + mode.name + "_" + tokens_label(budget);
-        if (!run_names.insert(run.name).second)
-          fail(source, ": two runs would be named \"", run.name, "\" (token budgets of size \"",
-               size_name, "\" that agree to three digits); make the budgets more distinct");
-        run.dir = (fs::path(plan.out_dir) / "runs" / run.name).string();
-        const std::string run_source = source + " (run " + run.name + ")";
-
-        json cj = size_base;
-        cj["model"]["residual"] = mode.residual;
-        cj["training"]["steps"] = 1;  // placeholder until the batch size is known
-        Config c = Config::from_json(cj, run_source);
-        const int64_t per_step = c.training.micro_batch_size * c.training.seq_len *
-                                 c.training.grad_accum * c.parallel.data;
-        run.steps = static_cast<int64_t>(std::llround(static_cast<double>(budget) / per_step));
-        if (run.steps < 1)
-          fail(run_source, ": token budget ", budget, " is less than half a step (", per_step,
-               " tokens per step = micro_batch_size * seq_len * grad_accum * parallel.data)");
-        run.tokens = run.steps * per_step;
-        c.training.steps = run.steps;
-        if (warmup_fraction >= 0)
-          c.schedule.warmup_steps = static_cast<int64_t>(std::llround(warmup_fraction * run.steps));
-        c.run.dir = run.dir;
-        c.checkpoint.dir = (fs::path(run.dir) / "ckpt").string();
-        c.checkpoint.resume = "auto";
-        // Evaluate inside the training loop at the last step, i.e. before the
-        // final checkpoint, so a run with a final checkpoint has its val loss.
-        if (c.eval.every == 0 && !c.data.val.empty()) c.eval.every = run.steps;
-        try {
-          c.validate();
-        } catch (const Error& e) {
-          fail(run_source, ": ", e.what());
+    for (const auto& mode : modes)
+      for (int64_t budget : budgets)
+        for (size_t k = 0; k < (seeded ? plan.seeds.size() : 1); ++k) {
+          RunSpec spec{size_name, size_base, mode, budget, seeded, seeded ? plan.seeds[k] : 0};
+          SweepRun run = make_run(plan, spec, warmup_fraction);
+          if (!run_names.insert(run.name).second)
+            fail(source, ": two runs would be named \"", run.name, "\" (token budgets of size \"",
+                 size_name, "\" that agree to three digits); make the budgets more distinct");
+          plan.runs.push_back(std::move(run));
         }
-        if (plan.fit_loss == "val" && c.data.val.empty())
-          fail(run_source, ": 'fit.loss' is \"val\" but the config has no data.val; set "
-               "base.data.val or \"fit\": {\"loss\": \"train\"}");
-        run.config = c;
-        run.params = non_embedding_params(c.model);
-        run.params_total = total_params(c.model);
-        run.flops = 6.0 * static_cast<double>(run.params) * static_cast<double>(run.tokens);
-        plan.runs.push_back(std::move(run));
-      }
-    }
   }
+  if (!seeded) plan.seeds = {plan.runs.front().seed};
   return plan;
 }
 
@@ -470,33 +511,83 @@ std::string fmt_g(double v, int digits = 4) {
 
 }  // namespace
 
+namespace {
+
+// A grid point of one mode and the completed seeds behind it.
+struct Point {
+  std::string name, size;
+  int64_t budget = 0, tokens = 0;
+  SeedLosses losses;
+  json runs = json::array();
+};
+
+// Per mode (in file order), its points with at least one completed seed, in
+// grid order.
+std::map<std::string, std::vector<Point>> collect_points(const SweepPlan& plan,
+                                                         const std::vector<RunOutcome>& outcomes) {
+  std::map<std::string, std::vector<Point>> points;
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    const auto& r = plan.runs[i];
+    const double loss = run_loss(plan, outcomes[i]);
+    if (outcomes[i].status != "done" || !std::isfinite(loss)) continue;
+    auto& list = points[r.mode];
+    auto it = std::find_if(list.begin(), list.end(), [&](const Point& p) { return p.name == r.point; });
+    if (it == list.end()) {
+      list.push_back({r.point, r.size, r.budget, r.tokens, {r.flops / kFlopsPerPflopsDay, {}}});
+      it = list.end() - 1;
+    }
+    it->losses.losses.push_back(loss);
+    it->runs.push_back(r.name);
+  }
+  return points;
+}
+
+std::vector<SeedLosses> losses_of(const std::vector<Point>& points) {
+  std::vector<SeedLosses> out;
+  for (const auto& p : points) out.push_back(p.losses);
+  return out;
+}
+
+// The generator seed of the multipliers' bootstrap: fixed, so a report is reproducible.
+constexpr uint64_t kBootstrapSeed = 0x5eed5;
+
+}  // namespace
+
 json fit_sweep(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes) {
   ATTNRES_CHECK(outcomes.size() == plan.runs.size(), "fit_sweep: one outcome per run");
   json out = {{"loss", plan.fit_loss == "val" ? "val_loss" : "train_loss"},
               {"compute_unit", "PFLOP/s-days"},
               {"flops_per_unit", kFlopsPerPflopsDay},
-              {"law", "L = A * C^-alpha, least squares of ln L on ln C"},
+              {"law", "L = A * C^-alpha, least squares of ln L on ln C through the points' mean "
+                      "losses over their seeds"},
+              {"seeds", plan.seeds},
+              {"interval", {{"level", 0.95},
+                            {"method", "percentile bootstrap over seeds, pooled relative "
+                                       "residuals (docs/sweeps.md)"},
+                            {"replicates", plan.bootstrap},
+                            {"rng_seed", kBootstrapSeed}}},
               {"baseline", plan.baseline_mode},
               {"modes", json::object()},
               {"multipliers", json::array()},
               {"summary", json::object()}};
+  const auto points = collect_points(plan, outcomes);
+  std::vector<std::vector<SeedLosses>> all;
+  for (const auto& [mode, list] : points) all.push_back(losses_of(list));
+
   std::map<std::string, PowerLawFit> fits;
   for (const auto& mode : plan.modes) {
-    std::vector<double> C, L;
-    json points = json::array();
-    for (size_t i = 0; i < plan.runs.size(); ++i) {
-      const auto& r = plan.runs[i];
-      const double loss = run_loss(plan, outcomes[i]);
-      if (r.mode != mode || outcomes[i].status != "done" || !std::isfinite(loss)) continue;
-      C.push_back(r.flops / kFlopsPerPflopsDay);
-      L.push_back(loss);
-      points.push_back({{"run", r.name}, {"compute", C.back()}, {"loss", loss}});
-    }
-    json m = {{"points", points}};
+    const auto it = points.find(mode);
+    const std::vector<Point> list = it == points.end() ? std::vector<Point>{} : it->second;
+    json m = {{"points", json::array()}};
+    for (const auto& p : list)
+      m["points"].push_back({{"point", p.name}, {"size", p.size}, {"tokens", p.tokens},
+                             {"compute", p.losses.compute}, {"loss", p.losses.mean()},
+                             {"loss_se", num_or_null(p.losses.standard_error())},
+                             {"seeds", p.losses.losses.size()}, {"runs", p.runs}});
     try {
-      const PowerLawFit f = fit_power_law(C, L, "mode " + mode);
-      for (size_t k = 0; k < points.size(); ++k) {
-        m["points"][k]["fitted"] = f.predict(C[k]);
+      const PowerLawFit f = fit_means(losses_of(list), "mode " + mode);
+      for (size_t k = 0; k < list.size(); ++k) {
+        m["points"][k]["fitted"] = f.predict(list[k].losses.compute);
         m["points"][k]["residual_ln"] = f.residuals[k];
       }
       m.update({{"A", f.A}, {"alpha", f.alpha}, {"r2", f.r2}, {"rmse_ln", f.rmse}, {"n", f.n}});
@@ -507,46 +598,66 @@ json fit_sweep(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes) {
     out["modes"][mode] = m;
   }
 
-  // Multipliers: for every completed run of an AttnRes mode, the baseline's
-  // compute for that loss (from the baseline fit) over the compute it used,
-  // from the measured loss and from the mode's own fitted line.
+  // Multipliers: for every point of an AttnRes mode, the baseline line's
+  // compute for the point's mean loss over the compute it used (and the same
+  // from the mode's own line), with a bootstrap interval over seeds.
   auto base = fits.find(plan.baseline_mode);
   if (plan.baseline_mode.empty()) {
     out["multipliers_error"] = "no baseline mode in the sweep";
-  } else if (base == fits.end()) {
+    return out;
+  }
+  if (base == fits.end()) {
     out["multipliers_error"] = "the baseline fit failed: " +
                                out["modes"][plan.baseline_mode].value("error", std::string("no points"));
-  } else {
-    std::map<std::string, std::pair<double, int>> log_sum;  // geometric means per mode
-    for (size_t i = 0; i < plan.runs.size(); ++i) {
-      const auto& r = plan.runs[i];
-      const double loss = run_loss(plan, outcomes[i]);
-      if (r.mode == plan.baseline_mode || outcomes[i].status != "done" || !std::isfinite(loss)) continue;
-      const double C = r.flops / kFlopsPerPflopsDay;
-      json row = {{"mode", r.mode}, {"run", r.name}, {"size", r.size}, {"tokens", r.tokens},
-                  {"compute", C}, {"loss", loss}};
-      // The baseline run of the same size and budget, when there is one.
-      for (size_t k = 0; k < plan.runs.size(); ++k) {
-        const auto& b = plan.runs[k];
-        if (b.mode == plan.baseline_mode && b.size == r.size && b.budget == r.budget &&
-            outcomes[k].status == "done")
-          row["baseline_loss"] = num_or_null(run_loss(plan, outcomes[k]));
-      }
-      try {
-        const double x = compute_multiplier(base->second, loss, C);
-        row["multiplier_measured"] = x;
-        log_sum[r.mode].first += std::log(x);
-        log_sum[r.mode].second += 1;
-        if (auto f = fits.find(r.mode); f != fits.end())
-          row["multiplier_fit"] = compute_multiplier(base->second, f->second.predict(C), C);
-      } catch (const Error& e) {
-        row["error"] = e.what();
-      }
+    return out;
+  }
+  const std::vector<Point>& base_points = points.at(plan.baseline_mode);
+  for (const auto& mode : plan.modes) {
+    if (mode == plan.baseline_mode || !points.count(mode)) continue;
+    const std::vector<Point>& list = points.at(mode);
+    MultiplierEstimate est;
+    try {
+      est = estimate_multiplier(base->second, losses_of(list));
+    } catch (const Error& e) {
+      out["summary"][mode] = {{"error", e.what()}};
+      continue;
+    }
+    const MultiplierInterval ci = bootstrap_multiplier(losses_of(base_points), losses_of(list), all,
+                                                       plan.bootstrap, kBootstrapSeed);
+    auto interval = [](const Interval& i) {
+      return std::isfinite(i.lo) ? json::array({i.lo, i.hi}) : json(nullptr);
+    };
+    for (size_t k = 0; k < list.size(); ++k) {
+      const Point& p = list[k];
+      json row = {{"mode", mode}, {"point", p.name}, {"size", p.size}, {"tokens", p.tokens},
+                  {"compute", p.losses.compute}, {"loss", p.losses.mean()},
+                  {"loss_se", num_or_null(p.losses.standard_error())},
+                  {"seeds", p.losses.losses.size()},
+                  {"multiplier_measured", est.per_point[k]},
+                  {"ci95", interval(ci.per_point[k])}};
+      for (const auto& b : base_points)  // the baseline point of the same size and budget
+        if (b.size == p.size && b.budget == p.budget) row["baseline_loss"] = b.losses.mean();
+      if (auto f = fits.find(mode); f != fits.end())
+        row["multiplier_fit"] = compute_multiplier(base->second, f->second.predict(p.losses.compute),
+                                                   p.losses.compute);
       out["multipliers"].push_back(row);
     }
-    for (const auto& [mode, s] : log_sum)
-      out["summary"][mode] = {{"geomean_multiplier_measured", std::exp(s.first / s.second)},
-                              {"budgets", s.second}};
+    json summary = {{"geomean_multiplier_measured", est.geomean}, {"points", list.size()},
+                    {"ci95", interval(ci.geomean)}};
+    std::string verdict;
+    if (!std::isfinite(ci.geomean.lo)) {
+      verdict = "no interval: one seed per point (give the sweep \"seeds\")";
+    } else {
+      summary["distinguished_from_1"] = ci.geomean.excludes(1.0);
+      verdict = ci.geomean.lo > 1.0   ? "ahead of " + plan.baseline_mode + " at 95%"
+                : ci.geomean.hi < 1.0 ? "behind " + plan.baseline_mode + " at 95%"
+                                      : "not distinguishable from " + plan.baseline_mode + " at 95%";
+      if (ci.failed > 0)
+        verdict += " (" + std::to_string(ci.failed) + " of " + std::to_string(ci.replicates) +
+                   " replicates had no falling baseline line and are left out)";
+    }
+    summary["verdict"] = verdict;
+    out["summary"][mode] = summary;
   }
   return out;
 }
@@ -554,7 +665,8 @@ json fit_sweep(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes) {
 std::string fits_table(const json& fits) {
   std::ostringstream os;
   os << "power-law fits L = A * C^-alpha  (C in PFLOP/s-days, L = final "
-     << fits.value("loss", std::string("val_loss")) << ")\n";
+     << fits.value("loss", std::string("val_loss")) << ", mean over "
+     << fits.value("seeds", json::array()).size() << " seed(s) per point)\n";
   char buf[256];
   std::snprintf(buf, sizeof buf, "  %-14s %6s %12s %10s %8s %10s\n", "mode", "points", "A", "alpha",
                 "R^2", "rmse(lnL)");
@@ -574,29 +686,45 @@ std::string fits_table(const json& fits) {
     os << "compute multipliers: " << fits["multipliers_error"].get<std::string>() << "\n";
     return os.str();
   }
-  os << "compute multiplier over " << fits.value("baseline", std::string())
+  const std::string base = fits.value("baseline", std::string());
+  os << "compute multiplier over " << base
      << " (baseline compute for the same loss / compute used; > 1 = ahead of the baseline)\n";
-  std::snprintf(buf, sizeof buf, "  %-12s %-28s %11s %9s %9s %10s %8s\n", "mode", "run", "C",
-                "loss", "baseline", "x measured", "x fit");
+  std::snprintf(buf, sizeof buf, "  %-12s %-24s %10s %9s %8s %9s %10s %15s %8s\n", "mode", "point",
+                "C", "loss", "+-se", "baseline", "x measured", "95% interval", "x fit");
   os << buf;
+  auto num = [](const json& r, const char* k) {
+    return r.contains(k) && r[k].is_number() ? r[k].get<double>() : NAN;
+  };
+  auto interval = [](const json& ci) {
+    return ci.is_array() ? fmt_g(ci[0].get<double>(), 3) + " - " + fmt_g(ci[1].get<double>(), 3)
+                         : std::string("-");
+  };
   for (const auto& r : fits["multipliers"]) {
-    auto num = [&](const char* k) { return r.contains(k) && r[k].is_number() ? r[k].get<double>() : NAN; };
-    std::snprintf(buf, sizeof buf, "  %-12s %-28s %11.4g %9.4f %9s %10s %8s\n",
-                  r["mode"].get<std::string>().c_str(), r["run"].get<std::string>().c_str(),
-                  num("compute"), num("loss"), fmt_g(num("baseline_loss")).c_str(),
-                  fmt_g(num("multiplier_measured"), 3).c_str(), fmt_g(num("multiplier_fit"), 3).c_str());
+    std::snprintf(buf, sizeof buf, "  %-12s %-24s %10.4g %9.4f %8s %9s %10s %15s %8s\n",
+                  r["mode"].get<std::string>().c_str(), r["point"].get<std::string>().c_str(),
+                  num(r, "compute"), num(r, "loss"), fmt_g(num(r, "loss_se"), 2).c_str(),
+                  fmt_g(num(r, "baseline_loss")).c_str(),
+                  fmt_g(num(r, "multiplier_measured"), 3).c_str(),
+                  interval(r.value("ci95", json())).c_str(),
+                  fmt_g(num(r, "multiplier_fit"), 3).c_str());
     os << buf;
-    if (r.contains("error")) os << "    (" << r["error"].get<std::string>() << ")\n";
   }
-  for (auto it = fits["summary"].begin(); it != fits["summary"].end(); ++it)
-    os << "  " << it.key() << ": geometric mean over " << it.value()["budgets"].get<int>()
-       << " budgets " << fmt_g(it.value()["geomean_multiplier_measured"].get<double>(), 3) << "x\n";
+  for (auto it = fits["summary"].begin(); it != fits["summary"].end(); ++it) {
+    const json& s = it.value();
+    if (s.contains("error")) {
+      os << "  " << it.key() << ": " << s["error"].get<std::string>() << "\n";
+      continue;
+    }
+    os << "  " << it.key() << ": " << fmt_g(s["geomean_multiplier_measured"].get<double>(), 3)
+       << "x (geometric mean over " << s["points"].get<int>() << " points), 95% interval "
+       << interval(s.value("ci95", json())) << ": " << s["verdict"].get<std::string>() << "\n";
+  }
   return os.str();
 }
 
 std::string results_csv(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes) {
   std::ostringstream os;
-  os << "run,size,mode,residual,block_size,n_blocks,d_model,n_layers,n_heads,n_kv_heads,d_ff,"
+  os << "run,point,size,mode,seed,residual,block_size,n_blocks,d_model,n_layers,n_heads,n_kv_heads,d_ff,"
         "params,params_total,tokens,steps,flops,pflops_days,train_loss,train_loss_avg,val_loss,"
         "wall_sec,status\n";
   auto num = [](double v) { return std::isfinite(v) ? fmt_g(v, 9) : std::string(); };
@@ -610,8 +738,8 @@ std::string results_csv(const SweepPlan& plan, const std::vector<RunOutcome>& ou
       S = std::to_string(s);
       N = std::to_string((m.n_sublayers() + s - 1) / s);
     }
-    os << r.name << ',' << r.size << ',' << r.mode << ',' << model::residual_mode_name(m.mode) << ','
-       << S << ',' << N << ',' << m.d_model << ',' << m.n_layers << ',' << m.n_heads << ','
+    os << r.name << ',' << r.point << ',' << r.size << ',' << r.mode << ',' << r.seed << ','
+       << model::residual_mode_name(m.mode) << ',' << S << ',' << N << ',' << m.d_model << ',' << m.n_layers << ',' << m.n_heads << ','
        << m.n_kv_heads << ',' << m.d_ff << ',' << r.params << ',' << r.params_total << ','
        << r.tokens << ',' << r.steps << ',' << fmt_g(r.flops, 9) << ','
        << fmt_g(r.flops / kFlopsPerPflopsDay, 9) << ',' << num(o.train_loss) << ','
@@ -647,6 +775,21 @@ std::string plan_table(const SweepPlan& plan, const std::vector<RunOutcome>& out
   return os.str();
 }
 
+std::string changed_config(const SweepRun& run) {
+  const json current = run.config.to_json();
+  for (const std::string& p : {config_path(run), result_path(run)}) {
+    if (!fs::exists(p)) continue;
+    json stored = json::parse(read_text_file(p));
+    if (p == result_path(run)) stored = stored.value("config", json::object());
+    const std::string diff = first_difference(stored, current);
+    if (!diff.empty())
+      return "run " + run.name + ": its config changed since it was started (" + diff + ", in " +
+             p + "). Delete " + run.dir +
+             " to train it again with the new settings, or restore the old value";
+  }
+  return "";
+}
+
 // ---------------------------------------------------------------------------
 // Running a sweep
 // ---------------------------------------------------------------------------
@@ -662,16 +805,7 @@ std::string shell_quote(const std::string& s) {
 
 // What to do with a run, decided on rank 0: "skip", "train", or an error.
 std::string decide(const SweepRun& run, bool train) {
-  const json current = run.config.to_json();
-  for (const std::string& p : {config_path(run), result_path(run)}) {
-    if (!fs::exists(p)) continue;
-    json stored = json::parse(read_text_file(p));
-    if (p == result_path(run)) stored = stored.value("config", json::object());
-    const std::string diff = first_difference(stored, current);
-    if (!diff.empty())
-      fail("run ", run.name, ": its config changed since it was started (", diff, ", in ", p,
-           "). Delete ", run.dir, " to train it again with the new settings, or restore the old value");
-  }
+  if (const std::string changed = changed_config(run); !changed.empty()) fail(changed);
   if (fs::exists(result_path(run))) return "skip";
   return train ? "train" : "skip";
 }

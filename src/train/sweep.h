@@ -31,10 +31,12 @@ int64_t non_embedding_params(const model::ModelConfig& m);
 // Every parameter (embedding and LM head included).
 int64_t total_params(const model::ModelConfig& m);
 
-// One point of the grid.
+// One run: a point of the grid (size x mode x budget) trained with one seed.
 struct SweepRun {
-  std::string name;         // <size>_<mode>_<tokens>, also the directory name
+  std::string name;         // <point>, or <point>_s<seed> with "seeds"; the directory name
+  std::string point;        // <size>_<mode>_<tokens>: the runs of its seeds are replicates
   std::string size, mode;   // names from the sweep file
+  int64_t seed = 0;         // training.seed
   std::string dir;          // <out_dir>/runs/<name>
   Config config;            // resolved and validated
   int64_t budget = 0;       // tokens asked for
@@ -48,7 +50,9 @@ struct SweepRun {
 struct SweepPlan {
   std::string source;                // the sweep file, for messages
   std::string out_dir;
-  std::vector<SweepRun> runs;        // sizes x modes x budgets, in that nesting order
+  std::vector<SweepRun> runs;        // sizes x modes x budgets x seeds, in that nesting order
+  std::vector<int64_t> seeds;        // "seeds", or the base config's training.seed alone
+  int bootstrap = 2000;              // bootstrap replicates for the multipliers' intervals
   std::vector<std::string> modes;    // mode names in file order
   std::string baseline_mode;         // the mode the multipliers are relative to ("" = none)
   std::string fit_loss = "val";      // "val" or "train": which final loss the fits use
@@ -77,7 +81,10 @@ RunOutcome read_outcome(const SweepRun& run);
 // The outcome from metrics.jsonl alone (exposed for tests).
 RunOutcome outcome_from_metrics(const std::string& metrics_path, int64_t steps);
 
-// Which (mode, compute, loss) points the fits use: completed runs only.
+// fits.json: per mode, the points' mean losses over their completed seeds
+// (with standard errors) and the power law through them; the multipliers of
+// each AttnRes mode over the baseline with bootstrap intervals over seeds
+// (fit.h), and per mode whether the interval excludes 1.
 nlohmann::json fit_sweep(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes);
 // fits.json rendered as the table `attnres sweep` prints.
 std::string fits_table(const nlohmann::json& fits);
@@ -86,6 +93,13 @@ std::string fits_table(const nlohmann::json& fits);
 std::string results_csv(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes);
 // The plan as a table (attnres sweep --dry-run).
 std::string plan_table(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes);
+
+// A run whose stored config (runs/<run>/config.json or result.json) differs
+// from the one the sweep file now gives it, outside the bookkeeping keys:
+// a message naming the run, the key and both values; "" when it agrees or
+// has not started. `attnres sweep` refuses to train such a sweep, and
+// --dry-run reports every such run.
+std::string changed_config(const SweepRun& run);
 
 struct SweepOptions {
   bool train = true;        // false: only collect results, fits and plots (--report)

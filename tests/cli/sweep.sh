@@ -67,6 +67,17 @@ grep -q "model:" log2.txt && fail "the second invocation trained something"
 diff results_1.csv out/results.csv || fail "results.csv changed"
 pass "second invocation: 4 runs skipped, results.csv unchanged"
 
+# --dry-run on the started sweep with a changed config: every changed run is
+# named and the dry run fails as the real run would; unchanged, it passes.
+rc=0
+"$BIN" sweep sweep.json --dry-run --optimizer.lr=0.002 > plan2.txt 2> err2.txt || rc=$?
+[[ $rc -eq 2 ]] || { cat plan2.txt err2.txt; fail "dry run of a changed sweep: exit $rc, expected 2"; }
+[[ $(grep -c "its config changed since it was started (config key 'optimizer.lr': 0.003 -> 0.002" err2.txt) -eq 4 ]] \
+  || { cat err2.txt; fail "dry run of a changed sweep: expected the 4 runs named"; }
+"$BIN" sweep sweep.json --dry-run > plan3.txt 2>&1 || { cat plan3.txt; fail "dry run of the unchanged sweep"; }
+grep -q "the started runs match their stored configs" plan3.txt || { cat plan3.txt; fail "dry run: no match line"; }
+pass "--dry-run names the 4 runs a changed learning rate would refuse (exit 2)"
+
 # SIGTERM during a run: the trainer checkpoints and the sweep exits 143; the
 # same command resumes that run from its checkpoint.
 sed -e 's/"out_dir": "out"/"out_dir": "long"/' -e 's/"tokens": \[768\]/"tokens": [96000]/' \

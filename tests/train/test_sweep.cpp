@@ -192,6 +192,14 @@ TEST_CASE("sweep files: mistakes are errors naming the key and the reason", "[sw
              Contains("(run a_baseline_320)") && Contains("unknown config key 'optimizer.lr_typo'"));
   CHECK_THAT(err([](json& j) { j["sizes"][1]["model"]["n_heads"] = 5; }),
              Contains("(run b_baseline_640)") && Contains("n_heads"));
+  CHECK_THAT(err([](json& j) { j["seeds"] = {1, 2}; }),
+             Contains("'base' sets config key 'training.seed'") && Contains("'seeds'"));
+  CHECK_THAT(err([](json& j) { j["base"]["training"].erase("seed"); j["seeds"] = {1, 1}; }),
+             Contains("'seeds' lists 1 twice"));
+  CHECK_THAT(err([](json& j) { j["base"]["training"].erase("seed"); j["seeds"] = json::array(); }),
+             Contains("'seeds' must be a non-empty array"));
+  CHECK_THAT(err([](json& j) { j["base"]["training"].erase("seed"); j["seeds"] = {-1}; }),
+             Contains("'seeds' must hold non-negative integers"));
   // And a file that is not there / not JSON.
   REQUIRE_THROWS_WITH(load_sweep(d / "missing.json"), Contains("missing.json") && Contains("cannot open"));
   write_text_file_atomic(d / "bad.json", "{\"out_dir\": ");
@@ -299,7 +307,10 @@ TEST_CASE("fits and multipliers use the completed runs of each mode", "[sweep]")
   }
   CHECK(n_full == 4);
   CHECK(fits["summary"]["full"]["geomean_multiplier_measured"].get<double>() == Approx(want).epsilon(1e-9));
-  CHECK(fits["summary"]["blk"]["budgets"] == 3);
+  CHECK(fits["summary"]["blk"]["points"] == 3);
+  // One seed per point: no interval, and the report says why.
+  CHECK(fits["summary"]["full"]["ci95"].is_null());
+  CHECK_THAT(fits["summary"]["full"]["verdict"].get<std::string>(), Contains("one seed per point"));
   const std::string table = fits_table(fits);
   CHECK_THAT(table, Contains("baseline") && Contains("0.10000") && Contains("1.4"));
 
@@ -318,6 +329,76 @@ TEST_CASE("fits and multipliers use the completed runs of each mode", "[sweep]")
   CHECK(few["modes"]["baseline"].contains("A"));
   CHECK(few["multipliers"].size() == 1 + 3);  // full s0 (measured only) + blk
   CHECK_FALSE(few["multipliers"][0].contains("multiplier_fit"));
+}
+
+TEST_CASE("seeds: every point once per seed; fits and multipliers on the seeds' mean", "[sweep]") {
+  TempDir d;
+  json j = tiny_sweep(d);
+  j["base"]["training"].erase("seed");
+  j["seeds"] = {4, 7, 9};
+  j["sizes"].push_back({{"name", "c"}, {"model", {{"d_model", 32}, {"n_layers", 2}, {"d_ff", 64}}},
+                        {"tokens", {1280}}});
+  const SweepPlan plan = parse_sweep(j, "sweep.json");
+  REQUIRE(plan.runs.size() == 3 * 2 * 3);
+  CHECK(plan.seeds == std::vector<int64_t>{4, 7, 9});
+  CHECK(plan.runs[0].name == "a_baseline_320_s4");
+  CHECK(plan.runs[2].name == "a_baseline_320_s9");
+  CHECK(plan.runs[2].point == "a_baseline_320");
+  CHECK(plan.runs[2].seed == 9);
+  CHECK(plan.runs[2].config.training.seed == 9);
+  CHECK(plan.runs[2].dir == d.file("out") + "/runs/a_baseline_320_s9");
+
+  // Each seed's loss is the line's value times (1 - e, 1, 1 + e): the means
+  // lie on the lines (baseline 3.0 C^-0.1, full 2.9 C^-0.1), one seed of one
+  // point did not finish and is left out of its mean.
+  std::vector<RunOutcome> out(plan.runs.size());
+  const double e = 0.004, spread[] = {1 - e, 1.0, 1 + e};
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    const double C = plan.runs[i].flops / kFlopsPerPflopsDay;
+    out[i].status = "done";
+    out[i].val_loss = (plan.runs[i].mode == "baseline" ? 3.0 : 2.9) * std::pow(C, -0.1) * spread[i % 3];
+  }
+  out[5].status = "partial";  // a_full_320_s9
+  const json fits = fit_sweep(plan, out);
+  CHECK(fits["seeds"] == json({4, 7, 9}));
+  const json& p0 = fits["modes"]["baseline"]["points"][0];
+  CHECK(p0["point"] == "a_baseline_320");
+  CHECK(p0["seeds"] == 3);
+  CHECK(p0["runs"] == json({"a_baseline_320_s4", "a_baseline_320_s7", "a_baseline_320_s9"}));
+  CHECK(p0["loss_se"].get<double>() == Approx(e * p0["loss"].get<double>() / std::sqrt(3.0)).epsilon(1e-9));
+  CHECK(fits["modes"]["full"]["points"][0]["seeds"] == 2);
+  CHECK(fits["modes"]["baseline"]["alpha"].get<double>() == Approx(0.1).epsilon(1e-6));
+  REQUIRE(fits["multipliers"].size() == 3);  // one row per point of full
+  const double want = std::pow(3.0 / 2.9, 10.0);
+  CHECK(fits["multipliers"][1]["multiplier_measured"].get<double>() == Approx(want).epsilon(1e-6));
+  const json& s = fits["summary"]["full"];
+  REQUIRE(s["ci95"].is_array());
+  CHECK(s["ci95"][0].get<double>() < s["geomean_multiplier_measured"].get<double>());
+  CHECK(s["ci95"][1].get<double>() > s["geomean_multiplier_measured"].get<double>());
+  // 1.4x with 0.4% seed noise: clearly ahead.
+  CHECK(s["distinguished_from_1"] == true);
+  CHECK_THAT(s["verdict"].get<std::string>(), Contains("ahead of baseline at 95%"));
+  CHECK_THAT(fits_table(fits), Contains("full: 1.4") && Contains("95% interval") &&
+                                   Contains("ahead of baseline at 95%"));
+  const std::string csv = results_csv(plan, out);
+  CHECK_THAT(csv, Contains("\na_full_320_s9,a_full_320,a,full,9,full,"));
+}
+
+TEST_CASE("a started run whose config the sweep file now changes is reported", "[sweep]") {
+  TempDir d;
+  const SweepPlan plan = parse_sweep(tiny_sweep(d), "sweep.json");
+  for (const auto& r : plan.runs) CHECK(changed_config(r).empty());  // not started
+  fs::create_directories(plan.runs[1].dir);
+  write_text_file_atomic(plan.runs[1].dir + "/config.json", plan.runs[1].config.to_json().dump());
+  CHECK(changed_config(plan.runs[1]).empty());
+  const SweepPlan changed = parse_sweep(tiny_sweep(d), "sweep.json", {"--optimizer.lr=0.02"});
+  CHECK_THAT(changed_config(changed.runs[1]),
+             Contains("run a_full_320: its config changed") &&
+                 Contains("config key 'optimizer.lr': 0.01 -> 0.02") && Contains("Delete"));
+  CHECK(changed_config(changed.runs[0]).empty());  // not started: free to change
+  // Bookkeeping keys may change.
+  const SweepPlan paced = parse_sweep(tiny_sweep(d), "sweep.json", {"--run.stop_after=3"});
+  CHECK(changed_config(paced.runs[1]).empty());
 }
 
 TEST_CASE("a 2x2 sweep trains, skips completed runs and resumes interrupted ones exactly",
@@ -345,11 +426,11 @@ TEST_CASE("a 2x2 sweep trains, skips completed runs and resumes interrupted ones
   std::ifstream csv(plan.out_dir + "/results.csv");
   std::string header, line;
   std::getline(csv, header);
-  CHECK(header.rfind("run,size,mode,residual,block_size,n_blocks,", 0) == 0);
+  CHECK(header.rfind("run,point,size,mode,seed,residual,block_size,n_blocks,", 0) == 0);
   std::vector<std::string> rows;
   while (std::getline(csv, line)) rows.push_back(line);
   REQUIRE(rows.size() == 4);
-  CHECK(rows[1].rfind("a_full_320,a,full,full,1,2,16,1,2,1,32,", 0) == 0);
+  CHECK(rows[1].rfind("a_full_320,a_full_320,a,full,3,full,1,2,16,1,2,1,32,", 0) == 0);
   CHECK_THAT(rows[1], Contains(",320,10,") && Contains(",done"));
   const json fits = json::parse(read_text_file(plan.out_dir + "/fits.json"));
   CHECK(fits["modes"]["baseline"]["n"] == 2);
