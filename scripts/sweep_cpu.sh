@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From a fresh clone: install, build, prepare the Brown corpus, run the CPU
-# scaling-law sweep (configs/sweeps/cpu_small.json: 12 runs, about 23 minutes
+# scaling-law sweep (configs/sweeps/cpu_small.json: 27 runs, about an hour
 # on 2 cores) and write sweeps/cpu_small/{results.csv,fits.json,plots/*.png}.
 # Run it again to resume an interrupted sweep (completed runs are skipped).
 # Extra arguments go to `attnres sweep`, e.g. --no-plots or --dry-run.

@@ -133,7 +133,7 @@ fi
 # checked with the device and precision overridden (everything else as is).
 "$BIN" sweep "$SRC/configs/sweeps/cpu_small.json" --dry-run > cpu_plan.txt 2>&1 \
   || { cat cpu_plan.txt; fail "configs/sweeps/cpu_small.json does not validate"; }
-grep -q "12 runs" cpu_plan.txt || { cat cpu_plan.txt; fail "cpu_small: expected 12 runs"; }
+grep -q "27 runs" cpu_plan.txt || { cat cpu_plan.txt; fail "cpu_small: expected 27 runs"; }
 gpu=(sweep "$SRC/configs/sweeps/gpu_paper.json" --dry-run)
 if ! "$BIN" "${gpu[@]}" > gpu_plan.txt 2>&1; then
   grep -q "no CUDA backend" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper.json does not validate"; }
@@ -141,5 +141,12 @@ if ! "$BIN" "${gpu[@]}" > gpu_plan.txt 2>&1; then
     || { cat gpu_plan.txt; fail "gpu_paper.json does not validate (device overridden to cpu)"; }
 fi
 grep -q "15 runs" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper: expected 15 runs"; }
-pass "configs/sweeps/cpu_small.json (12 runs) and gpu_paper.json (15 runs) validate"
+h100=(sweep "$SRC/configs/sweeps/gpu_h100.json" --dry-run)
+if ! "$BIN" "${h100[@]}" > h100_plan.txt 2>&1; then
+  grep -q "no CUDA backend" h100_plan.txt || { cat h100_plan.txt; fail "gpu_h100.json does not validate"; }
+  "$BIN" "${h100[@]}" --training.device=cpu --training.precision=fp32 > h100_plan.txt 2>&1 \
+    || { cat h100_plan.txt; fail "gpu_h100.json does not validate (device overridden to cpu)"; }
+fi
+grep -q "18 runs" h100_plan.txt || { cat h100_plan.txt; fail "gpu_h100: expected 18 runs"; }
+pass "configs/sweeps/cpu_small.json (27 runs), gpu_paper.json (15) and gpu_h100.json (18) validate"
 echo "all sweep checks passed"
