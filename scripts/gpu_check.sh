@@ -109,6 +109,6 @@ echo "==> kernel benchmark (350M shapes, bf16; attention rows shown)"
   tail -30 "$out/kernels_350m.txt"
 }
 grep -E "^(measured ceilings|attention)" "$out/kernels_350m.txt"
-echo "==> the CUDA issue's performance targets"
+echo "==> the GPU performance targets (docs/cuda.md)"
 python3 scripts/gpu_targets.py "$out" | tee "$out/targets.txt"
 exit $status

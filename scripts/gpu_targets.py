@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the CUDA issue's performance targets against a gpu_check.sh report.
+"""Prints the GPU performance targets (docs/cuda.md) against a gpu_check.sh report.
 
     scripts/gpu_targets.py REPORT_DIR
 

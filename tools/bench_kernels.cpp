@@ -23,7 +23,7 @@
 
 namespace attnres::tools {
 
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -62,7 +62,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
   const int64_t N = B * T, d = c.d_model, H = c.n_heads, Hkv = c.n_kv_heads, hd = d / H, F = c.d_ff,
                 V = c.vocab_size;
   const double e = static_cast<double>(dtype_size(dt));  // bytes per activation element
-  const DType st = k::stat_dtype(dt), gt = k::grad_dtype(dt);
+  const DType st = kern::stat_dtype(dt), gt = kern::grad_dtype(dt);
   const double gsz = static_cast<double>(dtype_size(gt));
 
   // ---- the two ceilings, measured here ----
@@ -75,7 +75,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
   {
     const int64_t n = 8192;
     Tensor x = rand_dev({n, n}, dt, 2), w = rand_dev({n, n}, dt, 3), y = Tensor::empty({n, n}, dt, Device::CUDA);
-    const double ms = time_ms([&] { k::matmul_forward(y, x, w); }, 5);
+    const double ms = time_ms([&] { kern::matmul_forward(y, x, w); }, 5);
     peak = 2.0 * n * n * n / (ms * 1e-3);
   }
   std::printf("measured ceilings: copy %.0f GB/s (read+write), %s GEMM 8192^3 %.0f TFLOP/s\n",
@@ -113,29 +113,29 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     Tensor y = Tensor::empty({N, out}, dt, Device::CUDA), dy = rand_dev({N, out}, dt, 6);
     Tensor dx = Tensor::zeros({N, in}, dt, Device::CUDA), dw = Tensor::zeros({out, in}, gt, Device::CUDA);
     const double fl = 2.0 * N * in * out;
-    add(std::string("matmul fwd ") + name, [&] { k::matmul_forward(y, x, w); }, reps,
+    add(std::string("matmul fwd ") + name, [&] { kern::matmul_forward(y, x, w); }, reps,
         e * (N * in + out * in + N * out), fl);
     // dx written (Store::Set, as the model's first producer of a buffer): read
     // dy twice, x and w once, write dx; dw read and written.
     add(std::string("matmul bwd ") + name,
-        [&] { k::matmul_backward(&dx, &dw, dy, x, w, k::Store::Set); }, reps,
+        [&] { kern::matmul_backward(&dx, &dw, dy, x, w, kern::Store::Set); }, reps,
         e * (2.0 * N * out + 2.0 * N * in + out * in) + 2 * gsz * out * in, 2 * fl);
   }
 
   // ---- attention ----
   {
-    Tensor q = rand_dev({N, H * hd}, dt, 7), kk = rand_dev({N, Hkv * hd}, dt, 8), v = rand_dev({N, Hkv * hd}, dt, 9);
+    Tensor q = rand_dev({N, H * hd}, dt, 7), key = rand_dev({N, Hkv * hd}, dt, 8), v = rand_dev({N, Hkv * hd}, dt, 9);
     Tensor out = Tensor::empty({N, H * hd}, dt, Device::CUDA), lse = Tensor::empty({B, H, T}, st, Device::CUDA);
     Tensor dout = rand_dev({N, H * hd}, dt, 10);
     Tensor dq = Tensor::zeros({N, H * hd}, dt, Device::CUDA), dk = Tensor::zeros({N, Hkv * hd}, dt, Device::CUDA),
            dv = Tensor::zeros({N, Hkv * hd}, dt, Device::CUDA);
-    const k::AttnShape s{B, T, H, Hkv, hd};
+    const kern::AttnShape s{B, T, H, Hkv, hd};
     const double fwd_flops = 2.0 * B * H * T * T * hd;  // causal: half of 4 B H T^2 hd
     const double io = e * (2.0 * N * H * hd + 2.0 * N * Hkv * hd);
-    add("attention fwd", [&] { k::attention_forward(out, lse, q, kk, v, s); }, reps, io, fwd_flops);
-    k::attention_forward(out, lse, q, kk, v, s);
+    add("attention fwd", [&] { kern::attention_forward(out, lse, q, key, v, s); }, reps, io, fwd_flops);
+    kern::attention_forward(out, lse, q, key, v, s);
     add("attention bwd",
-        [&] { k::attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, s, k::Store::Set); }, reps,
+        [&] { kern::attention_backward(dq, dk, dv, dout, q, key, v, out, lse, s, kern::Store::Set); }, reps,
         2 * io + e * 2.0 * N * H * hd, 2.5 * fwd_flops);
   }
 
@@ -144,19 +144,19 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     Tensor x = rand_dev({N, d}, dt, 11), g = rand_dev({d}, dt, 12), y = Tensor::empty({N, d}, dt, Device::CUDA);
     Tensor r = Tensor::empty({N}, st, Device::CUDA), dy = rand_dev({N, d}, dt, 13);
     Tensor dx = Tensor::zeros({N, d}, dt, Device::CUDA), dg = Tensor::zeros({d}, gt, Device::CUDA);
-    add("rmsnorm fwd", [&] { k::rmsnorm_forward(y, r, x, &g, 1e-5f); }, reps, e * 2.0 * N * d, 0);
-    add("rmsnorm bwd", [&] { k::rmsnorm_backward(dx, &dg, dy, x, r, &g, k::Store::Set); }, reps,
+    add("rmsnorm fwd", [&] { kern::rmsnorm_forward(y, r, x, &g, 1e-5f); }, reps, e * 2.0 * N * d, 0);
+    add("rmsnorm bwd", [&] { kern::rmsnorm_backward(dx, &dg, dy, x, r, &g, kern::Store::Set); }, reps,
         e * 3.0 * N * d, 0);  // read dy, x; write dx
   }
   {
     Tensor q = rand_dev({N, H * hd}, dt, 14);
-    add("rope fwd (q)", [&] { k::rope_forward(q, B, T, H, hd, 10000.f); }, reps, e * 2.0 * N * H * hd, 0);
+    add("rope fwd (q)", [&] { kern::rope_forward(q, B, T, H, hd, 10000.f); }, reps, e * 2.0 * N * H * hd, 0);
   }
   {
     Tensor g = rand_dev({N, F}, dt, 15), u = rand_dev({N, F}, dt, 16), h = Tensor::empty({N, F}, dt, Device::CUDA);
     Tensor dh = rand_dev({N, F}, dt, 17), dg = Tensor::zeros({N, F}, dt, Device::CUDA), du = Tensor::zeros({N, F}, dt, Device::CUDA);
-    add("swiglu fwd", [&] { k::swiglu_forward(h, g, u); }, reps, e * 3.0 * N * F, 0);
-    add("swiglu bwd", [&] { k::swiglu_backward(dg, du, dh, g, u, k::Store::Set); }, reps,
+    add("swiglu fwd", [&] { kern::swiglu_forward(h, g, u); }, reps, e * 3.0 * N * F, 0);
+    add("swiglu bwd", [&] { kern::swiglu_backward(dg, du, dh, g, u, kern::Store::Set); }, reps,
         e * 5.0 * N * F, 0);  // read dh, gate, up; write dgate, dup
   }
   // Phase 1 of a Mix group: Q queries over k sources, forward and backward
@@ -181,12 +181,12 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     r.dlse = rand_dev({Q, N}, st, 80);
     // Run once untimed: the merge rows read these outputs even when --only
     // skips the timed rows.
-    k::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs);
+    kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs);
     add("mix phase-1 fwd" + tag,
-        [&] { k::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs); }, reps,
+        [&] { kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs); }, reps,
         e * double(kb + Q) * N * d, 4.0 * kb * Q * N * d);
     add("mix phase-1 bwd" + tag,
-        [&] { k::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); }, reps,
+        [&] { kern::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); }, reps,
         e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
     return r;
   };
@@ -199,7 +199,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     for (int64_t j = 0; j < count; ++j) {
       m.src.push_back(rand_dev({N, d}, dt, seed + j));
       m.rs.push_back(Tensor::empty({N}, st, Device::CUDA));
-      k::mix_source_rstd(m.rs.back(), m.src.back(), 1e-5f);
+      kern::mix_source_rstd(m.rs.back(), m.src.back(), 1e-5f);
       m.dsrc.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
     }
     return m;
@@ -212,12 +212,12 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     Tensor probs = Tensor::empty({N, ks}, st, Device::CUDA), dout = rand_dev({N, d}, dt, 41);
     Tensor dw = Tensor::zeros({d}, gt, Device::CUDA);
     const std::string tag = " (k=" + std::to_string(ks) + ")";
-    k::mix_forward(out, probs, w, src, rs);  // probs for the bwd row, whatever --only runs
-    add("mix fwd" + tag, [&] { k::mix_forward(out, probs, w, src, rs); }, reps,
+    kern::mix_forward(out, probs, w, src, rs);  // probs for the bwd row, whatever --only runs
+    add("mix fwd" + tag, [&] { kern::mix_forward(out, probs, w, src, rs); }, reps,
         e * (ks + 1.0) * N * d, 4.0 * ks * N * d);
-    add("mix bwd" + tag, [&] { k::mix_backward(dsrc, dw, dout, w, src, rs, probs); }, reps,
+    add("mix bwd" + tag, [&] { kern::mix_backward(dsrc, dw, dout, w, src, rs, probs); }, reps,
         e * (1.0 + 3.0 * ks) * N * d, 8.0 * ks * N * d);
-    add("mix source rstd", [&] { k::mix_source_rstd(rs[0], src[0], 1e-5f); }, reps, e * N * d, 0);
+    add("mix source rstd", [&] { kern::mix_source_rstd(rs[0], src[0], 1e-5f); }, reps, e * N * d, 0);
 
     // Block AttnRes's two phases for the last block: phase 1 runs the block's
     // Q = S queries over its kb = ks - 1 completed blocks in one pass, phase 2
@@ -243,13 +243,13 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       Tensor lse0 = lse.rows(0, 1).reshape({N}), dlse0 = dlse.rows(0, 1).reshape({N});
       Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 81);
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
-      k::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f);  // mstats, as above
+      kern::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f);  // mstats, as above
       add("mix merge + rmsnorm fwd",
-          [&] { k::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f); }, reps,
+          [&] { kern::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f); }, reps,
           e * 3.0 * N * d, 9.0 * N * d);  // o, p read, u written
       add("mix merge + rmsnorm bwd",
           [&] {
-            k::mix_merge_norm_backward(d_o, dlse0, dpart, dw, dgain, dout, w, outs[0], part, gain, mstats);
+            kern::mix_merge_norm_backward(d_o, dlse0, dpart, dw, dgain, dout, w, outs[0], part, gain, mstats);
           }, reps,
           e * 7.0 * N * d, 20.0 * N * d);  // du, o, p read, d_o written, dp read + written; p again for dw
     }
@@ -275,13 +275,13 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 92);
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
       const std::string mtag = " (full, m=" + std::to_string(m) + ")";
-      k::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f);  // mstats, as above
+      kern::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f);  // mstats, as above
       add("mix merge + rmsnorm fwd" + mtag,
-          [&] { k::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f); }, reps,
+          [&] { kern::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f); }, reps,
           e * (m + 2.0) * N * d, (4.0 * m + 5.0) * N * d);  // o, recent read, u written
       add("mix merge + rmsnorm bwd" + mtag,
           [&] {
-            k::mix_merge_norm_backward(d_o, dl, drecent, dw, dgain, dout, w, o, recent, gain, mstats);
+            kern::mix_merge_norm_backward(d_o, dl, drecent, dw, dgain, dout, w, o, recent, gain, mstats);
           }, reps,
           e * (4.0 + 4.0 * m) * N * d, (10.0 * m + 12.0) * N * d);  // du, o, recent read, d_o written,
                                                                  // drecent read + written; recent again for dw
@@ -290,13 +290,13 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
   {
     Tensor tok = ids_dev(N, V, 50), w = rand_dev({V, d}, dt, 51, 0.02), out = Tensor::empty({N, d}, dt, Device::CUDA);
     Tensor dout = rand_dev({N, d}, dt, 52), dw = Tensor::zeros({V, d}, gt, Device::CUDA);
-    add("embedding fwd", [&] { k::embedding_forward(out, w, tok); }, reps, e * 2.0 * N * d, 0);
-    add("embedding bwd", [&] { k::embedding_backward(dw, dout, tok); }, reps, (e + 2 * gsz) * N * d, 0);
+    add("embedding fwd", [&] { kern::embedding_forward(out, w, tok); }, reps, e * 2.0 * N * d, 0);
+    add("embedding bwd", [&] { kern::embedding_backward(dw, dout, tok); }, reps, (e + 2 * gsz) * N * d, 0);
   }
   {
     Tensor h = rand_dev({N, d}, dt, 60), w = rand_dev({V, d}, dt, 61, 0.02), tg = ids_dev(N, V, 62);
     Tensor dh = Tensor::zeros({N, d}, dt, Device::CUDA), dw = Tensor::zeros({V, d}, gt, Device::CUDA);
-    add("lm_head + CE fwd+bwd", [&] { k::lm_head_cross_entropy(h, w, tg, &dh, &dw, 1.0 / N, k::Store::Set); }, 5,
+    add("lm_head + CE fwd+bwd", [&] { kern::lm_head_cross_entropy(h, w, tg, &dh, &dw, 1.0 / N, kern::Store::Set); }, 5,
         e * (2.0 * N * d + 2.0 * V * d) + 2 * gsz * V * d, 6.0 * N * V * d);
   }
   {
@@ -304,11 +304,11 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     Tensor p = rand_dev({P}, DType::F32, 70, 0.02), g = rand_dev({P}, DType::F32, 71, 1e-3);
     Tensor m = Tensor::zeros({P}, DType::F32, Device::CUDA), v = Tensor::zeros({P}, DType::F32, Device::CUDA);
     Tensor lowp = Tensor::empty({P}, DType::BF16, Device::CUDA);
-    const k::AdamWStep s{1e-4, 0.9, 0.95, 1e-8, 0.1, 1};
+    const kern::AdamWStep s{1e-4, 0.9, 0.95, 1e-8, 0.1, 1};
     const bool bf = dt == DType::BF16;
-    add("adamw 124M params", [&] { k::adamw_update(p, g, m, v, s, true, bf ? &lowp : nullptr); }, 5,
+    add("adamw 124M params", [&] { kern::adamw_update(p, g, m, v, s, true, bf ? &lowp : nullptr); }, 5,
         P * (28.0 + (bf ? 2 : 0)), 0);
-    add("grad norm 124M", [&] { (void)k::sum_squares(g); }, 5, P * 4.0, 0);
+    add("grad norm 124M", [&] { (void)kern::sum_squares(g); }, 5, P * 4.0, 0);
   }
   if (rows_run == 0) {
     std::string names;

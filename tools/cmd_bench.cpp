@@ -3,9 +3,9 @@
 // with --kernels, each op's time against its floors. A benchmark, not a test:
 // it prints figures.
 //
-// Defaults are the foundation issue's CPU reference model: d=256, L=6, H=8,
+// Defaults are the CPU reference model: d=256, L=6, H=8,
 // Hkv=4, d_ff=688, V=4096, T=256, B=8, Block AttnRes with S=4. The GPU
-// presets (--preset 124m | 350m) are the CUDA issue's models.
+// presets (--preset 124m | 350m) are configs/gpu_124m.json and gpu_350m.json's models.
 #include <omp.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include "tools/bench_kernels.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "train/config.h"
 #include "train/optimizer.h"
 
 namespace attnres::tools {
@@ -131,12 +132,9 @@ int cmd_bench(const Args& args) {
   const std::string which = f.get("mode", "all");
   if (f.has("only") && !f.has("kernels"))
     fail("bench: --only selects rows of --kernels; add --kernels");
-  const std::string dev_name = f.get("device", "cpu");
-  if (dev_name != "cpu" && dev_name != "cuda") fail("bench: --device is cpu or cuda, got ", dev_name);
-  const Device device = dev_name == "cuda" ? Device::CUDA : Device::CPU;
-  const std::string prec = f.get("precision", device == Device::CUDA ? "bf16" : "fp32");
-  if (prec != "fp32" && prec != "bf16") fail("bench: --precision is fp32 or bf16, got ", prec);
-  const DType dtype = prec == "bf16" ? DType::BF16 : DType::F32;
+  const Device device = train::parse_device(f.get("device", "cpu"), "bench: --device");
+  const DType dtype = f.has("precision") ? train::parse_precision(f.get("precision", ""), "bench: --precision")
+                      : device == Device::CUDA ? DType::BF16 : DType::F32;
   if (device == Device::CPU && dtype == DType::BF16) fail("bench: bf16 is a CUDA precision");
   if (device == Device::CUDA && cuda::device_count() == 0)
     fail("bench: --device cuda, but no CUDA device is visible");
@@ -145,7 +143,7 @@ int cmd_bench(const Args& args) {
   if (device == Device::CUDA) {
     peak = cuda::peak_dense_flops(0, dtype == DType::BF16);
     std::printf("attnres GPU benchmark on %s, %s\n", cuda::device_description(0).c_str(),
-                prec.c_str());
+                train::precision_name(dtype));
   } else {
     std::printf("attnres CPU benchmark, %d OpenMP threads; BLAS: %s\n", omp_get_max_threads(),
                 kernels::cpu::blas_description().c_str());

@@ -34,18 +34,17 @@ int cmd_eval(const Args& args) {
   if (batches <= 0) fail("eval: --batches must be positive");
   data::TokenLoader loader(data::resolve_data_spec(f.required("data", "eval"), "--data"), B, T,
                            false, cfg.training.seed);
-  std::string device = f.get("device", cfg.training.device);
-  if (device != "cpu" && device != "cuda") fail("eval: --device is cpu or cuda, got '", device, "'");
-  if (device == "cuda" && cuda::device_count() == 0) {
+  Device device = f.has("device") ? train::parse_device(f.get("device", ""), "eval: --device")
+                                  : cfg.training.device;
+  if (device == Device::CUDA && cuda::device_count() == 0) {
     if (f.has("device")) fail("eval: --device cuda, but no CUDA device is visible");
     spdlog::warn("the checkpoint was trained on cuda but no CUDA device is visible: evaluating on "
                  "the cpu in fp32 (the loss can differ from a bf16 run's in the 3rd digit)");
-    device = "cpu";
+    device = Device::CPU;
   }
-  const bool gpu = device == "cuda";
-  const DType dtype = gpu && cfg.training.precision == "bf16" ? DType::BF16 : DType::F32;
-  spdlog::info("evaluating on {} in {}", device, dtype_name(dtype));
-  model::Model model(cfg.model, dtype, {}, gpu ? Device::CUDA : Device::CPU);
+  const DType dtype = device == Device::CUDA ? cfg.training.precision : DType::F32;
+  spdlog::info("evaluating on {} in {}", device_name(device), dtype_name(dtype));
+  model::Model model(cfg.model, dtype, {}, device);
   train::load_weights(dir, model.params());
   auto [loss, tokens] = train::evaluate(model, loader, batches, B, T);
   std::printf("%s\n", nlohmann::json({{"loss", loss}, {"tokens", tokens}}).dump().c_str());

@@ -1,5 +1,6 @@
 // attnres inspect checkpoint DIR        verify + summarise a checkpoint
 // attnres inspect config CONFIG.json    print the resolved, validated config
+// attnres inspect keys                  every config key as docs/config.md's Markdown table
 // attnres inspect attention --checkpoint DIR --data GLOB [--batches N]
 //                                       depth-attention weights (sublayer x source), JSON
 // attnres inspect compare DIR_A DIR_B [--rtol R]
@@ -22,6 +23,7 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "kernels/reduce.h"
+#include "model/depth_attention.h"
 #include "parallel/layout.h"
 #include "parallel/schedule.h"
 #include "tools/commands.h"
@@ -70,7 +72,7 @@ int inspect_attention(const Args& args) {
   std::vector<std::vector<double>> mean;
   for (int64_t u = 0; u < n; ++u) {
     auto batch = loader.unit(u);
-    auto w = model.depth_attention(batch.inputs, B, T);
+    auto w = model::depth_attention(model, batch.inputs, B, T);
     if (mean.empty()) mean.assign(w.size(), {});
     for (size_t s = 0; s < w.size(); ++s) {
       mean[s].resize(w[s].size(), 0.0);
@@ -221,6 +223,7 @@ int cmd_inspect(const Args& args) {
   if (args.empty() || args[0] == "--help") {
     std::puts("usage: attnres inspect checkpoint DIR\n"
               "       attnres inspect config CONFIG.json [--section.key=value ...]\n"
+              "       attnres inspect keys\n"
               "       attnres inspect attention --checkpoint DIR --data GLOB [--batches N]\n"
               "       attnres inspect compare DIR_A DIR_B [--rtol 1e-5]\n"
               "       attnres inspect schedule --pipeline P --virtual V --microbatches M [--comm]\n"
@@ -241,10 +244,15 @@ int cmd_inspect(const Args& args) {
     std::printf("%s\n", c.to_json().dump(2).c_str());
     return 0;
   }
+  if (what == "keys") {
+    if (!rest.empty()) fail("inspect keys: takes no arguments");
+    std::fputs(train::config_reference_table().c_str(), stdout);
+    return 0;
+  }
   if (what == "attention") return inspect_attention(rest);
   if (what == "schedule") return inspect_schedule(rest);
   if (what == "compare") return inspect_compare(rest);
-  fail("inspect: unknown topic '", what, "' (checkpoint, config, attention, schedule or compare)");
+  fail("inspect: unknown topic '", what, "' (checkpoint, config, keys, attention, schedule or compare)");
 }
 
 }  // namespace attnres::tools

@@ -18,14 +18,14 @@ usage:
   attnres eval --checkpoint DIR --data GLOB [--batches N]
   attnres generate --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
   attnres tokenize train|encode ...      (attnres tokenize --help)
-  attnres inspect checkpoint DIR | config CONFIG.json | attention --checkpoint DIR --data GLOB
+  attnres inspect checkpoint DIR | config CONFIG.json | keys | attention --checkpoint DIR --data GLOB
                   | compare DIR_A DIR_B | schedule --pipeline P --virtual V --microbatches M
                                                      (attnres inspect --help)
   attnres bench [--mode baseline|full|block|all] [--steps N] [...]   CPU training benchmark
   attnres sweep SWEEP.json [--dry-run | --report] [--no-plots]      scaling-law sweep
 
 Logs go to stderr, machine-readable results to stdout. Exit codes: 0 ok, 1 runtime
-error, 2 bad input (config, data, checkpoint, arguments), 3 non-finite loss/gradient,
+or internal error, 2 bad input (config, data, checkpoint, arguments), 3 non-finite loss/gradient,
 128+N stopped by signal N (after writing a checkpoint).
 )";
 
@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
     if (cmd == "sweep") return cmd_sweep(args);
     std::fprintf(stderr, "attnres: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
     return 2;
+  } catch (const attnres::InternalError& e) {
+    // Our fault (a broken invariant, a failed CUDA / NCCL / MPI call): say so.
+    std::fprintf(stderr, "internal error: %s\n", e.what());
+    return 1;
   } catch (const attnres::Error& e) {
     // Bad input of any kind: the message names the key / file and the reason.
     // Under mpirun every rank usually meets it alike: printed once.

@@ -203,15 +203,4 @@ std::string Tensor::describe() const {
   return detail::concat(dtype_name(dtype_), shape_str(shape_), " ", device_name(device_));
 }
 
-void check_shape(const Tensor& t, const Shape& expected, const char* what) {
-  ATTNRES_CHECK(t.defined(), what, " is undefined, expected shape ", shape_str(expected));
-  if (t.shape() != expected)
-    fail(what, ": expected shape ", shape_str(expected), ", got ", shape_str(t.shape()));
-}
-
-void check_same_dtype(const Tensor& a, const Tensor& b, const char* what) {
-  if (a.dtype() != b.dtype())
-    fail(what, ": dtype mismatch ", dtype_name(a.dtype()), " vs ", dtype_name(b.dtype()));
-}
-
 }  // namespace attnres

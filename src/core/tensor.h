@@ -101,8 +101,4 @@ class Tensor {
   Device device_ = Device::CPU;
 };
 
-// Argument checks used by kernels: same shape / expected shape, with names.
-void check_shape(const Tensor& t, const Shape& expected, const char* what);
-void check_same_dtype(const Tensor& a, const Tensor& b, const char* what);
-
 }  // namespace attnres

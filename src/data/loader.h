@@ -1,4 +1,4 @@
-// TokenLoader: turns sorted token shards into training units (MODEL.md section 5).
+// TokenLoader: turns sorted token shards into training units (docs/model.md section 5).
 //
 // A unit is B*T+1 consecutive tokens starting at offset o of one shard; units
 // advance by B*T and never straddle a shard boundary (a shard's tail that can't

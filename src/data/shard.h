@@ -1,4 +1,4 @@
-// Token shards in llm.c's format (MODEL.md section 5).
+// Token shards in llm.c's format (docs/model.md section 5).
 //
 //   bytes [0, 1024): 256 little-endian int32 header words
 //       header[0] = 20240520, header[1] = 1  -> tokens are uint16

@@ -1,4 +1,4 @@
-// AdamW with PyTorch semantics (MODEL.md section 4): one tensor (adamw_update)
+// AdamW with PyTorch semantics (docs/model.md section 4): one tensor (adamw_update)
 // or a list of them (adamw_update_each).
 #pragma once
 #include <cstdint>

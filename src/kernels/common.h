@@ -9,7 +9,7 @@
 
 namespace attnres::kernels {
 
-// Dtype conventions (MODEL.md section 4, mixed precision):
+// Dtype conventions (docs/model.md section 4, mixed precision):
 // - statistics saved for backward (RMS rstd, Mix softmax weights, attention
 //   log-sum-exp) are fp32 for fp32 and bf16 activations (fp64 in fp64 tests);
 // - parameter gradients are fp32 when the weights are bf16 (they are summed

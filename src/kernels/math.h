@@ -53,7 +53,7 @@ struct OnlineSoftmax {
   }
 };
 
-// One AdamW element update (MODEL.md section 4). bc1 = 1 - b1^t, bc2 = 1 - b2^t.
+// One AdamW element update (docs/model.md section 4). bc1 = 1 - b1^t, bc2 = 1 - b2^t.
 template <typename T>
 ATTNRES_HD void adamw_element(T& p, T g, T& m, T& v, T lr, T b1, T b2, T eps, T decay_factor,
                               T bc1, T bc2) {

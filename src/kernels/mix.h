@@ -1,5 +1,5 @@
 // AttnRes depth Mix: the softmax over depth sources that replaces the residual
-// stream (MODEL.md section 2). For each token row n:
+// stream (docs/model.md section 2). For each token row n:
 //
 //   logit_j = w . (v_j[n] * rstd_j[n])        keys are RMS-normalised, no gain
 //   a_j     = softmax_j(logit_j)              statistics and sums in fp32 (or wider)

@@ -1,4 +1,4 @@
-// Model hyper-parameters (MODEL.md section 1) and their validation.
+// Model hyper-parameters (docs/model.md section 1) and their validation.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-// What flows between chunks of layers (MODEL.md section 2, PIPELINE.md
+// What flows between chunks of layers (docs/model.md section 2, docs/parallel.md
 // "What crosses a chunk boundary").
 //
 // baseline:   the residual stream x = e + sum of sublayer outputs so far.

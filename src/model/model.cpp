@@ -16,7 +16,7 @@
 
 namespace attnres::model {
 
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 Model::Model(const ModelConfig& cfg, DType dtype, const ModelParts& parts, Device device)
     : cfg_(cfg), dtype_(dtype), device_(device), params_(make_params(cfg, dtype, parts, device)) {
@@ -30,7 +30,7 @@ Tensor Model::zero_act(int64_t rows, int64_t cols) const {
   return Tensor::zeros({rows, cols}, dtype_, device_);
 }
 Tensor Model::new_stat(const Shape& shape) const {
-  return Tensor::empty(shape, k::stat_dtype(dtype_), device_);
+  return Tensor::empty(shape, kern::stat_dtype(dtype_), device_);
 }
 Tensor Model::on_device(const Tensor& t) const {
   return t.device() == device_ ? t : t.to(device_);
@@ -84,12 +84,12 @@ void Model::embed_forward(const Tensor& tokens, int64_t B, int64_t T, DepthState
   acts.T = T;
   acts.tokens = on_device(tokens);
   Tensor e = new_act(B * T, cfg_.d_model);
-  k::embedding_forward(e, p("model.embed_tokens.weight").value, acts.tokens);
+  kern::embedding_forward(e, p("model.embed_tokens.weight").value, acts.tokens);
   st = DepthState{};
   if (cfg_.attnres()) {
     // b_0 = e: the embedding is always a source of its own.
     Tensor rstd = new_stat({B * T});
-    k::mix_source_rstd(rstd, e, static_cast<float>(cfg_.norm_eps));
+    kern::mix_source_rstd(rstd, e, static_cast<float>(cfg_.norm_eps));
     st.sources.push_back(e);
     st.source_rstd.push_back(rstd);
   } else {
@@ -102,7 +102,7 @@ void Model::embed_backward(const Activations& acts, DepthGrad& g) {
   if (cfg_.attnres())
     ATTNRES_CHECK(g.sources.size() == 1 && !g.partial.defined(),
                   "embed_backward: depth gradient should hold only b_0, has ", g.sources.size());
-  k::embedding_backward(p("model.embed_tokens.weight").grad, de, acts.tokens);
+  kern::embedding_backward(p("model.embed_tokens.weight").grad, de, acts.tokens);
 }
 
 // ---------------------------------------------------------------------------
@@ -116,24 +116,24 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
   a.q = new_act(N, H * hd);
   a.k = new_act(N, Hkv * hd);
   a.v = new_act(N, Hkv * hd);
-  k::matmul_forward(a.q, a.u, p(layer_param(l, "self_attn.q_proj.weight")).value);
-  k::matmul_forward(a.k, a.u, p(layer_param(l, "self_attn.k_proj.weight")).value);
-  k::matmul_forward(a.v, a.u, p(layer_param(l, "self_attn.v_proj.weight")).value);
+  kern::matmul_forward(a.q, a.u, p(layer_param(l, "self_attn.q_proj.weight")).value);
+  kern::matmul_forward(a.k, a.u, p(layer_param(l, "self_attn.k_proj.weight")).value);
+  kern::matmul_forward(a.v, a.u, p(layer_param(l, "self_attn.v_proj.weight")).value);
   const int64_t pos0 = cache ? cache->pos : 0;
-  k::rope_forward(a.q, B, T, H, hd, theta, pos0);
-  k::rope_forward(a.k, B, T, Hkv, hd, theta, pos0);
+  kern::rope_forward(a.q, B, T, H, hd, theta, pos0);
+  kern::rope_forward(a.k, B, T, Hkv, hd, theta, pos0);
   a.att = new_act(N, H * hd);
   if (cache) {  // one new token: append its k/v, attend over the cache
     ATTNRES_CHECK(B == 1 && T == 1, "decoding feeds one token at a time");
     ATTNRES_CHECK(cache->pos < cache->max_len, "decode cache full (", cache->max_len, " tokens)");
     cache->k[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1).copy_from(a.k);
     cache->v[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1).copy_from(a.v);
-    k::attention_decode(a.att, a.q, cache->k[l], cache->v[l], cache->pos + 1, {1, 1, H, Hkv, hd});
+    kern::attention_decode(a.att, a.q, cache->k[l], cache->v[l], cache->pos + 1, {1, 1, H, Hkv, hd});
   } else {
     a.lse = new_stat({B, H, T});
-    k::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd});
+    kern::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd});
   }
-  k::matmul_forward(y, a.att, p(layer_param(l, "self_attn.o_proj.weight")).value, residual);
+  kern::matmul_forward(y, a.att, p(layer_param(l, "self_attn.o_proj.weight")).value, residual);
 }
 
 Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B,
@@ -147,18 +147,18 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
   // Activation gradients with one producer are written (Store::Set), not
   // zeroed and accumulated into: du is the only buffer with several (q, k, v).
   Tensor datt = new_act(N, H * hd);
-  k::matmul_backward(&datt, &wo.grad, dy, a.att, wo.value, k::Store::Set);
+  kern::matmul_backward(&datt, &wo.grad, dy, a.att, wo.value, kern::Store::Set);
   Tensor dq = new_act(N, H * hd);
   Tensor dk = new_act(N, Hkv * hd);
   Tensor dv = new_act(N, Hkv * hd);
-  k::attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, {B, T, H, Hkv, hd},
-                        k::Store::Set);
-  k::rope_backward(dq, B, T, H, hd, theta);
-  k::rope_backward(dk, B, T, Hkv, hd, theta);
+  kern::attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, {B, T, H, Hkv, hd},
+                        kern::Store::Set);
+  kern::rope_backward(dq, B, T, H, hd, theta);
+  kern::rope_backward(dk, B, T, Hkv, hd, theta);
   Tensor du = new_act(N, cfg_.d_model);
-  k::matmul_backward(&du, &wq.grad, dq, a.u, wq.value, k::Store::Set);
-  k::matmul_backward(&du, &wk.grad, dk, a.u, wk.value);
-  k::matmul_backward(&du, &wv.grad, dv, a.u, wv.value);
+  kern::matmul_backward(&du, &wq.grad, dq, a.u, wq.value, kern::Store::Set);
+  kern::matmul_backward(&du, &wk.grad, dk, a.u, wk.value);
+  kern::matmul_backward(&du, &wv.grad, dv, a.u, wv.value);
   return du;
 }
 
@@ -167,10 +167,10 @@ void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* res
   a.gate = new_act(N, F);
   a.up = new_act(N, F);
   a.h = new_act(N, F);
-  k::matmul_forward(a.gate, a.u, p(layer_param(l, "mlp.gate_proj.weight")).value);
-  k::matmul_forward(a.up, a.u, p(layer_param(l, "mlp.up_proj.weight")).value);
-  k::swiglu_forward(a.h, a.gate, a.up);
-  k::matmul_forward(y, a.h, p(layer_param(l, "mlp.down_proj.weight")).value, residual);
+  kern::matmul_forward(a.gate, a.u, p(layer_param(l, "mlp.gate_proj.weight")).value);
+  kern::matmul_forward(a.up, a.u, p(layer_param(l, "mlp.up_proj.weight")).value);
+  kern::swiglu_forward(a.h, a.gate, a.up);
+  kern::matmul_forward(y, a.h, p(layer_param(l, "mlp.down_proj.weight")).value, residual);
 }
 
 Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
@@ -179,13 +179,13 @@ Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
   Param& wu = p(layer_param(l, "mlp.up_proj.weight"));
   Param& wd = p(layer_param(l, "mlp.down_proj.weight"));
   Tensor dh = new_act(N, F);
-  k::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value, k::Store::Set);
+  kern::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value, kern::Store::Set);
   Tensor dgate = new_act(N, F);
   Tensor dup = new_act(N, F);
-  k::swiglu_backward(dgate, dup, dh, a.gate, a.up, k::Store::Set);
+  kern::swiglu_backward(dgate, dup, dh, a.gate, a.up, kern::Store::Set);
   Tensor du = new_act(N, cfg_.d_model);
-  k::matmul_backward(&du, &wg.grad, dgate, a.u, wg.value, k::Store::Set);
-  k::matmul_backward(&du, &wu.grad, dup, a.u, wu.value);
+  kern::matmul_backward(&du, &wg.grad, dgate, a.u, wg.value, kern::Store::Set);
+  kern::matmul_backward(&du, &wu.grad, dup, a.u, wu.value);
   return du;
 }
 
@@ -259,7 +259,7 @@ void Model::phase1_forward(Span<SublayerActs> g, Span<const Tensor> ws, int64_t 
       g[q].mix_dlse_row = leader.mix_dlse.rows(q, 1).reshape({N});
     }
   }
-  k::mix_forward(outs, leader.mix_probs, merges ? &lse : nullptr, ws, leader.mix_sources,
+  kern::mix_forward(outs, leader.mix_probs, merges ? &lse : nullptr, ws, leader.mix_sources,
                  leader.mix_rstd);
 }
 
@@ -311,9 +311,9 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     Tensor y = out;
     if (sum_into) {
       y = new_act(N, d);
-      k::matmul_forward(y, is_attn ? a.att : a.h, out_proj_of(s).value);
+      kern::matmul_forward(y, is_attn ? a.att : a.h, out_proj_of(s).value);
     }
-    depth_stats_->output_sumsq.at(s) += k::sum_squares(y);
+    depth_stats_->output_sumsq.at(s) += kern::sum_squares(y);
     depth_stats_->output_count.at(s) += static_cast<double>(y.numel());
   }
 
@@ -324,7 +324,7 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   st.partial = out;
   if (i == S - 1) {  // block complete: it becomes a source
     Tensor rstd = new_stat({N});
-    k::mix_source_rstd(rstd, st.partial, eps);
+    kern::mix_source_rstd(rstd, st.partial, eps);
     st.sources.push_back(st.partial);
     st.source_rstd.push_back(rstd);
     st.partial = Tensor();
@@ -354,7 +354,7 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
   }
 
   if (depth_stats_) {  // dL/dy_s, complete: every later sublayer is done
-    depth_stats_->grad_sumsq.at(s) += k::sum_squares(dy);
+    depth_stats_->grad_sumsq.at(s) += kern::sum_squares(dy);
     depth_stats_->grad_count.at(s) += static_cast<double>(dy.numel());
   }
 
@@ -381,29 +381,29 @@ void Model::norm_forward(SublayerActs& a, const Tensor* w, const Tensor& gain) c
   if (merge) {  // one op: x is never stored
     const int64_t m = static_cast<int64_t>(a.mix_recent.size());
     a.mix_stats = new_stat({N, 2 * m + 2});
-    k::mix_merge_norm_forward(a.u, a.mix_stats, *w, a.mix_o, a.mix_lse, a.mix_recent, gain, eps);
+    kern::mix_merge_norm_forward(a.u, a.mix_stats, *w, a.mix_o, a.mix_lse, a.mix_recent, gain, eps);
     a.mix_lse = Tensor();  // read only here
   } else {
     a.norm_rstd = new_stat({N});
-    k::rmsnorm_forward(a.u, a.norm_rstd, a.x, &gain, eps);
+    kern::rmsnorm_forward(a.u, a.norm_rstd, a.x, &gain, eps);
   }
 }
 
 void Model::norm_backward(SublayerActs& a, const Tensor& du, Param* query, Param& gain,
                           Span<Tensor> drecent, Tensor* stream) {
   if (stream) {
-    k::rmsnorm_backward(*stream, &gain.grad, du, a.x, a.norm_rstd, &gain.value);
+    kern::rmsnorm_backward(*stream, &gain.grad, du, a.x, a.norm_rstd, &gain.value);
     return;
   }
   a.d_o = new_act(du.dim(0), du.dim(1));
   if (!a.mix_stats.defined()) {  // x was the phase-1 output (or the head's stream) itself
-    k::rmsnorm_backward(a.d_o, &gain.grad, du, a.x, a.norm_rstd, &gain.value, k::Store::Set);
+    kern::rmsnorm_backward(a.d_o, &gain.grad, du, a.x, a.norm_rstd, &gain.value, kern::Store::Set);
     return;
   }
   // merge + norm backward: d o and dlse for the group's phase 1, recent sources +=
   ATTNRES_CHECK(drecent.size() == a.mix_recent.size(), drecent.size(),
                 " recent source gradients for ", a.mix_recent.size(), " recent sources");
-  k::mix_merge_norm_backward(a.d_o, a.mix_dlse_row, drecent, query->grad, gain.grad, du,
+  kern::mix_merge_norm_backward(a.d_o, a.mix_dlse_row, drecent, query->grad, gain.grad, du,
                              query->value, a.mix_o, a.mix_recent, gain.value, a.mix_stats);
 }
 
@@ -429,7 +429,7 @@ void Model::phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, De
     if (leader.mix_dlse.defined() && !g[q].mix_stats.defined())
       leader.mix_dlse.rows(static_cast<int64_t>(q), 1).zero_();
   }
-  k::mix_backward(Span<Tensor>(grad.sources.data(), leader.mix_sources.size()), dws, douts,
+  kern::mix_backward(Span<Tensor>(grad.sources.data(), leader.mix_sources.size()), dws, douts,
                   leader.mix_dlse.defined() ? &leader.mix_dlse : nullptr, ws, leader.mix_sources,
                   leader.mix_rstd, leader.mix_probs);
 }
@@ -484,33 +484,36 @@ Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
   return a.u;
 }
 
-double Model::head_forward(const DepthState& st, const Tensor& targets, Activations& acts,
-                           DepthGrad* grad, double grad_scale) {
+double Model::head_loss(const DepthState& st, const Tensor& targets, Activations& acts) {
+  const Tensor h = final_norm(st, acts);
+  return kern::lm_head_cross_entropy(h, out_proj().value, on_device(targets), nullptr, nullptr, 0.0);
+}
+
+double Model::head_forward_backward(const DepthState& st, const Tensor& targets, Activations& acts,
+                                    DepthGrad& grad, double grad_scale) {
   const int64_t N = acts.B * acts.T, d = cfg_.d_model;
   const Tensor h = final_norm(st, acts);
   Param& w_out = out_proj();
   const Tensor tgt = on_device(targets);
-  if (!grad) return k::lm_head_cross_entropy(h, w_out.value, tgt, nullptr, nullptr, 0.0);
-
   Tensor dh = new_act(N, d);
-  double loss = k::lm_head_cross_entropy(h, w_out.value, tgt, &dh, &w_out.grad, grad_scale,
-                                         k::Store::Set);
-  *grad = DepthGrad{};
+  double loss = kern::lm_head_cross_entropy(h, w_out.value, tgt, &dh, &w_out.grad, grad_scale,
+                                         kern::Store::Set);
+  grad = DepthGrad{};
   SublayerActs& a = acts.head;
   Param& g_final = p("model.norm.weight");
   if (!cfg_.attnres()) {
     norm_backward(a, dh, nullptr, g_final, {}, nullptr);
-    grad->hidden = a.d_o;
+    grad.hidden = a.d_o;
     return loss;
   }
   // The head is the first backward to reach the sources: their gradients start here.
-  for (size_t j = 0; j < st.sources.size(); ++j) grad->sources.push_back(zero_act(N, d));
-  if (a.mix_stats.defined()) grad->partial = zero_act(N, d);
+  for (size_t j = 0; j < st.sources.size(); ++j) grad.sources.push_back(zero_act(N, d));
+  if (a.mix_stats.defined()) grad.partial = zero_act(N, d);
   Param* q = &p("model.final_res.query");
-  norm_backward(a, dh, q, g_final, a.mix_stats.defined() ? Span<Tensor>(&grad->partial, 1)
+  norm_backward(a, dh, q, g_final, a.mix_stats.defined() ? Span<Tensor>(&grad.partial, 1)
                                                          : Span<Tensor>(),
                 nullptr);
-  phase1_backward(Span<SublayerActs>(&a, 1), Span<Param* const>(&q, 1), *grad);
+  phase1_backward(Span<SublayerActs>(&a, 1), Span<Param* const>(&q, 1), grad);
   return loss;
 }
 
@@ -525,7 +528,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, int6
   embed_forward(tokens, B, T, st, acts);
   layers_forward(0, cfg_.n_layers, st, acts);
   DepthGrad g;
-  double loss = head_forward(st, targets, acts, &g, grad_scale);
+  double loss = head_forward_backward(st, targets, acts, g, grad_scale);
   st = DepthState{};  // the activations keep what backward needs
   layers_backward(0, cfg_.n_layers, acts, g);
   embed_backward(acts, g);
@@ -538,7 +541,7 @@ double Model::forward_loss(const Tensor& tokens, const Tensor& targets, int64_t 
   embed_forward(tokens, B, T, st, acts);
   layers_forward(0, cfg_.n_layers, st, acts);
   acts.sub.clear();
-  return head_forward(st, targets, acts, nullptr, 0.0);
+  return head_loss(st, targets, acts);
 }
 
 DecodeCache Model::new_decode_cache(int64_t max_len) const {
@@ -562,51 +565,9 @@ std::vector<float> Model::decode_step(int32_t token, DecodeCache& cache) const {
   // Head without the loss: final Mix (or stream), norm, logits.
   const Tensor h = final_norm(st, acts);
   Tensor logits = new_act(1, cfg_.vocab_size);
-  k::matmul_forward(logits, h, out_proj().value);
+  kern::matmul_forward(logits, h, out_proj().value);
   Tensor l32 = logits.to(Device::CPU).to(DType::F32);
   return std::vector<float>(l32.data<float>(), l32.data<float>() + cfg_.vocab_size);
-}
-
-std::vector<std::vector<double>> Model::depth_attention(const Tensor& tokens, int64_t B,
-                                                        int64_t T) {
-  ATTNRES_CHECK(cfg_.attnres(), "depth attention exists only in the AttnRes modes");
-  DepthState st;
-  Activations acts;
-  embed_forward(tokens, B, T, st, acts);
-  layers_forward(0, cfg_.n_layers, st, acts);
-  Tensor dummy_targets = Tensor::zeros({B * T}, DType::I32, device_);
-  head_forward(st, dummy_targets, acts, nullptr, 0.0);
-  // Mean over tokens of one Mix's weights: its phase-1 weights probs [N, k],
-  // scaled by a_0 and followed by a_1..a_m (the recent sources' weights) when
-  // it merged (stats [N, 2m + 2] = {a_0..a_m, rstds...}).
-  auto mean_weights = [&](const Tensor& probs, const Tensor& stats) {
-    const int64_t n = probs.dim(0), kk = probs.dim(1);
-    const int64_t ns = stats.defined() ? stats.dim(1) : 0, mm = stats.defined() ? ns / 2 - 1 : 0;
-    const Tensor p64 = probs.to(Device::CPU).to(DType::F64);
-    Tensor s64;
-    if (stats.defined()) s64 = stats.to(Device::CPU).to(DType::F64);
-    std::vector<double> m(static_cast<size_t>(kk + mm), 0.0);
-    for (int64_t r = 0; r < n; ++r) {
-      const double* a = stats.defined() ? s64.data<double>() + r * ns : nullptr;
-      for (int64_t j = 0; j < kk; ++j)
-        m[j] += p64.data<double>()[r * kk + j] * (a ? a[0] : 1.0) / n;
-      for (int64_t j = 0; j < mm; ++j) m[kk + j] += a[1 + j] / n;
-    }
-    return m;
-  };
-  std::vector<std::vector<double>> out;
-  const SublayerActs* leader = nullptr;
-  for (size_t s = 0; s < acts.sub.size(); ++s) {
-    const SublayerActs& a = acts.sub[s];
-    if (a.group_size > 0) leader = &a;
-    const int64_t q = static_cast<int64_t>(s) - (leader - acts.sub.data());
-    const Tensor& probs = leader->mix_probs;
-    out.push_back(mean_weights(probs.rows(q, 1).reshape({probs.dim(1), probs.dim(2)}),
-                               a.mix_stats));
-  }
-  const Tensor& fp = acts.head.mix_probs;
-  out.push_back(mean_weights(fp.reshape({fp.dim(1), fp.dim(2)}), acts.head.mix_stats));
-  return out;
 }
 
 }  // namespace attnres::model

@@ -1,4 +1,4 @@
-// The transformer with the three residual modes of MODEL.md, organised as
+// The transformer with the three residual modes of docs/model.md, organised as
 // embedding -> chunks of layers over a DepthState -> head. A single process
 // runs one chunk holding every layer; the pipeline runtime splits the layers
 // into chunks and moves DepthStates between ranks. The forward pass of a chunk
@@ -109,11 +109,13 @@ class Model {
                      Activations& acts) const;
   // Run layers [l0, l1) on `st` in place.
   void layers_forward(int64_t l0, int64_t l1, DepthState& st, Activations& acts) const;
-  // Final Mix + norm + LM head + cross-entropy. Returns the summed token loss;
-  // when `grad` is given, also starts the backward pass: parameter gradients
-  // accumulate and `grad` receives dL/d(state) for loss * grad_scale.
-  double head_forward(const DepthState& st, const Tensor& targets, Activations& acts,
-                      DepthGrad* grad, double grad_scale);
+  // Final Mix + norm + LM head + cross-entropy: the summed token loss.
+  double head_loss(const DepthState& st, const Tensor& targets, Activations& acts);
+  // The same, and the head's backward in one pass (the fused LM head +
+  // cross-entropy makes both at once): parameter gradients accumulate and
+  // `grad` receives dL/d(state) for loss * grad_scale. Returns the summed loss.
+  double head_forward_backward(const DepthState& st, const Tensor& targets, Activations& acts,
+                               DepthGrad& grad, double grad_scale);
   // Backward through layers [l0, l1) (the same range as the forward that made `acts`).
   void layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad& grad);
   void embed_backward(const Activations& acts, DepthGrad& grad);
@@ -131,10 +133,6 @@ class Model {
   // Uses the same sublayer and residual code as training, with attention over
   // the cache instead of the whole sequence.
   std::vector<float> decode_step(int32_t token, DecodeCache& cache) const;
-
-  // Average softmax weights of every Mix over tokens, [sublayer][source];
-  // the last row is the final Mix. For `inspect attention` (AttnRes modes).
-  std::vector<std::vector<double>> depth_attention(const Tensor& tokens, int64_t B, int64_t T);
 
   // Attach a DepthStats sink (sized n_sublayers) that every forward and
   // backward pass through the sublayers adds to, or detach it with nullptr

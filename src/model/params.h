@@ -1,4 +1,4 @@
-// The parameter table: every trainable tensor with its MODEL.md section 3
+// The parameter table: every trainable tensor with its docs/model.md section 3
 // name, its gradient buffer and whether AdamW decays it.
 #pragma once
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 namespace attnres::model {
 
-// Mixed precision (MODEL.md section 4): a bf16 run computes with bf16 `value`
+// Mixed precision (docs/model.md section 4): a bf16 run computes with bf16 `value`
 // and keeps the fp32 `master` copy that the optimizer updates and checkpoints
 // store. Otherwise `master` is undefined and `value` is the only copy.
 struct Param {
@@ -41,7 +41,7 @@ class ParamTable {
   const std::vector<Param>& all() const { return params_; }
   int64_t numel() const;
   void zero_grads();
-  // Deterministic initialisation (MODEL.md section 3): element i of tensor
+  // Deterministic initialisation (docs/model.md section 3): element i of tensor
   // `name` is init_std * normal(seed, fnv1a(name), i), so the values do not
   // depend on device, thread count or which rank holds the tensor.
   void init(uint64_t seed);

@@ -10,7 +10,7 @@
 
 namespace attnres::parallel {
 
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 using Clock = std::chrono::steady_clock;
 
 static const char* kEmbedding = "model.embed_tokens.weight";
@@ -120,6 +120,35 @@ Tensor PipelineExecutor::new_tensor(int64_t count) const {
   return Tensor::empty({count * B_ * T_, cfg_.d_model}, m.dtype(), m.device());
 }
 
+// A boundary message is one [tensors * N, d] buffer: the baseline's hidden
+// state alone, or the sources b_lo .. b_{hi-1} (rows of N each), then the
+// partial sum when there is one. Activations and their gradients use the
+// same layout; these two functions are its only writer and reader.
+Tensor PipelineExecutor::pack(const BoundaryMessage& bm, const Tensor& hidden,
+                              const std::function<Tensor(int64_t)>& source, const Tensor& partial,
+                              int chunk) const {
+  if (bm.hidden) return hidden;
+  const int64_t N = B_ * T_;
+  Tensor out = new_tensor(bm.tensors());
+  for (int64_t j = bm.lo; j < bm.hi; ++j) out.rows((j - bm.lo) * N, N).copy_from(source(j));
+  ATTNRES_CHECK(bm.partial == partial.defined(), "chunk ", chunk, ": the message ",
+                bm.partial ? "needs" : "has no place for", " a partial sum");
+  if (bm.partial) out.rows((bm.hi - bm.lo) * N, N).copy_from(partial);
+  return out;
+}
+
+void PipelineExecutor::unpack(const BoundaryMessage& bm, const Tensor& buf, Tensor& hidden,
+                              const std::function<void(int64_t, Tensor)>& source,
+                              Tensor& partial) const {
+  if (bm.hidden) {
+    hidden = buf;
+    return;
+  }
+  const int64_t N = B_ * T_;
+  for (int64_t j = bm.lo; j < bm.hi; ++j) source(j, buf.rows((j - bm.lo) * N, N));
+  if (bm.partial) partial = buf.rows((bm.hi - bm.lo) * N, N);
+}
+
 const std::vector<Action>& PipelineExecutor::schedule(const ScheduleSpec& spec) {
   auto key = std::make_pair(spec.M, spec.forward_only);
   auto it = schedules_.find(key);
@@ -146,47 +175,60 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
   Run r{spec, data, grad_scale, grads_ready, {}, {}, {}, {}, {}, {}, {}, {}};
   const auto t0 = Clock::now();
   const int64_t sent0 = transport_.traffic().total_sent();
-  size_t i = 0;
-  while (i < list.size()) {
-    // One group: this step's sends and the receives posted with them.
-    if (!list[i].is_compute()) {
-      transport_.group_start();
-      for (; i < list.size() && !list[i].is_compute(); ++i) {
-        const Action& a = list[i];
-        const bool grad = a.op == Op::SendGrad || a.op == Op::RecvGrad;
-        if (a.is_send()) {
-          auto it = r.outgoing.find({grad, a.chunk, a.mb});
-          ATTNRES_CHECK(it != r.outgoing.end(), "nothing to send for ", to_string(a));
-          if (it->second.numel() > 0) r.sends.push_back(transport_.isend(it->second, a.peer));
-          r.outgoing.erase(it);
-        } else {
-          // The message's size follows from the layout: the forward message
-          // into chunk c, or the gradient of the forward message c -> c+1.
-          const int into = grad ? a.chunk + 1 : a.chunk;
-          const int64_t n = boundary_message(layout_, plan_, into, cache_).tensors();
-          Tensor buf = new_tensor(n);
-          Request req = n > 0 ? transport_.irecv(buf, a.peer) : Request();
-          r.recvs.emplace(Run::Key{grad, a.chunk, a.mb}, std::make_pair(std::move(req), buf));
+  size_t i = 0;  // the action being run, for the error message
+  // A failure names this rank's action list with the failing action marked.
+  auto in_list = [&](const Error& e) {
+    return std::string(e.what()) + "\nwhile running pipeline rank " +
+           std::to_string(model_.stage()) + "'s action list (P=" + std::to_string(spec.P) +
+           " V=" + std::to_string(spec.V) + " M=" + std::to_string(spec.M) + "):\n" +
+           format_actions(list, i);
+  };
+  try {
+    while (i < list.size()) {
+      // One group: this step's sends and the receives posted with them.
+      if (!list[i].is_compute()) {
+        transport_.group_start();
+        for (; i < list.size() && !list[i].is_compute(); ++i) {
+          const Action& a = list[i];
+          const bool grad = a.op == Op::SendGrad || a.op == Op::RecvGrad;
+          if (a.is_send()) {
+            auto it = r.outgoing.find({grad, a.chunk, a.mb});
+            ATTNRES_CHECK(it != r.outgoing.end(), "nothing to send for ", to_string(a));
+            if (it->second.numel() > 0) r.sends.push_back(transport_.isend(it->second, a.peer));
+            r.outgoing.erase(it);
+          } else {
+            // The message's size follows from the layout: the forward message
+            // into chunk c, or the gradient of the forward message c -> c+1.
+            const int into = grad ? a.chunk + 1 : a.chunk;
+            const int64_t n = boundary_message(layout_, plan_, into, cache_).tensors();
+            Tensor buf = new_tensor(n);
+            Request req = n > 0 ? transport_.irecv(buf, a.peer) : Request();
+            r.recvs.emplace(Run::Key{grad, a.chunk, a.mb}, std::make_pair(std::move(req), buf));
+          }
         }
+        transport_.group_end();
+        continue;
       }
-      transport_.group_end();
-      continue;
+      const auto c0 = Clock::now();
+      if (list[i].op == Op::Forward)
+        forward(r, list[i]);
+      else
+        backward(r, list[i]);
+      r.stats.busy_sec += std::chrono::duration<double>(Clock::now() - c0).count();
+      ++i;
     }
-    const auto c0 = Clock::now();
-    if (list[i].op == Op::Forward)
-      forward(r, list[i]);
-    else
-      backward(r, list[i]);
-    r.stats.busy_sec += std::chrono::duration<double>(Clock::now() - c0).count();
-    ++i;
+    for (Request& s : r.sends) s.wait();
+    // Every message used, every record and store freed: the protocol is closed.
+    ATTNRES_CHECK(r.recvs.empty() && r.outgoing.empty() && r.acts.empty() && r.head_grad.empty() &&
+                      r.mbs.empty(),
+                  "pipeline step left state behind (", r.recvs.size(), " receives, ",
+                  r.outgoing.size(), " messages, ", r.acts.size(), " activation records, ",
+                  r.mbs.size(), " microbatch stores)");
+  } catch (const InternalError& e) {
+    throw InternalError(in_list(e));
+  } catch (const Error& e) {
+    throw Error(in_list(e));
   }
-  for (Request& s : r.sends) s.wait();
-  // Every message used, every record and store freed: the protocol is closed.
-  ATTNRES_CHECK(r.recvs.empty() && r.outgoing.empty() && r.acts.empty() && r.head_grad.empty() &&
-                    r.mbs.empty(),
-                "pipeline step left state behind (", r.recvs.size(), " receives, ",
-                r.outgoing.size(), " messages, ", r.acts.size(), " activation records, ",
-                r.mbs.size(), " microbatch stores)");
   r.stats.bytes_sent = transport_.traffic().total_sent() - sent0;
   r.stats.wall_sec = std::chrono::duration<double>(Clock::now() - t0).count();
   return r.stats;
@@ -216,20 +258,16 @@ void PipelineExecutor::forward(Run& r, const Action& a) {
       s.rstd[0] = st.source_rstd[0];
     }
   } else {
-    Tensor buf = r.take({false, c, mb}, "activation");
     const BoundaryMessage bm = boundary_message(layout_, plan_, c, cache_);
-    if (bm.hidden) {
-      st.hidden = buf;
-    } else {
-      // Received sources join the store (their RMS statistics are recomputed
-      // here rather than sent: same kernel, same bits, fewer bytes).
-      for (int64_t j = bm.lo; j < bm.hi; ++j) {
-        Tensor v = buf.rows((j - bm.lo) * N, N);
-        Tensor rs = Tensor::empty({N}, k::stat_dtype(v.dtype()), v.device());
-        k::mix_source_rstd(rs, v, eps);
-        s.src[j] = v;
-        s.rstd[j] = rs;
-      }
+    // Received sources join the store (their RMS statistics are recomputed
+    // here rather than sent: same kernel, same bits, fewer bytes).
+    unpack(bm, r.take({false, c, mb}, "activation"), st.hidden, [&](int64_t j, Tensor v) {
+      Tensor rs = Tensor::empty({N}, kern::stat_dtype(v.dtype()), v.device());
+      kern::mix_source_rstd(rs, v, eps);
+      s.src[j] = v;
+      s.rstd[j] = rs;
+    }, st.partial);
+    if (!bm.hidden) {
       for (int64_t j = 0; j < bm.hi; ++j) {
         auto it = s.src.find(j);
         ATTNRES_CHECK(it != s.src.end(), "chunk ", c, " microbatch ", mb, ": source b_", j,
@@ -237,7 +275,6 @@ void PipelineExecutor::forward(Run& r, const Action& a) {
         st.sources.push_back(it->second);
         st.source_rstd.push_back(s.rstd.at(j));
       }
-      if (bm.partial) st.partial = buf.rows((bm.hi - bm.lo) * N, N);
     }
   }
 
@@ -259,25 +296,17 @@ void PipelineExecutor::forward(Run& r, const Action& a) {
     const Tensor targets = r.batch(mb).targets;
     r.batches.erase(mb);
     if (r.spec.forward_only) {
-      r.stats.loss_sum += m.head_forward(st, targets, acts, nullptr, 0.0);
+      r.stats.loss_sum += m.head_loss(st, targets, acts);
     } else {
       model::DepthGrad g;
-      r.stats.loss_sum += m.head_forward(st, targets, acts, &g, r.grad_scale);
+      r.stats.loss_sum += m.head_forward_backward(st, targets, acts, g, r.grad_scale);
       r.head_grad[mb] = std::move(g);
     }
   } else {
     // The message into chunk c+1.
-    const BoundaryMessage bm = boundary_message(layout_, plan_, c + 1, cache_);
-    Tensor out;
-    if (bm.hidden) {
-      out = st.hidden;
-    } else {
-      out = new_tensor(bm.tensors());
-      for (int64_t j = bm.lo; j < bm.hi; ++j) out.rows((j - bm.lo) * N, N).copy_from(st.sources[j]);
-      ATTNRES_CHECK(bm.partial == st.partial.defined(), "chunk ", c, ": partial sum mismatch");
-      if (bm.partial) out.rows((bm.hi - bm.lo) * N, N).copy_from(st.partial);
-    }
-    r.outgoing[{false, c, mb}] = out;
+    r.outgoing[{false, c, mb}] =
+        pack(boundary_message(layout_, plan_, c + 1, cache_), st.hidden,
+             [&](int64_t j) { return st.sources[static_cast<size_t>(j)]; }, st.partial, c);
   }
 
   if (r.spec.forward_only) {
@@ -298,7 +327,6 @@ void PipelineExecutor::backward(Run& r, const Action& a) {
   ATTNRES_CHECK(acts_it != r.acts.end(), "backward of chunk ", c, " microbatch ", mb,
                 " without its forward");
   MbState& s = r.mbs.at(mb);
-  const int64_t N = B_ * T_;
 
   model::DepthGrad g;
   if (c == C - 1) {
@@ -310,21 +338,14 @@ void PipelineExecutor::backward(Run& r, const Action& a) {
       s.acc[static_cast<int64_t>(j)] = g.sources[j];
     }
   } else {
-    Tensor buf = r.take({true, c, mb}, "gradient");
-    const BoundaryMessage bm = boundary_message(layout_, plan_, c + 1, cache_);
-    if (bm.hidden) {
-      g.hidden = buf;
-    } else {
-      for (int64_t j = bm.lo; j < bm.hi; ++j) {
-        Tensor v = buf.rows((j - bm.lo) * N, N);
-        auto it = s.acc.find(j);
-        if (it == s.acc.end())
-          s.acc[j] = v;
-        else
-          k::add_(it->second, v);
-      }
-      if (bm.partial) g.partial = buf.rows((bm.hi - bm.lo) * N, N);
-    }
+    unpack(boundary_message(layout_, plan_, c + 1, cache_), r.take({true, c, mb}, "gradient"),
+           g.hidden, [&](int64_t j, Tensor v) {
+             auto it = s.acc.find(j);
+             if (it == s.acc.end())
+               s.acc[j] = v;
+             else
+               kern::add_(it->second, v);
+           }, g.partial);
   }
 
   const int64_t n0 = plan_.sources_after(lr.begin), n1 = plan_.sources_after(lr.end);
@@ -355,19 +376,10 @@ void PipelineExecutor::backward(Run& r, const Action& a) {
   if (c > 0) {
     // The gradient message to chunk c-1: the shape of the forward message into c.
     const BoundaryMessage bm = boundary_message(layout_, plan_, c, cache_);
-    Tensor out;
-    if (bm.hidden) {
-      out = g.hidden;
-    } else {
-      out = new_tensor(bm.tensors());
-      for (int64_t j = bm.lo; j < bm.hi; ++j) {
-        out.rows((j - bm.lo) * N, N).copy_from(s.acc.at(j));
-        s.acc.erase(j);  // the receiver carries it on from here
-      }
-      ATTNRES_CHECK(bm.partial == g.partial.defined(), "chunk ", c, ": partial gradient mismatch");
-      if (bm.partial) out.rows((bm.hi - bm.lo) * N, N).copy_from(g.partial);
-    }
-    r.outgoing[{true, c, mb}] = out;
+    r.outgoing[{true, c, mb}] =
+        pack(bm, g.hidden, [&](int64_t j) { return s.acc.at(j); }, g.partial, c);
+    if (!bm.hidden)
+      for (int64_t j = bm.lo; j < bm.hi; ++j) s.acc.erase(j);  // the receiver carries them on
   } else {
     m.embed_backward(acts_it->second, g);
     s.acc.erase(0);

@@ -1,6 +1,6 @@
 // The pipeline executor: runs one rank's action list (parallel/schedule.h)
 // with the rank's model chunks, moving depth states between ranks with the
-// caching protocol of PIPELINE.md.
+// caching protocol of docs/parallel.md.
 //
 // Forward: a rank keeps, per in-flight microbatch, a store of the sources it
 // holds (produced by its own chunks or received). The message into chunk c
@@ -99,6 +99,10 @@ class PipelineExecutor {
   void forward(Run& run, const Action& a);
   void backward(Run& run, const Action& a);
   Tensor new_tensor(int64_t count) const;  // [count * N, d] in the activation dtype
+  Tensor pack(const BoundaryMessage& bm, const Tensor& hidden,
+              const std::function<Tensor(int64_t)>& source, const Tensor& partial, int chunk) const;
+  void unpack(const BoundaryMessage& bm, const Tensor& buf, Tensor& hidden,
+              const std::function<void(int64_t, Tensor)>& source, Tensor& partial) const;
 
   model::ModelConfig cfg_;
   RankModel& model_;

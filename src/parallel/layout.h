@@ -1,6 +1,6 @@
 // Where the model lives in a pipeline, and what crosses each chunk boundary
-// (PIPELINE.md "Layout", "What crosses a chunk boundary", "Communication
-// accounting").
+// (docs/parallel.md "Layout" and "What crosses a chunk boundary", with its
+// byte counts).
 //
 // P physical stages x V virtual stages = C chunks. Chunk c holds a contiguous
 // range of transformer layers and runs on pipeline rank c mod P ("loop"

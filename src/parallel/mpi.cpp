@@ -105,7 +105,7 @@ void mpi_check(int rc, const char* what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  fail("MPI error in ", what, ": ", std::string(msg, static_cast<size_t>(len)));
+  fail_internal(__FILE__, ":", __LINE__, ": MPI error in ", what, ": ", std::string(msg, static_cast<size_t>(len)));
 }
 
 void wait_bounded(MPI_Request& req, const std::string& what, MPI_Status* status) {

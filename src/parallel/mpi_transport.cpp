@@ -6,27 +6,6 @@
 
 namespace attnres::parallel {
 
-int64_t Traffic::total_sent() const {
-  int64_t n = 0;
-  for (int64_t b : sent) n += b;
-  return n;
-}
-int64_t Traffic::total_received() const {
-  int64_t n = 0;
-  for (int64_t b : received) n += b;
-  return n;
-}
-
-Transport::Transport(int pipeline_size) {
-  traffic_.sent.assign(static_cast<size_t>(pipeline_size), 0);
-  traffic_.received.assign(static_cast<size_t>(pipeline_size), 0);
-}
-
-void Transport::reset_traffic() {
-  std::fill(traffic_.sent.begin(), traffic_.sent.end(), 0);
-  std::fill(traffic_.received.begin(), traffic_.received.end(), 0);
-}
-
 #if ATTNRES_HAVE_MPI
 
 namespace {

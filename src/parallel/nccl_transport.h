@@ -1,4 +1,4 @@
-// The NCCL transport (PIPELINE.md "Transports"): ncclSend/ncclRecv on device
+// The NCCL transport (docs/parallel.md "Transports"): ncclSend/ncclRecv on device
 // memory, one NCCL group per executor group, on the communication stream
 // (core/cuda/runtime.cuh) ordered against the compute stream with events; a
 // "wait" makes the compute stream wait for the group's event, so the host

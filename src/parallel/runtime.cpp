@@ -10,10 +10,10 @@
 
 namespace attnres::parallel {
 
-std::unique_ptr<Transport> make_transport(const std::string& name, const ProcessGrid& grid) {
-  if (name == "mpi") return std::make_unique<MpiTransport>(grid);
-  if (name == "nccl") return make_nccl_transport(grid);
-  fail("config key parallel.transport: unknown transport \"", name, "\" (mpi or nccl)");
+std::unique_ptr<Transport> make_transport(TransportKind kind, const ProcessGrid& grid) {
+  if (kind == TransportKind::Nccl) return make_nccl_transport(grid);
+  ATTNRES_CHECK(kind == TransportKind::Mpi, "make_transport: resolve TransportKind::Auto first");
+  return std::make_unique<MpiTransport>(grid);
 }
 
 Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType dtype, Device device,
@@ -100,12 +100,6 @@ double Runtime::eval_loss_sum(int M, const DataFn& data) {
   if (M > 0) loss = executor_->forward_only(M, data).loss_sum;
   grid_.world().allreduce_sum(&loss, 1);
   return loss;
-}
-
-bool Runtime::any(bool flag) const {
-  int64_t v = flag ? 1 : 0;
-  grid_.world().allreduce_max(&v, 1);
-  return v != 0;
 }
 
 int64_t Runtime::max(int64_t v) const {

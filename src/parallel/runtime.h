@@ -23,12 +23,12 @@ namespace attnres::parallel {
 struct RuntimeOptions {
   int V = 1;                              // parallel.virtual_stages
   bool cache_blocks = true;               // parallel.cache_blocks
-  std::string transport = "mpi";          // "mpi" or "nccl"
+  TransportKind transport = TransportKind::Mpi;  // Mpi or Nccl
   std::vector<int64_t> layers_per_chunk;  // explicit split; empty = even
 };
 
-// "mpi" or "nccl" (parallel/nccl_transport.h).
-std::unique_ptr<Transport> make_transport(const std::string& name, const ProcessGrid& grid);
+// Mpi or Nccl (parallel/nccl_transport.h).
+std::unique_ptr<Transport> make_transport(TransportKind kind, const ProcessGrid& grid);
 
 class Runtime {
  public:
@@ -60,7 +60,6 @@ class Runtime {
   double eval_loss_sum(int M, const DataFn& data);
 
   // Collective helpers on the world communicator.
-  bool any(bool flag) const;
   int64_t max(int64_t v) const;
 
   // Tensors from every rank of replica 0, at world rank 0 (in rank order);

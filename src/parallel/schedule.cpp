@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <tuple>
 
 #include "core/error.h"
@@ -103,6 +104,78 @@ std::string to_string(const Action& a) {
       os << "recv grad " << a.chunk << '.' << a.mb << " <- r" << a.peer;
       break;
   }
+  return os.str();
+}
+
+std::string to_text(const std::vector<Action>& list) {
+  std::string s;
+  for (const auto& a : list) s += (s.empty() ? "" : " ") + to_string(a);
+  return s;
+}
+
+std::vector<Action> parse_actions(const std::string& text) {
+  std::vector<Action> out;
+  std::istringstream is(text);
+  std::string tok;
+  // "c.mb" -> (chunk, mb)
+  auto chunk_mb = [&](const std::string& t, Action& a) {
+    const auto dot = t.find('.');
+    size_t used_c = 0, used_m = 0;
+    try {
+      if (dot == std::string::npos) throw std::invalid_argument(t);
+      a.chunk = std::stoi(t.substr(0, dot), &used_c);
+      a.mb = std::stoi(t.substr(dot + 1), &used_m);
+    } catch (const std::logic_error&) {
+      fail("schedule text: '", t, "' is not chunk.microbatch");
+    }
+    if (used_c != dot || used_m != t.size() - dot - 1)
+      fail("schedule text: '", t, "' is not chunk.microbatch");
+  };
+  auto compute = [&](const std::string& t) {
+    if (t.size() < 2 || (t[0] != 'F' && t[0] != 'B'))
+      fail("schedule text: unknown action '", t, "' (F<c>.<mb>, B<c>.<mb>, send ..., recv ...)");
+    Action a;
+    a.op = t[0] == 'F' ? Op::Forward : Op::Backward;
+    chunk_mb(t.substr(1), a);
+    return a;
+  };
+  while (is >> tok) {
+    if (tok == "|") continue;
+    if (tok == "send" || tok == "recv") {
+      // send act|grad c.mb -> rN  /  recv act|grad c.mb <- rN
+      const bool send = tok == "send";
+      std::string kind, cm, arrow, peer;
+      if (!(is >> kind >> cm >> arrow >> peer) || (kind != "act" && kind != "grad") ||
+          arrow != (send ? "->" : "<-") || peer.size() < 2 || peer[0] != 'r')
+        fail("schedule text: malformed '", tok, " ", kind, " ", cm, " ", arrow, " ", peer,
+             "' (expected '", send ? "send act 4.0 -> r1" : "recv act 4.0 <- r1", "')");
+      Action a;
+      a.op = kind == "act" ? (send ? Op::SendAct : Op::RecvAct)
+                           : (send ? Op::SendGrad : Op::RecvGrad);
+      chunk_mb(cm, a);
+      Action p;
+      chunk_mb("0." + peer.substr(1), p);  // reuses the integer check
+      a.peer = p.mb;
+      out.push_back(a);
+      continue;
+    }
+    const auto dash = tok.find('-');
+    if (dash == std::string::npos) {
+      out.push_back(compute(tok));
+      continue;
+    }
+    const Action a = compute(tok.substr(0, dash)), b = compute(tok.substr(dash + 1));
+    if (a.op != b.op || a.chunk != b.chunk || b.mb < a.mb)
+      fail("schedule text: range '", tok, "' must run over the microbatches of one chunk");
+    for (int mb = a.mb; mb <= b.mb; ++mb) out.push_back({a.op, a.chunk, mb});
+  }
+  return out;
+}
+
+std::string format_actions(const std::vector<Action>& list, size_t mark) {
+  std::ostringstream os;
+  for (size_t i = 0; i < list.size(); ++i)
+    os << (i == mark ? "  >> " : "     ") << i << "  " << to_string(list[i]) << "\n";
   return os.str();
 }
 
@@ -259,10 +332,11 @@ void validate_schedule(const ScheduleSpec& s, const std::vector<std::vector<Acti
   check_spec(s);
   const int C = s.C();
   if (static_cast<int>(lists.size()) != s.P)
-    fail("schedule: ", lists.size(), " action lists for P = ", s.P);
+    fail_internal("schedule: ", lists.size(), " action lists for P = ", s.P);
   auto bad = [&](int r, size_t i, const auto&... why) {
-    fail("schedule P=", s.P, " V=", s.V, " M=", s.M, ": rank ", r, ", action ", i, " (",
-         to_string(lists[r][i]), "): ", why...);
+    fail_internal("schedule P=", s.P, " V=", s.V, " M=", s.M, ": rank ", r, ", action ", i, " (",
+                  to_string(lists[r][i]), "): ", why..., "\nrank ", r, "'s action list:\n",
+                  format_actions(lists[r], i));
   };
   // Per ordered pair: the messages sent (in the sender's order) and received
   // (in the receiver's order).
@@ -335,9 +409,12 @@ void validate_schedule(const ScheduleSpec& s, const std::vector<std::vector<Acti
     // Completeness: every chunk of this rank, every microbatch.
     for (int c = r; c < C; c += s.P)
       for (int mb = 0; mb < s.M; ++mb) {
-        if (!fpos.count({c, mb})) fail("schedule: rank ", r, " never runs F", c, ".", mb);
+        if (!fpos.count({c, mb}))
+          fail_internal("schedule: rank ", r, " never runs F", c, ".", mb, "\nrank ", r,
+                        "'s action list:\n", format_actions(L, L.size()));
         if (!s.forward_only && !bpos.count({c, mb}))
-          fail("schedule: rank ", r, " never runs B", c, ".", mb);
+          fail_internal("schedule: rank ", r, " never runs B", c, ".", mb, "\nrank ", r,
+                        "'s action list:\n", format_actions(L, L.size()));
       }
   }
   // Per ordered pair, message for message in the same order.
@@ -350,7 +427,7 @@ void validate_schedule(const ScheduleSpec& s, const std::vector<std::vector<Acti
     const size_t n = std::max(a.size(), b.size());
     for (size_t i = 0; i < n; ++i) {
       if (i >= a.size() || i >= b.size() || !(a[i] == b[i]))
-        fail("schedule P=", s.P, " V=", s.V, " M=", s.M, ": rank ", pr.first, " -> rank ",
+        fail_internal("schedule P=", s.P, " V=", s.V, " M=", s.M, ": rank ", pr.first, " -> rank ",
              pr.second, " message ", i, ": sender sends ",
              i < a.size() ? msg_str(a[i]) : std::string("nothing"), ", receiver expects ",
              i < b.size() ? msg_str(b[i]) : std::string("nothing"),

@@ -1,4 +1,4 @@
-// The pipeline schedule as data (PIPELINE.md "Schedule as data").
+// The pipeline schedule as data (docs/parallel.md "Schedule as data").
 //
 // A pure function of (P, V, M, rank) gives the rank's ordered action list:
 // compute actions F(chunk, mb) / B(chunk, mb) and the point-to-point
@@ -73,6 +73,17 @@ struct ScheduleSpec {
   int C() const { return P * V; }
 };
 
+// An action list as text and back: the actions' to_string forms separated
+// by spaces ("F0.0 send act 0.0 -> r1 F0.1 ..."). parse_actions also takes
+// the compact notation of docs/parallel.md: "F0.0-F0.3" is F0.0 F0.1 F0.2
+// F0.3, and "|" (a phase mark) is skipped. Throws attnres::Error on bad text.
+std::string to_text(const std::vector<Action>& list);
+std::vector<Action> parse_actions(const std::string& text);
+
+// A rank's action list, one numbered action a line, for error messages: the
+// action at index `mark` is flagged with ">>" (mark >= list.size(): none).
+std::string format_actions(const std::vector<Action>& list, size_t mark);
+
 // Throws attnres::Error when the spec cannot be scheduled (P, V, M < 1, or
 // V > 1 with M % P != 0).
 void check_spec(const ScheduleSpec& spec);
@@ -87,8 +98,8 @@ std::vector<Action> rank_schedule(const ScheduleSpec& spec, int rank);
 // All ranks' lists, index = rank.
 std::vector<std::vector<Action>> pipeline_schedule(const ScheduleSpec& spec);
 
-// Checks every invariant (throws attnres::Error naming the rank, the action
-// and the broken rule): each (chunk, mb) of the rank's chunks has one F and
+// Checks every invariant (throws attnres::InternalError naming the rank, the
+// action and the broken rule, with the rank's list and the action marked): each (chunk, mb) of the rank's chunks has one F and
 // one B, F before B, forwards of a microbatch in increasing chunk order and
 // backwards in decreasing order; every compute that needs a message has its
 // receive earlier in the list and every output is sent right after its

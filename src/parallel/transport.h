@@ -1,4 +1,4 @@
-// How tensors move between ranks (PIPELINE.md "Transports"): one interface,
+// How tensors move between ranks (docs/parallel.md "Transports"): one interface,
 // two implementations. MPI point-to-point on host memory (CPU runs; GPU runs
 // staged through host when NCCL cannot be used) and NCCL ncclSend/ncclRecv
 // on device memory (parallel/nccl_transport.h).
@@ -74,8 +74,11 @@ class PendingSum {
 struct Traffic {
   std::vector<int64_t> sent, received;  // index = pipeline rank of the peer
   int64_t total_sent() const;
-  int64_t total_received() const;
 };
+
+// Which transport a job uses (config key parallel.transport). Auto becomes
+// Nccl for CUDA runs when NCCL is built in, else Mpi.
+enum class TransportKind { Auto, Mpi, Nccl };
 
 class Transport {
  public:
@@ -106,7 +109,6 @@ class Transport {
   virtual void sum_with_peer(Tensor& t, int peer) = 0;
 
   const Traffic& traffic() const { return traffic_; }
-  void reset_traffic();
 
  protected:
   explicit Transport(int pipeline_size);

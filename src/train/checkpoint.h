@@ -1,5 +1,5 @@
 // Model-level checkpoints on top of checkpoint_io's atomic directories:
-//   step_XXXXXXXX/model.safetensors      fp32 weights, MODEL.md section 3 names
+//   step_XXXXXXXX/model.safetensors      fp32 weights, docs/model.md section 3 names
 //                 optimizer.safetensors  AdamW moments (exp_avg.*, exp_avg_sq.*)
 //                 config.json            Hugging Face LlamaConfig + residual settings
 //                 state.json             step, tokens, data cursor, RNG, resolved config
@@ -29,7 +29,7 @@ nlohmann::json hf_config(const model::ModelConfig& m);
 std::string save_checkpoint(const Config& cfg, const model::Model& model, const AdamW& opt,
                             const TrainState& state);
 // The same files from tensors: the parallel trainer gathers every rank's
-// weights (MODEL.md names, single-process order) and optimizer moments
+// weights (docs/model.md names, single-process order) and optimizer moments
 // ("exp_avg.<param>", "exp_avg_sq.<param>") at rank 0, so a checkpoint does
 // not depend on the layout that wrote it.
 std::string save_checkpoint(const Config& cfg, const std::vector<NamedTensor>& weights,

@@ -1,8 +1,10 @@
 #include "train/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -21,281 +23,371 @@ const char* json_type(const json& v) {
   return "null";
 }
 
-// Reads the keys of one JSON object section, type-checking each, and rejects
-// keys nobody asked for (typos must not be silently ignored).
-class Section {
- public:
-  Section(const json& j, std::string path, const std::string& source)
-      : j_(j), path_(std::move(path)), source_(source) {
-    if (!j_.is_object())
-      fail(source_, ": config key '", path_, "' must be an object, got ", json_type(j_));
-  }
-  std::string key(const char* k) const { return path_.empty() ? k : path_ + "." + k; }
+// ---------------------------------------------------------------------------
+// Enum values and their names in the file
+// ---------------------------------------------------------------------------
 
-  void get(const char* k, int64_t& out) {
-    if (const json* v = find(k)) {
-      if (!v->is_number_integer()) wrong(k, *v, "an integer");
-      out = v->get<int64_t>();
-    }
-  }
-  void get(const char* k, uint64_t& out) {
-    if (const json* v = find(k)) {
-      if (!v->is_number_integer() || v->get<int64_t>() < 0) wrong(k, *v, "a non-negative integer");
-      out = v->get<uint64_t>();
-    }
-  }
-  void get(const char* k, double& out) {
-    if (const json* v = find(k)) {
-      if (!v->is_number()) wrong(k, *v, "a number");
-      out = v->get<double>();
-    }
-  }
-  void get(const char* k, bool& out) {
-    if (const json* v = find(k)) {
-      if (!v->is_boolean()) wrong(k, *v, "true or false");
-      out = v->get<bool>();
-    }
-  }
-  void get(const char* k, std::string& out) {
-    if (const json* v = find(k)) {
-      if (!v->is_string()) wrong(k, *v, "a string");
-      out = v->get<std::string>();
-    }
-  }
-  const json* sub(const char* k) { return find(k); }
-
-  // Every key present must have been read.
-  void finish() const {
-    for (auto it = j_.begin(); it != j_.end(); ++it)
-      if (!seen_.count(it.key()))
-        fail(source_, ": unknown config key '", key(it.key().c_str()), "'");
-  }
-
- private:
-  const json* find(const char* k) {
-    seen_.insert(k);
-    auto it = j_.find(k);
-    return it == j_.end() ? nullptr : &*it;
-  }
-  [[noreturn]] void wrong(const char* k, const json& v, const char* expected) const {
-    fail(source_, ": config key '", key(k), "' must be ", expected, ", got ", json_type(v), " ",
-         v.dump());
-  }
-  const json& j_;
-  std::string path_;
-  const std::string& source_;
-  std::set<std::string> seen_;
+template <typename E>
+struct EnumName {
+  E value;
+  const char* name;
+};
+template <typename E>
+struct Names;  // Names<E>::all: every value of E with its name
+template <>
+struct Names<model::ResidualMode> {
+  static inline const EnumName<model::ResidualMode> all[] = {
+      {model::ResidualMode::Baseline, model::residual_mode_name(model::ResidualMode::Baseline)},
+      {model::ResidualMode::Full, model::residual_mode_name(model::ResidualMode::Full)},
+      {model::ResidualMode::Block, model::residual_mode_name(model::ResidualMode::Block)}};
+};
+template <>
+struct Names<ScheduleType> {
+  static constexpr EnumName<ScheduleType> all[] = {
+      {ScheduleType::Constant, "constant"}, {ScheduleType::Cosine, "cosine"}, {ScheduleType::Wsd, "wsd"}};
+};
+template <>
+struct Names<TransportKind> {
+  static constexpr EnumName<TransportKind> all[] = {
+      {TransportKind::Auto, "auto"}, {TransportKind::Mpi, "mpi"}, {TransportKind::Nccl, "nccl"}};
+};
+template <>
+struct Names<Device> {
+  static constexpr EnumName<Device> all[] = {{Device::CPU, "cpu"}, {Device::CUDA, "cuda"}};
+};
+template <>
+struct Names<DType> {  // training.precision: the compute dtypes a run may use
+  static constexpr EnumName<DType> all[] = {{DType::F32, "fp32"}, {DType::BF16, "bf16"}};
 };
 
-model::ResidualMode parse_mode(const std::string& s, const std::string& source) {
-  if (s == "baseline") return model::ResidualMode::Baseline;
-  if (s == "full") return model::ResidualMode::Full;
-  if (s == "block") return model::ResidualMode::Block;
-  fail(source, ": config key 'model.residual.mode': unknown residual mode \"", s,
-       "\" (expected baseline, full or block)");
+template <typename E>
+const char* name_of(E v) {
+  for (const auto& e : Names<E>::all)
+    if (e.value == v) return e.name;
+  ATTNRES_CHECK(false, "enum value without a name");
+  return "";
+}
+template <typename E>
+std::string names_of() {
+  std::string out;
+  for (const auto& e : Names<E>::all) out += std::string(out.empty() ? "" : ", ") + e.name;
+  return out;
+}
+// The value called `name`; an error naming `where` and the allowed names otherwise.
+template <typename E>
+E parse_name(const std::string& name, const std::string& where) {
+  for (const auto& e : Names<E>::all)
+    if (name == e.name) return e.value;
+  fail(where, ": unknown value \"", name, "\" (expected ", names_of<E>(), ")");
+}
+template <typename E>
+constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> ||
+                               std::is_same_v<E, ScheduleType> || std::is_same_v<E, TransportKind> ||
+                               std::is_same_v<E, Device> || std::is_same_v<E, DType>;
+
+// ---------------------------------------------------------------------------
+// The key table: every key once
+// ---------------------------------------------------------------------------
+
+// A key's own check, applied when it is read (cross-key checks are in validate()).
+enum class Check { None, Positive, NonNegative, PositiveReal, NonNegativeReal, Fraction, OpenFraction };
+
+struct KeySpec {
+  const char* meaning;              // one line for docs/config.md
+  Check check = Check::None;
+  const char* shown_default = nullptr;  // the docs' default column, when not the member's value
+  bool omit_unset = false;          // left out of the resolved config while 0 / empty
+};
+
+// Calls v(key, member, spec) for every key of the config, in docs order. The
+// member's initial value in Config is the key's default.
+template <typename C, typename V>
+void for_each_key(C& c, V&& v) {
+  auto& m = c.model;
+  v("model.vocab_size", m.vocab_size, KeySpec{"V; token ids must be < V", Check::Positive, "required"});
+  v("model.d_model", m.d_model, KeySpec{"width d", Check::Positive, "required"});
+  v("model.n_layers", m.n_layers, KeySpec{"transformer layers L (2L sublayers)", Check::Positive, "required"});
+  v("model.n_heads", m.n_heads,
+    KeySpec{"query heads H; must divide d, d/H even (RoPE)", Check::Positive, "required"});
+  v("model.n_kv_heads", m.n_kv_heads,
+    KeySpec{"key/value heads (GQA); must divide H", Check::Positive, "`n_heads`"});
+  v("model.d_ff", m.d_ff, KeySpec{"SwiGLU hidden width", Check::Positive, "required"});
+  v("model.norm_eps", m.norm_eps, KeySpec{"RMSNorm epsilon (also used by the AttnRes key norm)", Check::PositiveReal});
+  v("model.rope_theta", m.rope_theta, KeySpec{"RoPE base", Check::PositiveReal});
+  v("model.tie_embeddings", m.tie_embeddings, KeySpec{"LM head reuses the embedding matrix"});
+  v("model.residual.mode", m.mode, KeySpec{"`baseline`, `full` or `block`"});
+  v("model.residual.block_size", m.block_size,
+    KeySpec{"S, sublayers per block (block mode; exactly one of S / N)", Check::None, "—", true});
+  v("model.residual.n_blocks", m.n_blocks,
+    KeySpec{"N; then S = ceil(2L / N)", Check::None, "—", true});
+  v("model.init_from", m.init_from,
+    KeySpec{"safetensors file or checkpoint directory to start from", Check::None, "—", true});
+  auto& o = c.optimizer;
+  v("optimizer.lr", o.lr, KeySpec{"peak learning rate", Check::PositiveReal});
+  v("optimizer.beta1", o.beta1, KeySpec{"AdamW beta1", Check::OpenFraction});
+  v("optimizer.beta2", o.beta2, KeySpec{"AdamW beta2", Check::OpenFraction});
+  v("optimizer.eps", o.eps, KeySpec{"AdamW epsilon", Check::PositiveReal});
+  v("optimizer.weight_decay", o.weight_decay,
+    KeySpec{"decoupled decay, tensors with >= 2 dims only", Check::NonNegativeReal});
+  v("optimizer.grad_clip", o.grad_clip, KeySpec{"global-norm clip; 0 disables", Check::NonNegativeReal});
+  auto& sc = c.schedule;
+  v("schedule.type", sc.type, KeySpec{"`constant`, `cosine` or `wsd`"});
+  v("schedule.warmup_steps", sc.warmup_steps, KeySpec{"linear warmup: lr (k+1)/W", Check::NonNegative});
+  v("schedule.min_lr_ratio", sc.min_lr_ratio, KeySpec{"floor lr_min = lr * ratio", Check::Fraction});
+  v("schedule.decay_ratio", sc.decay_ratio,
+    KeySpec{"wsd: fraction of steps in the final linear decay", Check::Fraction});
+  auto& t = c.training;
+  v("training.steps", t.steps, KeySpec{"optimizer steps K", Check::Positive, "required"});
+  v("training.micro_batch_size", t.micro_batch_size,
+    KeySpec{"B sequences per microbatch", Check::Positive, "required"});
+  v("training.seq_len", t.seq_len, KeySpec{"T tokens per sequence", Check::Positive, "required"});
+  v("training.grad_accum", t.grad_accum,
+    KeySpec{"A microbatches per step (also the pipeline's microbatch count)", Check::Positive});
+  v("training.seed", t.seed, KeySpec{"initialisation and data shuffling"});
+  v("training.device", t.device,
+    KeySpec{"`cpu` or `cuda` (one GPU per process; see [cuda.md](cuda.md))"});
+  v("training.precision", t.precision,
+    KeySpec{"`fp32`, or `bf16` on `cuda` (bf16 weights/activations, fp32 master weights, "
+            "optimizer state and reductions)"});
+  v("training.peak_tflops", t.peak_tflops,
+    KeySpec{"peak FLOP/s of one device for the MFU figure; 0 = from the GPU's name (H100/H200: "
+            "989 bf16, 67 fp32)", Check::NonNegativeReal});
+  auto& d = c.data;
+  v("data.train", d.train, KeySpec{"shard file, directory or glob (sorted)", Check::None, "required"});
+  v("data.val", d.val, KeySpec{"validation shards; needed when `eval.every` > 0", Check::None, "—"});
+  v("data.tokenizer", d.tokenizer,
+    KeySpec{"tokenizer.json, copied into every checkpoint for `generate`", Check::None, "—"});
+  v("data.shuffle", d.shuffle, KeySpec{"seeded permutation of units per epoch"});
+  auto& p = c.parallel;
+  v("parallel.pipeline", p.pipeline,
+    KeySpec{"P pipeline stages; run with `mpirun -np P*D` ([parallel.md](parallel.md))", Check::Positive});
+  v("parallel.virtual_stages", p.virtual_stages,
+    KeySpec{"V chunks per stage (interleaved 1F1B); needs P > 1", Check::Positive});
+  v("parallel.data", p.data, KeySpec{"D data-parallel replicas", Check::Positive});
+  v("parallel.cache_blocks", p.cache_blocks,
+    KeySpec{"cross-stage block caching (false: the naive protocol, same numbers, more traffic)"});
+  v("parallel.transport", p.transport,
+    KeySpec{"`mpi` (host memory), `nccl` (device memory, `training.device = \"cuda\"`), or `auto` "
+            "(nccl on cuda when built with NCCL, else mpi)"});
+  auto& ck = c.checkpoint;
+  v("checkpoint.dir", ck.dir, KeySpec{"where `step_XXXXXXXX/` go; empty = no checkpoints", Check::None, "—"});
+  v("checkpoint.every", ck.every, KeySpec{"steps between checkpoints (0 = only the final one)", Check::NonNegative});
+  v("checkpoint.keep_last", ck.keep_last, KeySpec{"keep only the newest N (0 = all)", Check::NonNegative});
+  v("checkpoint.resume", ck.resume,
+    KeySpec{"`never`, `auto` (newest undamaged checkpoint, else fresh) or a checkpoint directory"});
+  v("checkpoint.save_initial", ck.save_initial,
+    KeySpec{"also write `step_00000000` before the first update"});
+  auto& e = c.eval;
+  v("eval.every", e.every,
+    KeySpec{"evaluate every N steps and at the end (0 = only at the end, if `data.val` is set)",
+            Check::NonNegative});
+  v("eval.batches", e.batches,
+    KeySpec{"validation units (B x T tokens each) per evaluation, always the first N", Check::Positive});
+  auto& r = c.run;
+  v("run.dir", r.dir, KeySpec{"where `metrics.jsonl` goes"});
+  v("run.log_every", r.log_every, KeySpec{"progress line every N steps", Check::Positive});
+  v("run.stop_after", r.stop_after,
+    KeySpec{"stop (with a checkpoint) after this many steps in this invocation", Check::NonNegative});
+  v("run.depth_stats_every", r.depth_stats_every,
+    KeySpec{"every N steps (and at the last step) write per-sublayer output RMS and gradient "
+            "norms to `<run.dir>/depth_stats.jsonl` ([files.md](files.md), [sweeps.md](sweeps.md)); "
+            "0 = off, at no cost", Check::NonNegative});
+}
+
+// "a.b.c" -> {"a", "b", "c"}
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  std::string part;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  return parts;
+}
+
+template <typename T>
+void check_value(const std::string& key, const T& v, Check check) {
+  if constexpr (std::is_same_v<T, int64_t>) {
+    if (check == Check::Positive && v <= 0) fail("config key ", key, ": must be a positive integer, got ", v);
+    if (check == Check::NonNegative && v < 0) fail("config key ", key, ": must be >= 0, got ", v);
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (check == Check::PositiveReal && !(v > 0)) fail("config key ", key, ": must be > 0, got ", v);
+    if (check == Check::NonNegativeReal && !(v >= 0)) fail("config key ", key, ": must be >= 0, got ", v);
+    if (check == Check::Fraction && !(v >= 0 && v <= 1))
+      fail("config key ", key, ": must be in [0, 1], got ", v);
+    if (check == Check::OpenFraction && !(v >= 0 && v < 1))
+      fail("config key ", key, ": must be in [0, 1), got ", v);
+  }
+}
+
+// Reads one key's JSON value into its member, checking type, allowed values and range.
+struct Reader {
+  const json& root;
+  const std::string& source;
+  std::set<std::string> present;
+
+  template <typename T>
+  void operator()(const char* key, T& out, const KeySpec& spec) {
+    const json* v = &root;
+    for (const auto& part : split_key(key)) {
+      if (!v->is_object()) return;  // a section that is not an object: reported by check_keys
+      auto it = v->find(part);
+      if (it == v->end()) return;
+      v = &*it;
+    }
+    present.insert(key);
+    auto wrong = [&](const std::string& expected) {
+      fail(source, ": config key '", key, "' must be ", expected, ", got ", json_type(*v), " ",
+           v->dump());
+    };
+    if constexpr (std::is_same_v<T, int64_t>) {
+      if (!v->is_number_integer()) wrong("an integer");
+      out = v->get<int64_t>();
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+      if (!v->is_number_integer() || v->get<int64_t>() < 0) wrong("a non-negative integer");
+      out = v->get<uint64_t>();
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (!v->is_number()) wrong("a number");
+      out = v->get<double>();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!v->is_boolean()) wrong("true or false");
+      out = v->get<bool>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!v->is_string()) wrong("a string");
+      out = v->get<std::string>();
+    } else {
+      static_assert(is_named_enum<T>, "a config key of an unsupported type");
+      if (!v->is_string()) wrong("one of " + names_of<T>());
+      out = parse_name<T>(v->get<std::string>(), source + ": config key '" + key + "'");
+    }
+    (void)spec;
+  }
+};
+
+// Every key present in j must be a declared key (or a section holding some).
+void check_keys(const json& j, const std::string& prefix, const std::set<std::string>& keys,
+                const std::string& source) {
+  if (!j.is_object() && prefix.empty()) fail(source, ": a config must be a JSON object, got ", json_type(j));
+  if (!j.is_object())
+    fail(source, ": config key '", prefix, "' must be an object, got ", json_type(j));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (keys.count(key)) continue;
+    const bool section = std::any_of(keys.begin(), keys.end(),
+                                     [&](const std::string& k) { return k.rfind(key + ".", 0) == 0; });
+    if (!section) fail(source, ": unknown config key '", key, "'");
+    check_keys(it.value(), key, keys, source);
+  }
+}
+
+// Writes one key of the resolved config.
+struct Writer {
+  json& out;
+  template <typename T>
+  void operator()(const char* key, const T& v, const KeySpec& spec) {
+    json value;
+    if constexpr (is_named_enum<T>) {
+      value = name_of(v);
+    } else {
+      if (spec.omit_unset && v == T{}) return;
+      value = v;
+    }
+    json* node = &out;
+    const auto parts = split_key(key);
+    for (size_t i = 0; i + 1 < parts.size(); ++i) node = &(*node)[parts[i]];
+    (*node)[parts.back()] = value;
+  }
+};
+
+std::string check_text(Check c) {
+  switch (c) {
+    case Check::Positive:
+    case Check::PositiveReal: return "> 0";
+    case Check::NonNegative:
+    case Check::NonNegativeReal: return ">= 0";
+    case Check::Fraction: return "in [0, 1]";
+    case Check::OpenFraction: return "in [0, 1)";
+    case Check::None: return "";
+  }
+  return "";
+}
+
+// The JSON type a key takes, for the docs.
+template <typename T>
+std::string type_text() {
+  if constexpr (is_named_enum<T>) return "string";
+  else if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (std::is_same_v<T, double>) return "number";
+  else return "integer";
 }
 
 }  // namespace
 
+const char* transport_name(TransportKind t) { return name_of(t); }
+const char* precision_name(DType t) { return name_of(t); }
+Device parse_device(const std::string& name, const std::string& where) {
+  return parse_name<Device>(name, where);
+}
+DType parse_precision(const std::string& name, const std::string& where) {
+  return parse_name<DType>(name, where);
+}
+
 Config Config::from_json(const json& j, const std::string& source) {
   Config c;
-  Section root(j, "", source);
-  static const json empty = json::object();
-  auto section = [&](const char* name) -> const json& {
-    const json* v = root.sub(name);
-    return v ? *v : empty;
-  };
-
-  {
-    Section s(section("model"), "model", source);
-    auto& m = c.model;
-    s.get("vocab_size", m.vocab_size);
-    s.get("d_model", m.d_model);
-    s.get("n_layers", m.n_layers);
-    s.get("n_heads", m.n_heads);
-    m.n_kv_heads = 0;
-    s.get("n_kv_heads", m.n_kv_heads);
-    if (m.n_kv_heads == 0 && !s.sub("n_kv_heads")) m.n_kv_heads = m.n_heads;  // default: MHA
-    s.get("d_ff", m.d_ff);
-    s.get("norm_eps", m.norm_eps);
-    s.get("rope_theta", m.rope_theta);
-    s.get("tie_embeddings", m.tie_embeddings);
-    s.get("init_from", m.init_from);
-    if (const json* r = s.sub("residual")) {
-      Section rs(*r, "model.residual", source);
-      std::string mode = "baseline";
-      rs.get("mode", mode);
-      m.mode = parse_mode(mode, source);
-      rs.get("block_size", m.block_size);
-      rs.get("n_blocks", m.n_blocks);
-      rs.finish();
-    }
-    s.finish();
-  }
-  {
-    Section s(section("optimizer"), "optimizer", source);
-    auto& o = c.optimizer;
-    s.get("lr", o.lr);
-    s.get("beta1", o.beta1);
-    s.get("beta2", o.beta2);
-    s.get("eps", o.eps);
-    s.get("weight_decay", o.weight_decay);
-    s.get("grad_clip", o.grad_clip);
-    s.finish();
-  }
-  {
-    Section s(section("schedule"), "schedule", source);
-    auto& o = c.schedule;
-    s.get("type", o.type);
-    s.get("warmup_steps", o.warmup_steps);
-    s.get("min_lr_ratio", o.min_lr_ratio);
-    s.get("decay_ratio", o.decay_ratio);
-    s.finish();
-  }
-  {
-    Section s(section("training"), "training", source);
-    auto& t = c.training;
-    s.get("steps", t.steps);
-    s.get("micro_batch_size", t.micro_batch_size);
-    s.get("seq_len", t.seq_len);
-    s.get("grad_accum", t.grad_accum);
-    s.get("seed", t.seed);
-    s.get("device", t.device);
-    s.get("precision", t.precision);
-    s.get("peak_tflops", t.peak_tflops);
-    s.finish();
-  }
-  {
-    Section s(section("data"), "data", source);
-    s.get("train", c.data.train);
-    s.get("val", c.data.val);
-    s.get("tokenizer", c.data.tokenizer);
-    s.get("shuffle", c.data.shuffle);
-    s.finish();
-  }
-  {
-    Section s(section("parallel"), "parallel", source);
-    s.get("pipeline", c.parallel.pipeline);
-    s.get("virtual_stages", c.parallel.virtual_stages);
-    s.get("data", c.parallel.data);
-    s.get("cache_blocks", c.parallel.cache_blocks);
-    s.get("transport", c.parallel.transport);
-    s.finish();
-  }
-  {
-    Section s(section("checkpoint"), "checkpoint", source);
-    s.get("dir", c.checkpoint.dir);
-    s.get("every", c.checkpoint.every);
-    s.get("keep_last", c.checkpoint.keep_last);
-    s.get("resume", c.checkpoint.resume);
-    s.get("save_initial", c.checkpoint.save_initial);
-    s.finish();
-  }
-  {
-    Section s(section("eval"), "eval", source);
-    s.get("every", c.eval.every);
-    s.get("batches", c.eval.batches);
-    s.finish();
-  }
-  {
-    Section s(section("run"), "run", source);
-    s.get("dir", c.run.dir);
-    s.get("log_every", c.run.log_every);
-    s.get("stop_after", c.run.stop_after);
-    s.get("depth_stats_every", c.run.depth_stats_every);
-    s.finish();
-  }
-  root.finish();
+  std::set<std::string> keys;
+  for_each_key(c, [&](const char* key, auto&, const KeySpec&) { keys.insert(key); });
+  check_keys(j, "", keys, source);
+  Reader reader{j, source, {}};
+  for_each_key(c, reader);
+  // GQA off unless asked for: n_kv_heads defaults to n_heads.
+  if (!reader.present.count("model.n_kv_heads")) c.model.n_kv_heads = c.model.n_heads;
   return c;
 }
 
 json Config::to_json() const {
-  json residual = {{"mode", model::residual_mode_name(model.mode)}};
-  if (model.block_size > 0) residual["block_size"] = model.block_size;
-  if (model.n_blocks > 0) residual["n_blocks"] = model.n_blocks;
-  json m = {{"vocab_size", model.vocab_size}, {"d_model", model.d_model},
-            {"n_layers", model.n_layers},     {"n_heads", model.n_heads},
-            {"n_kv_heads", model.n_kv_heads}, {"d_ff", model.d_ff},
-            {"norm_eps", model.norm_eps},     {"rope_theta", model.rope_theta},
-            {"tie_embeddings", model.tie_embeddings}, {"residual", residual}};
-  if (!model.init_from.empty()) m["init_from"] = model.init_from;
-  return {
-      {"model", m},
-      {"optimizer", {{"lr", optimizer.lr}, {"beta1", optimizer.beta1}, {"beta2", optimizer.beta2},
-                     {"eps", optimizer.eps}, {"weight_decay", optimizer.weight_decay},
-                     {"grad_clip", optimizer.grad_clip}}},
-      {"schedule", {{"type", schedule.type}, {"warmup_steps", schedule.warmup_steps},
-                    {"min_lr_ratio", schedule.min_lr_ratio}, {"decay_ratio", schedule.decay_ratio}}},
-      {"training", {{"steps", training.steps}, {"micro_batch_size", training.micro_batch_size},
-                    {"seq_len", training.seq_len}, {"grad_accum", training.grad_accum},
-                    {"seed", training.seed}, {"device", training.device},
-                    {"precision", training.precision}, {"peak_tflops", training.peak_tflops}}},
-      {"data", {{"train", data.train}, {"val", data.val}, {"tokenizer", data.tokenizer},
-                {"shuffle", data.shuffle}}},
-      {"parallel", {{"pipeline", parallel.pipeline}, {"virtual_stages", parallel.virtual_stages},
-                    {"data", parallel.data}, {"cache_blocks", parallel.cache_blocks},
-                    {"transport", parallel.transport}}},
-      {"checkpoint", {{"dir", checkpoint.dir}, {"every", checkpoint.every},
-                      {"keep_last", checkpoint.keep_last}, {"resume", checkpoint.resume},
-                      {"save_initial", checkpoint.save_initial}}},
-      {"eval", {{"every", eval.every}, {"batches", eval.batches}}},
-      {"run", {{"dir", run.dir}, {"log_every", run.log_every}, {"stop_after", run.stop_after},
-               {"depth_stats_every", run.depth_stats_every}}},
-  };
+  json out;
+  Config copy = *this;  // for_each_key hands out mutable members
+  for_each_key(copy, Writer{out});
+  return out;
+}
+
+std::string config_reference_table() {
+  std::ostringstream os;
+  os << "| key | type | default | check | meaning |\n|---|---|---|---|---|\n";
+  const Config defaults;
+  Config c = defaults;
+  for_each_key(c, [&](const char* key, const auto& v, const KeySpec& spec) {
+    using T = std::decay_t<decltype(v)>;
+    std::string def;
+    if (spec.shown_default) {
+      def = spec.shown_default;
+    } else if constexpr (is_named_enum<T>) {
+      def = std::string("`") + name_of(v) + "`";
+    } else if constexpr (std::is_same_v<T, bool>) {
+      def = v ? "true" : "false";
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      def = "`" + v + "`";
+    } else {
+      def = json(v).dump();
+    }
+    os << "| `" << key << "` | " << type_text<T>() << " | " << def << " | " << check_text(spec.check)
+       << " | " << spec.meaning << " |\n";
+  });
+  return os.str();
 }
 
 void Config::validate() const {
   model.validate();
-  auto positive = [](int64_t v, const char* key) {
-    if (v <= 0) fail("config key ", key, ": must be a positive integer, got ", v);
-  };
-  auto non_negative = [](int64_t v, const char* key) {
-    if (v < 0) fail("config key ", key, ": must be >= 0, got ", v);
-  };
-  positive(training.steps, "training.steps");
-  positive(training.micro_batch_size, "training.micro_batch_size");
-  positive(training.seq_len, "training.seq_len");
-  positive(training.grad_accum, "training.grad_accum");
-  if (training.device != "cpu" && training.device != "cuda")
-    fail("config key training.device: unknown device \"", training.device, "\" (cpu or cuda)");
-  if (training.device == "cuda" && !cuda::compiled())
+  // Each key's own range (the key table), then what involves several keys.
+  Config copy = *this;
+  for_each_key(copy, [](const char* key, const auto& v, const KeySpec& spec) {
+    check_value(key, v, spec.check);
+  });
+  if (training.device == Device::CUDA && !cuda::compiled())
     fail("config key training.device: \"cuda\", but this build has no CUDA backend (nvcc was not "
          "found when it was configured); use \"cpu\" or rebuild with the CUDA toolkit");
-  if (training.precision != "fp32" && training.precision != "bf16")
-    fail("config key training.precision: unknown precision \"", training.precision,
-         "\" (fp32 or bf16)");
-  if (training.precision == "bf16" && training.device == "cpu")
+  if (training.precision == DType::BF16 && training.device == Device::CPU)
     fail("config key training.precision: bf16 is a CUDA precision; the CPU trains in fp32");
-
-  if (!(training.peak_tflops >= 0))
-    fail("config key training.peak_tflops: must be >= 0 (0 = from the GPU's name), got ",
-         training.peak_tflops);
-
-  if (!(optimizer.lr > 0)) fail("config key optimizer.lr: must be > 0, got ", optimizer.lr);
-  if (!(optimizer.beta1 >= 0 && optimizer.beta1 < 1))
-    fail("config key optimizer.beta1: must be in [0, 1), got ", optimizer.beta1);
-  if (!(optimizer.beta2 >= 0 && optimizer.beta2 < 1))
-    fail("config key optimizer.beta2: must be in [0, 1), got ", optimizer.beta2);
-  if (!(optimizer.eps > 0)) fail("config key optimizer.eps: must be > 0, got ", optimizer.eps);
-  if (!(optimizer.weight_decay >= 0))
-    fail("config key optimizer.weight_decay: must be >= 0, got ", optimizer.weight_decay);
-  if (!(optimizer.grad_clip >= 0))
-    fail("config key optimizer.grad_clip: must be >= 0 (0 disables), got ", optimizer.grad_clip);
-
-  if (schedule.type != "constant" && schedule.type != "cosine" && schedule.type != "wsd")
-    fail("config key schedule.type: unknown schedule \"", schedule.type,
-         "\" (constant, cosine or wsd)");
-  non_negative(schedule.warmup_steps, "schedule.warmup_steps");
-  if (!(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1))
-    fail("config key schedule.min_lr_ratio: must be in [0, 1], got ", schedule.min_lr_ratio);
-  if (!(schedule.decay_ratio >= 0 && schedule.decay_ratio <= 1))
-    fail("config key schedule.decay_ratio: must be in [0, 1], got ", schedule.decay_ratio);
-
   if (data.train.empty()) fail("config key data.train: missing (a shard file, directory or glob)");
-
-  positive(parallel.pipeline, "parallel.pipeline");
-  positive(parallel.virtual_stages, "parallel.virtual_stages");
-  positive(parallel.data, "parallel.data");
   if (parallel.pipeline * parallel.virtual_stages > model.n_layers)
     fail("config key parallel.pipeline: pipeline * virtual_stages = ",
          parallel.pipeline * parallel.virtual_stages, " chunks exceed model.n_layers = ",
@@ -303,30 +395,19 @@ void Config::validate() const {
   if (parallel.virtual_stages > 1 && parallel.pipeline == 1)
     fail("config key parallel.virtual_stages: ", parallel.virtual_stages,
          " virtual stages need parallel.pipeline > 1 (they interleave chunks across pipeline ranks)");
-  if (parallel.transport != "auto" && parallel.transport != "mpi" && parallel.transport != "nccl")
-    fail("config key parallel.transport: unknown transport \"", parallel.transport,
-         "\" (auto, mpi or nccl)");
-  if (parallel.transport == "nccl" && training.device != "cuda")
+  if (parallel.transport == TransportKind::Nccl && training.device != Device::CUDA)
     fail("config key parallel.transport: \"nccl\" moves device memory and needs "
          "training.device = \"cuda\" (use \"mpi\" or \"auto\" on the cpu)");
   if (parallel.virtual_stages > 1 && training.grad_accum % parallel.pipeline != 0)
     fail("config key training.grad_accum: the interleaved schedule (virtual_stages > 1) needs "
          "grad_accum (microbatches) divisible by parallel.pipeline = ", parallel.pipeline,
          ", got ", training.grad_accum);
-
-  non_negative(checkpoint.every, "checkpoint.every");
-  non_negative(checkpoint.keep_last, "checkpoint.keep_last");
   if (checkpoint.resume.empty())
     fail("config key checkpoint.resume: must be \"never\", \"auto\" or a checkpoint directory");
   if (checkpoint.resume == "auto" && checkpoint.dir.empty())
     fail("config key checkpoint.resume: \"auto\" needs checkpoint.dir");
-  non_negative(eval.every, "eval.every");
-  positive(eval.batches, "eval.batches");
   if (eval.every > 0 && data.val.empty())
     fail("config key data.val: missing, but eval.every = ", eval.every, " asks for evaluation");
-  positive(run.log_every, "run.log_every");
-  non_negative(run.stop_after, "run.stop_after");
-  non_negative(run.depth_stats_every, "run.depth_stats_every");
   if (run.dir.empty()) fail("config key run.dir: must not be empty");
 }
 

@@ -1,5 +1,6 @@
 // The run configuration: JSON file + `--section.key=value` overrides, checked
-// before any work. Every key of ARCHITECTURE.md exists here; unknown keys,
+// before any work. Every key is declared once, in config.cpp's key table,
+// which parses, serialises and documents it (docs/config.md); unknown keys,
 // wrong types and impossible combinations are errors naming the key.
 #pragma once
 #include <cstdint>
@@ -8,24 +9,33 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/tensor.h"
 #include "model/config.h"
+#include "parallel/transport.h"
 
 namespace attnres::train {
 
 using json = nlohmann::json;
 
+enum class ScheduleType { Constant, Cosine, Wsd };
+// parallel.transport: parallel::TransportKind (Auto: NCCL for CUDA runs when
+// built with it, else MPI; Mpi: host memory, GPU tensors staged through the
+// host, e.g. several ranks sharing one GPU; Nccl).
+using parallel::TransportKind;
+
 struct OptimizerConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
 };
 struct ScheduleConfig {
-  std::string type = "cosine";   // constant | cosine | wsd
+  ScheduleType type = ScheduleType::Cosine;
   int64_t warmup_steps = 0;
   double min_lr_ratio = 0.1, decay_ratio = 0.2;
 };
 struct TrainingConfig {
   int64_t steps = 0, micro_batch_size = 0, seq_len = 0, grad_accum = 1;
   uint64_t seed = 1;
-  std::string device = "cpu", precision = "fp32";
+  Device device = Device::CPU;
+  DType precision = DType::F32;  // F32, or BF16 (mixed precision) on CUDA
   // Peak FLOP/s of the device for the MFU figure, in TFLOP/s; 0 = look it up
   // from the GPU's name (H100/H200: 989 bf16 dense, 67 fp32).
   double peak_tflops = 0;
@@ -37,10 +47,7 @@ struct DataConfig {
 struct ParallelConfig {
   int64_t pipeline = 1, virtual_stages = 1, data = 1;
   bool cache_blocks = true;
-  // Point-to-point transport: "auto" (NCCL for CUDA runs when built with it,
-  // else MPI), "mpi" (host memory; GPU tensors staged through the host, e.g.
-  // several ranks sharing one GPU) or "nccl".
-  std::string transport = "auto";
+  TransportKind transport = TransportKind::Auto;
 };
 struct CheckpointConfig {
   std::string dir;               // empty = no checkpoints
@@ -75,11 +82,27 @@ struct Config {
   RunConfig run;
 
   json to_json() const;  // the resolved config (every key, defaults filled in)
-  // Parse a whole config; `source` names it in errors (a file path).
+  // Parse a whole config; `source` names it in errors (a file path). Types,
+  // allowed values and each key's own range are checked here.
   static Config from_json(const json& j, const std::string& source);
-  // Cross-key checks (heads | d, schedule type, parallel layout, ...).
+  // Checks that involve several keys (heads | d, the parallel layout, ...).
   void validate() const;
 };
+
+// The names the config file uses for the enum values ("cosine", "nccl",
+// "cuda", "bf16", ...).
+const char* transport_name(TransportKind t);
+const char* precision_name(DType t);
+// Parse a device / precision name as the config file spells it ("cpu",
+// "cuda"; "fp32", "bf16"); `where` names the flag or key in the error.
+Device parse_device(const std::string& name, const std::string& where);
+DType parse_precision(const std::string& name, const std::string& where);
+
+// The table of every config key (key, default, meaning, check) as the
+// Markdown rows of docs/config.md, generated from the same declarations that
+// parse and serialise the config (tests/train/test_config_schedule.cpp checks
+// that the document carries exactly these rows).
+std::string config_reference_table();
 
 // Apply one `--section.key=value` override to j. The value is parsed as JSON
 // when it parses (numbers, true/false, quoted strings, objects), else taken as

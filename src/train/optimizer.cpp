@@ -8,7 +8,7 @@
 
 namespace attnres::train {
 
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg) : params_(params), cfg_(cfg) {
   // Moments in the precision of the weights the optimizer updates (fp32
@@ -24,7 +24,7 @@ double AdamW::grad_norm() const {
   std::vector<Tensor> grads;
   for (const auto& p : params_.all()) grads.push_back(p.grad);
   double sq = 0;
-  for (double s : k::sum_squares_each(grads)) sq += s;  // fixed order
+  for (double s : kern::sum_squares_each(grads)) sq += s;  // fixed order
   return std::sqrt(sq);
 }
 
@@ -33,16 +33,16 @@ void AdamW::step(double lr, double norm) {
   const double clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip ? cfg_.grad_clip / (norm + 1e-6)
                                                                    : 1.0;
   ++t_;
-  const k::AdamWStep st{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_, clip};
+  const kern::AdamWStep st{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_, clip};
   auto& ps = params_.all();
-  std::vector<k::AdamWTensors> all;
+  std::vector<kern::AdamWTensors> all;
   for (size_t i = 0; i < ps.size(); ++i) {
     model::Param& p = ps[i];
     // Mixed precision: update the fp32 master and write the bf16 copy in one pass.
     all.push_back({&p.weights(), &p.grad, &m_[i], &v_[i], p.decay,
                    p.master.defined() ? &p.value : nullptr});
   }
-  k::adamw_update_each(all, st);
+  kern::adamw_update_each(all, st);
 }
 
 std::vector<NamedTensor> AdamW::state_tensors() const {

@@ -1,4 +1,4 @@
-// AdamW over a ParamTable, with global-norm gradient clipping (MODEL.md §4).
+// AdamW over a ParamTable, with global-norm gradient clipping (docs/model.md section 4).
 #pragma once
 #include <cstdint>
 #include <vector>

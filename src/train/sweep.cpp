@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // ---------------------------------------------------------------------------
-// Parameter counts (MODEL.md section 3, without allocating anything)
+// Parameter counts (docs/model.md section 3, without allocating anything)
 // ---------------------------------------------------------------------------
 
 int64_t non_embedding_params(const model::ModelConfig& m) {

@@ -23,7 +23,7 @@
 #include "train/checkpoint_io.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
-#include "train/schedule.h"
+#include "train/lr_schedule.h"
 
 namespace attnres::train {
 
@@ -66,7 +66,7 @@ std::string fmt_duration(double sec) {
   return buf;
 }
 
-// Where to resume from (MODEL.md section 6): "" = start fresh. Refuses a fresh
+// Where to resume from (docs/model.md section 6): "" = start fresh. Refuses a fresh
 // run into a directory that already holds checkpoints.
 std::string choose_resume_dir(const CheckpointConfig& ck) {
   if (ck.resume == "auto") {
@@ -92,9 +92,9 @@ struct DeviceChoice {
 };
 DeviceChoice choose_device(const TrainingConfig& tc) {
   DeviceChoice c;
-  c.on_gpu = tc.device == "cuda";
-  c.device = c.on_gpu ? Device::CUDA : Device::CPU;
-  c.dtype = tc.precision == "bf16" ? DType::BF16 : DType::F32;
+  c.on_gpu = tc.device == Device::CUDA;
+  c.device = tc.device;
+  c.dtype = tc.precision;
   c.peak_flops = tc.peak_tflops * 1e12;
   if (c.on_gpu && c.peak_flops == 0 && cuda::device_count() > 0)
     c.peak_flops = cuda::peak_dense_flops(0, c.dtype == DType::BF16);
@@ -107,7 +107,7 @@ void log_cpu_setup(const std::string& threads) {
   if (const std::string w = kernels::cpu::blas_warning(); !w.empty()) spdlog::warn("{}", w);
 }
 
-// The run's token streams (MODEL.md section 5), validated before any compute.
+// The run's token streams (docs/model.md section 5), validated before any compute.
 data::TokenLoader open_train_data(const Config& cfg) {
   const auto& tc = cfg.training;
   return data::TokenLoader(data::resolve_data_spec(cfg.data.train, "data.train"),
@@ -158,7 +158,7 @@ std::string depth_stats_path(const Config& cfg) {
   return (fs::path(cfg.run.dir) / "depth_stats.jsonl").string();
 }
 
-// The optimizer-step loop (MODEL.md sections 4-6), written once for every
+// The optimizer-step loop (docs/model.md sections 4-6), written once for every
 // layout: learning rate, update, metrics, progress, evaluation, checkpoints,
 // non-finite values, run.stop_after and signals.
 int run_loop(const Config& cfg, TrainState& state, double peak_flops, const LoopHooks& h) {
@@ -169,7 +169,7 @@ int run_loop(const Config& cfg, TrainState& state, double peak_flops, const Loop
       tc.grad_accum * tc.micro_batch_size * tc.seq_len * cfg.parallel.data;
   const double grad_scale = 1.0 / static_cast<double>(tokens_per_step);
   const double flops_per_token = model::training_flops_per_token(cfg.model, tc.seq_len);
-  const bool on_gpu = tc.device == "cuda";
+  const bool on_gpu = tc.device == Device::CUDA;
   const auto t_start = Clock::now();
   const int64_t first_step = state.step;
   while (state.step < tc.steps) {
@@ -285,7 +285,7 @@ int train_parallel_impl(const Config& cfg, const parallel::MpiSession& mpi) {
   const auto& tc = cfg.training;
   const int64_t B = tc.micro_batch_size, T = tc.seq_len, A = tc.grad_accum;
   const int P = static_cast<int>(cfg.parallel.pipeline), D = static_cast<int>(cfg.parallel.data);
-  const bool on_gpu = tc.device == "cuda";
+  const bool on_gpu = tc.device == Device::CUDA;
   // One GPU per process; before anything touches CUDA.
   const std::string gpu = on_gpu ? parallel::pin_local_gpu(mpi.local_rank(), mpi.local_size()) : "";
 
@@ -308,7 +308,8 @@ int train_parallel_impl(const Config& cfg, const parallel::MpiSession& mpi) {
   ro.V = static_cast<int>(cfg.parallel.virtual_stages);
   ro.cache_blocks = cfg.parallel.cache_blocks;
   ro.transport = cfg.parallel.transport;
-  if (ro.transport == "auto") ro.transport = on_gpu && parallel::nccl_compiled() ? "nccl" : "mpi";
+  if (ro.transport == TransportKind::Auto)
+    ro.transport = on_gpu && parallel::nccl_compiled() ? TransportKind::Nccl : TransportKind::Mpi;
   parallel::Runtime rt(grid, cfg.model, dev.dtype, dev.device, ro, B, T);
   auto& rm = rt.model();
   std::vector<model::ParamTable*> tables;
@@ -337,7 +338,7 @@ int train_parallel_impl(const Config& cfg, const parallel::MpiSession& mpi) {
                  model::residual_mode_name(cfg.model.mode), cfg.model.n_layers, cfg.model.d_model,
                  A * B * T * D);
     spdlog::info("parallel: {} pipeline stages x {} virtual x {} replicas, {} transport, "
-                 "cache_blocks {}; rank = replica * {} + stage", P, ro.V, D, ro.transport,
+                 "cache_blocks {}; rank = replica * {} + stage", P, ro.V, D, transport_name(ro.transport),
                  cfg.parallel.cache_blocks, P);
     spdlog::info("rank {} = stage {} of replica {}: {}", grid.rank(), grid.stage(), d, chunks);
   }
@@ -422,7 +423,7 @@ int train_parallel_impl(const Config& cfg, const parallel::MpiSession& mpi) {
   LoopHooks hooks;
   hooks.forward_backward = [&](int64_t k, double grad_scale) {
     const auto step = rt.train_step(static_cast<int>(A), [&](int mb) {
-      return train_data.unit((k * A + mb) * D + d);  // MODEL.md section 5
+      return train_data.unit((k * A + mb) * D + d);  // docs/model.md section 5
     }, grad_scale);
     return StepStats{step.loss_sum, step.pp_bytes, step.bubble};
   };
@@ -462,13 +463,15 @@ int train_parallel(const Config& cfg) {
   init_logging(mpi.world_rank());
   try {
     const std::string threads = parallel::share_node_cores(mpi.local_size());
-    if (mpi.world_rank() == 0 && cfg.training.device != "cuda") log_cpu_setup(threads);
+    if (mpi.world_rank() == 0 && cfg.training.device == Device::CPU) log_cpu_setup(threads);
     const int rc = train_parallel_impl(cfg, mpi);
     // Nobody leaves while a peer may still need it (e.g. rank 0 still writing).
     parallel::Comm::world().barrier();
     return rc;
-  } catch (const Error& e) {
+  } catch (const InternalError& e) {
     // The other ranks may be blocked on this one: end the whole job now.
+    parallel::MpiSession::abort(1, std::string("internal error: ") + e.what());
+  } catch (const Error& e) {
     parallel::MpiSession::abort(2, e.what());
   } catch (const std::exception& e) {
     parallel::MpiSession::abort(1, e.what());
@@ -504,7 +507,7 @@ int train(const Config& cfg) {
       fail("config key training.device is \"cuda\" but no CUDA device is visible (driver or GPU "
            "missing, or CUDA_VISIBLE_DEVICES hides them)");
     spdlog::info("device: {} ({}; peak {:.0f} TFLOP/s for MFU{})", cuda::device_description(0),
-                 tc.precision, dev.peak_flops * 1e-12,
+                 precision_name(tc.precision), dev.peak_flops * 1e-12,
                  dev.peak_flops == 0 ? ": unknown GPU, set training.peak_tflops" : "");
   }
   model::Model model(cfg.model, dev.dtype, {}, dev.device);
@@ -549,7 +552,7 @@ int train(const Config& cfg) {
     model.params().zero_grads();
     StepStats st;
     for (int64_t a = 0; a < A; ++a) {
-      auto batch = train_data.unit(k * A + a);  // MODEL.md section 5 with D = 1
+      auto batch = train_data.unit(k * A + a);  // docs/model.md section 5 with D = 1
       st.loss_sum += model.forward_backward(batch.inputs, batch.targets, B, T, grad_scale);
     }
     return st;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every shipped config (configs/*.json) validates, and the GPU ones describe
-# the CUDA issue's models: 124M (d 768, L 12, T 1024) and 350M (d 1024, L 24,
+# the GPU reference models: 124M (d 768, L 12, T 1024) and 350M (d 1024, L 24,
 # T 2048) on cuda in bf16.
 source "$(dirname "$0")/lib.sh"
 # A build without CUDA refuses device "cuda": the GPU configs are then checked
@@ -28,4 +28,4 @@ expect_keys gpu_124m.json.out d_model=768 n_layers=12 n_heads=12 d_ff=2048 vocab
   seq_len=1024 "${gpu[@]}"
 expect_keys gpu_350m.json.out d_model=1024 n_layers=24 n_heads=16 d_ff=2816 vocab_size=50304 \
   seq_len=2048 "${gpu[@]}"
-pass "gpu_124m.json and gpu_350m.json are the issue's 124M and 350M models${gpu:+ on cuda in bf16}"
+pass "gpu_124m.json and gpu_350m.json are the 124M and 350M reference models${gpu:+ on cuda in bf16}"

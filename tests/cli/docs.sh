@@ -71,6 +71,12 @@ if grep -q "^BAD" commands.txt; then
 fi
 pass "$(wc -l < commands.txt) commands found in README.md and docs/, every link resolves"
 
+# The repository stands alone: nothing points at files outside it (the
+# specification and background notes it was written from live in docs/).
+outside=$(grep -rnE '\.\./shar[e]d|shar[e]d/(spec|research)' --exclude=docs.sh "$SRC"/{README.md,CMakeLists.txt,src,tools,tests,docs,scripts,configs} || true)
+[[ -z "$outside" ]] || { echo "$outside" >&2; fail "references to files outside the repository"; }
+pass "no reference to files outside the repository"
+
 # ---- the repository copy, in the state the README's set-up leaves ----
 mkdir repo && cd repo
 cp -r "$SRC/configs" "$SRC/scripts" "$SRC/docs" "$SRC/README.md" .

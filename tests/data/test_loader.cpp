@@ -28,7 +28,7 @@ std::vector<int32_t> to_vec(const Tensor& t) {
 
 }  // namespace
 
-TEST_CASE("loader units follow MODEL.md section 5, shard boundaries included", "[data]") {
+TEST_CASE("loader units follow docs/model.md section 5, shard boundaries included", "[data]") {
   TempDir dir;
   const int64_t B = 2, T = 3;  // a unit is 7 tokens, advancing by 6
   // Shard 0: 20 tokens -> units at 0, 6, 12 (the unit at 18 would need 25 tokens).

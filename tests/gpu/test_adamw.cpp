@@ -11,7 +11,7 @@
 
 using namespace attnres;
 using namespace attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 TEST_CASE("cuda adamw matches the CPU bit for bit over several steps", "[gpu][adamw]") {
   for (int64_t n : {int64_t(0), int64_t(1), int64_t(5), int64_t(4096), int64_t(100003)})
@@ -31,7 +31,7 @@ TEST_CASE("cuda adamw matches the CPU bit for bit over several steps", "[gpu][ad
           dv.zero_();
           Tensor dlow = poisoned({n + 1}, DType::BF16).rows(b, n);
 
-          k::AdamWStep step{3e-3, 0.9, 0.95, 1e-8, 0.1, 0};
+          kern::AdamWStep step{3e-3, 0.9, 0.95, 1e-8, 0.1, 0};
           for (int t = 1; t <= 6; ++t) {
             step.t = t;
             step.lr = 3e-3 * (1.0 - 0.1 * t);  // a schedule: the scalars change each step
@@ -39,8 +39,8 @@ TEST_CASE("cuda adamw matches the CPU bit for bit over several steps", "[gpu][ad
             Tensor dg = Tensor::empty({n + 1}, DType::F32, Device::CUDA).rows(1 - b, n);
             dg.copy_from(g.to(Device::CUDA));  // g at the other alignment
 
-            k::adamw_update(p, g, m, v, step, decay);
-            k::adamw_update(dp, dg, dm, dv, step, decay, lowp ? &dlow : nullptr);
+            kern::adamw_update(p, g, m, v, step, decay);
+            kern::adamw_update(dp, dg, dm, dv, step, decay, lowp ? &dlow : nullptr);
             INFO("step " << t);
             REQUIRE(same_bits(dm, m));
             REQUIRE(same_bits(dv, v));
@@ -56,7 +56,7 @@ TEST_CASE("cuda adamw matches the CPU bit for bit over several steps", "[gpu][ad
 TEST_CASE("cuda adamw is bitwise repeatable", "[gpu][adamw]") {
   const int64_t n = 77777;
   Tensor p0 = randn_f32({n}, 5), g = randn_f32({n}, 6);
-  k::AdamWStep step{1e-3, 0.9, 0.999, 1e-8, 0.01, 4};
+  kern::AdamWStep step{1e-3, 0.9, 0.999, 1e-8, 0.01, 4};
   Tensor out[2];
   for (auto& o : out) {
     Tensor p = p0.to(Device::CUDA), dg = g.to(Device::CUDA);
@@ -66,7 +66,7 @@ TEST_CASE("cuda adamw is bitwise repeatable", "[gpu][adamw]") {
     Tensor vh = v.to(Device::CPU);
     for (int64_t i = 0; i < n; ++i) vh.data<float>()[i] *= vh.data<float>()[i];
     v.copy_from(vh);
-    k::adamw_update(p, dg, m, v, step, true);
+    kern::adamw_update(p, dg, m, v, step, true);
     o = p.to(Device::CPU);
   }
   REQUIRE(same_bits(out[0], out[1]));
@@ -77,16 +77,16 @@ TEST_CASE("cuda adamw's grad_scale equals scaling the gradient first, bit for bi
   const Tensor p0 = randn_f32({n}, 15), g0 = randn_f32({n}, 16), m0 = randn_f32({n}, 17, 0.1);
   Tensor vh = randn_f32({n}, 18, 0.1);
   for (int64_t i = 0; i < n; ++i) vh.data<float>()[i] *= vh.data<float>()[i];
-  k::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+  kern::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
   s.grad_scale = 0.3711;
   Tensor p1 = p0.to(Device::CUDA), m1 = m0.to(Device::CUDA), v1 = vh.to(Device::CUDA);
-  k::adamw_update(p1, g0.to(Device::CUDA), m1, v1, s, true);
+  kern::adamw_update(p1, g0.to(Device::CUDA), m1, v1, s, true);
   Tensor p2 = p0.to(Device::CUDA), m2 = m0.to(Device::CUDA), v2 = vh.to(Device::CUDA);
   Tensor g2 = g0.to(Device::CUDA);
-  k::scale_(g2, s.grad_scale);
-  k::AdamWStep s2 = s;
+  kern::scale_(g2, s.grad_scale);
+  kern::AdamWStep s2 = s;
   s2.grad_scale = 1.0;
-  k::adamw_update(p2, g2, m2, v2, s2, true);
+  kern::adamw_update(p2, g2, m2, v2, s2, true);
   REQUIRE(same_bits(p1, p2));
   REQUIRE(same_bits(m1, m2));
   REQUIRE(same_bits(v1, v2));
@@ -96,7 +96,7 @@ TEST_CASE("cuda adamw_update_each equals one update per parameter, bit for bit",
   // 40 parameters (two launch batches), mixed sizes, empty and misaligned
   // ones, with and without decay and a bf16 copy.
   const int64_t sizes[] = {768, 1, 0, 50304 * 3, 4099, 2048 * 768 + 3};
-  k::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 5};
+  kern::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 5};
   s.grad_scale = 0.5;
   struct Param {
     Tensor p, g, m, v, lowp;
@@ -122,11 +122,11 @@ TEST_CASE("cuda adamw_update_each equals one update per parameter, bit for bit",
     a.push_back(make(i));
     b.push_back(make(i));
   }
-  std::vector<k::AdamWTensors> batch;
+  std::vector<kern::AdamWTensors> batch;
   for (Param& q : a)
     batch.push_back({&q.p, &q.g, &q.m, &q.v, q.decay, q.has_lowp ? &q.lowp : nullptr});
-  k::adamw_update_each(batch, s);
-  for (Param& q : b) k::adamw_update(q.p, q.g, q.m, q.v, s, q.decay, q.has_lowp ? &q.lowp : nullptr);
+  kern::adamw_update_each(batch, s);
+  for (Param& q : b) kern::adamw_update(q.p, q.g, q.m, q.v, s, q.decay, q.has_lowp ? &q.lowp : nullptr);
   for (size_t i = 0; i < a.size(); ++i) {
     INFO("parameter " << i);
     REQUIRE(same_bits(a[i].p, b[i].p));

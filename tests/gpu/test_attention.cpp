@@ -12,7 +12,7 @@
 #include "kernels/attention.h"
 
 using namespace attnres;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 namespace gt = attnres::gpu_testing;
 
 namespace {
@@ -26,23 +26,23 @@ struct DevRun {
 
 // One GPU forward + backward from fixed inputs; gradients start from the
 // given initial values (device copies), outputs start poisoned.
-DevRun run_gpu(const k::AttnShape& s, DType dt, const Tensor& q, const Tensor& kk, const Tensor& v,
+DevRun run_gpu(const kern::AttnShape& s, DType dt, const Tensor& q, const Tensor& kk, const Tensor& v,
                const Tensor& dout, const Tensor& dq0, const Tensor& dk0, const Tensor& dv0) {
   const int64_t N = s.B * s.T;
   DevRun r;
   r.out = gt::poisoned({N, s.H * s.hd}, dt);
   r.lse = gt::poisoned({s.B, s.H, s.T}, DType::F32);
-  k::attention_forward(r.out, r.lse, q, kk, v, s);
+  kern::attention_forward(r.out, r.lse, q, kk, v, s);
   r.dq = dq0.clone();
   r.dk = dk0.clone();
   r.dv = dv0.clone();
-  k::attention_backward(r.dq, r.dk, r.dv, dout, q, kk, v, r.out, r.lse, s);
+  kern::attention_backward(r.dq, r.dk, r.dv, dout, q, kk, v, r.out, r.lse, s);
   return r;
 }
 
 // Checks one shape in one dtype. `stddev` scales q and k (large values give
 // peaked softmax rows).
-void check_attention(const k::AttnShape& s, DType dt, uint64_t seed, double stddev = 1.0) {
+void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double stddev = 1.0) {
   const int64_t N = s.B * s.T;
   // Host F32 inputs; to_device rounds them in place to bf16 for BF16 runs, so
   // the CPU reference sees exactly the values the GPU sees.
@@ -64,7 +64,7 @@ void check_attention(const k::AttnShape& s, DType dt, uint64_t seed, double stdd
   const Tensor q64 = to_f64(q), k64 = to_f64(kk), v64 = to_f64(v);
   Tensor out_ref = Tensor::empty({N, s.H * s.hd}, DType::F64);
   Tensor lse_ref = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-  k::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
+  kern::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
 
   INFO("B=" << s.B << " T=" << s.T << " H=" << s.H << " Hkv=" << s.Hkv << " hd=" << s.hd
             << " dtype=" << dtype_name(dt) << " stddev=" << stddev);
@@ -76,7 +76,7 @@ void check_attention(const k::AttnShape& s, DType dt, uint64_t seed, double stdd
   // Backward reference, from the GPU's saved out and lse (so the check
   // isolates the backward kernels) and the same initial gradients.
   Tensor dq_ref = to_f64(dq0), dk_ref = to_f64(dk0), dv_ref = to_f64(dv0);
-  k::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(g.out),
+  kern::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(g.out),
                         host_f64(g.lse), s);
   CHECK(gt::rel_l2(host_f64(g.dq), dq_ref) < tol);
   CHECK(gt::rel_l2(host_f64(g.dk), dk_ref) < tol);
@@ -114,7 +114,7 @@ void check_attention(const k::AttnShape& s, DType dt, uint64_t seed, double stdd
 }
 
 // (B, T, H, Hkv, hd)
-const std::vector<k::AttnShape> kShapes = {
+const std::vector<kern::AttnShape> kShapes = {
     {2, 13, 4, 2, 16},    // generic path in BF16 too; T below one tile
     {1, 64, 2, 1, 32},    // exactly one 64-row tile
     {2, 200, 6, 2, 64},   // group 3, ragged last tile
@@ -161,21 +161,21 @@ TEST_CASE("cuda attention decode matches the CPU", "[gpu]") {
                           Case{2, 70, 12, 1, 256}, Case{1, 5, 2, 1, 4}})
       for (int64_t len : {int64_t(1), c.Tmax / 2 + 1, c.Tmax}) {
         seed += 10;
-        const k::AttnShape s{c.B, 1, c.H, c.Hkv, c.hd};
+        const kern::AttnShape s{c.B, 1, c.H, c.Hkv, c.hd};
         Tensor q = gt::randn_f32({c.B, c.H * c.hd}, seed);
         Tensor kc = gt::randn_f32({c.B, c.Tmax, c.Hkv * c.hd}, seed + 1);
         Tensor vc = gt::randn_f32({c.B, c.Tmax, c.Hkv * c.hd}, seed + 2);
         const Tensor qd = gt::to_device(q, dt), kcd = gt::to_device(kc, dt),
                      vcd = gt::to_device(vc, dt);
         Tensor out = gt::poisoned({c.B, c.H * c.hd}, dt);
-        k::attention_decode(out, qd, kcd, vcd, len, s);
+        kern::attention_decode(out, qd, kcd, vcd, len, s);
         Tensor ref = Tensor::empty({c.B, c.H * c.hd}, DType::F64);
-        k::attention_decode(ref, to_f64(q), to_f64(kc), to_f64(vc), len, s);
+        kern::attention_decode(ref, to_f64(q), to_f64(kc), to_f64(vc), len, s);
         INFO("B=" << c.B << " Tmax=" << c.Tmax << " H=" << c.H << " Hkv=" << c.Hkv
                   << " hd=" << c.hd << " len=" << len << " dtype=" << dtype_name(dt));
         CHECK(gt::rel_l2(host_f64(out), ref) < gt::tol(dt));
         Tensor out2 = gt::poisoned({c.B, c.H * c.hd}, dt);
-        k::attention_decode(out2, qd, kcd, vcd, len, s);
+        kern::attention_decode(out2, qd, kcd, vcd, len, s);
         CHECK(gt::same_bits(out2, out));
       }
 }
@@ -184,14 +184,14 @@ TEST_CASE("cuda attention decode agrees with the forward's last row", "[gpu]") {
   // The cache holds the sequence's own k/v: decode at position T-1 must give
   // the forward output of row T-1 (both computed on the GPU).
   for (DType dt : {DType::F32, DType::BF16}) {
-    const k::AttnShape s{2, 40, 4, 2, 64};
+    const kern::AttnShape s{2, 40, 4, 2, 64};
     const int64_t N = s.B * s.T;
     Tensor q = gt::randn_f32({N, s.H * s.hd}, 5000);
     Tensor kk = gt::randn_f32({N, s.Hkv * s.hd}, 5001);
     Tensor v = gt::randn_f32({N, s.Hkv * s.hd}, 5002);
     const Tensor qd = gt::to_device(q, dt), kd = gt::to_device(kk, dt), vd = gt::to_device(v, dt);
     Tensor out = gt::poisoned({N, s.H * s.hd}, dt), lse = gt::poisoned({s.B, s.H, s.T}, DType::F32);
-    k::attention_forward(out, lse, qd, kd, vd, s);
+    kern::attention_forward(out, lse, qd, kd, vd, s);
     Tensor q_last = Tensor::empty({s.B, s.H * s.hd}, dt, Device::CUDA);
     Tensor ref = Tensor::empty({s.B, s.H * s.hd}, dt, Device::CUDA);
     for (int64_t b = 0; b < s.B; ++b) {
@@ -199,7 +199,7 @@ TEST_CASE("cuda attention decode agrees with the forward's last row", "[gpu]") {
       ref.rows(b, 1).copy_from(out.rows(b * s.T + s.T - 1, 1));
     }
     Tensor dec = gt::poisoned({s.B, s.H * s.hd}, dt);
-    k::attention_decode(dec, q_last, kd.reshape({s.B, s.T, s.Hkv * s.hd}),
+    kern::attention_decode(dec, q_last, kd.reshape({s.B, s.T, s.Hkv * s.hd}),
                         vd.reshape({s.B, s.T, s.Hkv * s.hd}), s.T, s);
     INFO("dtype=" << dtype_name(dt));
     CHECK(gt::rel_l2(host_f64(dec), host_f64(ref)) < gt::tol(dt));

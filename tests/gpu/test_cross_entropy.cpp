@@ -12,7 +12,7 @@
 
 using namespace attnres;
 namespace gt = attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -35,19 +35,19 @@ void check_ce(const CeCase& c, DType dt, DType ref, uint64_t seed) {
   Tensor dhd = gt::to_device(dh0, dt), dwd = gt::to_device(dw0, gdt);
 
   Tensor hr = h.to(ref), wr = w.to(ref), dh_ref = dh0.to(ref), dw_ref = dw0.to(ref);
-  const double loss_ref = k::lm_head_cross_entropy(hr, wr, tg, &dh_ref, &dw_ref, gs);
+  const double loss_ref = kern::lm_head_cross_entropy(hr, wr, tg, &dh_ref, &dw_ref, gs);
 
-  const double loss = k::lm_head_cross_entropy(hd, wd, tgd, &dhd, &dwd, gs);
+  const double loss = kern::lm_head_cross_entropy(hd, wd, tgd, &dhd, &dwd, gs);
   CHECK(std::fabs(loss - loss_ref) / std::fabs(loss_ref) < (dt == DType::BF16 ? 1e-4 : 1e-5));
   CHECK(gt::rel_l2(gt::to_host_f32(dhd), dh_ref) < gt::tol(dt));
   CHECK(gt::rel_l2(gt::to_host_f32(dwd), dw_ref) < gt::tol(dt));
 
   // Loss only: the same loss bits; each gradient alone: the same gradient bits.
-  const double loss_only = k::lm_head_cross_entropy(hd, wd, tgd, nullptr, nullptr, 0.0);
+  const double loss_only = kern::lm_head_cross_entropy(hd, wd, tgd, nullptr, nullptr, 0.0);
   CHECK(std::memcmp(&loss_only, &loss, sizeof loss) == 0);
   Tensor dh_only = gt::to_device(dh0, dt), dw_only = gt::to_device(dw0, gdt);
-  k::lm_head_cross_entropy(hd, wd, tgd, &dh_only, nullptr, gs);
-  k::lm_head_cross_entropy(hd, wd, tgd, nullptr, &dw_only, gs);
+  kern::lm_head_cross_entropy(hd, wd, tgd, &dh_only, nullptr, gs);
+  kern::lm_head_cross_entropy(hd, wd, tgd, nullptr, &dw_only, gs);
   CHECK(gt::same_bits(dh_only, dhd));
   CHECK(gt::same_bits(dw_only, dwd));
 }
@@ -89,7 +89,7 @@ TEST_CASE("cuda lm_head_cross_entropy is bitwise repeatable", "[gpu][cross_entro
     for (int r = 0; r < 2; ++r) {
       dh[r] = Tensor::zeros({N, d}, dt, Device::CUDA);
       dw[r] = Tensor::zeros({V, d}, gdt, Device::CUDA);
-      loss[r] = k::lm_head_cross_entropy(hd, wd, tgd, &dh[r], &dw[r], 1.0 / N);
+      loss[r] = kern::lm_head_cross_entropy(hd, wd, tgd, &dh[r], &dw[r], 1.0 / N);
     }
     CHECK(std::memcmp(&loss[0], &loss[1], sizeof(double)) == 0);
     CHECK(gt::same_bits(dh[0], dh[1]));
@@ -107,16 +107,16 @@ TEST_CASE("cuda lm_head_cross_entropy names the first target outside the vocabul
   Tensor tgd = tg.to(Device::CUDA);
   Tensor dh = Tensor::zeros({N, d}, DType::F32, Device::CUDA);
   Tensor dw = Tensor::zeros({V, d}, DType::F32, Device::CUDA);
-  REQUIRE_THROWS_WITH(k::lm_head_cross_entropy(hd, wd, tgd, &dh, &dw, 1.0),
+  REQUIRE_THROWS_WITH(kern::lm_head_cross_entropy(hd, wd, tgd, &dh, &dw, 1.0),
                       Catch::Contains("lm_head_cross_entropy: target id 97 at position 5 is "
                                       "outside the vocabulary [0, 97)"));
-  REQUIRE_THROWS_AS(k::lm_head_cross_entropy(hd, wd, tgd, nullptr, nullptr, 0.0), Error);
+  REQUIRE_THROWS_AS(kern::lm_head_cross_entropy(hd, wd, tgd, nullptr, nullptr, 0.0), Error);
   tg.data<int32_t>()[5] = 0;
-  REQUIRE_THROWS_WITH(k::lm_head_cross_entropy(hd, wd, tg.to(Device::CUDA), nullptr, nullptr, 0.0),
+  REQUIRE_THROWS_WITH(kern::lm_head_cross_entropy(hd, wd, tg.to(Device::CUDA), nullptr, nullptr, 0.0),
                       Catch::Contains("target id -3 at position 9"));
   // The device is still usable after the error.
   tg.data<int32_t>()[9] = 1;
-  const double loss = k::lm_head_cross_entropy(hd, wd, tg.to(Device::CUDA), nullptr, nullptr, 0.0);
+  const double loss = kern::lm_head_cross_entropy(hd, wd, tg.to(Device::CUDA), nullptr, nullptr, 0.0);
   REQUIRE(std::isfinite(loss));
 }
 
@@ -126,5 +126,5 @@ TEST_CASE("cuda lm_head_cross_entropy of no rows is 0", "[gpu][cross_entropy]") 
   Tensor tgd = Tensor::empty({0}, DType::I32, Device::CUDA);
   Tensor dh = Tensor::empty({0, 8}, DType::F32, Device::CUDA);
   Tensor dw = Tensor::zeros({11, 8}, DType::F32, Device::CUDA);
-  REQUIRE(k::lm_head_cross_entropy(hd, wd, tgd, &dh, &dw, 1.0) == 0.0);
+  REQUIRE(kern::lm_head_cross_entropy(hd, wd, tgd, &dh, &dw, 1.0) == 0.0);
 }

@@ -10,7 +10,7 @@
 
 using namespace attnres;
 using namespace attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -39,9 +39,9 @@ TEST_CASE("cuda embedding forward gathers exactly", "[gpu][embedding]") {
         Pair w = random_pair({s.V, s.d}, dt, 1, offset);
         Tensor tok = skewed_tokens(s.N, s.V, 2);
         Tensor out = poisoned_at({s.N, s.d}, dt, offset);
-        k::embedding_forward(out, w.dev, tok.to(Device::CUDA));
+        kern::embedding_forward(out, w.dev, tok.to(Device::CUDA));
         Tensor out_cpu = Tensor::empty({s.N, s.d});
-        k::embedding_forward(out_cpu, w.host, tok);
+        kern::embedding_forward(out_cpu, w.host, tok);
         REQUIRE(same_bits(out.to(Device::CPU), out_cpu.to(dt)));
       }
 }
@@ -57,7 +57,7 @@ TEST_CASE("cuda embedding backward matches the CPU bit for bit and repeats", "[g
         Tensor tok_dev = tok.to(Device::CUDA);
 
         Tensor dw_cpu = dw0.host.clone();
-        k::embedding_backward(dw_cpu, dout.host, tok);
+        kern::embedding_backward(dw_cpu, dout.host, tok);
 
         Tensor first;
         for (int rep = 0; rep < 2; ++rep) {
@@ -65,7 +65,7 @@ TEST_CASE("cuda embedding backward matches the CPU bit for bit and repeats", "[g
                           .rows(offset ? 1 : 0, s.V * s.d)
                           .reshape({s.V, s.d});
           dw.copy_from(dw0.dev);  // accumulates into existing values
-          k::embedding_backward(dw, dout.dev, tok_dev);
+          kern::embedding_backward(dw, dout.dev, tok_dev);
           Tensor got = dw.to(Device::CPU);
           // Same additions in the same order as the CPU: identical bits.
           REQUIRE(same_bits(got, dw_cpu));
@@ -85,18 +85,18 @@ TEST_CASE("cuda embedding rejects ids outside the vocabulary, naming the first",
   const std::vector<int32_t> ids_neg{0, -1, 3, 99, 2, 1};
   Tensor hi = Tensor::from_vector(ids_hi, {6}).to(Device::CUDA);
   Tensor neg = Tensor::from_vector(ids_neg, {6}).to(Device::CUDA);
-  REQUIRE_THROWS_WITH(k::embedding_forward(out, w, hi),
+  REQUIRE_THROWS_WITH(kern::embedding_forward(out, w, hi),
                       "embedding_forward: token id 10 at position 4 is outside the vocabulary [0, 10)");
-  REQUIRE_THROWS_WITH(k::embedding_forward(out, w, neg),
+  REQUIRE_THROWS_WITH(kern::embedding_forward(out, w, neg),
                       "embedding_forward: token id -1 at position 1 is outside the vocabulary [0, 10)");
-  REQUIRE_THROWS_WITH(k::embedding_backward(dw, dout, hi),
+  REQUIRE_THROWS_WITH(kern::embedding_backward(dw, dout, hi),
                       "embedding_backward: token id 10 at position 4 is outside the vocabulary [0, 10)");
-  REQUIRE_THROWS_WITH(k::embedding_backward(dw, dout, neg),
+  REQUIRE_THROWS_WITH(kern::embedding_backward(dw, dout, neg),
                       "embedding_backward: token id -1 at position 1 is outside the vocabulary [0, 10)");
   // The backward checks before it writes: dweight is untouched.
   Tensor dw_host = dw.to(Device::CPU);
   for (int64_t i = 0; i < dw_host.numel(); ++i) REQUIRE(dw_host.data<float>()[i] == 0.f);
   // A later valid call works (no sticky error state).
   const std::vector<int32_t> ok{9, 0, 3, 3, 1, 2};
-  REQUIRE_NOTHROW(k::embedding_forward(out, w, Tensor::from_vector(ok, {6}).to(Device::CUDA)));
+  REQUIRE_NOTHROW(kern::embedding_forward(out, w, Tensor::from_vector(ok, {6}).to(Device::CUDA)));
 }

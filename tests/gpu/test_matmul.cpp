@@ -11,7 +11,7 @@
 
 using namespace attnres;
 namespace gt = attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -36,28 +36,28 @@ void check_matmul(const MatmulCase& c, DType dt, uint64_t seed) {
   // CPU reference in F64 on the (rounded) host values.
   Tensor x64 = x.to(DType::F64), w64 = w.to(DType::F64), dy64 = dy.to(DType::F64);
   Tensor yref = Tensor::empty({c.M, c.N}, DType::F64);
-  k::matmul_forward(yref, x64, w64);
+  kern::matmul_forward(yref, x64, w64);
   Tensor yacc_ref = y0.to(DType::F64);
-  k::matmul_forward(yacc_ref, x64, w64, &yacc_ref);
+  kern::matmul_forward(yacc_ref, x64, w64, &yacc_ref);
   Tensor dx_ref = dx0.to(DType::F64), dw_ref = dw0.to(DType::F64);
-  k::matmul_backward(&dx_ref, &dw_ref, dy64, x64, w64);
+  kern::matmul_backward(&dx_ref, &dw_ref, dy64, x64, w64);
 
   Tensor y = gt::poisoned({c.M, c.N}, dt);
-  k::matmul_forward(y, xd, wd);
+  kern::matmul_forward(y, xd, wd);
   CHECK(gt::rel_l2(gt::to_host_f32(y), yref) < tol);
 
   Tensor yacc = y0d.clone();
-  k::matmul_forward(yacc, xd, wd, &yacc);
+  kern::matmul_forward(yacc, xd, wd, &yacc);
   CHECK(gt::rel_l2(gt::to_host_f32(yacc), yacc_ref) < tol);
   // A separate residual, read by the GEMM's epilogue: the same sum, written
   // over poison, the residual untouched.
   Tensor yres = gt::poisoned({c.M, c.N}, dt);
-  k::matmul_forward(yres, xd, wd, &y0d);
+  kern::matmul_forward(yres, xd, wd, &y0d);
   CHECK(gt::rel_l2(gt::to_host_f32(yres), yacc_ref) < tol);
   CHECK(gt::same_bits(y0d, gt::to_device(y0, dt)));
 
   Tensor dx = dx0d.clone(), dw = dw0d.clone();
-  k::matmul_backward(&dx, &dw, dyd, xd, wd);
+  kern::matmul_backward(&dx, &dw, dyd, xd, wd);
   CHECK(gt::rel_l2(gt::to_host_f32(dx), dx_ref) < tol);
   // dw is F32 even for BF16 inputs: only the inputs' rounding (shared with
   // the reference) and fp32 accumulation separate it from the F64 result.
@@ -65,8 +65,8 @@ void check_matmul(const MatmulCase& c, DType dt, uint64_t seed) {
 
   // Each gradient alone gives the same bits as both together.
   Tensor dx_only = dx0d.clone(), dw_only = dw0d.clone();
-  k::matmul_backward(&dx_only, nullptr, dyd, xd, wd);
-  k::matmul_backward(nullptr, &dw_only, dyd, xd, wd);
+  kern::matmul_backward(&dx_only, nullptr, dyd, xd, wd);
+  kern::matmul_backward(nullptr, &dw_only, dyd, xd, wd);
   CHECK(gt::same_bits(dx_only, dx));
   CHECK(gt::same_bits(dw_only, dw));
 }
@@ -93,9 +93,9 @@ TEST_CASE("cuda matmul F32 is true fp32, not TF32", "[gpu][matmul]") {
   const int64_t M = 256, N = 256, K = 768;
   Tensor x = gt::randn_f32({M, K}, 7), w = gt::randn_f32({N, K}, 8);
   Tensor y = gt::poisoned({M, N}, DType::F32);
-  k::matmul_forward(y, x.to(Device::CUDA), w.to(Device::CUDA));
+  kern::matmul_forward(y, x.to(Device::CUDA), w.to(Device::CUDA));
   Tensor ref = Tensor::empty({M, N}, DType::F64);
-  k::matmul_forward(ref, x.to(DType::F64), w.to(DType::F64));
+  kern::matmul_forward(ref, x.to(DType::F64), w.to(DType::F64));
   REQUIRE(gt::rel_l2(gt::to_host_f32(y), ref) < 1e-5);
 }
 
@@ -110,19 +110,19 @@ TEST_CASE("cuda matmul takes row slices that are not 256-byte aligned", "[gpu][m
     Tensor xd = bigd.rows(1, M);
     Tensor ybig = gt::poisoned({M + 1, N}, dt);
     Tensor y = ybig.rows(1, M);  // output offset by N elements too
-    k::matmul_forward(y, xd, wd);
+    kern::matmul_forward(y, xd, wd);
     Tensor x64 = big.rows(1, M).to(DType::F64);
     Tensor ref = Tensor::empty({M, N}, DType::F64);
-    k::matmul_forward(ref, x64, w.to(DType::F64));
+    kern::matmul_forward(ref, x64, w.to(DType::F64));
     CHECK(gt::rel_l2(gt::to_host_f32(y), ref) < gt::tol(dt));
 
     Tensor dy = gt::randn_f32({M, N}, 22);
     Tensor dyd = gt::to_device(dy, dt);
     Tensor dxbig = Tensor::zeros({M + 1, K}, dt, Device::CUDA);
     Tensor dx = dxbig.rows(1, M);
-    k::matmul_backward(&dx, nullptr, dyd, xd, wd);
+    kern::matmul_backward(&dx, nullptr, dyd, xd, wd);
     Tensor dx_ref = Tensor::zeros({M, K}, DType::F64);
-    k::matmul_backward(&dx_ref, nullptr, dy.to(DType::F64), x64, w.to(DType::F64));
+    kern::matmul_backward(&dx_ref, nullptr, dy.to(DType::F64), x64, w.to(DType::F64));
     CHECK(gt::rel_l2(gt::to_host_f32(dx), dx_ref) < gt::tol(dt));
   }
 }
@@ -132,15 +132,15 @@ TEST_CASE("cuda matmul with K = 0 writes zeros, or the residual", "[gpu][matmul]
   Tensor x = Tensor::empty({M, 0}, DType::F32, Device::CUDA);
   Tensor w = Tensor::empty({N, 0}, DType::F32, Device::CUDA);
   Tensor y = gt::poisoned({M, N}, DType::F32);
-  k::matmul_forward(y, x, w);
+  kern::matmul_forward(y, x, w);
   Tensor h = y.to(Device::CPU);
   for (int64_t i = 0; i < h.numel(); ++i) REQUIRE(h.data<float>()[i] == 0.0f);
   Tensor y0 = gt::randn_f32({M, N}, 30);
   Tensor yacc = y0.to(Device::CUDA);
-  k::matmul_forward(yacc, x, w, &yacc);
+  kern::matmul_forward(yacc, x, w, &yacc);
   REQUIRE(gt::same_bits(yacc, y0));
   Tensor yres = gt::poisoned({M, N}, DType::F32), r = y0.to(Device::CUDA);
-  k::matmul_forward(yres, x, w, &r);
+  kern::matmul_forward(yres, x, w, &r);
   REQUIRE(gt::same_bits(yres, y0));
 }
 
@@ -155,10 +155,10 @@ TEST_CASE("cuda matmul is bitwise repeatable", "[gpu][matmul]") {
     Tensor y[2], dx[2], dw[2];
     for (int r = 0; r < 2; ++r) {
       y[r] = gt::poisoned({M, N}, dt);
-      k::matmul_forward(y[r], xd, wd);
+      kern::matmul_forward(y[r], xd, wd);
       dx[r] = Tensor::zeros({M, K}, dt, Device::CUDA);
       dw[r] = Tensor::zeros({N, K}, gdt, Device::CUDA);
-      k::matmul_backward(&dx[r], &dw[r], dyd, xd, wd);
+      kern::matmul_backward(&dx[r], &dw[r], dyd, xd, wd);
     }
     CHECK(gt::same_bits(y[0], y[1]));
     CHECK(gt::same_bits(dx[0], dx[1]));

@@ -14,7 +14,7 @@
 
 using namespace attnres;
 namespace gt = attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -60,7 +60,7 @@ std::vector<Tensor> rstds_f32(const MixSetup& s) {
   std::vector<Tensor> r;
   for (const Tensor& v : s.src_h) {
     Tensor t = Tensor::empty({s.N}, DType::F64);
-    k::mix_source_rstd(t, v.to(DType::F64), kMixEps);
+    kern::mix_source_rstd(t, v.to(DType::F64), kMixEps);
     r.push_back(t.to(DType::F32));
   }
   return r;
@@ -77,16 +77,16 @@ void check_mix(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
   std::vector<Tensor> rs32 = rstds_f32(s);
   for (int64_t j = 0; j < kk; ++j) {
     Tensor r = gt::poisoned({N}, DType::F32);
-    k::mix_source_rstd(r, s.src_d[j], kMixEps);
+    kern::mix_source_rstd(r, s.src_d[j], kMixEps);
     CHECK(gt::rel_l2(r.to(Device::CPU), rs32[j]) < gt::kTolF32);
   }
 
   // forward
   const std::vector<Tensor> rs64 = to_f64(rs32), rs_d = on_device(rs32);
   Tensor out_ref = Tensor::empty({N, d}, DType::F64), probs_ref = Tensor::empty({N, kk}, DType::F64);
-  k::mix_forward(out_ref, probs_ref, w64, src64, rs64);
+  kern::mix_forward(out_ref, probs_ref, w64, src64, rs64);
   Tensor out = gt::poisoned({N, d}, dt), probs = gt::poisoned({N, kk}, DType::F32);
-  k::mix_forward(out, probs, s.w_d, s.src_d, rs_d);
+  kern::mix_forward(out, probs, s.w_d, s.src_d, rs_d);
   CHECK(gt::rel_l2(gt::to_host_f32(out), out_ref) < tol);
   CHECK(gt::rel_l2(probs.to(Device::CPU), probs_ref) < gt::kTolF32);
 
@@ -103,8 +103,8 @@ void check_mix(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
   }
   Tensor dw0 = gt::randn_f32({d}, seed + 4000);
   Tensor dw_d = dw0.to(Device::CUDA), dw_ref = dw0.to(DType::F64);
-  k::mix_backward(ds_ref, dw_ref, dout.to(DType::F64), w64, src64, rs64, probs32.to(DType::F64));
-  k::mix_backward(ds_d, dw_d, dout_d, s.w_d, s.src_d, rs_d, probs32.to(Device::CUDA));
+  kern::mix_backward(ds_ref, dw_ref, dout.to(DType::F64), w64, src64, rs64, probs32.to(DType::F64));
+  kern::mix_backward(ds_d, dw_d, dout_d, s.w_d, s.src_d, rs_d, probs32.to(Device::CUDA));
   for (int64_t j = 0; j < kk; ++j) {
     INFO("dsource " << j);
     CHECK(gt::rel_l2(gt::to_host_f32(ds_d[j]), ds_ref[j]) < tol);
@@ -151,9 +151,9 @@ TEST_CASE("cuda mix with one source is the identity, bit for bit", "[gpu][mix]")
       const int64_t N = 19;
       MixSetup s = make_setup(N, d, 1, dt, 40000 + d);
       std::vector<Tensor> rs{Tensor::empty({N}, DType::F32, Device::CUDA)};
-      k::mix_source_rstd(rs[0], s.src_d[0], kMixEps);
+      kern::mix_source_rstd(rs[0], s.src_d[0], kMixEps);
       Tensor out = gt::poisoned({N, d}, dt), probs = gt::poisoned({N, 1}, DType::F32);
-      k::mix_forward(out, probs, s.w_d, s.src_d, rs);
+      kern::mix_forward(out, probs, s.w_d, s.src_d, rs);
       REQUIRE(gt::same_bits(out, s.src_d[0]));
       Tensor ph = probs.to(Device::CPU);
       for (int64_t n = 0; n < N; ++n) REQUIRE(ph.data<float>()[n] == 1.0f);
@@ -164,7 +164,7 @@ TEST_CASE("cuda mix with one source is the identity, bit for bit", "[gpu][mix]")
       std::vector<Tensor> ds{gt::to_device(ds0, dt)};
       Tensor dw0 = gt::randn_f32({d}, 40700 + d);
       Tensor dw = dw0.to(Device::CUDA);
-      k::mix_backward(ds, dw, dout_d, s.w_d, s.src_d, rs, probs);
+      kern::mix_backward(ds, dw, dout_d, s.w_d, s.src_d, rs, probs);
       Tensor expect = Tensor::empty({N, d}, DType::F32);
       for (int64_t i = 0; i < N * d; ++i)
         expect.data<float>()[i] = ds0.data<float>()[i] + dout.data<float>()[i];
@@ -182,7 +182,7 @@ TEST_CASE("cuda mix backward adds every contribution into aliased dsources", "[g
       MixSetup s = make_setup(N, d, kk, dt, 50000 + d);
       std::vector<Tensor> rs32 = rstds_f32(s);
       Tensor out_ref = Tensor::empty({N, d}, DType::F64), probs_ref = Tensor::empty({N, kk}, DType::F64);
-      k::mix_forward(out_ref, probs_ref, s.w_h.to(DType::F64), to_f64(s.src_h), to_f64(rs32));
+      kern::mix_forward(out_ref, probs_ref, s.w_h.to(DType::F64), to_f64(s.src_h), to_f64(rs32));
       Tensor probs32 = probs_ref.to(DType::F32);
       Tensor dout = gt::randn_f32({N, d}, 50500 + d);
       Tensor dout_d = gt::to_device(dout, dt);
@@ -192,9 +192,9 @@ TEST_CASE("cuda mix backward adds every contribution into aliased dsources", "[g
       std::vector<Tensor> ds_d{a_d, b_d, a_d}, ds_ref{a_ref, b_ref, a_ref};
       Tensor dw_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
       Tensor dw_ref = Tensor::zeros({d}, DType::F64);
-      k::mix_backward(ds_ref, dw_ref, dout.to(DType::F64), s.w_h.to(DType::F64), to_f64(s.src_h),
+      kern::mix_backward(ds_ref, dw_ref, dout.to(DType::F64), s.w_h.to(DType::F64), to_f64(s.src_h),
                       to_f64(rs32), probs32.to(DType::F64));
-      k::mix_backward(ds_d, dw_d, dout_d, s.w_d, s.src_d, on_device(rs32), probs32.to(Device::CUDA));
+      kern::mix_backward(ds_d, dw_d, dout_d, s.w_d, s.src_d, on_device(rs32), probs32.to(Device::CUDA));
       CHECK(gt::rel_l2(gt::to_host_f32(a_d), a_ref) < gt::tol(dt));
       CHECK(gt::rel_l2(gt::to_host_f32(b_d), b_ref) < gt::tol(dt));
       CHECK(gt::rel_l2(dw_d.to(Device::CPU), dw_ref) < gt::tol(dt));
@@ -210,7 +210,7 @@ TEST_CASE("cuda mix is bitwise repeatable", "[gpu][mix]") {
       std::vector<Tensor> rs;
       for (int64_t j = 0; j < kk; ++j) {
         rs.push_back(Tensor::empty({N}, DType::F32, Device::CUDA));
-        k::mix_source_rstd(rs.back(), s.src_d[j], kMixEps);
+        kern::mix_source_rstd(rs.back(), s.src_d[j], kMixEps);
       }
       Tensor dout_h = gt::randn_f32({N, d}, 60500 + d);
       Tensor dout = gt::to_device(dout_h, dt);
@@ -219,10 +219,10 @@ TEST_CASE("cuda mix is bitwise repeatable", "[gpu][mix]") {
       for (int r = 0; r < 2; ++r) {
         out[r] = gt::poisoned({N, d}, dt);
         probs[r] = gt::poisoned({N, kk}, DType::F32);
-        k::mix_forward(out[r], probs[r], s.w_d, s.src_d, rs);
+        kern::mix_forward(out[r], probs[r], s.w_d, s.src_d, rs);
         for (int64_t j = 0; j < kk; ++j) ds[r].push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
         dw[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
-        k::mix_backward(ds[r], dw[r], dout, s.w_d, s.src_d, rs, probs[r]);
+        kern::mix_backward(ds[r], dw[r], dout, s.w_d, s.src_d, rs, probs[r]);
       }
       CHECK(gt::same_bits(out[0], out[1]));
       CHECK(gt::same_bits(probs[0], probs[1]));
@@ -239,12 +239,12 @@ TEST_CASE("cuda mix rejects more sources or wider rows than its kernels take", "
     for (int64_t j = 0; j < kk; ++j) rs.push_back(Tensor::zeros({N}, DType::F32, Device::CUDA));
     Tensor out = Tensor::empty({N, d}, DType::F32, Device::CUDA);
     Tensor probs = Tensor::empty({N, kk}, DType::F32, Device::CUDA);
-    REQUIRE_THROWS_WITH(k::mix_forward(out, probs, s.w_d, s.src_d, rs),
+    REQUIRE_THROWS_WITH(kern::mix_forward(out, probs, s.w_d, s.src_d, rs),
                         Catch::Contains("mix_forward: 65 sources exceed") &&
                             Catch::Contains("capacity of 64"));
     Tensor dw = Tensor::zeros({d}, DType::F32, Device::CUDA);
     std::vector<Tensor> ds = s.src_d;
-    REQUIRE_THROWS_WITH(k::mix_backward(ds, dw, out, s.w_d, s.src_d, rs, probs),
+    REQUIRE_THROWS_WITH(kern::mix_backward(ds, dw, out, s.w_d, s.src_d, rs, probs),
                         Catch::Contains("mix_backward: 65 sources exceed"));
   }
   {
@@ -253,7 +253,7 @@ TEST_CASE("cuda mix rejects more sources or wider rows than its kernels take", "
     std::vector<Tensor> rs{Tensor::zeros({N}, DType::F32, Device::CUDA)};
     Tensor out = Tensor::empty({N, d}, DType::F32, Device::CUDA);
     Tensor probs = Tensor::empty({N, 1}, DType::F32, Device::CUDA);
-    REQUIRE_THROWS_WITH(k::mix_forward(out, probs, s.w_d, s.src_d, rs),
+    REQUIRE_THROWS_WITH(kern::mix_forward(out, probs, s.w_d, s.src_d, rs),
                         Catch::Contains("d = 8200 exceeds"));
   }
 }
@@ -282,8 +282,8 @@ void check_group(int64_t N, int64_t d, int64_t kk, int64_t Q, DType dt, uint64_t
   }
   Tensor probs_ref = Tensor::empty({Q, N, kk}, DType::F64), lse_ref = Tensor::empty({Q, N}, DType::F64);
   Tensor probs = gt::poisoned({Q, N, kk}, DType::F32), lse = gt::poisoned({Q, N}, DType::F32);
-  k::mix_forward(out_ref, probs_ref, &lse_ref, w64, src64, rs64);
-  k::mix_forward(out_d, probs, &lse, w_d, s.src_d, rs_d);
+  kern::mix_forward(out_ref, probs_ref, &lse_ref, w64, src64, rs64);
+  kern::mix_forward(out_d, probs, &lse, w_d, s.src_d, rs_d);
   for (int64_t q = 0; q < Q; ++q) CHECK(gt::rel_l2(gt::to_host_f32(out_d[q]), out_ref[q]) < tol);
   CHECK(gt::rel_l2(probs.to(Device::CPU), probs_ref) < gt::kTolF32);
   CHECK(gt::rel_l2(lse.to(Device::CPU), lse_ref) < gt::kTolF32);
@@ -305,9 +305,9 @@ void check_group(int64_t N, int64_t d, int64_t kk, int64_t Q, DType dt, uint64_t
   }
   Tensor dlse = gt::randn_f32({Q, N}, seed + 400);
   const Tensor dlse64 = dlse.to(DType::F64);
-  k::mix_backward(ds_ref, dw_ref, dout64, &dlse64, w64, src64, rs64, probs32.to(DType::F64));
+  kern::mix_backward(ds_ref, dw_ref, dout64, &dlse64, w64, src64, rs64, probs32.to(DType::F64));
   const Tensor dlse_d = dlse.to(Device::CUDA);
-  k::mix_backward(ds_d, dw_d, dout_d, &dlse_d, w_d, s.src_d, rs_d, probs32.to(Device::CUDA));
+  kern::mix_backward(ds_d, dw_d, dout_d, &dlse_d, w_d, s.src_d, rs_d, probs32.to(Device::CUDA));
   for (int64_t j = 0; j < kk; ++j) {
     INFO("dsource " << j);
     CHECK(gt::rel_l2(gt::to_host_f32(ds_d[j]), ds_ref[j]) < tol);
@@ -343,9 +343,9 @@ void check_merge(int64_t N, int64_t d, int64_t m, DType dt, uint64_t seed) {
   const Tensor g_d = gt::to_device(g, dt), lse_d = lse.to(Device::CUDA);
   const Tensor o64 = o.to(DType::F64), w64 = w.to(DType::F64), g64 = g.to(DType::F64);
   Tensor u_ref = Tensor::empty({N, d}, DType::F64), st_ref = Tensor::empty({N, ns}, DType::F64);
-  k::mix_merge_norm_forward(u_ref, st_ref, w64, o64, lse.to(DType::F64), e64, g64, kMixEps);
+  kern::mix_merge_norm_forward(u_ref, st_ref, w64, o64, lse.to(DType::F64), e64, g64, kMixEps);
   Tensor u = gt::poisoned({N, d}, dt), st = gt::poisoned({N, ns}, DType::F32);
-  k::mix_merge_norm_forward(u, st, w_d, o_d, lse_d, e_d, g_d, kMixEps);
+  kern::mix_merge_norm_forward(u, st, w_d, o_d, lse_d, e_d, g_d, kMixEps);
   CHECK(gt::rel_l2(gt::to_host_f32(u), u_ref) < tol);
   CHECK(gt::rel_l2(st.to(Device::CPU), st_ref) < gt::kTolF32);
 
@@ -354,12 +354,12 @@ void check_merge(int64_t N, int64_t d, int64_t m, DType dt, uint64_t seed) {
   Tensor du = gt::randn_f32({N, d}, seed + 4);
   Tensor do_ref = Tensor::empty({N, d}, DType::F64), dlse_ref = Tensor::empty({N}, DType::F64);
   Tensor dw_ref = Tensor::zeros({d}, DType::F64), dg_ref = Tensor::zeros({d}, DType::F64);
-  k::mix_merge_norm_backward(do_ref, dlse_ref, de_ref, dw_ref, dg_ref, du.to(DType::F64), w64,
+  kern::mix_merge_norm_backward(do_ref, dlse_ref, de_ref, dw_ref, dg_ref, du.to(DType::F64), w64,
                              o64, e64, g64, st32.to(DType::F64));
   Tensor do_d = gt::poisoned({N, d}, dt), dlse_d = gt::poisoned({N}, DType::F32);
   Tensor dw_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
   Tensor dg_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
-  k::mix_merge_norm_backward(do_d, dlse_d, de_d, dw_d, dg_d, gt::to_device(du, dt), w_d, o_d, e_d,
+  kern::mix_merge_norm_backward(do_d, dlse_d, de_d, dw_d, dg_d, gt::to_device(du, dt), w_d, o_d, e_d,
                              g_d, st32.to(Device::CUDA));
   CHECK(gt::rel_l2(gt::to_host_f32(do_d), do_ref) < tol);
   CHECK(gt::rel_l2(dlse_d.to(Device::CPU), dlse_ref) < tol);

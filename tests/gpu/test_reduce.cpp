@@ -13,7 +13,7 @@
 
 using namespace attnres;
 using namespace attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -27,15 +27,15 @@ TEST_CASE("cuda sum_squares matches the CPU, is deterministic and alignment-inde
                       int64_t(1 << 20) + 3, int64_t(5000000)}) {
       INFO(dtype_name(dt) << " n=" << n);
       Pair p = random_pair({n}, dt, 11 + n, /*offset=*/false);
-      const double cpu = k::sum_squares(p.host);
-      const double gpu = k::sum_squares(p.dev);
+      const double cpu = kern::sum_squares(p.host);
+      const double gpu = kern::sum_squares(p.dev);
       REQUIRE(std::fabs(gpu - cpu) <= 1e-12 * std::max(1.0, cpu));
-      REQUIRE(k::sum_squares(p.dev) == gpu);  // bitwise repeatable
+      REQUIRE(kern::sum_squares(p.dev) == gpu);  // bitwise repeatable
       // The same values at an unaligned address give the same bits.
       Tensor big = Tensor::empty({n + 1}, dt, Device::CUDA);
       Tensor shifted = big.rows(1, n);
       shifted.copy_from(p.dev);
-      REQUIRE(k::sum_squares(shifted) == gpu);
+      REQUIRE(kern::sum_squares(shifted) == gpu);
     }
 }
 
@@ -53,20 +53,20 @@ TEST_CASE("cuda scale_, add_ and add match the CPU", "[gpu][reduce]") {
         // out = a + b; the CPU adds in fp32, which is the GPU's arithmetic, so
         // the results agree exactly once rounded to the device dtype.
         Tensor out_dev = poisoned({n + 1}, dt).rows(out_begin, n);
-        k::add(out_dev, a.dev, b.dev);
+        kern::add(out_dev, a.dev, b.dev);
         Tensor out_cpu = Tensor::empty({n});
-        k::add(out_cpu, a.host, b.host);
+        kern::add(out_cpu, a.host, b.host);
         REQUIRE(same_bits(out_dev.to(Device::CPU), out_cpu.to(dt)));
 
         // y += x, in place.
-        k::add_(a.dev, b.dev);
-        k::add_(a.host, b.host);
+        kern::add_(a.dev, b.dev);
+        kern::add_(a.host, b.host);
         REQUIRE(same_bits(a.dev.to(Device::CPU), a.host.to(dt)));
 
         // x *= s (s rounded to float once, like the CPU).
         const double s = -0.3712345678901;
-        k::scale_(b.dev, s);
-        k::scale_(b.host, s);
+        kern::scale_(b.dev, s);
+        kern::scale_(b.host, s);
         REQUIRE(same_bits(b.dev.to(Device::CPU), b.host.to(dt)));
       }
 }
@@ -81,7 +81,7 @@ TEST_CASE("cuda all_finite finds any inf or nan", "[gpu][reduce]") {
         INFO(dtype_name(dt) << " n=" << n << " offset=" << offset);
         // Large but finite values stay finite (in bf16 too).
         Pair p = random_pair({n}, dt, 31 + n, offset, 1e30);
-        REQUIRE(k::all_finite(p.dev));
+        REQUIRE(kern::all_finite(p.dev));
         for (int64_t pos : {int64_t(0), n / 2, n - 1}) {
           if (n == 0) break;
           for (float bad : bad_values) {
@@ -90,7 +90,7 @@ TEST_CASE("cuda all_finite finds any inf or nan", "[gpu][reduce]") {
             Tensor d = Tensor::empty({n + 1}, dt, Device::CUDA).rows(offset ? 1 : 0, n);
             d.copy_from(h.to(dt).to(Device::CUDA));
             INFO("bad " << bad << " at " << pos);
-            REQUIRE_FALSE(k::all_finite(d));
+            REQUIRE_FALSE(kern::all_finite(d));
           }
         }
       }
@@ -113,12 +113,12 @@ TEST_CASE("cuda convert rounds F32 to BF16 to nearest even and widens exactly", 
       p.dev.copy_from(p.host.to(Device::CUDA));
 
       Tensor lo = poisoned({n + 1}, DType::BF16).rows(offset ? 0 : 1, n);
-      k::convert(lo, p.dev);
+      kern::convert(lo, p.dev);
       Tensor lo_host = lo.to(Device::CPU);
       REQUIRE(same_bits(lo_host, p.host.to(DType::BF16)));  // float_to_bf16: RNE
 
       Tensor back = poisoned_at({n}, DType::F32, offset);
-      k::convert(back, lo);
+      kern::convert(back, lo);
       REQUIRE(same_bits(back.to(Device::CPU), lo_host.to(DType::F32)));
     }
 }
@@ -137,14 +137,14 @@ TEST_CASE("cuda sum_squares_each equals one sum_squares per tensor, bit for bit"
     Tensor h = randn_f32({n}, seed++);
     xs.push_back(to_device(h, DType::BF16));
   }
-  const std::vector<double> each = k::sum_squares_each(xs);
+  const std::vector<double> each = kern::sum_squares_each(xs);
   REQUIRE(each.size() == xs.size());
   for (size_t i = 0; i < xs.size(); ++i) {
     INFO("tensor " << i);
-    const double one = k::sum_squares(xs[i]);
+    const double one = kern::sum_squares(xs[i]);
     REQUIRE(std::memcmp(&each[i], &one, sizeof one) == 0);
     // And the CPU value (fp32 inputs summed in double: only the order differs).
-    const double cpu = k::sum_squares(to_host_f32(xs[i]));
+    const double cpu = kern::sum_squares(to_host_f32(xs[i]));
     REQUIRE(each[i] == Approx(cpu).epsilon(1e-12).margin(1e-300));
   }
 }

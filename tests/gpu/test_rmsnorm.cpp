@@ -9,7 +9,7 @@
 
 using namespace attnres;
 using namespace attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -33,10 +33,10 @@ TEST_CASE("cuda rmsnorm forward matches the CPU", "[gpu][rmsnorm]") {
           Pair g = random_pair({s.d}, dt, 2, offset);
           Tensor y = poisoned_at({s.N, s.d}, dt, offset);
           Tensor rstd = poisoned_at({s.N}, DType::F32, offset);
-          k::rmsnorm_forward(y, rstd, x.dev, with_gain ? &g.dev : nullptr, eps);
+          kern::rmsnorm_forward(y, rstd, x.dev, with_gain ? &g.dev : nullptr, eps);
 
           Tensor y_cpu = Tensor::empty({s.N, s.d}), rstd_cpu = Tensor::empty({s.N});
-          k::rmsnorm_forward(y_cpu, rstd_cpu, x.host, with_gain ? &g.host : nullptr, eps);
+          kern::rmsnorm_forward(y_cpu, rstd_cpu, x.host, with_gain ? &g.host : nullptr, eps);
           REQUIRE(rel_l2(to_host_f32(y), y_cpu) < tol(dt));
           // rstd is fp32 from the same (rounded) inputs: only the summation order differs.
           REQUIRE(rel_l2(to_host_f32(rstd), rstd_cpu) < 1e-5);
@@ -60,7 +60,7 @@ TEST_CASE("cuda rmsnorm backward matches the CPU and repeats bit for bit", "[gpu
           Tensor rstd_cpu = Tensor::empty({s.N});
           {
             Tensor y_cpu = Tensor::empty({s.N, s.d});
-            k::rmsnorm_forward(y_cpu, rstd_cpu, x.host, with_gain ? &g.host : nullptr, eps);
+            kern::rmsnorm_forward(y_cpu, rstd_cpu, x.host, with_gain ? &g.host : nullptr, eps);
           }
           Tensor rstd = Tensor::empty({s.N + 1}, DType::F32, Device::CUDA).rows(offset ? 1 : 0, s.N);
           rstd.copy_from(rstd_cpu.to(Device::CUDA));
@@ -70,7 +70,7 @@ TEST_CASE("cuda rmsnorm backward matches the CPU and repeats bit for bit", "[gpu
           Pair dg0 = random_pair({s.d}, DType::F32, 15, offset);  // dgain is fp32 for bf16 too
 
           Tensor dx_cpu = dx0.host.clone(), dg_cpu = dg0.host.clone();
-          k::rmsnorm_backward(dx_cpu, with_dgain ? &dg_cpu : nullptr, dy.host, x.host, rstd_cpu,
+          kern::rmsnorm_backward(dx_cpu, with_dgain ? &dg_cpu : nullptr, dy.host, x.host, rstd_cpu,
                               with_gain ? &g.host : nullptr);
 
           Tensor dx_gpu[2], dg_gpu[2];
@@ -83,7 +83,7 @@ TEST_CASE("cuda rmsnorm backward matches the CPU and repeats bit for bit", "[gpu
               dx_gpu[1].copy_from(dx0.host.to(dt).to(Device::CUDA));
               dg_gpu[1].copy_from(dg0.host.to(Device::CUDA));
             }
-            k::rmsnorm_backward(dx_gpu[rep], with_dgain ? &dg_gpu[rep] : nullptr, dy.dev, x.dev,
+            kern::rmsnorm_backward(dx_gpu[rep], with_dgain ? &dg_gpu[rep] : nullptr, dy.dev, x.dev,
                                 rstd, with_gain ? &g.dev : nullptr);
             if (rep == 0) {
               dx_gpu[0] = dx_gpu[0].to(Device::CPU).to(Device::CUDA);  // snapshot

@@ -9,7 +9,7 @@
 
 using namespace attnres;
 using namespace attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -46,11 +46,11 @@ TEST_CASE("cuda rope forward and backward match the CPU", "[gpu][rope]") {
           Tensor d = to_device(h, dt).rows(offset ? 1 : 0, n).reshape({rows, width});
           Tensor ref = h.rows(offset ? 1 : 0, n).clone().reshape({rows, width});
           if (inverse) {
-            k::rope_backward(d, c.B, c.T, c.n_heads, c.head_dim, theta, c.pos0);
-            k::rope_backward(ref, c.B, c.T, c.n_heads, c.head_dim, theta, c.pos0);
+            kern::rope_backward(d, c.B, c.T, c.n_heads, c.head_dim, theta, c.pos0);
+            kern::rope_backward(ref, c.B, c.T, c.n_heads, c.head_dim, theta, c.pos0);
           } else {
-            k::rope_forward(d, c.B, c.T, c.n_heads, c.head_dim, theta, c.pos0);
-            k::rope_forward(ref, c.B, c.T, c.n_heads, c.head_dim, theta, c.pos0);
+            kern::rope_forward(d, c.B, c.T, c.n_heads, c.head_dim, theta, c.pos0);
+            kern::rope_forward(ref, c.B, c.T, c.n_heads, c.head_dim, theta, c.pos0);
           }
           Tensor got = to_host_f32(d);
           REQUIRE(rel_l2(got, ref) < tol(dt));
@@ -66,7 +66,7 @@ TEST_CASE("cuda rope backward undoes forward", "[gpu][rope]") {
   const int64_t B = 2, T = 129, H = 4, hd = 32;
   Tensor h = randn_f32({B * T, H * hd}, 3);
   Tensor d = h.to(Device::CUDA);
-  k::rope_forward(d, B, T, H, hd, 500000.f, 1000);
-  k::rope_backward(d, B, T, H, hd, 500000.f, 1000);
+  kern::rope_forward(d, B, T, H, hd, 500000.f, 1000);
+  kern::rope_backward(d, B, T, H, hd, 500000.f, 1000);
   REQUIRE(max_abs_diff(d.to(Device::CPU), h) < 1e-5);
 }

@@ -18,7 +18,7 @@
 
 using namespace attnres;
 using namespace attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -30,14 +30,14 @@ Tensor random_dev(const Shape& shape, DType dt, uint64_t seed) {
 // Runs `op` on device gradient buffers of `shapes`: zeroed with Store::Add,
 // poisoned with Store::Set; compares the results on the host.
 void check_set_equals_add(const std::vector<Shape>& shapes, DType dt, bool exact,
-                          const std::function<void(std::vector<Tensor>&, k::Store)>& op) {
+                          const std::function<void(std::vector<Tensor>&, kern::Store)>& op) {
   std::vector<Tensor> added, written;
   for (const Shape& s : shapes) {
     added.push_back(Tensor::zeros(s, dt, Device::CUDA));
     written.push_back(poisoned(s, dt));
   }
-  op(added, k::Store::Add);
-  op(written, k::Store::Set);
+  op(added, kern::Store::Add);
+  op(written, kern::Store::Set);
   for (size_t b = 0; b < shapes.size(); ++b) {
     INFO("buffer " << b);
     const Tensor a = to_host_f32(added[b]), w = to_host_f32(written[b]);
@@ -63,8 +63,8 @@ TEST_CASE("cuda Store::Set equals Store::Add into zeros: swiglu", "[gpu][store]"
       INFO(dtype_name(dt) << " n=" << n);
       const Tensor gate = random_dev({n}, dt, 1), up = random_dev({n}, dt, 2);
       const Tensor dh = random_dev({n}, dt, 3);
-      check_set_equals_add({{n}, {n}}, dt, true, [&](std::vector<Tensor>& g, k::Store st) {
-        k::swiglu_backward(g[0], g[1], dh, gate, up, st);
+      check_set_equals_add({{n}, {n}}, dt, true, [&](std::vector<Tensor>& g, kern::Store st) {
+        kern::swiglu_backward(g[0], g[1], dh, gate, up, st);
       });
     }
 }
@@ -83,10 +83,10 @@ TEST_CASE("cuda Store::Set equals Store::Add into zeros: rmsnorm", "[gpu][store]
         const Tensor dy = random_dev({s.N, s.d}, dt, 6);
         Tensor y = Tensor::empty({s.N, s.d}, dt, Device::CUDA);
         Tensor rstd = Tensor::empty({s.N}, DType::F32, Device::CUDA);
-        k::rmsnorm_forward(y, rstd, x, &gain, 1e-5f);
-        check_set_equals_add({{s.N, s.d}}, dt, true, [&](std::vector<Tensor>& g, k::Store st) {
+        kern::rmsnorm_forward(y, rstd, x, &gain, 1e-5f);
+        check_set_equals_add({{s.N, s.d}}, dt, true, [&](std::vector<Tensor>& g, kern::Store st) {
           Tensor dgain = Tensor::zeros({s.d}, DType::F32, Device::CUDA);
-          k::rmsnorm_backward(g[0], with_gain ? &dgain : nullptr, dy, x, rstd,
+          kern::rmsnorm_backward(g[0], with_gain ? &dgain : nullptr, dy, x, rstd,
                               with_gain ? &gain : nullptr, st);
         });
       }
@@ -96,7 +96,7 @@ TEST_CASE("cuda Store::Set equals Store::Add into zeros: attention", "[gpu][stor
   // BF16 hd 64 runs the tensor-core kernels, F32 and BF16 hd 24 the generic ones.
   for (DType dt : kDtypes)
     for (int64_t hd : {int64_t(64), int64_t(24)}) {
-      const k::AttnShape s{2, 150, 4, 2, hd};
+      const kern::AttnShape s{2, 150, 4, 2, hd};
       const int64_t N = s.B * s.T;
       INFO(dtype_name(dt) << " hd=" << hd);
       const Tensor q = random_dev({N, s.H * hd}, dt, 7), kk = random_dev({N, s.Hkv * hd}, dt, 8);
@@ -104,10 +104,10 @@ TEST_CASE("cuda Store::Set equals Store::Add into zeros: attention", "[gpu][stor
       const Tensor dout = random_dev({N, s.H * hd}, dt, 10);
       Tensor out = Tensor::empty({N, s.H * hd}, dt, Device::CUDA);
       Tensor lse = Tensor::empty({s.B, s.H, s.T}, DType::F32, Device::CUDA);
-      k::attention_forward(out, lse, q, kk, v, s);
+      kern::attention_forward(out, lse, q, kk, v, s);
       check_set_equals_add({{N, s.H * hd}, {N, s.Hkv * hd}, {N, s.Hkv * hd}}, dt, true,
-                           [&](std::vector<Tensor>& g, k::Store st) {
-                             k::attention_backward(g[0], g[1], g[2], dout, q, kk, v, out, lse, s,
+                           [&](std::vector<Tensor>& g, kern::Store st) {
+                             kern::attention_backward(g[0], g[1], g[2], dout, q, kk, v, out, lse, s,
                                                    st);
                            });
     }
@@ -120,15 +120,15 @@ TEST_CASE("cuda Store::Set equals Store::Add into zeros: matmul and LM head", "[
     const int64_t M = 96, N = 80, K = 64, V = 200;
     const Tensor x = random_dev({M, K}, dt, 11), w = random_dev({N, K}, dt, 12);
     const Tensor dy = random_dev({M, N}, dt, 13);
-    check_set_equals_add({{M, K}}, dt, false, [&](std::vector<Tensor>& g, k::Store st) {
+    check_set_equals_add({{M, K}}, dt, false, [&](std::vector<Tensor>& g, kern::Store st) {
       Tensor dw = Tensor::zeros({N, K}, gdt, Device::CUDA);
-      k::matmul_backward(&g[0], &dw, dy, x, w, st);
+      kern::matmul_backward(&g[0], &dw, dy, x, w, st);
     });
     const Tensor wv = random_dev({V, K}, dt, 14);
     Tensor targets = testing::random_tokens(M, V, 15).to(Device::CUDA);
-    check_set_equals_add({{M, K}}, dt, false, [&](std::vector<Tensor>& g, k::Store st) {
+    check_set_equals_add({{M, K}}, dt, false, [&](std::vector<Tensor>& g, kern::Store st) {
       Tensor dw = Tensor::zeros({V, K}, gdt, Device::CUDA);
-      k::lm_head_cross_entropy(x, wv, targets, &g[0], &dw, 0.5, st);
+      kern::lm_head_cross_entropy(x, wv, targets, &g[0], &dw, 0.5, st);
     });
   }
 }

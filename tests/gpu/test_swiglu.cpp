@@ -7,7 +7,7 @@
 
 using namespace attnres;
 using namespace attnres::gpu_testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 TEST_CASE("cuda swiglu forward and backward match the CPU", "[gpu][swiglu]") {
   struct Size {
@@ -22,17 +22,17 @@ TEST_CASE("cuda swiglu forward and backward match the CPU", "[gpu][swiglu]") {
         Pair up = random_pair({s.N, s.F}, dt, 2, offset, 1.5);
 
         Tensor h = poisoned_at({s.N, s.F}, dt, layout >= 1);
-        k::swiglu_forward(h, gate.dev, up.dev);
+        kern::swiglu_forward(h, gate.dev, up.dev);
         Tensor h_cpu = Tensor::empty({s.N, s.F});
-        k::swiglu_forward(h_cpu, gate.host, up.host);
+        kern::swiglu_forward(h_cpu, gate.host, up.host);
         REQUIRE(rel_l2(to_host_f32(h), h_cpu) < tol(dt));
 
         // Backward accumulates into the existing gradients.
         Pair dh = random_pair({s.N, s.F}, dt, 3, offset, 1.5);
         Pair dgate = random_pair({s.N, s.F}, dt, 4, offset, 1.5);
         Pair dup = random_pair({s.N, s.F}, dt, 5, layout >= 1, 1.5);
-        k::swiglu_backward(dgate.dev, dup.dev, dh.dev, gate.dev, up.dev);
-        k::swiglu_backward(dgate.host, dup.host, dh.host, gate.host, up.host);
+        kern::swiglu_backward(dgate.dev, dup.dev, dh.dev, gate.dev, up.dev);
+        kern::swiglu_backward(dgate.host, dup.host, dh.host, gate.host, up.host);
         REQUIRE(rel_l2(to_host_f32(dgate.dev), dgate.host) < tol(dt));
         REQUIRE(rel_l2(to_host_f32(dup.dev), dup.host) < tol(dt));
 

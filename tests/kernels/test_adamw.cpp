@@ -11,7 +11,7 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -21,7 +21,7 @@ namespace {
 //   denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)
 //   param.addcdiv_(exp_avg, denom, value=-lr / bc1)
 void torch_adamw(std::vector<double>& p, const std::vector<double>& g, std::vector<double>& m,
-                 std::vector<double>& v, const k::AdamWStep& s, bool decay) {
+                 std::vector<double>& v, const kern::AdamWStep& s, bool decay) {
   const double bc1 = 1 - std::pow(s.beta1, s.t), bc2 = 1 - std::pow(s.beta2, s.t);
   for (size_t i = 0; i < p.size(); ++i) {
     if (decay) p[i] *= 1 - s.lr * s.weight_decay;
@@ -49,8 +49,8 @@ TEST_CASE("adamw matches the PyTorch update over two steps", "[kernels]") {
     std::vector<double> rp = values(p), rm(R * C, 0.0), rv(R * C, 0.0);
     for (int64_t t = 1; t <= 2; ++t) {
       Tensor g = randn({R, C}, 10 + t);
-      k::AdamWStep s{1e-2, 0.9, 0.95, 1e-8, 0.1, t};
-      k::adamw_update(p, g, m, v, s, decay);
+      kern::AdamWStep s{1e-2, 0.9, 0.95, 1e-8, 0.1, t};
+      kern::adamw_update(p, g, m, v, s, decay);
       torch_adamw(rp, values(g), rm, rv, s, decay);
       // p and m are differences that can cancel: margins scale with their
       // terms (the old weight plus a step of at most ~lr; m's two terms are
@@ -70,13 +70,13 @@ TEST_CASE("adamw first step moves each weight by about lr against the gradient s
   Tensor p = Tensor::zeros({5}, DType::F64), m = Tensor::zeros({5}, DType::F64);
   Tensor v = Tensor::zeros({5}, DType::F64);
   Tensor g = Tensor::from_vector(std::vector<double>{1.0, -2.0, 0.5, -0.25, 3.0}, {5});
-  k::adamw_update(p, g, m, v, {0.1, 0.9, 0.95, 1e-8, 0.1, 1}, true);
+  kern::adamw_update(p, g, m, v, {0.1, 0.9, 0.95, 1e-8, 0.1, 1}, true);
   for (int64_t i = 0; i < 5; ++i) REQUIRE(at(p, i) == Approx(at(g, i) > 0 ? -0.1 : 0.1).epsilon(1e-6));
   // Decay with a zero gradient only shrinks the weight.
   Tensor p2 = Tensor::from_vector(std::vector<double>{2.0}, {1});
   Tensor g0 = Tensor::zeros({1}, DType::F64), m2 = Tensor::zeros({1}, DType::F64);
   Tensor v2 = Tensor::zeros({1}, DType::F64);
-  k::adamw_update(p2, g0, m2, v2, {0.1, 0.9, 0.95, 1e-8, 0.5, 1}, true);
+  kern::adamw_update(p2, g0, m2, v2, {0.1, 0.9, 0.95, 1e-8, 0.5, 1}, true);
   REQUIRE(at(p2, 0) == Approx(2.0 * (1 - 0.1 * 0.5)).epsilon(1e-15));
 }
 
@@ -86,9 +86,9 @@ TEST_CASE("adamw float32 agrees with float64", "[kernels]") {
   Tensor p32 = p.to(DType::F32), m32 = m.to(DType::F32), v32 = v.to(DType::F32);
   for (int64_t t = 1; t <= 3; ++t) {
     Tensor g = randn({n}, 20 + t);
-    k::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, t};
-    k::adamw_update(p, g, m, v, s, true);
-    k::adamw_update(p32, g.to(DType::F32), m32, v32, s, true);
+    kern::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, t};
+    kern::adamw_update(p, g, m, v, s, true);
+    kern::adamw_update(p32, g.to(DType::F32), m32, v32, s, true);
   }
   REQUIRE(scaled_diff(p32, p) < 1e-6);
   REQUIRE(scaled_diff(m32, m) < 1e-6);
@@ -103,15 +103,15 @@ TEST_CASE("adamw's grad_scale equals scaling the gradient first, bit for bit", "
     const Tensor p0 = randn({n}, 40, dt), g0 = randn({n}, 41, dt), m0 = randn({n}, 42, dt, 0.1);
     Tensor v0 = randn({n}, 43, dt, 0.1);
     for (int64_t i = 0; i < n; ++i) set(v0, i, at(v0, i) * at(v0, i));
-    k::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+    kern::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
     s.grad_scale = 0.3711;
     Tensor p1 = p0.clone(), m1 = m0.clone(), v1 = v0.clone();
-    k::adamw_update(p1, g0, m1, v1, s, true);
+    kern::adamw_update(p1, g0, m1, v1, s, true);
     Tensor p2 = p0.clone(), m2 = m0.clone(), v2 = v0.clone(), g2 = g0.clone();
-    k::scale_(g2, s.grad_scale);
-    k::AdamWStep s2 = s;
+    kern::scale_(g2, s.grad_scale);
+    kern::AdamWStep s2 = s;
     s2.grad_scale = 1.0;
-    k::adamw_update(p2, g2, m2, v2, s2, true);
+    kern::adamw_update(p2, g2, m2, v2, s2, true);
     REQUIRE(same_bits(p1, p2));
     REQUIRE(same_bits(m1, m2));
     REQUIRE(same_bits(v1, v2));
@@ -122,13 +122,13 @@ TEST_CASE("adamw's grad_scale equals scaling the gradient first, bit for bit", "
 TEST_CASE("adamw rejects mismatched tensors and bad steps", "[kernels]") {
   Tensor p = randn({3, 4}, 30), g = randn({3, 4}, 31);
   Tensor m = Tensor::zeros({3, 4}, DType::F64), v = Tensor::zeros({4, 3}, DType::F64);
-  k::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
-  REQUIRE_THROWS_AS(k::adamw_update(p, g, m, v, s, true), Error);
-  REQUIRE_THROWS_WITH(k::adamw_update(p, g, m, v, s, true),
+  kern::AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+  REQUIRE_THROWS_AS(kern::adamw_update(p, g, m, v, s, true), Error);
+  REQUIRE_THROWS_WITH(kern::adamw_update(p, g, m, v, s, true),
                       Catch::Contains("adamw_update: v has shape [4, 3], expected [3, 4]"));
   Tensor v_ok = Tensor::zeros({3, 4}, DType::F64), g32 = g.to(DType::F32);
-  REQUIRE_THROWS_WITH(k::adamw_update(p, g32, m, v_ok, s, true), Catch::Contains("g is F32, expected F64"));
-  k::AdamWStep s0 = s;
+  REQUIRE_THROWS_WITH(kern::adamw_update(p, g32, m, v_ok, s, true), Catch::Contains("g is F32, expected F64"));
+  kern::AdamWStep s0 = s;
   s0.t = 0;
-  REQUIRE_THROWS_WITH(k::adamw_update(p, g, m, v_ok, s0, true), Catch::Contains("step t must be >= 1"));
+  REQUIRE_THROWS_WITH(kern::adamw_update(p, g, m, v_ok, s0, true), Catch::Contains("step t must be >= 1"));
 }

@@ -13,7 +13,7 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -29,7 +29,7 @@ struct Qkv {
   Tensor q, k, v;
 };
 
-Qkv random_qkv(const k::AttnShape& s, uint64_t seed, DType dt = DType::F64) {
+Qkv random_qkv(const kern::AttnShape& s, uint64_t seed, DType dt = DType::F64) {
   const int64_t N = s.B * s.T;
   return {randn({N, s.H * s.hd}, seed, dt), randn({N, s.Hkv * s.hd}, seed + 1, dt),
           randn({N, s.Hkv * s.hd}, seed + 2, dt)};
@@ -38,7 +38,7 @@ Qkv random_qkv(const k::AttnShape& s, uint64_t seed, DType dt = DType::F64) {
 // The obviously-correct version: for each (b, h) build the full T x T score
 // matrix, mask the future with -inf, softmax each row, multiply by V.
 void naive_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& kk, const Tensor& v,
-                     const k::AttnShape& s) {
+                     const kern::AttnShape& s) {
   const int64_t T = s.T, hd = s.hd, ldq = s.H * hd, ldk = s.Hkv * hd;
   out = Tensor::zeros({s.B * T, ldq}, DType::F64);
   lse = Tensor::zeros({s.B, s.H, T}, DType::F64);
@@ -72,9 +72,9 @@ struct Fwd {
   Tensor out, lse;
 };
 
-Fwd forward(const Qkv& x, const k::AttnShape& s) {
+Fwd forward(const Qkv& x, const kern::AttnShape& s) {
   Fwd f{Tensor::empty({s.B * s.T, s.H * s.hd}, x.q.dtype()), Tensor::empty({s.B, s.H, s.T}, x.q.dtype())};
-  k::attention_forward(f.out, f.lse, x.q, x.k, x.v, s);
+  kern::attention_forward(f.out, f.lse, x.q, x.k, x.v, s);
   return f;
 }
 
@@ -82,14 +82,14 @@ struct Grads {
   Tensor dq, dk, dv;
 };
 
-Grads zero_grads(const k::AttnShape& s, DType dt) {
+Grads zero_grads(const kern::AttnShape& s, DType dt) {
   const int64_t N = s.B * s.T;
   return {Tensor::zeros({N, s.H * s.hd}, dt), Tensor::zeros({N, s.Hkv * s.hd}, dt),
           Tensor::zeros({N, s.Hkv * s.hd}, dt)};
 }
 
-void backward(Grads& g, const Tensor& dout, const Qkv& x, const Fwd& f, const k::AttnShape& s) {
-  k::attention_backward(g.dq, g.dk, g.dv, dout, x.q, x.k, x.v, f.out, f.lse, s);
+void backward(Grads& g, const Tensor& dout, const Qkv& x, const Fwd& f, const kern::AttnShape& s) {
+  kern::attention_backward(g.dq, g.dk, g.dv, dout, x.q, x.k, x.v, f.out, f.lse, s);
 }
 
 }  // namespace
@@ -99,7 +99,7 @@ TEST_CASE("attention forward matches a full masked softmax", "[kernels]") {
   // one query block, T = 150 spans three (64-row blocks, ragged last one).
   for (int64_t T : {int64_t(5), int64_t(150)})
     for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)}) {
-      const k::AttnShape s{2, T, 4, Hkv, 6};
+      const kern::AttnShape s{2, T, 4, Hkv, 6};
       Qkv x = random_qkv(s, 1 + Hkv);
       Fwd f = forward(x, s);
       Tensor out, lse;
@@ -112,7 +112,7 @@ TEST_CASE("attention forward matches a full masked softmax", "[kernels]") {
 
 TEST_CASE("attention backward matches finite differences", "[kernels]") {
   for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)}) {
-    const k::AttnShape s{2, 5, 4, Hkv, 6};
+    const kern::AttnShape s{2, 5, 4, Hkv, 6};
     Qkv x = random_qkv(s, 10 + Hkv);
     Tensor wt = randn({s.B * s.T, s.H * s.hd}, 20 + Hkv);
     auto loss = [&] { return weighted_sum(forward(x, s).out, wt); };
@@ -127,7 +127,7 @@ TEST_CASE("attention backward matches finite differences", "[kernels]") {
 
 TEST_CASE("attention backward matches finite differences across query blocks", "[kernels]") {
   // T = 70: a second, partial query block whose rows see keys of the first.
-  const k::AttnShape s{1, 70, 2, 1, 4};
+  const kern::AttnShape s{1, 70, 2, 1, 4};
   Qkv x = random_qkv(s, 30);
   Tensor wt = randn({s.B * s.T, s.H * s.hd}, 31);
   auto loss = [&] { return weighted_sum(forward(x, s).out, wt); };
@@ -140,7 +140,7 @@ TEST_CASE("attention backward matches finite differences across query blocks", "
 
 TEST_CASE("attention backward accumulates; float32 agrees with float64", "[kernels]") {
   for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)}) {
-    const k::AttnShape s{2, 77, 4, Hkv, 8};
+    const kern::AttnShape s{2, 77, 4, Hkv, 8};
     Qkv x = random_qkv(s, 40 + Hkv);
     Tensor dout = randn({s.B * s.T, s.H * s.hd}, 50 + Hkv);
     Fwd f = forward(x, s);
@@ -167,7 +167,7 @@ TEST_CASE("attention backward accumulates; float32 agrees with float64", "[kerne
 
 TEST_CASE("attention is stable for large scores", "[kernels]") {
   // Scores of order 1e3: exp without max subtraction would overflow.
-  const k::AttnShape s{1, 9, 2, 1, 6};
+  const kern::AttnShape s{1, 9, 2, 1, 6};
   Qkv x = random_qkv(s, 60, DType::F32);
   for (int64_t i = 0; i < x.q.numel(); ++i) set(x.q, i, 40 * at(x.q, i));
   for (int64_t i = 0; i < x.k.numel(); ++i) set(x.k, i, 40 * at(x.k, i));
@@ -185,7 +185,7 @@ TEST_CASE("attention decode with a KV cache reproduces the full forward", "[kern
   for (DType dt : {DType::F64, DType::F32})
     for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)}) {
       const int64_t B = 2, T = 9, Tmax = 12, H = 4, hd = 6;
-      const k::AttnShape s{B, T, H, Hkv, hd};
+      const kern::AttnShape s{B, T, H, Hkv, hd};
       Qkv x = random_qkv(s, 70 + Hkv, dt);
       Fwd f = forward(x, s);
       // Fill the cache position by position (stale garbage beyond len must be ignored).
@@ -199,7 +199,7 @@ TEST_CASE("attention decode with a KV cache reproduces the full forward", "[kern
           q1.rows(b, 1).copy_from(x.q.rows(b * T + p, 1));
           ref.rows(b, 1).copy_from(f.out.rows(b * T + p, 1));
         }
-        k::attention_decode(out1, q1, kc, vc, p + 1, {B, 1, H, Hkv, hd});
+        kern::attention_decode(out1, q1, kc, vc, p + 1, {B, 1, H, Hkv, hd});
         INFO("dtype=" << dtype_name(dt) << " Hkv=" << Hkv << " pos=" << p);
         REQUIRE(scaled_diff(out1, ref) < (dt == DType::F64 ? 1e-13 : 1e-6));
       }
@@ -207,7 +207,7 @@ TEST_CASE("attention decode with a KV cache reproduces the full forward", "[kern
 }
 
 TEST_CASE("attention is deterministic and independent of the thread count", "[kernels]") {
-  const k::AttnShape s{2, 150, 4, 2, 32};
+  const kern::AttnShape s{2, 150, 4, 2, 32};
   Qkv x = random_qkv(s, 90, DType::F32);
   Tensor dout = randn({s.B * s.T, s.H * s.hd}, 91, DType::F32);
   const int saved = omp_get_max_threads();
@@ -231,42 +231,42 @@ TEST_CASE("attention is deterministic and independent of the thread count", "[ke
 }
 
 TEST_CASE("attention rejects bad shapes and arguments", "[kernels]") {
-  const k::AttnShape s{2, 5, 4, 2, 6};
+  const kern::AttnShape s{2, 5, 4, 2, 6};
   Qkv x = random_qkv(s, 100);
   Fwd f = forward(x, s);
   Tensor bad_q = randn({s.B * s.T, s.H * s.hd + 1}, 101);
-  REQUIRE_THROWS_AS(k::attention_forward(f.out, f.lse, bad_q, x.k, x.v, s), Error);
-  REQUIRE_THROWS_WITH(k::attention_forward(f.out, f.lse, bad_q, x.k, x.v, s),
+  REQUIRE_THROWS_AS(kern::attention_forward(f.out, f.lse, bad_q, x.k, x.v, s), Error);
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, bad_q, x.k, x.v, s),
                       Catch::Contains("attention_forward: q has shape [10, 25], expected [10, 24]"));
-  REQUIRE_THROWS_WITH(k::attention_forward(f.out, f.lse, x.q, x.k, x.v, {2, 5, 4, 3, 6}),
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, x.q, x.k, x.v, {2, 5, 4, 3, 6}),
                       Catch::Contains("H=4 is not a multiple of Hkv=3"));
-  REQUIRE_THROWS_WITH(k::attention_forward(f.out, f.lse, x.q, x.k, x.v, {2, 5, 4, 2, 0}),
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, x.q, x.k, x.v, {2, 5, 4, 2, 0}),
                       Catch::Contains("attention_forward: bad shape"));
   Tensor bad_lse = Tensor::empty({s.B, s.T, s.H}, DType::F64);
-  REQUIRE_THROWS_WITH(k::attention_forward(f.out, bad_lse, x.q, x.k, x.v, s),
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, bad_lse, x.q, x.k, x.v, s),
                       Catch::Contains("lse has shape [2, 5, 4], expected [2, 4, 5]"));
   Tensor v32 = x.v.to(DType::F32);
-  REQUIRE_THROWS_WITH(k::attention_forward(f.out, f.lse, x.q, x.k, v32, s),
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, x.q, x.k, v32, s),
                       Catch::Contains("v is F32, expected F64"));
 
   Grads g = zero_grads(s, DType::F64);
   Tensor bad_dk = Tensor::zeros({s.B * s.T, s.H * s.hd}, DType::F64);
-  REQUIRE_THROWS_WITH(k::attention_backward(g.dq, bad_dk, g.dv, f.out, x.q, x.k, x.v, f.out, f.lse, s),
+  REQUIRE_THROWS_WITH(kern::attention_backward(g.dq, bad_dk, g.dv, f.out, x.q, x.k, x.v, f.out, f.lse, s),
                       Catch::Contains("attention_backward: dk has shape [10, 24], expected [10, 12]"));
-  REQUIRE_THROWS_WITH(k::attention_backward(g.dq, g.dk, g.dv, x.k, x.q, x.k, x.v, f.out, f.lse, s),
+  REQUIRE_THROWS_WITH(kern::attention_backward(g.dq, g.dk, g.dv, x.k, x.q, x.k, x.v, f.out, f.lse, s),
                       Catch::Contains("attention_backward: dout has shape"));
 
   Tensor kc = randn({2, 8, 12}, 102), vc = randn({2, 8, 12}, 103);
   Tensor q1 = randn({2, 24}, 104), out1 = Tensor::empty({2, 24}, DType::F64);
-  REQUIRE_NOTHROW(k::attention_decode(out1, q1, kc, vc, 8, {2, 1, 4, 2, 6}));
-  REQUIRE_THROWS_WITH(k::attention_decode(out1, q1, kc, vc, 9, {2, 1, 4, 2, 6}),
+  REQUIRE_NOTHROW(kern::attention_decode(out1, q1, kc, vc, 8, {2, 1, 4, 2, 6}));
+  REQUIRE_THROWS_WITH(kern::attention_decode(out1, q1, kc, vc, 9, {2, 1, 4, 2, 6}),
                       Catch::Contains("attention_decode: len=9 is outside the cache [1, 8]"));
-  REQUIRE_THROWS_WITH(k::attention_decode(out1, q1, kc, vc, 0, {2, 1, 4, 2, 6}),
+  REQUIRE_THROWS_WITH(kern::attention_decode(out1, q1, kc, vc, 0, {2, 1, 4, 2, 6}),
                       Catch::Contains("len=0"));
   Tensor kc2 = randn({16, 12}, 105);
-  REQUIRE_THROWS_WITH(k::attention_decode(out1, q1, kc2, vc, 3, {2, 1, 4, 2, 6}),
+  REQUIRE_THROWS_WITH(kern::attention_decode(out1, q1, kc2, vc, 3, {2, 1, 4, 2, 6}),
                       Catch::Contains("k_cache must be 3-D"));
   Tensor vc_bad = randn({2, 7, 12}, 106);
-  REQUIRE_THROWS_WITH(k::attention_decode(out1, q1, kc, vc_bad, 3, {2, 1, 4, 2, 6}),
+  REQUIRE_THROWS_WITH(kern::attention_decode(out1, q1, kc, vc_bad, 3, {2, 1, 4, 2, 6}),
                       Catch::Contains("v_cache has shape [2, 7, 12], expected [2, 8, 12]"));
 }

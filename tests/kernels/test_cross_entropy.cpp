@@ -9,7 +9,7 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -42,7 +42,7 @@ TEST_CASE("cross-entropy loss matches a per-row log-softmax, over several chunks
     const int64_t d = 9, V = 23;
     Tensor h = randn({N, d}, 1 + N), w = randn({V, d}, 2 + N);
     Tensor t = random_tokens(N, V, 3 + N);
-    REQUIRE(k::lm_head_cross_entropy(h, w, t, nullptr, nullptr, 0.0) ==
+    REQUIRE(kern::lm_head_cross_entropy(h, w, t, nullptr, nullptr, 0.0) ==
             Approx(naive_loss(h, w, t)).epsilon(1e-12));
   }
 }
@@ -53,9 +53,9 @@ TEST_CASE("cross-entropy gradients match finite differences (float64)", "[kernel
   Tensor t = random_tokens(N, V, 6);
   const double scale = 0.37;
   Tensor dh = Tensor::zeros({N, d}, DType::F64), dw = Tensor::zeros({V, d}, DType::F64);
-  const double loss = k::lm_head_cross_entropy(h, w, t, &dh, &dw, scale);
+  const double loss = kern::lm_head_cross_entropy(h, w, t, &dh, &dw, scale);
   REQUIRE(loss == Approx(naive_loss(h, w, t)).epsilon(1e-12));
-  auto f = [&]() { return scale * k::lm_head_cross_entropy(h, w, t, nullptr, nullptr, 0.0); };
+  auto f = [&]() { return scale * kern::lm_head_cross_entropy(h, w, t, nullptr, nullptr, 0.0); };
   CHECK(fd_check(h, dh, f, 1e-5, 1e-7) < 1e-6);
   CHECK(fd_check(w, dw, f, 1e-5, 1e-7) < 1e-6);
 }
@@ -65,18 +65,18 @@ TEST_CASE("cross-entropy accumulates into dh and dw; float32 agrees with float64
   Tensor h = randn({N, d}, 7), w = randn({V, d}, 8, DType::F64, 0.3);
   Tensor t = random_tokens(N, V, 9);
   Tensor dh = Tensor::zeros({N, d}, DType::F64), dw = Tensor::zeros({V, d}, DType::F64);
-  const double l64 = k::lm_head_cross_entropy(h, w, t, &dh, &dw, 1.0);
+  const double l64 = kern::lm_head_cross_entropy(h, w, t, &dh, &dw, 1.0);
 
   // Starting from random gradients adds the same amounts.
   Tensor dh0 = randn({N, d}, 10), dw0 = randn({V, d}, 11);
   Tensor dh_acc = dh0.clone(), dw_acc = dw0.clone();
-  k::lm_head_cross_entropy(h, w, t, &dh_acc, &dw_acc, 1.0);
+  kern::lm_head_cross_entropy(h, w, t, &dh_acc, &dw_acc, 1.0);
   REQUIRE(scaled_diff(dh_acc, sum_of(dh0, dh)) < 1e-14);  // sums that may cancel
   REQUIRE(scaled_diff(dw_acc, sum_of(dw0, dw)) < 1e-14);
 
   Tensor h32 = h.to(DType::F32), w32 = w.to(DType::F32);
   Tensor dh32 = Tensor::zeros({N, d}), dw32 = Tensor::zeros({V, d});
-  const double l32 = k::lm_head_cross_entropy(h32, w32, t, &dh32, &dw32, 1.0);
+  const double l32 = kern::lm_head_cross_entropy(h32, w32, t, &dh32, &dw32, 1.0);
   CHECK(l32 == Approx(l64).epsilon(1e-5));
   CHECK(scaled_diff(dh32, dh) < 1e-5);
   CHECK(scaled_diff(dw32, dw) < 1e-5);
@@ -85,10 +85,10 @@ TEST_CASE("cross-entropy accumulates into dh and dw; float32 agrees with float64
 TEST_CASE("cross-entropy rejects targets outside the vocabulary", "[kernels]") {
   Tensor h = randn({4, 3}, 12), w = randn({5, 3}, 13);
   Tensor t = Tensor::from_vector(std::vector<int32_t>{0, 4, 5, 1}, {4});
-  REQUIRE_THROWS_WITH(k::lm_head_cross_entropy(h, w, t, nullptr, nullptr, 0.0),
+  REQUIRE_THROWS_WITH(kern::lm_head_cross_entropy(h, w, t, nullptr, nullptr, 0.0),
                       Catch::Contains("target id 5 at position 2") &&
                           Catch::Contains("outside the vocabulary [0, 5)"));
   Tensor neg = Tensor::from_vector(std::vector<int32_t>{-1, 0, 0, 0}, {4});
-  REQUIRE_THROWS_WITH(k::lm_head_cross_entropy(h, w, neg, nullptr, nullptr, 0.0),
+  REQUIRE_THROWS_WITH(kern::lm_head_cross_entropy(h, w, neg, nullptr, nullptr, 0.0),
                       Catch::Contains("target id -1 at position 0"));
 }

@@ -9,7 +9,7 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -24,7 +24,7 @@ TEST_CASE("embedding forward gathers rows", "[kernels]") {
   Tensor w = randn({V, d}, 1);
   Tensor tok = tokens_from({3, 0, 4, 3, 1, 1, 2});  // repeats on purpose
   Tensor out = Tensor::empty({7, d}, DType::F64);
-  k::embedding_forward(out, w, tok);
+  kern::embedding_forward(out, w, tok);
   for (int64_t i = 0; i < 7; ++i)
     for (int64_t j = 0; j < d; ++j)
       REQUIRE(at(out, i * d + j) == at(w, tok.data<int32_t>()[i] * d + j));
@@ -37,11 +37,11 @@ TEST_CASE("embedding backward matches finite differences", "[kernels]") {
   Tensor wt = randn({N, d}, 4);
   auto loss = [&] {
     Tensor out = Tensor::empty({N, d}, DType::F64);
-    k::embedding_forward(out, w, tok);
+    kern::embedding_forward(out, w, tok);
     return weighted_sum(out, wt);
   };
   Tensor dw = Tensor::zeros({V, d}, DType::F64);
-  k::embedding_backward(dw, wt, tok);
+  kern::embedding_backward(dw, wt, tok);
   REQUIRE(fd_check(w, dw, loss) < 1e-6);
 }
 
@@ -50,19 +50,19 @@ TEST_CASE("embedding backward accumulates and float32 agrees with float64", "[ke
   Tensor tok = random_tokens(N, V, 5);
   Tensor dout = randn({N, d}, 6);
   Tensor dw = Tensor::zeros({V, d}, DType::F64);
-  k::embedding_backward(dw, dout, tok);
+  kern::embedding_backward(dw, dout, tok);
   Tensor once = dw.clone();
-  k::embedding_backward(dw, dout, tok);
+  kern::embedding_backward(dw, dout, tok);
   REQUIRE(scaled_diff(dw, sum_of(once, once)) < 1e-14);  // rows are sums that may cancel
 
   Tensor dw32 = Tensor::zeros({V, d}, DType::F32);
-  k::embedding_backward(dw32, dout.to(DType::F32), tok);
+  kern::embedding_backward(dw32, dout.to(DType::F32), tok);
   REQUIRE(scaled_diff(dw32, once) < 1e-6);
 
   Tensor out32 = Tensor::empty({N, d}, DType::F32), out64 = Tensor::empty({N, d}, DType::F64);
   Tensor w = randn({V, d}, 7);
-  k::embedding_forward(out64, w, tok);
-  k::embedding_forward(out32, w.to(DType::F32), tok);
+  kern::embedding_forward(out64, w, tok);
+  kern::embedding_forward(out32, w.to(DType::F32), tok);
   REQUIRE(max_rel_diff(out32, out64) < 1e-7);
 }
 
@@ -74,9 +74,9 @@ TEST_CASE("embedding backward is bitwise independent of the thread count", "[ker
   const int saved = omp_get_max_threads();
   Tensor a = Tensor::zeros({V, d}, DType::F32), b = Tensor::zeros({V, d}, DType::F32);
   omp_set_num_threads(1);
-  k::embedding_backward(a, dout, tok);
+  kern::embedding_backward(a, dout, tok);
   omp_set_num_threads(2);
-  k::embedding_backward(b, dout, tok);
+  kern::embedding_backward(b, dout, tok);
   omp_set_num_threads(saved);
   REQUIRE(same_bits(a, b));
 
@@ -96,24 +96,24 @@ TEST_CASE("embedding rejects bad token ids and shapes", "[kernels]") {
   Tensor dout = randn({4, d}, 11);
 
   Tensor too_big = tokens_from({0, 1, 2, 5});
-  REQUIRE_THROWS_AS(k::embedding_forward(out, w, too_big), Error);
-  REQUIRE_THROWS_WITH(k::embedding_forward(out, w, too_big),
+  REQUIRE_THROWS_AS(kern::embedding_forward(out, w, too_big), Error);
+  REQUIRE_THROWS_WITH(kern::embedding_forward(out, w, too_big),
                       Catch::Contains("token id 5 at position 3") && Catch::Contains("[0, 5)"));
-  REQUIRE_THROWS_WITH(k::embedding_backward(dw, dout, too_big),
+  REQUIRE_THROWS_WITH(kern::embedding_backward(dw, dout, too_big),
                       Catch::Contains("embedding_backward") && Catch::Contains("position 3"));
   Tensor negative = tokens_from({0, -1, 2, 3});
-  REQUIRE_THROWS_WITH(k::embedding_forward(out, w, negative),
+  REQUIRE_THROWS_WITH(kern::embedding_forward(out, w, negative),
                       Catch::Contains("token id -1 at position 1"));
 
   Tensor ok = tokens_from({0, 1, 2, 3});
   Tensor bad_out = Tensor::empty({3, d}, DType::F64);
-  REQUIRE_THROWS_WITH(k::embedding_forward(bad_out, w, ok),
+  REQUIRE_THROWS_WITH(kern::embedding_forward(bad_out, w, ok),
                       Catch::Contains("out has shape [3, 4], expected [4, 4]"));
   Tensor out32 = Tensor::empty({4, d}, DType::F32);
-  REQUIRE_THROWS_WITH(k::embedding_forward(out32, w, ok), Catch::Contains("out is F32, expected F64"));
+  REQUIRE_THROWS_WITH(kern::embedding_forward(out32, w, ok), Catch::Contains("out is F32, expected F64"));
   Tensor float_tokens = Tensor::zeros({4}, DType::F32);
-  REQUIRE_THROWS_WITH(k::embedding_forward(out, w, float_tokens),
+  REQUIRE_THROWS_WITH(kern::embedding_forward(out, w, float_tokens),
                       Catch::Contains("tokens must be I32"));
   Tensor bad_dout = randn({4, d + 1}, 12);
-  REQUIRE_THROWS_AS(k::embedding_backward(dw, bad_dout, ok), Error);
+  REQUIRE_THROWS_AS(kern::embedding_backward(dw, bad_dout, ok), Error);
 }

@@ -8,7 +8,7 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -31,29 +31,29 @@ TEST_CASE("matmul forward matches a triple loop; accumulate adds", "[kernels]") 
   const int64_t M = 7, N = 5, K = 12;
   Tensor x = randn({M, K}, 1), w = randn({N, K}, 2);
   Tensor y = Tensor::empty({M, N}, DType::F64);
-  k::matmul_forward(y, x, w);
+  kern::matmul_forward(y, x, w);
   Tensor ref = naive_xwt(x, w);
   REQUIRE(scaled_diff(y, ref) < 1e-14);
 
   Tensor y0 = randn({M, N}, 3);
   Tensor acc = y0.clone();
-  k::matmul_forward(acc, x, w, &acc);  // the residual is y itself: accumulate
+  kern::matmul_forward(acc, x, w, &acc);  // the residual is y itself: accumulate
   const Tensor terms = naive_xwt(abs_of(x), abs_of(w));  // sum |x_il w_jl| per element
   for (int64_t i = 0; i < acc.numel(); ++i)
     REQUIRE(at(acc, i) == approx_terms(at(y0, i) + at(ref, i), 1e-14, std::fabs(at(y0, i)) + at(terms, i)));
   // A separate residual: the product rounded, then added (as add_), bit for
   // bit, and the residual left as it was.
   Tensor r = y0.clone(), yr = Tensor::empty({M, N}, DType::F64);
-  k::matmul_forward(yr, x, w, &r);
+  kern::matmul_forward(yr, x, w, &r);
   Tensor two_step = y.clone();
-  k::add_(two_step, y0);
+  kern::add_(two_step, y0);
   REQUIRE(same_bits(yr, two_step));
   REQUIRE(same_bits(r, y0));
 
   // Non-accumulating forward overwrites whatever was in y (even NaN).
   Tensor dirty = Tensor::empty({M, N}, DType::F64);
   for (int64_t i = 0; i < dirty.numel(); ++i) set(dirty, i, NAN);
-  k::matmul_forward(dirty, x, w);
+  kern::matmul_forward(dirty, x, w);
   REQUIRE(max_rel_diff(dirty, ref) < 1e-13);
 }
 
@@ -62,18 +62,18 @@ TEST_CASE("matmul backward matches finite differences", "[kernels]") {
   Tensor x = randn({M, K}, 4), w = randn({N, K}, 5), wt = randn({M, N}, 6);
   auto loss = [&] {
     Tensor y = Tensor::empty({M, N}, DType::F64);
-    k::matmul_forward(y, x, w);
+    kern::matmul_forward(y, x, w);
     return weighted_sum(y, wt);
   };
   Tensor dx = Tensor::zeros({M, K}, DType::F64), dw = Tensor::zeros({N, K}, DType::F64);
-  k::matmul_backward(&dx, &dw, wt, x, w);
+  kern::matmul_backward(&dx, &dw, wt, x, w);
   REQUIRE(fd_check(x, dx, loss) < 1e-6);
   REQUIRE(fd_check(w, dw, loss) < 1e-6);
 
   // Either gradient alone gives the same values.
   Tensor dx_only = Tensor::zeros({M, K}, DType::F64), dw_only = Tensor::zeros({N, K}, DType::F64);
-  k::matmul_backward(&dx_only, nullptr, wt, x, w);
-  k::matmul_backward(nullptr, &dw_only, wt, x, w);
+  kern::matmul_backward(&dx_only, nullptr, wt, x, w);
+  kern::matmul_backward(nullptr, &dw_only, wt, x, w);
   REQUIRE(max_rel_diff(dx_only, dx) == 0);
   REQUIRE(max_rel_diff(dw_only, dw) == 0);
 }
@@ -82,20 +82,20 @@ TEST_CASE("matmul backward accumulates; float32 agrees with float64", "[kernels]
   const int64_t M = 9, N = 11, K = 13;
   Tensor x = randn({M, K}, 7), w = randn({N, K}, 8), dy = randn({M, N}, 9);
   Tensor dx = Tensor::zeros({M, K}, DType::F64), dw = Tensor::zeros({N, K}, DType::F64);
-  k::matmul_backward(&dx, &dw, dy, x, w);
+  kern::matmul_backward(&dx, &dw, dy, x, w);
   Tensor dx1 = dx.clone(), dw1 = dw.clone();
-  k::matmul_backward(&dx, &dw, dy, x, w);
+  kern::matmul_backward(&dx, &dw, dy, x, w);
   REQUIRE(scaled_diff(dx, sum_of(dx1, dx1)) < 1e-14);
   REQUIRE(scaled_diff(dw, sum_of(dw1, dw1)) < 1e-14);
 
   Tensor x32 = x.to(DType::F32), w32 = w.to(DType::F32), dy32 = dy.to(DType::F32);
   Tensor y = Tensor::empty({M, N}, DType::F64), y32 = Tensor::empty({M, N}, DType::F32);
-  k::matmul_forward(y, x, w);
-  k::matmul_forward(y32, x32, w32);
+  kern::matmul_forward(y, x, w);
+  kern::matmul_forward(y32, x32, w32);
   // Sums of K terms of size ~1 can cancel: compare against the tensor's scale.
   REQUIRE(scaled_diff(y32, y) < 1e-6);
   Tensor dx32 = Tensor::zeros({M, K}, DType::F32), dw32 = Tensor::zeros({N, K}, DType::F32);
-  k::matmul_backward(&dx32, &dw32, dy32, x32, w32);
+  kern::matmul_backward(&dx32, &dw32, dy32, x32, w32);
   REQUIRE(scaled_diff(dx32, dx1) < 1e-6);
   REQUIRE(scaled_diff(dw32, dw1) < 1e-6);
 }
@@ -103,27 +103,27 @@ TEST_CASE("matmul backward accumulates; float32 agrees with float64", "[kernels]
 TEST_CASE("matmul handles empty dims", "[kernels]") {
   Tensor x = randn({3, 0}, 10), w = randn({4, 0}, 11);
   Tensor y = randn({3, 4}, 12);
-  k::matmul_forward(y, x, w);  // empty sum
+  kern::matmul_forward(y, x, w);  // empty sum
   for (int64_t i = 0; i < y.numel(); ++i) REQUIRE(at(y, i) == 0.0);
   Tensor x0 = randn({0, 5}, 13), w5 = randn({4, 5}, 14), y0 = Tensor::empty({0, 4}, DType::F64);
-  k::matmul_forward(y0, x0, w5);
+  kern::matmul_forward(y0, x0, w5);
   Tensor dw = Tensor::zeros({4, 5}, DType::F64);
-  k::matmul_backward(nullptr, &dw, y0, x0, w5);
+  kern::matmul_backward(nullptr, &dw, y0, x0, w5);
   for (int64_t i = 0; i < dw.numel(); ++i) REQUIRE(at(dw, i) == 0.0);
 }
 
 TEST_CASE("matmul rejects mismatched shapes and dtypes", "[kernels]") {
   Tensor x = randn({3, 4}, 15), w = randn({5, 4}, 16), y = Tensor::empty({3, 5}, DType::F64);
   Tensor w_bad = randn({5, 3}, 17);
-  REQUIRE_THROWS_AS(k::matmul_forward(y, x, w_bad), Error);
-  REQUIRE_THROWS_WITH(k::matmul_forward(y, x, w_bad), Catch::Contains("matmul_forward: inner dims differ"));
+  REQUIRE_THROWS_AS(kern::matmul_forward(y, x, w_bad), Error);
+  REQUIRE_THROWS_WITH(kern::matmul_forward(y, x, w_bad), Catch::Contains("matmul_forward: inner dims differ"));
   Tensor y_bad = Tensor::empty({5, 3}, DType::F64);
-  REQUIRE_THROWS_WITH(k::matmul_forward(y_bad, x, w), Catch::Contains("y has shape [5, 3], expected [3, 5]"));
+  REQUIRE_THROWS_WITH(kern::matmul_forward(y_bad, x, w), Catch::Contains("y has shape [5, 3], expected [3, 5]"));
   Tensor w32 = w.to(DType::F32);
-  REQUIRE_THROWS_WITH(k::matmul_forward(y, x, w32), Catch::Contains("w is F32, expected F64"));
+  REQUIRE_THROWS_WITH(kern::matmul_forward(y, x, w32), Catch::Contains("w is F32, expected F64"));
   Tensor dx = Tensor::zeros({3, 4}, DType::F64), dw_bad = Tensor::zeros({4, 5}, DType::F64);
-  REQUIRE_THROWS_WITH(k::matmul_backward(&dx, &dw_bad, y, x, w),
+  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, &dw_bad, y, x, w),
                       Catch::Contains("matmul_backward: dw has shape [4, 5], expected [5, 4]"));
   Tensor dy_bad = randn({3, 4}, 18);
-  REQUIRE_THROWS_WITH(k::matmul_backward(&dx, nullptr, dy_bad, x, w), Catch::Contains("dy has shape"));
+  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy_bad, x, w), Catch::Contains("dy has shape"));
 }

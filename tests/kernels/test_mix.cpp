@@ -19,7 +19,7 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -32,11 +32,11 @@ constexpr float kEps = 1e-5f;
 constexpr double kH = 1e-4, kFloor = 1e-3;
 
 
-std::vector<Tensor> random_sources(int64_t kk, int64_t N, int64_t d, uint64_t seed,
+std::vector<Tensor> random_sources(int64_t k, int64_t N, int64_t d, uint64_t seed,
                                    DType dt = DType::F64) {
   std::vector<Tensor> v;
   // Different scales per source so the softmax is far from uniform.
-  for (int64_t j = 0; j < kk; ++j) v.push_back(randn({N, d}, seed + j, dt, 0.5 + 0.4 * j));
+  for (int64_t j = 0; j < k; ++j) v.push_back(randn({N, d}, seed + j, dt, 0.5 + 0.4 * j));
   return v;
 }
 
@@ -44,7 +44,7 @@ std::vector<Tensor> rstds_of(const std::vector<Tensor>& sources) {
   std::vector<Tensor> r;
   for (const Tensor& v : sources) {
     Tensor t = Tensor::empty({v.dim(0)}, v.dtype());
-    k::mix_source_rstd(t, v, kEps);
+    kern::mix_source_rstd(t, v, kEps);
     r.push_back(t);
   }
   return r;
@@ -58,7 +58,7 @@ MixOut mix(const Tensor& w, const std::vector<Tensor>& sources, const std::vecto
   const int64_t N = sources[0].dim(0), d = sources[0].dim(1);
   MixOut m{Tensor::empty({N, d}, w.dtype()),
            Tensor::empty({N, static_cast<int64_t>(sources.size())}, w.dtype())};
-  k::mix_forward(m.out, m.probs, w, sources, rstds);
+  kern::mix_forward(m.out, m.probs, w, sources, rstds);
   return m;
 }
 
@@ -72,14 +72,14 @@ std::vector<Tensor> zeros_like(const std::vector<Tensor>& ts) {
 
 TEST_CASE("mix_source_rstd and mix forward match an explicit per-row softmax", "[kernels]") {
   const int64_t N = 7, d = 12;
-  for (int64_t kk : {int64_t(1), int64_t(2), int64_t(5)}) {
-    std::vector<Tensor> src = random_sources(kk, N, d, 10 * kk);
+  for (int64_t k : {int64_t(1), int64_t(2), int64_t(5)}) {
+    std::vector<Tensor> src = random_sources(k, N, d, 10 * k);
     Tensor w = randn({d}, 3);
     std::vector<Tensor> rs = rstds_of(src);
     MixOut m = mix(w, src, rs);
     for (int64_t n = 0; n < N; ++n) {
-      std::vector<double> logit(kk), a(kk);
-      for (int64_t j = 0; j < kk; ++j) {
+      std::vector<double> logit(k), a(k);
+      for (int64_t j = 0; j < k; ++j) {
         double ss = 0, dot = 0;
         for (int64_t c = 0; c < d; ++c) ss += at(src[j], n * d + c) * at(src[j], n * d + c);
         const double r = 1 / std::sqrt(ss / d + kEps);
@@ -88,14 +88,14 @@ TEST_CASE("mix_source_rstd and mix forward match an explicit per-row softmax", "
         logit[j] = dot;
       }
       double z = 0;
-      for (int64_t j = 0; j < kk; ++j) z += std::exp(logit[j]);
-      for (int64_t j = 0; j < kk; ++j) {
+      for (int64_t j = 0; j < k; ++j) z += std::exp(logit[j]);
+      for (int64_t j = 0; j < k; ++j) {
         a[j] = std::exp(logit[j]) / z;
-        REQUIRE(at(m.probs, n * kk + j) == Approx(a[j]).epsilon(1e-13));
+        REQUIRE(at(m.probs, n * k + j) == Approx(a[j]).epsilon(1e-13));
       }
       for (int64_t c = 0; c < d; ++c) {
         double o = 0, terms = 0;
-        for (int64_t j = 0; j < kk; ++j) {
+        for (int64_t j = 0; j < k; ++j) {
           o += a[j] * at(src[j], n * d + c);
           terms += std::fabs(a[j] * at(src[j], n * d + c));
         }
@@ -107,8 +107,8 @@ TEST_CASE("mix_source_rstd and mix forward match an explicit per-row softmax", "
 
 TEST_CASE("mix backward matches finite differences for w and every source", "[kernels]") {
   const int64_t N = 7, d = 12;
-  for (int64_t kk : {int64_t(1), int64_t(2), int64_t(5)}) {
-    std::vector<Tensor> src = random_sources(kk, N, d, 20 * kk);
+  for (int64_t k : {int64_t(1), int64_t(2), int64_t(5)}) {
+    std::vector<Tensor> src = random_sources(k, N, d, 20 * k);
     Tensor w = randn({d}, 4);
     Tensor wt = randn({N, d}, 5);
     // rstd is recomputed from the (perturbed) sources, so the finite
@@ -118,10 +118,10 @@ TEST_CASE("mix backward matches finite differences for w and every source", "[ke
     MixOut m = mix(w, src, rs);
     std::vector<Tensor> dsrc = zeros_like(src);
     Tensor dw = Tensor::zeros({d}, DType::F64);
-    k::mix_backward(dsrc, dw, wt, w, src, rs, m.probs);
-    INFO("k=" << kk);
+    kern::mix_backward(dsrc, dw, wt, w, src, rs, m.probs);
+    INFO("k=" << k);
     REQUIRE(fd_check(w, dw, loss, kH, kFloor) < 1e-6);
-    for (int64_t j = 0; j < kk; ++j) {
+    for (int64_t j = 0; j < k; ++j) {
       INFO("source " << j);
       REQUIRE(fd_check(src[j], dsrc[j], loss, kH, kFloor) < 1e-6);
     }
@@ -140,26 +140,26 @@ TEST_CASE("mix with one source is the identity", "[kernels]") {
     Tensor dout = randn({N, d}, 32, dt);
     std::vector<Tensor> dsrc = zeros_like(src);
     Tensor dw = Tensor::zeros({d}, dt);
-    k::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
+    kern::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
     REQUIRE(same_bits(dsrc[0], dout));
     for (int64_t c = 0; c < d; ++c) REQUIRE(at(dw, c) == 0.0);
   }
 }
 
 TEST_CASE("mix backward accumulates; float32 agrees with float64", "[kernels]") {
-  const int64_t N = 37, d = 24, kk = 5;
-  std::vector<Tensor> src = random_sources(kk, N, d, 40);
+  const int64_t N = 37, d = 24, k = 5;
+  std::vector<Tensor> src = random_sources(k, N, d, 40);
   Tensor w = randn({d}, 41), dout = randn({N, d}, 42);
   std::vector<Tensor> rs = rstds_of(src);
   MixOut m = mix(w, src, rs);
   std::vector<Tensor> dsrc = zeros_like(src);
   Tensor dw = Tensor::zeros({d}, DType::F64);
-  k::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
+  kern::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
   std::vector<Tensor> once;
   for (const Tensor& t : dsrc) once.push_back(t.clone());
   Tensor dw1 = dw.clone();
-  k::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
-  for (int64_t j = 0; j < kk; ++j)
+  kern::mix_backward(dsrc, dw, dout, w, src, rs, m.probs);
+  for (int64_t j = 0; j < k; ++j)
     for (int64_t i = 0; i < dsrc[j].numel(); ++i)
       REQUIRE(at(dsrc[j], i) == approx_terms(2 * at(once[j], i), 1e-14, 1.0));
   for (int64_t c = 0; c < d; ++c) REQUIRE(at(dw, c) == approx_terms(2 * at(dw1, c), 1e-14, 1.0));
@@ -174,14 +174,14 @@ TEST_CASE("mix backward accumulates; float32 agrees with float64", "[kernels]") 
   REQUIRE(scaled_diff(m32.out, m.out) < 1e-5);
   std::vector<Tensor> dsrc32 = zeros_like(src32);
   Tensor dw32 = Tensor::zeros({d}, DType::F32);
-  k::mix_backward(dsrc32, dw32, dout.to(DType::F32), w32, src32, rs32, m32.probs);
-  for (int64_t j = 0; j < kk; ++j) REQUIRE(scaled_diff(dsrc32[j], once[j]) < 1e-5);
+  kern::mix_backward(dsrc32, dw32, dout.to(DType::F32), w32, src32, rs32, m32.probs);
+  for (int64_t j = 0; j < k; ++j) REQUIRE(scaled_diff(dsrc32[j], once[j]) < 1e-5);
   REQUIRE(scaled_diff(dw32, dw1) < 1e-5);
 }
 
 TEST_CASE("mix is deterministic and independent of the thread count", "[kernels]") {
-  const int64_t N = 1501, d = 64, kk = 5;  // several dw row chunks, parallel path
-  std::vector<Tensor> src = random_sources(kk, N, d, 50, DType::F32);
+  const int64_t N = 1501, d = 64, k = 5;  // several dw row chunks, parallel path
+  std::vector<Tensor> src = random_sources(k, N, d, 50, DType::F32);
   Tensor w = randn({d}, 51, DType::F32), dout = randn({N, d}, 52, DType::F32);
   std::vector<Tensor> rs = rstds_of(src);
   const int saved = omp_get_max_threads();
@@ -193,7 +193,7 @@ TEST_CASE("mix is deterministic and independent of the thread count", "[kernels]
     m[r] = mix(w, src, rs);
     dsrc[r] = zeros_like(src);
     dw[r] = Tensor::zeros({d}, DType::F32);
-    k::mix_backward(dsrc[r], dw[r], dout, w, src, rs, m[r].probs);
+    kern::mix_backward(dsrc[r], dw[r], dout, w, src, rs, m[r].probs);
   }
   omp_set_num_threads(saved);
   for (int r = 1; r < 3; ++r) {
@@ -201,7 +201,7 @@ TEST_CASE("mix is deterministic and independent of the thread count", "[kernels]
     REQUIRE(same_bits(m[r].out, m[0].out));
     REQUIRE(same_bits(m[r].probs, m[0].probs));
     REQUIRE(same_bits(dw[r], dw[0]));
-    for (int64_t j = 0; j < kk; ++j) REQUIRE(same_bits(dsrc[r][j], dsrc[0][j]));
+    for (int64_t j = 0; j < k; ++j) REQUIRE(same_bits(dsrc[r][j], dsrc[0][j]));
   }
 }
 
@@ -220,7 +220,7 @@ GroupOut mix_group(const std::vector<Tensor>& ws, const std::vector<Tensor>& src
   for (int64_t q = 0; q < Q; ++q) g.outs.push_back(Tensor::empty({N, d}, dt));
   g.probs = Tensor::empty({Q, N, static_cast<int64_t>(src.size())}, dt);
   g.lse = Tensor::empty({Q, N}, dt);
-  k::mix_forward(g.outs, g.probs, &g.lse, ws, src, rs);
+  kern::mix_forward(g.outs, g.probs, &g.lse, ws, src, rs);
   return g;
 }
 
@@ -233,7 +233,7 @@ Tensor two_phase(const Tensor& w, const std::vector<Tensor>& src,
   GroupOut grp = mix_group({w}, src, rstds_of(src));
   Tensor u = Tensor::empty({N, d}, w.dtype());
   Tensor st = Tensor::empty({N, 2 * m + 2}, w.dtype());
-  k::mix_merge_norm_forward(u, st, w, grp.outs[0], grp.lse.reshape({N}), recent, g, kEps);
+  kern::mix_merge_norm_forward(u, st, w, grp.outs[0], grp.lse.reshape({N}), recent, g, kEps);
   if (stats) *stats = st;
   if (g1) *g1 = grp;
   return u;
@@ -248,16 +248,16 @@ OneNorm one_pass_norm(const Tensor& w, const std::vector<Tensor>& src, const Ten
   OneNorm r{mix(w, src, rstds_of(src)), Tensor(), Tensor()};
   r.u = Tensor::empty(r.m.out.shape(), w.dtype());
   r.rstd = Tensor::empty({r.m.out.dim(0)}, w.dtype());
-  k::rmsnorm_forward(r.u, r.rstd, r.m.out, &g, kEps);
+  kern::rmsnorm_forward(r.u, r.rstd, r.m.out, &g, kEps);
   return r;
 }
 
 }  // namespace
 
 TEST_CASE("mix with Q queries equals Q single-query calls bit for bit", "[kernels]") {
-  const int64_t N = 300, d = 16, kk = 4, Q = 3;  // several dw row chunks
+  const int64_t N = 300, d = 16, k = 4, Q = 3;  // several dw row chunks
   for (DType dt : {DType::F32, DType::F64}) {
-    std::vector<Tensor> src = random_sources(kk, N, d, 40, dt);
+    std::vector<Tensor> src = random_sources(k, N, d, 40, dt);
     std::vector<Tensor> rs = rstds_of(src);
     std::vector<Tensor> ws, douts;
     for (int64_t q = 0; q < Q; ++q) {
@@ -267,19 +267,19 @@ TEST_CASE("mix with Q queries equals Q single-query calls bit for bit", "[kernel
     GroupOut g = mix_group(ws, src, rs);
     // Backward of the group, and query by query in descending order.
     std::vector<Tensor> dsrc = zeros_like(src), dws = zeros_like(ws);
-    k::mix_backward(dsrc, dws, douts, nullptr, ws, src, rs, g.probs);
+    kern::mix_backward(dsrc, dws, douts, nullptr, ws, src, rs, g.probs);
     std::vector<Tensor> dsrc1 = zeros_like(src), dws1 = zeros_like(ws);
     for (int64_t q = Q - 1; q >= 0; --q) {
       MixOut m = mix(ws[q], src, rs);
       INFO("query " << q);
       REQUIRE(same_bits(m.out, g.outs[q]));
-      REQUIRE(same_bits(m.probs, g.probs.rows(q, 1).reshape({N, kk})));
+      REQUIRE(same_bits(m.probs, g.probs.rows(q, 1).reshape({N, k})));
       // lse against the logits recomputed in double. lse can be near zero;
       // its rounding error scales with the logits' terms |w_c x_c| rstd.
       for (int64_t n = 0; n < N; n += 37) {
         double mx = -INFINITY, l = 0, terms = 0;
         std::vector<double> z;
-        for (int64_t j = 0; j < kk; ++j) {
+        for (int64_t j = 0; j < k; ++j) {
           double dot = 0, abs_dot = 0;
           for (int64_t c = 0; c < d; ++c) {
             dot += at(ws[q], c) * at(src[j], n * d + c);
@@ -293,9 +293,9 @@ TEST_CASE("mix with Q queries equals Q single-query calls bit for bit", "[kernel
         REQUIRE(at(g.lse, q * N + n) == approx_terms(mx + std::log(l), dt == DType::F32 ? 1e-6 : 1e-14,
                                                      terms + std::log(l)));
       }
-      k::mix_backward(dsrc1, dws1[q], douts[q], ws[q], src, rs, m.probs);
+      kern::mix_backward(dsrc1, dws1[q], douts[q], ws[q], src, rs, m.probs);
     }
-    for (int64_t j = 0; j < kk; ++j) REQUIRE(same_bits(dsrc[j], dsrc1[j]));
+    for (int64_t j = 0; j < k; ++j) REQUIRE(same_bits(dsrc[j], dsrc1[j]));
     for (int64_t q = 0; q < Q; ++q) REQUIRE(same_bits(dws[q], dws1[q]));
   }
 }
@@ -303,28 +303,28 @@ TEST_CASE("mix with Q queries equals Q single-query calls bit for bit", "[kernel
 TEST_CASE("two-phase mix + norm equals the one-pass softmax over all sources, then RMSNorm",
           "[kernels]") {
   const int64_t N = 9, d = 12;
-  struct C { int64_t kk, m; };  // phase-1 sources, recent sources
+  struct C { int64_t k, m; };  // phase-1 sources, recent sources
   for (const C& c : {C{1, 1}, C{3, 1}, C{2, 4}}) {
-    INFO("phase-1 sources " << c.kk << ", recent sources " << c.m);
+    INFO("phase-1 sources " << c.k << ", recent sources " << c.m);
     const int64_t ns = 2 * c.m + 2;
-    std::vector<Tensor> src = random_sources(c.kk + c.m, N, d, 70 + c.kk);
-    std::vector<Tensor> first(src.begin(), src.begin() + c.kk);
-    std::vector<Tensor> recent(src.begin() + c.kk, src.end());
+    std::vector<Tensor> src = random_sources(c.k + c.m, N, d, 70 + c.k);
+    std::vector<Tensor> first(src.begin(), src.begin() + c.k);
+    std::vector<Tensor> recent(src.begin() + c.k, src.end());
     const Tensor w = randn({d}, 80), g = randn({d}, 82);
     Tensor stats;
     GroupOut grp;  // phase 1's output and lse, for the gradients below
     const Tensor u = two_phase(w, first, recent, g, &stats, &grp);
     const OneNorm one = one_pass_norm(w, src, g);
     REQUIRE(scaled_diff(u, one.u) < 1e-13);
-    const int64_t kt = c.kk + c.m;
+    const int64_t kt = c.k + c.m;
     for (int64_t n = 0; n < N; ++n) {
       // a_0 = the phase-1 sources' total weight, a_j = recent source j's; rstd of x
       double a0 = 0;
-      for (int64_t j = 0; j < c.kk; ++j) a0 += at(one.m.probs, n * kt + j);
+      for (int64_t j = 0; j < c.k; ++j) a0 += at(one.m.probs, n * kt + j);
       REQUIRE(at(stats, ns * n) == Approx(a0).epsilon(1e-12));
       for (int64_t j = 0; j < c.m; ++j)
         REQUIRE(at(stats, ns * n + 1 + j) ==
-                Approx(at(one.m.probs, n * kt + c.kk + j)).epsilon(1e-12));
+                Approx(at(one.m.probs, n * kt + c.k + j)).epsilon(1e-12));
       REQUIRE(at(stats, ns * n + ns - 1) == Approx(at(one.rstd, n)).epsilon(1e-12));
     }
 
@@ -336,21 +336,21 @@ TEST_CASE("two-phase mix + norm equals the one-pass softmax over all sources, th
     std::vector<Tensor> drecent = zeros_like(recent);
     Tensor dw = Tensor::zeros({d}, DType::F64), dg = Tensor::zeros({d}, DType::F64);
     Tensor dlse_row = dlse.reshape({N});
-    k::mix_merge_norm_backward(d_o, dlse_row, drecent, dw, dg, wt, w, grp.outs[0], recent, g,
+    kern::mix_merge_norm_backward(d_o, dlse_row, drecent, dw, dg, wt, w, grp.outs[0], recent, g,
                                stats);
     std::vector<Tensor> dsrc = zeros_like(first);
     std::vector<Tensor> dws{dw}, douts{d_o}, qs{w};
-    k::mix_backward(dsrc, dws, douts, &dlse, qs, first, rs, grp.probs);
+    kern::mix_backward(dsrc, dws, douts, &dlse, qs, first, rs, grp.probs);
 
     Tensor dx = Tensor::zeros({N, d}, DType::F64), dg1 = Tensor::zeros({d}, DType::F64);
-    k::rmsnorm_backward(dx, &dg1, wt, one.m.out, one.rstd, &g);
+    kern::rmsnorm_backward(dx, &dg1, wt, one.m.out, one.rstd, &g);
     std::vector<Tensor> dsrc1 = zeros_like(src);
     Tensor dw1 = Tensor::zeros({d}, DType::F64);
-    k::mix_backward(dsrc1, dw1, dx, w, src, rstds_of(src), one.m.probs);
+    kern::mix_backward(dsrc1, dw1, dx, w, src, rstds_of(src), one.m.probs);
     REQUIRE(scaled_diff(dg, dg1) < 1e-12);
     REQUIRE(scaled_diff(dw, dw1) < 1e-12);
-    for (int64_t j = 0; j < c.m; ++j) REQUIRE(scaled_diff(drecent[j], dsrc1[c.kk + j]) < 1e-12);
-    for (int64_t j = 0; j < c.kk; ++j) REQUIRE(scaled_diff(dsrc[j], dsrc1[j]) < 1e-12);
+    for (int64_t j = 0; j < c.m; ++j) REQUIRE(scaled_diff(drecent[j], dsrc1[c.k + j]) < 1e-12);
+    for (int64_t j = 0; j < c.k; ++j) REQUIRE(scaled_diff(dsrc[j], dsrc1[j]) < 1e-12);
   }
 }
 
@@ -365,7 +365,7 @@ TEST_CASE("mix merge + norm backward matches finite differences", "[kernels]") {
     auto merge = [&] {
       Tensor u = Tensor::empty({N, d}, DType::F64);
       Tensor st = Tensor::empty({N, 2 * m + 2}, DType::F64);
-      k::mix_merge_norm_forward(u, st, w, o, lse, e, g, kEps);
+      kern::mix_merge_norm_forward(u, st, w, o, lse, e, g, kEps);
       return std::make_pair(u, st);
     };
     auto loss = [&] { return weighted_sum(merge().first, wt); };
@@ -379,7 +379,7 @@ TEST_CASE("mix merge + norm backward matches finite differences", "[kernels]") {
     }
     Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({N}, DType::F64);
     Tensor dw = Tensor::zeros({d}, DType::F64), dg = Tensor::zeros({d}, DType::F64);
-    k::mix_merge_norm_backward(d_o, dlse, de, dw, dg, wt, w, o, e, g, stats);
+    kern::mix_merge_norm_backward(d_o, dlse, de, dw, dg, wt, w, o, e, g, stats);
     REQUIRE(fd_check(o, d_o, loss, kH, kFloor) < 1e-6);
     REQUIRE(fd_check(lse, dlse, loss, kH, kFloor) < 1e-6);
     for (int64_t j = 0; j < m; ++j) {
@@ -394,16 +394,16 @@ TEST_CASE("mix merge + norm backward matches finite differences", "[kernels]") {
     Tensor dlse2 = Tensor::empty({N}, DType::F64), dw2 = Tensor::zeros({d}, DType::F64);
     Tensor dg2 = Tensor::zeros({d}, DType::F64);
     std::vector<Tensor> aliased(static_cast<size_t>(m), shared);
-    k::mix_merge_norm_backward(d_o2, dlse2, aliased, dw2, dg2, wt, w, o, e, g, stats);
+    kern::mix_merge_norm_backward(d_o2, dlse2, aliased, dw2, dg2, wt, w, o, e, g, stats);
     Tensor sum = Tensor::zeros({N, d}, DType::F64);
-    for (const Tensor& t : de) k::add_(sum, t);
+    for (const Tensor& t : de) kern::add_(sum, t);
     REQUIRE(scaled_diff(shared, sum) < 1e-14);
   }
 }
 
 TEST_CASE("mix backward's lse gradient matches finite differences", "[kernels]") {
-  const int64_t N = 5, d = 8, kk = 3, Q = 2;
-  std::vector<Tensor> src = random_sources(kk, N, d, 100);
+  const int64_t N = 5, d = 8, k = 3, Q = 2;
+  std::vector<Tensor> src = random_sources(k, N, d, 100);
   std::vector<Tensor> ws{randn({d}, 101), randn({d}, 102)};
   const Tensor wl = randn({Q, N}, 103);  // loss = sum wl * lse (no output term)
   auto loss = [&] { return weighted_sum(mix_group(ws, src, rstds_of(src)).lse, wl); };
@@ -411,10 +411,10 @@ TEST_CASE("mix backward's lse gradient matches finite differences", "[kernels]")
   GroupOut g = mix_group(ws, src, rs);
   std::vector<Tensor> dsrc = zeros_like(src), dws = zeros_like(ws);
   std::vector<Tensor> douts{Tensor::zeros({N, d}, DType::F64), Tensor::zeros({N, d}, DType::F64)};
-  k::mix_backward(dsrc, dws, douts, &wl, ws, src, rs, g.probs);
+  kern::mix_backward(dsrc, dws, douts, &wl, ws, src, rs, g.probs);
   // lse is more curved than the outputs: a smaller step keeps truncation low.
   for (int64_t q = 0; q < Q; ++q) REQUIRE(fd_check(ws[q], dws[q], loss, kH / 10, kFloor) < 1e-6);
-  for (int64_t j = 0; j < kk; ++j)
+  for (int64_t j = 0; j < k; ++j)
     REQUIRE(fd_check(src[j], dsrc[j], loss, kH / 10, kFloor) < 1e-6);
 }
 
@@ -424,59 +424,59 @@ TEST_CASE("mix rejects bad arguments", "[kernels]") {
   std::vector<Tensor> rs = rstds_of(src);
   Tensor w = randn({d}, 61);
   Tensor out = Tensor::empty({N, d}, DType::F64), probs = Tensor::empty({N, 2}, DType::F64);
-  REQUIRE_NOTHROW(k::mix_forward(out, probs, w, src, rs));
+  REQUIRE_NOTHROW(kern::mix_forward(out, probs, w, src, rs));
 
   std::vector<Tensor> none;
-  REQUIRE_THROWS_AS(k::mix_forward(out, probs, w, none, none), Error);
-  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w, none, none),
+  REQUIRE_THROWS_AS(kern::mix_forward(out, probs, w, none, none), Error);
+  REQUIRE_THROWS_WITH(kern::mix_forward(out, probs, w, none, none),
                       Catch::Contains("mix_forward: needs at least one source"));
   std::vector<Tensor> one_rstd{rs[0]};
-  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w, src, one_rstd),
+  REQUIRE_THROWS_WITH(kern::mix_forward(out, probs, w, src, one_rstd),
                       Catch::Contains("2 sources but 1 rstds"));
   std::vector<Tensor> bad_src{src[0], randn({N, d + 1}, 62)};
-  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w, bad_src, rs),
+  REQUIRE_THROWS_WITH(kern::mix_forward(out, probs, w, bad_src, rs),
                       Catch::Contains("mix_forward: sources[1] has shape [4, 7], expected [4, 6]"));
   std::vector<Tensor> bad_rs{rs[0], Tensor::empty({N + 1}, DType::F64)};
-  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w, src, bad_rs),
+  REQUIRE_THROWS_WITH(kern::mix_forward(out, probs, w, src, bad_rs),
                       Catch::Contains("rstds[1] has shape [5], expected [4]"));
   Tensor bad_probs = Tensor::empty({N, 3}, DType::F64);
-  REQUIRE_THROWS_WITH(k::mix_forward(out, bad_probs, w, src, rs),
+  REQUIRE_THROWS_WITH(kern::mix_forward(out, bad_probs, w, src, rs),
                       Catch::Contains("probs has shape [4, 3], expected [4, 2]"));
   Tensor w32 = w.to(DType::F32);
-  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w32, src, rs),
+  REQUIRE_THROWS_WITH(kern::mix_forward(out, probs, w32, src, rs),
                       Catch::Contains("sources[0] is F64, expected F32"));
   Tensor w2 = randn({1, d}, 63);
-  REQUIRE_THROWS_WITH(k::mix_forward(out, probs, w2, src, rs), Catch::Contains("w must be 1-D"));
+  REQUIRE_THROWS_WITH(kern::mix_forward(out, probs, w2, src, rs), Catch::Contains("w must be 1-D"));
 
   std::vector<Tensor> dsrc = zeros_like(src);
   Tensor dw = Tensor::zeros({d}, DType::F64), dout = randn({N, d}, 64);
-  REQUIRE_NOTHROW(k::mix_backward(dsrc, dw, dout, w, src, rs, probs));
+  REQUIRE_NOTHROW(kern::mix_backward(dsrc, dw, dout, w, src, rs, probs));
   std::vector<Tensor> dsrc1{dsrc[0]};
-  REQUIRE_THROWS_WITH(k::mix_backward(dsrc1, dw, dout, w, src, rs, probs),
+  REQUIRE_THROWS_WITH(kern::mix_backward(dsrc1, dw, dout, w, src, rs, probs),
                       Catch::Contains("mix_backward: 2 sources but 1 dsources"));
   Tensor bad_dw = Tensor::zeros({d + 1}, DType::F64);
-  REQUIRE_THROWS_WITH(k::mix_backward(dsrc, bad_dw, dout, w, src, rs, probs),
+  REQUIRE_THROWS_WITH(kern::mix_backward(dsrc, bad_dw, dout, w, src, rs, probs),
                       Catch::Contains("dw has shape [7], expected [6]"));
 
   Tensor rstd = Tensor::empty({N + 1}, DType::F64);
-  REQUIRE_THROWS_WITH(k::mix_source_rstd(rstd, src[0], kEps),
+  REQUIRE_THROWS_WITH(kern::mix_source_rstd(rstd, src[0], kEps),
                       Catch::Contains("mix_source_rstd: rstd has shape [5], expected [4]"));
 
   // The merge: stats [N, 2m + 2] for m recent sources, m >= 1, one gradient each.
   Tensor u = Tensor::empty({N, d}, DType::F64), lse = randn({N}, 65), g = randn({d}, 66);
   Tensor stats = Tensor::empty({N, 6}, DType::F64);
-  REQUIRE_NOTHROW(k::mix_merge_norm_forward(u, stats, w, out, lse, src, g, kEps));
-  REQUIRE_THROWS_WITH(k::mix_merge_norm_forward(u, stats, w, out, lse, none, g, kEps),
+  REQUIRE_NOTHROW(kern::mix_merge_norm_forward(u, stats, w, out, lse, src, g, kEps));
+  REQUIRE_THROWS_WITH(kern::mix_merge_norm_forward(u, stats, w, out, lse, none, g, kEps),
                       Catch::Contains("mix_merge_norm_forward: needs at least one recent source"));
   Tensor stats3 = Tensor::empty({N, 3}, DType::F64);
-  REQUIRE_THROWS_WITH(k::mix_merge_norm_forward(u, stats3, w, out, lse, src, g, kEps),
+  REQUIRE_THROWS_WITH(kern::mix_merge_norm_forward(u, stats3, w, out, lse, src, g, kEps),
                       Catch::Contains("stats has shape [4, 3], expected [4, 6]"));
-  REQUIRE_THROWS_WITH(k::mix_merge_norm_forward(u, stats, w, out, lse, bad_src, g, kEps),
+  REQUIRE_THROWS_WITH(kern::mix_merge_norm_forward(u, stats, w, out, lse, bad_src, g, kEps),
                       Catch::Contains("recent[1] has shape [4, 7], expected [4, 6]"));
   Tensor d_o = Tensor::empty({N, d}, DType::F64), dlse = Tensor::empty({N}, DType::F64);
   Tensor dg = Tensor::zeros({d}, DType::F64);
-  REQUIRE_NOTHROW(k::mix_merge_norm_backward(d_o, dlse, dsrc, dw, dg, dout, w, out, src, g, stats));
+  REQUIRE_NOTHROW(kern::mix_merge_norm_backward(d_o, dlse, dsrc, dw, dg, dout, w, out, src, g, stats));
   REQUIRE_THROWS_WITH(
-      k::mix_merge_norm_backward(d_o, dlse, dsrc1, dw, dg, dout, w, out, src, g, stats),
+      kern::mix_merge_norm_backward(d_o, dlse, dsrc1, dw, dg, dout, w, out, src, g, stats),
       Catch::Contains("mix_merge_norm_backward: 2 recent sources but 1 gradients"));
 }

@@ -12,7 +12,7 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 TEST_CASE("sum_squares matches a long double sum", "[kernels]") {
   for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t((1 << 14) + 3), int64_t(100003)}) {
@@ -20,7 +20,7 @@ TEST_CASE("sum_squares matches a long double sum", "[kernels]") {
       Tensor x = randn({n}, 1, dt);
       long double ref = 0;
       for (int64_t i = 0; i < n; ++i) ref += static_cast<long double>(at(x, i)) * at(x, i);
-      REQUIRE(k::sum_squares(x) == Approx(static_cast<double>(ref)).epsilon(1e-12));
+      REQUIRE(kern::sum_squares(x) == Approx(static_cast<double>(ref)).epsilon(1e-12));
     }
   }
 }
@@ -30,9 +30,9 @@ TEST_CASE("sum_squares gives identical bits with 1 and 2 threads", "[kernels]") 
   for (DType dt : {DType::F32, DType::F64}) {
     Tensor x = randn({300001}, 2, dt);
     omp_set_num_threads(1);
-    const double one = k::sum_squares(x);
+    const double one = kern::sum_squares(x);
     omp_set_num_threads(2);
-    const double two = k::sum_squares(x);
+    const double two = kern::sum_squares(x);
     REQUIRE(std::memcmp(&one, &two, sizeof(double)) == 0);
   }
   omp_set_num_threads(saved);
@@ -42,11 +42,11 @@ TEST_CASE("scale_, add_ and add are elementwise", "[kernels]") {
   for (int64_t n : {int64_t(7), int64_t(70001)}) {  // serial and parallel paths
     Tensor a = randn({n}, 3), b = randn({n}, 4);
     Tensor s = a.clone();
-    k::scale_(s, -0.375);
+    kern::scale_(s, -0.375);
     Tensor y = a.clone();
-    k::add_(y, b);
+    kern::add_(y, b);
     Tensor out = Tensor::empty({n}, DType::F64);
-    k::add(out, a, b);
+    kern::add(out, a, b);
     for (int64_t i = 0; i < n; ++i) {
       REQUIRE(at(s, i) == at(a, i) * -0.375);
       REQUIRE(at(y, i) == at(a, i) + at(b, i));
@@ -55,7 +55,7 @@ TEST_CASE("scale_, add_ and add are elementwise", "[kernels]") {
   }
   Tensor a32 = randn({13}, 5, DType::F32), b32 = randn({13}, 6, DType::F32);
   Tensor o32 = Tensor::empty({13}, DType::F32);
-  k::add(o32, a32, b32);
+  kern::add(o32, a32, b32);
   for (int64_t i = 0; i < 13; ++i) REQUIRE(o32.data<float>()[i] == a32.data<float>()[i] + b32.data<float>()[i]);
 }
 
@@ -66,26 +66,26 @@ TEST_CASE("all_finite finds NaN and infinities anywhere", "[kernels]") {
   for (int64_t n : {int64_t(1), int64_t(13), int64_t(70001)}) {
     for (DType dt : {DType::F32, DType::F64}) {
       Tensor x = randn({n}, 7, dt, 1e30);  // huge but finite (in float too: < 3.4e38)
-      REQUIRE(k::all_finite(x));
+      REQUIRE(kern::all_finite(x));
       for (int64_t pos : {int64_t(0), n / 2, n - 1})
         for (double b : bad) {
           Tensor y = x.clone();
           set(y, pos, b);
-          REQUIRE_FALSE(k::all_finite(y));
+          REQUIRE_FALSE(kern::all_finite(y));
         }
     }
   }
-  REQUIRE(k::all_finite(Tensor::zeros({0}, DType::F32)));
+  REQUIRE(kern::all_finite(Tensor::zeros({0}, DType::F32)));
 }
 
 TEST_CASE("reduce helpers reject mismatched tensors", "[kernels]") {
   Tensor a = randn({3, 4}, 8), b = randn({4, 3}, 9);
-  REQUIRE_THROWS_AS(k::add_(a, b), Error);
-  REQUIRE_THROWS_WITH(k::add_(a, b), Catch::Contains("add_: x has shape [4, 3], y has [3, 4]"));
+  REQUIRE_THROWS_AS(kern::add_(a, b), Error);
+  REQUIRE_THROWS_WITH(kern::add_(a, b), Catch::Contains("add_: x has shape [4, 3], y has [3, 4]"));
   Tensor b32 = randn({3, 4}, 10, DType::F32);
-  REQUIRE_THROWS_WITH(k::add_(a, b32), Catch::Contains("add_: x is F32, y is F64"));
+  REQUIRE_THROWS_WITH(kern::add_(a, b32), Catch::Contains("add_: x is F32, y is F64"));
   Tensor out = Tensor::empty({12}, DType::F64), b_ok = randn({3, 4}, 11);
-  REQUIRE_THROWS_WITH(k::add(out, a, b_ok), Catch::Contains("add: out has shape [12]"));
+  REQUIRE_THROWS_WITH(kern::add(out, a, b_ok), Catch::Contains("add: out has shape [12]"));
   Tensor ids = Tensor::zeros({4}, DType::I32);
-  REQUIRE_THROWS_WITH(k::sum_squares(ids), Catch::Contains("sum_squares: the CPU kernels take F32 or F64, got I32"));
+  REQUIRE_THROWS_WITH(kern::sum_squares(ids), Catch::Contains("sum_squares: the CPU kernels take F32 or F64, got I32"));
 }

@@ -8,14 +8,14 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 TEST_CASE("rope forward matches the rotate-half formula", "[kernels]") {
   const int64_t B = 2, T = 5, H = 3, hd = 8, pos0 = 3;
   const float theta = 10000.0f;
   Tensor x = randn({B * T, H * hd}, 1);
   Tensor y = x.clone();
-  k::rope_forward(y, B, T, H, hd, theta, pos0);
+  kern::rope_forward(y, B, T, H, hd, theta, pos0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < H; ++h)
@@ -33,7 +33,7 @@ TEST_CASE("rope forward matches the rotate-half formula", "[kernels]") {
         }
   // Position 0 is the identity.
   Tensor z0 = x.rows(0, 1).clone();
-  k::rope_forward(z0, 1, 1, H, hd, theta, 0);
+  kern::rope_forward(z0, 1, 1, H, hd, theta, 0);
   REQUIRE(max_rel_diff(z0, x.rows(0, 1)) == 0);
 }
 
@@ -43,16 +43,16 @@ TEST_CASE("rope backward is the transpose (finite differences) and inverts forwa
   Tensor x = randn({B * T, H * hd}, 2), w = randn({B * T, H * hd}, 3);
   auto loss = [&] {
     Tensor y = x.clone();
-    k::rope_forward(y, B, T, H, hd, theta, pos0);
+    kern::rope_forward(y, B, T, H, hd, theta, pos0);
     return weighted_sum(y, w);
   };
   Tensor dx = w.clone();
-  k::rope_backward(dx, B, T, H, hd, theta, pos0);
+  kern::rope_backward(dx, B, T, H, hd, theta, pos0);
   REQUIRE(fd_check(x, dx, loss) < 1e-6);
 
   Tensor r = x.clone();
-  k::rope_forward(r, B, T, H, hd, theta, pos0);
-  k::rope_backward(r, B, T, H, hd, theta, pos0);
+  kern::rope_forward(r, B, T, H, hd, theta, pos0);
+  kern::rope_backward(r, B, T, H, hd, theta, pos0);
   REQUIRE(scaled_diff(r, x) < 1e-14);
 }
 
@@ -61,23 +61,23 @@ TEST_CASE("rope float32 agrees with float64, also at large positions", "[kernels
   for (int64_t pos0 : {int64_t(0), int64_t(4090)}) {
     Tensor x = randn({B * T, H * hd}, 4);
     Tensor x32 = x.to(DType::F32);
-    k::rope_forward(x, B, T, H, hd, 10000.0f, pos0);
-    k::rope_forward(x32, B, T, H, hd, 10000.0f, pos0);
+    kern::rope_forward(x, B, T, H, hd, 10000.0f, pos0);
+    kern::rope_forward(x32, B, T, H, hd, 10000.0f, pos0);
     REQUIRE(scaled_diff(x32, x) < 1e-6);
-    k::rope_backward(x, B, T, H, hd, 10000.0f, pos0);
-    k::rope_backward(x32, B, T, H, hd, 10000.0f, pos0);
+    kern::rope_backward(x, B, T, H, hd, 10000.0f, pos0);
+    kern::rope_backward(x32, B, T, H, hd, 10000.0f, pos0);
     REQUIRE(scaled_diff(x32, x) < 1e-6);
   }
 }
 
 TEST_CASE("rope rejects bad shapes and arguments", "[kernels]") {
   Tensor x = randn({6, 12}, 5);
-  REQUIRE_THROWS_AS(k::rope_forward(x, 2, 3, 3, 3, 10000.0f), Error);  // odd head_dim
-  REQUIRE_THROWS_WITH(k::rope_forward(x, 2, 3, 4, 3, 10000.0f),
+  REQUIRE_THROWS_AS(kern::rope_forward(x, 2, 3, 3, 3, 10000.0f), Error);  // odd head_dim
+  REQUIRE_THROWS_WITH(kern::rope_forward(x, 2, 3, 4, 3, 10000.0f),
                       Catch::Contains("rope_forward: head_dim must be even, got 3"));
-  REQUIRE_THROWS_WITH(k::rope_forward(x, 2, 2, 3, 4, 10000.0f),
+  REQUIRE_THROWS_WITH(kern::rope_forward(x, 2, 2, 3, 4, 10000.0f),
                       Catch::Contains("x has shape [6, 12], expected [4, 12]"));
-  REQUIRE_THROWS_WITH(k::rope_backward(x, 2, 3, 2, 4, 10000.0f),
+  REQUIRE_THROWS_WITH(kern::rope_backward(x, 2, 3, 2, 4, 10000.0f),
                       Catch::Contains("rope_backward: x has shape [6, 12], expected [6, 8]"));
-  REQUIRE_THROWS_WITH(k::rope_forward(x, 2, 3, 3, 4, 0.0f), Catch::Contains("theta must be > 0"));
+  REQUIRE_THROWS_WITH(kern::rope_forward(x, 2, 3, 3, 4, 0.0f), Catch::Contains("theta must be > 0"));
 }

@@ -16,7 +16,7 @@
 
 using namespace attnres;
 using namespace attnres::testing;
-namespace k = attnres::kernels;
+namespace kern = attnres::kernels;
 
 namespace {
 
@@ -30,14 +30,14 @@ Tensor nan_filled(const Shape& shape, DType dt) {
 // once NaN-filled with Store::Set. The results must be equal element by
 // element (+0 and -0 count as equal: 0 + -0 is +0).
 void check_set_equals_add(const std::vector<Shape>& shapes, DType dt,
-                          const std::function<void(std::vector<Tensor>&, k::Store)>& op) {
+                          const std::function<void(std::vector<Tensor>&, kern::Store)>& op) {
   std::vector<Tensor> added, written;
   for (const Shape& s : shapes) {
     added.push_back(Tensor::zeros(s, dt));
     written.push_back(nan_filled(s, dt));
   }
-  op(added, k::Store::Add);
-  op(written, k::Store::Set);
+  op(added, kern::Store::Add);
+  op(written, kern::Store::Set);
   for (size_t b = 0; b < shapes.size(); ++b) {
     INFO("buffer " << b);
     int64_t differing = 0;
@@ -56,14 +56,14 @@ TEST_CASE("Store::Set writes what Store::Add adds to zeros: matmul", "[kernels]"
   const int64_t M = 9, N = 7, K = 5;
   for (DType dt : kDtypes) {
     const Tensor x = randn({M, K}, 1, dt), w = randn({N, K}, 2, dt), dy = randn({M, N}, 3, dt);
-    check_set_equals_add({{M, K}}, dt, [&](std::vector<Tensor>& g, k::Store st) {
+    check_set_equals_add({{M, K}}, dt, [&](std::vector<Tensor>& g, kern::Store st) {
       Tensor dw = Tensor::zeros({N, K}, dt);
-      k::matmul_backward(&g[0], &dw, dy, x, w, st);
+      kern::matmul_backward(&g[0], &dw, dy, x, w, st);
     });
     // N == 0: dx is an empty sum, = 0.
     const Tensor w0 = Tensor::empty({0, K}, dt), dy0 = Tensor::empty({M, 0}, dt);
-    check_set_equals_add({{M, K}}, dt, [&](std::vector<Tensor>& g, k::Store st) {
-      k::matmul_backward(&g[0], nullptr, dy0, x, w0, st);
+    check_set_equals_add({{M, K}}, dt, [&](std::vector<Tensor>& g, kern::Store st) {
+      kern::matmul_backward(&g[0], nullptr, dy0, x, w0, st);
     });
   }
 }
@@ -72,8 +72,8 @@ TEST_CASE("Store::Set writes what Store::Add adds to zeros: swiglu", "[kernels]"
   const int64_t n = 37;
   for (DType dt : kDtypes) {
     const Tensor gate = randn({n}, 4, dt), up = randn({n}, 5, dt), dh = randn({n}, 6, dt);
-    check_set_equals_add({{n}, {n}}, dt, [&](std::vector<Tensor>& g, k::Store st) {
-      k::swiglu_backward(g[0], g[1], dh, gate, up, st);
+    check_set_equals_add({{n}, {n}}, dt, [&](std::vector<Tensor>& g, kern::Store st) {
+      kern::swiglu_backward(g[0], g[1], dh, gate, up, st);
     });
   }
 }
@@ -83,11 +83,11 @@ TEST_CASE("Store::Set writes what Store::Add adds to zeros: rmsnorm", "[kernels]
   for (DType dt : kDtypes) {
     const Tensor x = randn({N, d}, 7, dt), gain = randn({d}, 8, dt), dy = randn({N, d}, 9, dt);
     Tensor y = Tensor::empty({N, d}, dt), rstd = Tensor::empty({N}, dt);
-    k::rmsnorm_forward(y, rstd, x, &gain, 1e-5f);
+    kern::rmsnorm_forward(y, rstd, x, &gain, 1e-5f);
     for (bool with_gain : {true, false})
-      check_set_equals_add({{N, d}}, dt, [&](std::vector<Tensor>& g, k::Store st) {
+      check_set_equals_add({{N, d}}, dt, [&](std::vector<Tensor>& g, kern::Store st) {
         Tensor dgain = Tensor::zeros({d}, dt);
-        k::rmsnorm_backward(g[0], with_gain ? &dgain : nullptr, dy, x, rstd,
+        kern::rmsnorm_backward(g[0], with_gain ? &dgain : nullptr, dy, x, rstd,
                             with_gain ? &gain : nullptr, st);
       });
   }
@@ -95,17 +95,17 @@ TEST_CASE("Store::Set writes what Store::Add adds to zeros: rmsnorm", "[kernels]
 
 TEST_CASE("Store::Set writes what Store::Add adds to zeros: attention", "[kernels]") {
   // GQA (2 query heads per KV head), two batches, T = 70: two query blocks of 64.
-  const k::AttnShape s{2, 70, 4, 2, 8};
+  const kern::AttnShape s{2, 70, 4, 2, 8};
   const int64_t N = s.B * s.T;
   for (DType dt : kDtypes) {
-    const Tensor q = randn({N, s.H * s.hd}, 10, dt), kk = randn({N, s.Hkv * s.hd}, 11, dt);
+    const Tensor q = randn({N, s.H * s.hd}, 10, dt), key = randn({N, s.Hkv * s.hd}, 11, dt);
     const Tensor v = randn({N, s.Hkv * s.hd}, 12, dt), dout = randn({N, s.H * s.hd}, 13, dt);
     Tensor out = Tensor::empty({N, s.H * s.hd}, dt), lse = Tensor::empty({s.B, s.H, s.T}, dt);
-    k::attention_forward(out, lse, q, kk, v, s);
+    kern::attention_forward(out, lse, q, key, v, s);
     check_set_equals_add(
         {{N, s.H * s.hd}, {N, s.Hkv * s.hd}, {N, s.Hkv * s.hd}}, dt,
-        [&](std::vector<Tensor>& g, k::Store st) {
-          k::attention_backward(g[0], g[1], g[2], dout, q, kk, v, out, lse, s, st);
+        [&](std::vector<Tensor>& g, kern::Store st) {
+          kern::attention_backward(g[0], g[1], g[2], dout, q, key, v, out, lse, s, st);
         });
   }
 }
@@ -115,9 +115,9 @@ TEST_CASE("Store::Set writes what Store::Add adds to zeros: cross-entropy dh", "
   for (DType dt : kDtypes) {
     const Tensor h = randn({N, d}, 14, dt), w = randn({V, d}, 15, dt);
     const Tensor targets = random_tokens(N, V, 16);
-    check_set_equals_add({{N, d}}, dt, [&](std::vector<Tensor>& g, k::Store st) {
+    check_set_equals_add({{N, d}}, dt, [&](std::vector<Tensor>& g, kern::Store st) {
       Tensor dw = Tensor::zeros({V, d}, dt);
-      k::lm_head_cross_entropy(h, w, targets, &g[0], &dw, 0.5, st);
+      kern::lm_head_cross_entropy(h, w, targets, &g[0], &dw, 0.5, st);
     });
   }
 }

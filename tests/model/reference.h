@@ -1,4 +1,4 @@
-// A literal, slow, double-precision transcription of MODEL.md section 2,
+// A literal, slow, double-precision transcription of docs/model.md section 2,
 // written independently of src/model (plain vectors, no kernels) so the tests
 // can check that the real model computes exactly the specified function.
 #pragma once
@@ -119,7 +119,7 @@ inline Seq sublayer(const model::ModelConfig& c, const ParamFn& P, int64_t s, co
   return y;
 }
 
-// Summed token cross-entropy of one sequence, straight from MODEL.md section 2.
+// Summed token cross-entropy of one sequence, straight from docs/model.md section 2.
 inline double sequence_loss(const model::ModelConfig& c, const ParamFn& P,
                             const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
   const size_t T = tokens.size(), d = c.d_model, L2 = c.n_sublayers();

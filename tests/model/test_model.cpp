@@ -1,10 +1,11 @@
-// Whole-model tests: the model computes MODEL.md's function (against the
+// Whole-model tests: the model computes the function of docs/model.md (against the
 // literal reference in reference.h), its gradients are right (finite
 // differences in float64), layers cut into chunks anywhere give the same bits
 // as one chunk, and decoding with a KV cache agrees with training.
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "model/depth_attention.h"
 #include "model/flops.h"
 #include "model/model.h"
 #include "model/model_testing.h"
@@ -35,7 +36,7 @@ std::vector<testing::NamedConfig> cases() {
 
 }  // namespace
 
-TEST_CASE("block sizes and final source counts follow MODEL.md", "[model]") {
+TEST_CASE("block sizes and final source counts follow docs/model.md", "[model]") {
   ModelConfig c = tiny(ResidualMode::Block, 3);
   c.n_layers = 27;
   c.block_size = 6;
@@ -56,7 +57,7 @@ TEST_CASE("block sizes and final source counts follow MODEL.md", "[model]") {
   CHECK(tiny(ResidualMode::Block, 3).final_sources() == 3);  // e, b_1, partial
 }
 
-TEST_CASE("model loss equals the literal MODEL.md reference", "[model]") {
+TEST_CASE("model loss equals the literal reference of docs/model.md", "[model]") {
   for (const auto& tc : cases()) {
     SECTION(tc.name) {
       model::Model m(tc.cfg, DType::F64);
@@ -116,7 +117,7 @@ double chunked_forward_backward(model::Model& m, const Tensor& tokens, const Ten
     m.layers_forward(b[c], b[c + 1], st, acts[c]);
   }
   model::DepthGrad g;
-  const double loss = m.head_forward(st, targets, acts.back(), &g, 1.0);
+  const double loss = m.head_forward_backward(st, targets, acts.back(), g, 1.0);
   st = model::DepthState{};
   for (size_t c = acts.size(); c-- > 0;) m.layers_backward(b[c], b[c + 1], acts[c], g);
   m.embed_backward(acts[0], g);
@@ -176,7 +177,7 @@ TEST_CASE("depth attention weights: one row per Mix over its sources, each summi
     model::Model m(w.cfg, DType::F64);
     randomize(m.params(), 7);
     const int64_t B = 2, T = 6;
-    const auto rows = m.depth_attention(testing::random_tokens(B * T, w.cfg.vocab_size, 3), B, T);
+    const auto rows = model::depth_attention(m, testing::random_tokens(B * T, w.cfg.vocab_size, 3), B, T);
     REQUIRE(rows.size() == w.sizes.size());
     for (size_t r = 0; r < rows.size(); ++r) {
       INFO("row " << r);
@@ -230,7 +231,7 @@ TEST_CASE("KV-cache decoding reproduces the training forward", "[model]") {
   }
 }
 
-TEST_CASE("initialisation follows MODEL.md section 3 and depends only on the seed", "[model]") {
+TEST_CASE("initialisation follows docs/model.md section 3 and depends only on the seed", "[model]") {
   ModelConfig c = tiny(ResidualMode::Block, 2);
   model::Model a(c), b(c);
   a.params().init(3);

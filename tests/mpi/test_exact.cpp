@@ -1,4 +1,4 @@
-// The proof of PIPELINE.md: a pipeline / data-parallel run computes the same
+// The proof of docs/parallel.md: a pipeline / data-parallel run computes the same
 // function as the single process. For every residual mode, P in {2, 4} x
 // V in {1, 2} x cache on/off, data parallel D = 2 (alone and with P = 2) and
 // tied embeddings, three AdamW steps give per-step losses, gradient norms and
@@ -132,7 +132,7 @@ std::string describe(const Layout& l) {
 
 // Runs one layout on every group of P*D ranks and checks it against the
 // single process; all ranks take part in the final (collective) checks.
-// Tolerance: relative 1e-5 in fp32 (the bound); in fp64 rounding is
+// Tolerance: relative 1e-5 in fp32 (docs/parallel.md's bound); in fp64 rounding is
 // ~1e-16, so 1e-11 leaves no room for a missing or doubled contribution.
 void check_layout(const Layout& L) {
   const double tol = L.dtype == DType::F64 ? 1e-11 : 1e-5;

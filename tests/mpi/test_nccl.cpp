@@ -95,7 +95,9 @@ TEST_CASE("pipeline chunks on one GPU through NCCL and through staged MPI", "[.n
     auto b = unit(u);
     want += ref.forward_backward(b.inputs, b.targets, B, T, scale);
   }
-  for (const char* transport : {"nccl", "mpi"}) {
+  const std::pair<parallel::TransportKind, const char*> transports[] = {
+      {parallel::TransportKind::Nccl, "nccl"}, {parallel::TransportKind::Mpi, "mpi"}};
+  for (const auto& [transport, name] : transports) {
     parallel::Comm self = group_of(1);
     parallel::ProcessGrid grid(self, 1, 1);
     parallel::RuntimeOptions ro;
@@ -105,8 +107,8 @@ TEST_CASE("pipeline chunks on one GPU through NCCL and through staged MPI", "[.n
     for (int v = 0; v < 2; ++v) rt.model().chunk(v).params().init(9);
     auto st = rt.train_step(
         int(M), [&](int mb) { return unit(mb); }, scale);
-    INFO(transport << ": loss " << st.loss_sum << " vs CPU " << want << ", pipeline bytes "
-                   << st.pp_bytes);
+    INFO(name << ": loss " << st.loss_sum << " vs CPU " << want << ", pipeline bytes "
+              << st.pp_bytes);
     CHECK(std::fabs(st.loss_sum - want) <= 1e-4 * std::fabs(want));
     CHECK(st.pp_bytes == parallel::pipeline_bytes_per_step(rt.layout(),
                                                            parallel::DepthPlan::of(cfg), true, M, 1,
@@ -123,7 +125,7 @@ TEST_CASE("pipeline chunks on one GPU through NCCL and through staged MPI", "[.n
       }
       worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
     }
-    INFO(transport << ": largest relative gradient difference to the CPU " << worst);
+    INFO(name << ": largest relative gradient difference to the CPU " << worst);
     CHECK(worst <= 1e-3);
   }
 }

@@ -1,8 +1,7 @@
-// The pipeline schedule: the golden interleaved order of PIPELINE.md, the
+// The pipeline schedule: the golden interleaved order of docs/parallel.md, the
 // invariants (validator), deadlock freedom and the bubble (simulator) over a
 // grid with P = 2, odd P and V up to 4, and that the validator catches broken lists.
 #include <catch2/catch.hpp>
-#include <sstream>
 
 #include "core/error.h"
 #include "parallel/schedule.h"
@@ -11,38 +10,6 @@ using namespace attnres;
 using namespace attnres::parallel;
 
 namespace {
-
-// "F0.0-F0.3 F4.0 B4.1" -> compute actions (ranges expand over microbatches).
-std::vector<Action> parse_order(const std::string& text) {
-  std::vector<Action> out;
-  std::istringstream is(text);
-  std::string tok;
-  auto one = [](const std::string& t) {
-    Action a;
-    a.op = t[0] == 'F' ? Op::Forward : Op::Backward;
-    const auto dot = t.find('.');
-    a.chunk = std::stoi(t.substr(1, dot - 1));
-    a.mb = std::stoi(t.substr(dot + 1));
-    return a;
-  };
-  while (is >> tok) {
-    if (tok == "|") continue;
-    const auto dash = tok.find('-');
-    if (dash == std::string::npos) {
-      out.push_back(one(tok));
-      continue;
-    }
-    Action a = one(tok.substr(0, dash)), b = one(tok.substr(dash + 1));
-    for (int mb = a.mb; mb <= b.mb; ++mb) out.push_back({a.op, a.chunk, mb});
-  }
-  return out;
-}
-
-std::string join(const std::vector<Action>& v) {
-  std::string s;
-  for (const auto& a : v) s += (s.empty() ? "" : " ") + to_string(a);
-  return s;
-}
 
 std::vector<Action> computes(const std::vector<Action>& list) {
   std::vector<Action> out;
@@ -53,23 +20,23 @@ std::vector<Action> computes(const std::vector<Action>& list) {
 
 }  // namespace
 
-TEST_CASE("golden interleaved order P=4 V=2 M=8 (PIPELINE.md)", "[schedule]") {
+TEST_CASE("golden interleaved order P=4 V=2 M=8 (docs/parallel.md)", "[schedule]") {
   const ScheduleSpec s{4, 2, 8};
-  const auto rank0 = parse_order(
+  const auto rank0 = parse_actions(
       "F0.0-F0.3 F4.0-F4.3 F0.4 F0.5 | F0.6 B4.0 F0.7 B4.1 F4.4 B4.2 F4.5 B4.3 F4.6 B0.0 F4.7 "
       "B0.1 | B0.2 B0.3 B4.4-B4.7 B0.4-B0.7");
   // The spec elides the middle of rank 3's steady state with "..."; written out:
-  const auto rank3 = parse_order(
+  const auto rank3 = parse_actions(
       "F3.0-F3.3 | F7.0 B7.0 F7.1 B7.1 F7.2 B7.2 F7.3 B7.3 F3.4 B3.0 F3.5 B3.1 F3.6 B3.2 F3.7 "
       "B3.3 F7.4 B7.4 F7.5 B7.5 F7.6 B7.6 F7.7 B7.7 | B3.4-B3.7");
-  CHECK(join(compute_order(s, 0)) == join(rank0));
-  CHECK(join(compute_order(s, 3)) == join(rank3));
+  CHECK(to_text(compute_order(s, 0)) == to_text(rank0));
+  CHECK(to_text(compute_order(s, 3)) == to_text(rank3));
   CHECK(warmup_forwards(s, 0) == 10);
   CHECK(warmup_forwards(s, 3) == 4);
   // The full lists carry the same computes in the same order.
   auto lists = pipeline_schedule(s);
-  CHECK(join(computes(lists[0])) == join(rank0));
-  CHECK(join(computes(lists[3])) == join(rank3));
+  CHECK(to_text(computes(lists[0])) == to_text(rank0));
+  CHECK(to_text(computes(lists[3])) == to_text(rank3));
   // Text dump with the phase separators of the spec.
   const std::string dump = dump_schedule(s);
   CHECK(dump.find("rank0: F0.0 F0.1 F0.2 F0.3 F4.0 F4.1 F4.2 F4.3 F0.4 F0.5 | F0.6 B4.0") !=
@@ -80,12 +47,12 @@ TEST_CASE("golden interleaved order P=4 V=2 M=8 (PIPELINE.md)", "[schedule]") {
 
 TEST_CASE("1F1B order (V = 1)", "[schedule]") {
   const ScheduleSpec s{4, 1, 6};
-  CHECK(join(compute_order(s, 0)) ==
-        join(parse_order("F0.0-F0.2 | F0.3 B0.0 F0.4 B0.1 F0.5 B0.2 | B0.3-B0.5")));
-  CHECK(join(compute_order(s, 3)) ==
-        join(parse_order("F3.0 B3.0 F3.1 B3.1 F3.2 B3.2 F3.3 B3.3 F3.4 B3.4 F3.5 B3.5")));
+  CHECK(to_text(compute_order(s, 0)) ==
+        to_text(parse_actions("F0.0-F0.2 | F0.3 B0.0 F0.4 B0.1 F0.5 B0.2 | B0.3-B0.5")));
+  CHECK(to_text(compute_order(s, 3)) ==
+        to_text(parse_actions("F3.0 B3.0 F3.1 B3.1 F3.2 B3.2 F3.3 B3.3 F3.4 B3.4 F3.5 B3.5")));
   // Fewer microbatches than stages: warm-up is capped at M.
-  CHECK(join(compute_order({4, 1, 2}, 0)) == join(parse_order("F0.0 F0.1 B0.0 B0.1")));
+  CHECK(to_text(compute_order({4, 1, 2}, 0)) == to_text(parse_actions("F0.0 F0.1 B0.0 B0.1")));
 }
 
 TEST_CASE("every schedule of the grid is valid, deadlock-free, with bubble (P-1)/(V*M)",
@@ -174,7 +141,7 @@ TEST_CASE("the validator rejects broken lists", "[schedule]") {
     try {
       validate_schedule(s, lists);
       FAIL("no error, expected '" << needle << "'");
-    } catch (const Error& e) {
+    } catch (const InternalError& e) {  // a broken schedule is our fault, not the user's
       INFO(e.what());
       CHECK(std::string(e.what()).find(needle) != std::string::npos);
     }
@@ -198,6 +165,15 @@ TEST_CASE("the validator rejects broken lists", "[schedule]") {
         break;
       }
     expect_error(lists, "not sent right after it");
+    // The message lists the rank's actions with the failing one marked.
+    try {
+      validate_schedule(s, lists);
+    } catch (const InternalError& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("rank 0's action list:") != std::string::npos);
+      CHECK(what.find("\n  >> ") != std::string::npos);
+    }
   }
   {  // a backward moved before its forward
     auto lists = good;
@@ -250,4 +226,18 @@ TEST_CASE("the simulator detects a deadlock", "[schedule]") {
   }
   // The generated list for the same spec runs.
   CHECK_FALSE(simulate(s, pipeline_schedule(s)).deadlock);
+}
+
+TEST_CASE("action lists round-trip through their text form", "[schedule]") {
+  for (const ScheduleSpec& s : {ScheduleSpec{2, 2, 4}, ScheduleSpec{4, 2, 8}, ScheduleSpec{3, 1, 5}})
+    for (const auto& list : pipeline_schedule(s)) {
+      const std::string text = to_text(list);
+      INFO(text);
+      CHECK(parse_actions(text) == list);
+    }
+  CHECK(to_text(parse_actions("F0.0-F0.2 | B1.3")) == "F0.0 F0.1 F0.2 B1.3");
+  CHECK_THROWS_WITH(parse_actions("F0.0 X1.2"), Catch::Contains("unknown action 'X1.2'"));
+  CHECK_THROWS_WITH(parse_actions("F0.3-F0.1"), Catch::Contains("one chunk"));
+  CHECK_THROWS_WITH(parse_actions("send act 1.0 <- r1"), Catch::Contains("malformed"));
+  CHECK_THROWS_WITH(parse_actions("F1.x"), Catch::Contains("chunk.microbatch"));
 }

@@ -1,10 +1,12 @@
 // Config parsing/validation and learning-rate schedules.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "train/config.h"
-#include "train/schedule.h"
+#include "train/lr_schedule.h"
 
 using namespace attnres;
 using train::Config;
@@ -31,7 +33,7 @@ std::string error_of(const json& j) {
 
 }  // namespace
 
-TEST_CASE("the ARCHITECTURE.md example config parses with every key", "[train]") {
+TEST_CASE("a config with every key parses", "[train]") {
   json j = json::parse(R"(
 {"model": {"vocab_size": 97, "d_model": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2,
            "d_ff": 80, "norm_eps": 1e-5, "rope_theta": 10000.0, "tie_embeddings": false,
@@ -112,27 +114,64 @@ TEST_CASE("overrides set nested keys with JSON or bare-string values", "[train]"
   CHECK_THROWS_WITH(train::apply_override(j, "--optimizer.lr.x=1"), Catch::Contains("not a section"));
 }
 
-TEST_CASE("learning-rate schedules follow MODEL.md section 4", "[train]") {
+TEST_CASE("learning-rate schedules follow docs/model.md section 4", "[train]") {
   train::ScheduleConfig s;
   s.warmup_steps = 4;
   s.min_lr_ratio = 0.1;
   const double lr = 1.0;
-  s.type = "constant";
+  s.type = train::ScheduleType::Constant;
   CHECK(train::learning_rate(s, lr, 0, 20) == Approx(0.25));
   CHECK(train::learning_rate(s, lr, 3, 20) == Approx(1.0));
   CHECK(train::learning_rate(s, lr, 19, 20) == Approx(1.0));
-  s.type = "cosine";
+  s.type = train::ScheduleType::Cosine;
   CHECK(train::learning_rate(s, lr, 1, 20) == Approx(0.5));
   CHECK(train::learning_rate(s, lr, 4, 20) == Approx(1.0));  // q = 0
   CHECK(train::learning_rate(s, lr, 12, 20) == Approx(0.1 + 0.9 * 0.5));  // q = 1/2
   CHECK(train::learning_rate(s, lr, 19, 20) ==
         Approx(0.1 + 0.9 * (1 + std::cos(M_PI * 15.0 / 16.0)) / 2));
-  s.type = "wsd";
+  s.type = train::ScheduleType::Wsd;
   s.decay_ratio = 0.25;  // last ceil(5) steps: k = 15..19
   CHECK(train::learning_rate(s, lr, 14, 20) == Approx(1.0));
   CHECK(train::learning_rate(s, lr, 15, 20) == Approx(1.0 - 0.9 * 0.2));
   CHECK(train::learning_rate(s, lr, 19, 20) == Approx(0.1));
   s.warmup_steps = 0;
-  s.type = "cosine";
+  s.type = train::ScheduleType::Cosine;
   CHECK(train::learning_rate(s, lr, 0, 1) == Approx(1.0));  // K - W = 1
+}
+
+TEST_CASE("docs/config.md's key table is the one the parser declares", "[train]") {
+  const std::string path = std::string(ATTNRES_SOURCE_DIR) + "/docs/config.md";
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  // The table: from its header line to the first line that is not a row.
+  std::string line, table;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("| key |", 0) == 0) inside = true;
+    if (inside && line.rfind("|", 0) != 0) break;
+    if (inside) table += line + "\n";
+  }
+  INFO(path << " differs from the declared keys; regenerate its table with "
+               "`build/attnres inspect keys`");
+  CHECK(table == train::config_reference_table());
+}
+
+TEST_CASE("enum-valued keys take exactly their names", "[train]") {
+  json j = base();
+  j["training"]["device"] = "CUDA";
+  CHECK_THAT(error_of(j), Catch::Contains("training.device") && Catch::Contains("cpu, cuda"));
+  j = base();
+  j["schedule"] = {{"type", 3}};
+  CHECK_THAT(error_of(j), Catch::Contains("schedule.type") && Catch::Contains("constant, cosine, wsd"));
+  j = base();
+  j["parallel"] = {{"transport", "nccl"}};  // NCCL moves device memory
+  CHECK_THAT(error_of(j), Catch::Contains("needs training.device"));
+  j = base();
+  j["training"]["precision"] = "bf16";
+  j["training"]["device"] = "cuda";
+  const Config c = Config::from_json(j, "cfg.json");
+  CHECK(c.training.precision == DType::BF16);
+  CHECK(c.training.device == Device::CUDA);
+  CHECK(c.to_json()["training"]["precision"] == "bf16");
+  CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
 }

@@ -1,6 +1,6 @@
 // Depth statistics (run.depth_stats_every, Model::set_depth_stats): the RMS of
 // every sublayer output y_s and the norm of dL/dy_s equal a direct
-// computation (the literal MODEL.md reference with y_s perturbed, finite
+// computation (the literal reference of docs/model.md with y_s perturbed, finite
 // differences in float64), and attaching the sink changes no training number.
 #include <cmath>
 #include <fstream>
@@ -34,7 +34,7 @@ namespace {
 
 // reference::sequence_loss with a hook on every sublayer output y_s (after
 // f_s, before it joins the residual stream / partial sum), which may record
-// or perturb it. The residual bookkeeping is MODEL.md section 2 verbatim.
+// or perturb it. The residual bookkeeping is docs/model.md section 2 verbatim.
 using OutputHook = std::function<void(size_t s, Seq& y)>;
 double loss_with_hook(const ModelConfig& c, const reference::ParamFn& P,
                       const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,

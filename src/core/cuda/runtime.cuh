@@ -23,13 +23,13 @@ const cudaDeviceProp& device_properties();
 
 }  // namespace attnres::cuda
 
-// Checks a CUDA runtime call; a failure throws attnres::Error naming the file,
+// Checks a CUDA runtime call; a failure throws attnres::InternalError naming the file,
 // line and the failing call.
 #define ATTNRES_CUDA_CHECK(call)                                                     \
   do {                                                                               \
     cudaError_t err_ = (call);                                                       \
     if (err_ != cudaSuccess)                                                         \
-      ::attnres::fail(__FILE__, ":", __LINE__, ": ", #call, " failed: ",             \
+      ::attnres::fail_internal(__FILE__, ":", __LINE__, ": ", #call, " failed: ",             \
                       cudaGetErrorName(err_), " (", cudaGetErrorString(err_), ")"); \
   } while (0)
 

@@ -1,4 +1,4 @@
-// CPU AdamW update over n elements (MODEL.md section 4, PyTorch semantics).
+// CPU AdamW update over n elements (docs/model.md section 4, PyTorch semantics).
 #pragma once
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-// CPU AttnRes depth Mix (MODEL.md section 2).
+// CPU AttnRes depth Mix (docs/model.md section 2).
 //
 // Every token row is independent except for dw, which sums over all rows; so
 // rows are split across threads and dw is reduced through per-chunk partials

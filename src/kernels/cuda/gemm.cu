@@ -29,13 +29,13 @@
 #include "core/device.h"
 #include "kernels/cuda/common.cuh"
 
-// Checks a cuBLASLt call; a failure throws attnres::Error naming the call, the
+// Checks a cuBLASLt call; a failure throws attnres::InternalError naming the call, the
 // file and the line.
 #define ATTNRES_CUBLAS_CHECK(call)                                                   \
   do {                                                                               \
     cublasStatus_t st_ = (call);                                                     \
     if (st_ != CUBLAS_STATUS_SUCCESS)                                                \
-      ::attnres::fail(__FILE__, ":", __LINE__, ": ", #call, " failed: ",             \
+      ::attnres::fail_internal(__FILE__, ":", __LINE__, ": ", #call, " failed: ",             \
                       cublasLtGetStatusString(st_), " (status ", static_cast<int>(st_), \
                       ")");                                                          \
   } while (0)

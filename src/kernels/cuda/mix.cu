@@ -1,4 +1,4 @@
-// CUDA AttnRes depth Mix (see kernels/mix.h, MODEL.md section 2, and the CPU
+// CUDA AttnRes depth Mix (see kernels/mix.h, docs/model.md section 2, and the CPU
 // reference kernels/cpu/mix.cpp).
 //
 // The op is memory-bound: per token row it streams k source rows of d

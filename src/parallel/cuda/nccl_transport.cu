@@ -25,7 +25,7 @@
   do {                                                                                             \
     ncclResult_t res_ = (call);                                                                    \
     if (res_ != ncclSuccess)                                                                       \
-      ::attnres::fail(__FILE__, ":", __LINE__, ": ", #call, " failed: ", ncclGetErrorString(res_), \
+      ::attnres::fail_internal(__FILE__, ":", __LINE__, ": ", #call, " failed: ", ncclGetErrorString(res_), \
                       " (", ncclGetLastError(nullptr), ")");                                       \
   } while (0)
 

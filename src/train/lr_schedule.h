@@ -1,4 +1,4 @@
-// Learning-rate schedules (MODEL.md section 4).
+// Learning-rate schedules (docs/model.md section 4).
 #pragma once
 #include <cstdint>
 

@@ -1,1 +1,0 @@
-// Placeholder translation unit for a layer with no sources yet.
