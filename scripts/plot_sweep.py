@@ -209,7 +209,10 @@ def pick_point(rows, size, budget):
     if size:
         done = [r for r in done if r["size"] == size]
     if budget:
-        done = [r for r in done if int(r["tokens"]) == int(budget) or r["run"].endswith("_" + budget)]
+        # The budget as the run names give it ("500k": the point's name ends
+        # with it), or the tokens actually trained (results.csv's "tokens").
+        done = [r for r in done
+                if r["tokens"] == budget or r.get("point", r["run"]).endswith("_" + budget)]
     if not done:
         return None
     best = max(done, key=lambda r: float(r["flops"]))

@@ -66,9 +66,7 @@ int cmd_sweep(const Args& args) {
     std::printf("%s", train::plan_table(plan, outcomes).c_str());
     // A started run whose config the file now changes: the real run would
     // refuse the sweep, so the dry run does too, naming every such run.
-    std::vector<std::string> changed;
-    for (const auto& r : plan.runs)
-      if (std::string c = train::changed_config(r); !c.empty()) changed.push_back(std::move(c));
+    const std::vector<std::string> changed = train::changed_configs(plan);
     if (!changed.empty()) {
       for (const auto& c : changed) std::fprintf(stderr, "error: %s\n", c.c_str());
       std::fprintf(stderr, "error: %zu started run(s) would be refused: the sweep cannot run as it is\n",

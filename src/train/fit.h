@@ -77,7 +77,7 @@ struct MultiplierInterval {
   int failed = 0;      // replicates whose baseline fit had no falling line (left out)
 };
 
-// Bootstrap over seeds (docs/sweeps.md, "Confidence intervals"). The seed-to-
+// Bootstrap over seeds (docs/sweeps.md, "How the interval is computed"). The seed-to-
 // seed scatter of a point's loss is modelled as relative noise of one size
 // everywhere: the residuals ln(L_s / mean L) of every point in `pool_from`
 // (the sweep passes every mode's points) with two or more seeds, each scaled

@@ -217,7 +217,12 @@ SweepRun make_run(const SweepPlan& plan, const RunSpec& spec, double warmup_frac
   json cj = spec.size_base;
   cj["model"]["residual"] = spec.mode.residual;
   cj["training"]["steps"] = 1;  // placeholder until the batch size is known
-  if (spec.seeded) cj["training"]["seed"] = spec.seed;
+  if (spec.seeded) {
+    if (find_path(spec.size_base, "training.seed"))
+      fail(plan.source, ": size '", spec.size, "' sets config key 'training.seed', but 'seeds' "
+           "sets it for every run; remove one");
+    cj["training"]["seed"] = spec.seed;
+  }
   Config c = Config::from_json(cj, run_source);
   run.seed = c.training.seed;
   const int64_t per_step = c.training.micro_batch_size * c.training.seq_len *
@@ -646,7 +651,9 @@ json fit_sweep(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes) {
                     {"ci95", interval(ci.geomean)}};
     std::string verdict;
     if (!std::isfinite(ci.geomean.lo)) {
-      verdict = "no interval: one seed per point (give the sweep \"seeds\")";
+      verdict = plan.seeds.size() < 2
+                    ? "no interval: one seed per point (give the sweep \"seeds\")"
+                    : "no interval yet: no point has two completed seeds";
     } else {
       summary["distinguished_from_1"] = ci.geomean.excludes(1.0);
       verdict = ci.geomean.lo > 1.0   ? "ahead of " + plan.baseline_mode + " at 95%"
@@ -790,6 +797,13 @@ std::string changed_config(const SweepRun& run) {
   return "";
 }
 
+std::vector<std::string> changed_configs(const SweepPlan& plan) {
+  std::vector<std::string> changed;
+  for (const auto& r : plan.runs)
+    if (std::string c = changed_config(r); !c.empty()) changed.push_back(std::move(c));
+  return changed;
+}
+
 // ---------------------------------------------------------------------------
 // Running a sweep
 // ---------------------------------------------------------------------------
@@ -803,9 +817,8 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-// What to do with a run, decided on rank 0: "skip", "train", or an error.
+// What to do with a run, decided on rank 0: "skip" or "train".
 std::string decide(const SweepRun& run, bool train) {
-  if (const std::string changed = changed_config(run); !changed.empty()) fail(changed);
   if (fs::exists(result_path(run))) return "skip";
   return train ? "train" : "skip";
 }
@@ -865,20 +878,26 @@ int run_sweep(const SweepPlan& plan, const SweepOptions& opt) {
     return s;
   };
 
+  // A started run whose config the file now changes: refuse the whole sweep
+  // before anything trains (a changed sweep is never mixed with the old one).
+  std::string refused;
+  if (root) {
+    try {
+      for (const std::string& c : changed_configs(plan)) refused += (refused.empty() ? "" : "\n") + c;
+    } catch (const std::exception& e) {  // e.g. an unreadable stored config: still agree
+      refused = e.what();
+    }
+  }
+  refused = agree(refused);
+  if (!refused.empty()) fail(refused);
+
   int rc = 0;
   int64_t trained = 0, skipped = 0, paused = 0;
   for (size_t i = 0; i < plan.runs.size(); ++i) {
     const SweepRun& run = plan.runs[i];
     std::string decision;
-    if (root) {
-      try {
-        decision = decide(run, opt.train);
-      } catch (const std::exception& e) {
-        decision = std::string("error:") + plan.source + ": " + e.what();
-      }
-    }
+    if (root) decision = decide(run, opt.train);
     decision = agree(decision);
-    if (decision.rfind("error:", 0) == 0) fail(decision.substr(6));
     if (decision == "skip") {
       if (opt.train && root) spdlog::info("[{}/{}] {}: complete, skipped", i + 1, plan.runs.size(), run.name);
       ++skipped;

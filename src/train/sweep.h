@@ -97,9 +97,12 @@ std::string plan_table(const SweepPlan& plan, const std::vector<RunOutcome>& out
 // A run whose stored config (runs/<run>/config.json or result.json) differs
 // from the one the sweep file now gives it, outside the bookkeeping keys:
 // a message naming the run, the key and both values; "" when it agrees or
-// has not started. `attnres sweep` refuses to train such a sweep, and
-// --dry-run reports every such run.
+// has not started.
 std::string changed_config(const SweepRun& run);
+// changed_config of every run of the plan, the non-empty ones. `attnres
+// sweep` checks them all before it trains anything and refuses the sweep
+// (naming every such run) if there is one; --dry-run reports them too.
+std::vector<std::string> changed_configs(const SweepPlan& plan);
 
 struct SweepOptions {
   bool train = true;        // false: only collect results, fits and plots (--report)

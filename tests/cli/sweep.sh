@@ -78,6 +78,20 @@ rc=0
 grep -q "the started runs match their stored configs" plan3.txt || { cat plan3.txt; fail "dry run: no match line"; }
 pass "--dry-run names the 4 runs a changed learning rate would refuse (exit 2)"
 
+# The real run refuses a changed sweep before it trains anything, even when
+# the first run is new (here: its directory deleted) and would train first.
+cp -r out out_changed
+rm -r out_changed/runs/a_baseline_384
+sed 's/"out_dir": "out"/"out_dir": "out_changed"/' sweep.json > changed.json
+rc=0
+"$BIN" sweep changed.json --no-plots --optimizer.lr=0.002 > /dev/null 2> err4.txt || rc=$?
+[[ $rc -eq 2 ]] || { cat err4.txt; fail "changed sweep: exit $rc, expected 2"; }
+[[ $(grep -c "its config changed since it was started" err4.txt) -eq 3 ]] \
+  || { cat err4.txt; fail "changed sweep: expected the 3 started runs named"; }
+grep -q "model:" err4.txt && fail "the changed sweep trained a run before refusing"
+[[ ! -e out_changed/runs/a_baseline_384 ]] || fail "the changed sweep started the new run"
+pass "a changed sweep is refused before any run trains (3 changed runs named, exit 2)"
+
 # SIGTERM during a run: the trainer checkpoints and the sweep exits 143; the
 # same command resumes that run from its checkpoint.
 sed -e 's/"out_dir": "out"/"out_dir": "long"/' -e 's/"tokens": \[768\]/"tokens": [96000]/' \

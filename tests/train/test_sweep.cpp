@@ -194,6 +194,12 @@ TEST_CASE("sweep files: mistakes are errors naming the key and the reason", "[sw
              Contains("(run b_baseline_640)") && Contains("n_heads"));
   CHECK_THAT(err([](json& j) { j["seeds"] = {1, 2}; }),
              Contains("'base' sets config key 'training.seed'") && Contains("'seeds'"));
+  CHECK_THAT(err([](json& j) {
+               j["base"]["training"].erase("seed");
+               j["seeds"] = {1, 2};
+               j["sizes"][0]["config"] = {{"training", {{"seed", 7}}}};
+             }),
+             Contains("size 'a' sets config key 'training.seed'"));
   CHECK_THAT(err([](json& j) { j["base"]["training"].erase("seed"); j["seeds"] = {1, 1}; }),
              Contains("'seeds' lists 1 twice"));
   CHECK_THAT(err([](json& j) { j["base"]["training"].erase("seed"); j["seeds"] = json::array(); }),
