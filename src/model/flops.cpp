@@ -1,12 +1,26 @@
 #include "model/flops.h"
 
+#include "model/params.h"
+
 namespace attnres::model {
 
 double matmul_params(const ModelConfig& c) {
-  const double d = c.d_model, hd = c.head_dim(), F = c.d_ff;
-  const double attn = d * c.n_heads * hd * 2 + d * c.n_kv_heads * hd * 2;  // q, o, k, v
-  const double mlp = 3 * d * F;
-  return c.n_layers * (attn + mlp) + c.vocab_size * d;
+  // The GEMM weights of param_shapes: the layers' projections and the output
+  // projection (the LM head, or the embedding when tied: it is the head too).
+  double n = 0;
+  for (const auto& p : param_shapes(c))
+    switch (p.slot) {
+      case Slot::Q: case Slot::K: case Slot::V: case Slot::O:
+      case Slot::Gate: case Slot::Up: case Slot::Down: case Slot::LmHead:
+        n += static_cast<double>(p.numel());
+        break;
+      case Slot::Embedding:
+        if (c.tie_embeddings) n += static_cast<double>(p.numel());
+        break;
+      default:
+        break;
+    }
+  return n;
 }
 
 double training_flops_per_token(const ModelConfig& c, int64_t T) {

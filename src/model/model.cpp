@@ -19,7 +19,11 @@ namespace attnres::model {
 namespace kern = attnres::kernels;
 
 Model::Model(const ModelConfig& cfg, DType dtype, const ModelParts& parts, Device device)
-    : cfg_(cfg), dtype_(dtype), device_(device), params_(make_params(cfg, dtype, parts, device)) {
+    : cfg_(cfg),
+      dtype_(dtype),
+      device_(device),
+      params_(make_params(cfg, dtype, parts, device)),
+      w_(resolve_params(params_, cfg_, parts)) {
   cfg_.validate();
 }
 
@@ -36,24 +40,14 @@ Tensor Model::on_device(const Tensor& t) const {
   return t.device() == device_ ? t : t.to(device_);
 }
 
-const Param& Model::out_proj() const {
-  return p(cfg_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-}
-Param& Model::out_proj() {
-  return p(cfg_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+const LayerParams& Model::layer(int64_t l) const {
+  const int64_t i = l - w_.layer_begin;
+  ATTNRES_CHECK(i >= 0 && i < static_cast<int64_t>(w_.layers.size()), "layer ", l,
+                " is not in this model part");
+  return w_.layers[static_cast<size_t>(i)];
 }
 
 namespace {
-// Sublayer s's parameter: the attention sublayer's (even s) or the MLP's.
-std::string sublayer_param(int64_t s, const char* attn, const char* mlp) {
-  return layer_param(s / 2, s % 2 == 0 ? attn : mlp);
-}
-std::string norm_gain_name(int64_t s) {
-  return sublayer_param(s, "input_layernorm.weight", "post_attention_layernorm.weight");
-}
-std::string mix_query_name(int64_t s) {
-  return sublayer_param(s, "attn_res.query", "mlp_res.query");
-}
 // A sublayer's recent sources (or their gradients): those past the first
 // `first` of the state's, then the partial sum when it exists.
 template <typename State>
@@ -64,13 +58,14 @@ std::vector<Tensor> recent_of(const State& st, int64_t first) {
 }
 }  // namespace
 
-const Param& Model::out_proj_of(int64_t s) const {
-  return p(sublayer_param(s, "self_attn.o_proj.weight", "mlp.down_proj.weight"));
+// Sublayer s is layer s/2's attention (even s) or MLP (odd s).
+Param& Model::out_proj_of(int64_t s) const { return s % 2 == 0 ? *layer(s / 2).o : *layer(s / 2).down; }
+Param& Model::norm_gain(int64_t s) const {
+  return s % 2 == 0 ? *layer(s / 2).attn_norm : *layer(s / 2).mlp_norm;
 }
-const Param& Model::norm_gain(int64_t s) const { return p(norm_gain_name(s)); }
-Param& Model::norm_gain(int64_t s) { return p(norm_gain_name(s)); }
-const Param& Model::mix_query(int64_t s) const { return p(mix_query_name(s)); }
-Param& Model::mix_query(int64_t s) { return p(mix_query_name(s)); }
+Param& Model::mix_query(int64_t s) const {
+  return s % 2 == 0 ? *layer(s / 2).attn_query : *layer(s / 2).mlp_query;
+}
 
 // ---------------------------------------------------------------------------
 // Embedding
@@ -84,7 +79,7 @@ void Model::embed_forward(const Tensor& tokens, int64_t B, int64_t T, DepthState
   acts.T = T;
   acts.tokens = on_device(tokens);
   Tensor e = new_act(B * T, cfg_.d_model);
-  kern::embedding_forward(e, p("model.embed_tokens.weight").value, acts.tokens);
+  kern::embedding_forward(e, w_.embedding->value, acts.tokens);
   st = DepthState{};
   if (cfg_.attnres()) {
     // b_0 = e: the embedding is always a source of its own.
@@ -102,7 +97,7 @@ void Model::embed_backward(const Activations& acts, DepthGrad& g) {
   if (cfg_.attnres())
     ATTNRES_CHECK(g.sources.size() == 1 && !g.partial.defined(),
                   "embed_backward: depth gradient should hold only b_0, has ", g.sources.size());
-  kern::embedding_backward(p("model.embed_tokens.weight").grad, de, acts.tokens);
+  kern::embedding_backward(w_.embedding->grad, de, acts.tokens);
 }
 
 // ---------------------------------------------------------------------------
@@ -116,9 +111,9 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
   a.q = new_act(N, H * hd);
   a.k = new_act(N, Hkv * hd);
   a.v = new_act(N, Hkv * hd);
-  kern::matmul_forward(a.q, a.u, p(layer_param(l, "self_attn.q_proj.weight")).value);
-  kern::matmul_forward(a.k, a.u, p(layer_param(l, "self_attn.k_proj.weight")).value);
-  kern::matmul_forward(a.v, a.u, p(layer_param(l, "self_attn.v_proj.weight")).value);
+  kern::matmul_forward(a.q, a.u, layer(l).q->value);
+  kern::matmul_forward(a.k, a.u, layer(l).k->value);
+  kern::matmul_forward(a.v, a.u, layer(l).v->value);
   const int64_t pos0 = cache ? cache->pos : 0;
   kern::rope_forward(a.q, B, T, H, hd, theta, pos0);
   kern::rope_forward(a.k, B, T, Hkv, hd, theta, pos0);
@@ -133,17 +128,17 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
     a.lse = new_stat({B, H, T});
     kern::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd});
   }
-  kern::matmul_forward(y, a.att, p(layer_param(l, "self_attn.o_proj.weight")).value, residual);
+  kern::matmul_forward(y, a.att, layer(l).o->value, residual);
 }
 
 Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B,
                                  int64_t T) {
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
-  Param& wq = p(layer_param(l, "self_attn.q_proj.weight"));
-  Param& wk = p(layer_param(l, "self_attn.k_proj.weight"));
-  Param& wv = p(layer_param(l, "self_attn.v_proj.weight"));
-  Param& wo = p(layer_param(l, "self_attn.o_proj.weight"));
+  Param& wq = *layer(l).q;
+  Param& wk = *layer(l).k;
+  Param& wv = *layer(l).v;
+  Param& wo = *layer(l).o;
   // Activation gradients with one producer are written (Store::Set), not
   // zeroed and accumulated into: du is the only buffer with several (q, k, v).
   Tensor datt = new_act(N, H * hd);
@@ -167,17 +162,17 @@ void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* res
   a.gate = new_act(N, F);
   a.up = new_act(N, F);
   a.h = new_act(N, F);
-  kern::matmul_forward(a.gate, a.u, p(layer_param(l, "mlp.gate_proj.weight")).value);
-  kern::matmul_forward(a.up, a.u, p(layer_param(l, "mlp.up_proj.weight")).value);
+  kern::matmul_forward(a.gate, a.u, layer(l).gate->value);
+  kern::matmul_forward(a.up, a.u, layer(l).up->value);
   kern::swiglu_forward(a.h, a.gate, a.up);
-  kern::matmul_forward(y, a.h, p(layer_param(l, "mlp.down_proj.weight")).value, residual);
+  kern::matmul_forward(y, a.h, layer(l).down->value, residual);
 }
 
 Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
   const int64_t N = a.u.dim(0), F = cfg_.d_ff;
-  Param& wg = p(layer_param(l, "mlp.gate_proj.weight"));
-  Param& wu = p(layer_param(l, "mlp.up_proj.weight"));
-  Param& wd = p(layer_param(l, "mlp.down_proj.weight"));
+  Param& wg = *layer(l).gate;
+  Param& wu = *layer(l).up;
+  Param& wd = *layer(l).down;
   Tensor dh = new_act(N, F);
   kern::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value, kern::Store::Set);
   Tensor dgate = new_act(N, F);
@@ -471,7 +466,7 @@ Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
   SublayerActs& a = acts.head = SublayerActs{};
   const Tensor* w = nullptr;
   if (cfg_.attnres()) {
-    w = &p("model.final_res.query").value;
+    w = &w_.final_query->value;
     const bool merge = st.partial.defined();
     phase1_forward(Span<SublayerActs>(&a, 1), Span<const Tensor>(w, 1),
                    static_cast<int64_t>(st.sources.size()), {merge}, st);
@@ -480,27 +475,27 @@ Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
   } else {
     a.x = st.hidden;
   }
-  norm_forward(a, w, p("model.norm.weight").value);
+  norm_forward(a, w, w_.final_norm->value);
   return a.u;
 }
 
 double Model::head_loss(const DepthState& st, const Tensor& targets, Activations& acts) {
   const Tensor h = final_norm(st, acts);
-  return kern::lm_head_cross_entropy(h, out_proj().value, on_device(targets), nullptr, nullptr, 0.0);
+  return kern::lm_head_cross_entropy(h, w_.lm_head->value, on_device(targets), nullptr, nullptr, 0.0);
 }
 
 double Model::head_forward_backward(const DepthState& st, const Tensor& targets, Activations& acts,
                                     DepthGrad& grad, double grad_scale) {
   const int64_t N = acts.B * acts.T, d = cfg_.d_model;
   const Tensor h = final_norm(st, acts);
-  Param& w_out = out_proj();
+  Param& w_out = *w_.lm_head;
   const Tensor tgt = on_device(targets);
   Tensor dh = new_act(N, d);
   double loss = kern::lm_head_cross_entropy(h, w_out.value, tgt, &dh, &w_out.grad, grad_scale,
                                          kern::Store::Set);
   grad = DepthGrad{};
   SublayerActs& a = acts.head;
-  Param& g_final = p("model.norm.weight");
+  Param& g_final = *w_.final_norm;
   if (!cfg_.attnres()) {
     norm_backward(a, dh, nullptr, g_final, {}, nullptr);
     grad.hidden = a.d_o;
@@ -509,7 +504,7 @@ double Model::head_forward_backward(const DepthState& st, const Tensor& targets,
   // The head is the first backward to reach the sources: their gradients start here.
   for (size_t j = 0; j < st.sources.size(); ++j) grad.sources.push_back(zero_act(N, d));
   if (a.mix_stats.defined()) grad.partial = zero_act(N, d);
-  Param* q = &p("model.final_res.query");
+  Param* q = w_.final_query;
   norm_backward(a, dh, q, g_final, a.mix_stats.defined() ? Span<Tensor>(&grad.partial, 1)
                                                          : Span<Tensor>(),
                 nullptr);
@@ -565,7 +560,7 @@ std::vector<float> Model::decode_step(int32_t token, DecodeCache& cache) const {
   // Head without the loss: final Mix (or stream), norm, logits.
   const Tensor h = final_norm(st, acts);
   Tensor logits = new_act(1, cfg_.vocab_size);
-  kern::matmul_forward(logits, h, out_proj().value);
+  kern::matmul_forward(logits, h, w_.lm_head->value);
   Tensor l32 = logits.to(Device::CPU).to(DType::F32);
   return std::vector<float>(l32.data<float>(), l32.data<float>() + cfg_.vocab_size);
 }

@@ -96,10 +96,17 @@ class Model {
   // Param) on cuda. Everything the model allocates lives on `device`.
   Model(const ModelConfig& cfg, DType dtype = DType::F32, const ModelParts& parts = {},
         Device device = Device::CPU);
+  // w_ points into params_: a copy would point into the original.
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  Model(Model&&) = default;  // moving params_ keeps its elements where they are
+  Model& operator=(Model&&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   ParamTable& params() { return params_; }
   const ParamTable& params() const { return params_; }
+  // The same parameters by role (embedding, per-layer, head), not by name.
+  const ModelParams& handles() const { return w_; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
 
@@ -186,20 +193,17 @@ class Model {
   Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
   Tensor new_stat(const Shape& shape) const;           // fp32 (fp64) statistics
   Tensor on_device(const Tensor& t) const;             // t, copied here if it lives elsewhere
-  const Param& out_proj_of(int64_t s) const;  // sublayer s's last projection (o_proj, down_proj)
-  const Param& norm_gain(int64_t s) const;  // the RMSNorm gain of sublayer s
-  Param& norm_gain(int64_t s);
-  const Param& mix_query(int64_t s) const;  // the Mix query of sublayer s
-  Param& mix_query(int64_t s);
-  const Param& p(const std::string& name) const { return params_.get(name); }
-  Param& p(const std::string& name) { return params_.get(name); }
-  const Param& out_proj() const;
-  Param& out_proj();
+  // Typed parameters (ModelParams, resolved once at construction).
+  const LayerParams& layer(int64_t l) const;  // transformer layer l (of this part)
+  Param& out_proj_of(int64_t s) const;  // sublayer s's last projection (o_proj, down_proj)
+  Param& norm_gain(int64_t s) const;    // the RMSNorm gain of sublayer s
+  Param& mix_query(int64_t s) const;    // the Mix query of sublayer s
 
   ModelConfig cfg_;
   DType dtype_;
   Device device_;
   ParamTable params_;
+  ModelParams w_;  // typed handles into params_
   DepthStats* depth_stats_ = nullptr;  // not owned; see set_depth_stats
 };
 

@@ -1,5 +1,6 @@
 #include "model/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/rng.h"
@@ -67,8 +68,58 @@ void ParamTable::init(uint64_t seed) {
   }
 }
 
-std::string layer_param(int64_t layer, const char* suffix) {
-  return "model.layers." + std::to_string(layer) + "." + suffix;
+int64_t ParamShape::numel() const {
+  int64_t n = 1;
+  for (int64_t x : shape) n *= x;
+  return n;
+}
+
+std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& parts) {
+  const int64_t d = cfg.d_model, hd = cfg.head_dim(), F = cfg.d_ff, V = cfg.vocab_size;
+  const double std = 0.02, out_std = 0.02 / std::sqrt(2.0 * cfg.n_layers);
+  const int64_t end = parts.layer_end < 0 ? cfg.n_layers : parts.layer_end;
+  std::vector<ParamShape> out;
+  auto add = [&](std::string name, Shape shape, double init_std, double init_value, Slot slot,
+                 int64_t layer) {
+    out.push_back({std::move(name), std::move(shape), init_std, init_value, slot, layer});
+  };
+  if (parts.embedding || (parts.head && cfg.tie_embeddings))
+    add("model.embed_tokens.weight", {V, d}, std, 0, Slot::Embedding, -1);
+  for (int64_t l = parts.layer_begin; l < end; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    add(pre + "input_layernorm.weight", {d}, 0, 1.0, Slot::AttnNorm, l);
+    add(pre + "self_attn.q_proj.weight", {cfg.n_heads * hd, d}, std, 0, Slot::Q, l);
+    add(pre + "self_attn.k_proj.weight", {cfg.n_kv_heads * hd, d}, std, 0, Slot::K, l);
+    add(pre + "self_attn.v_proj.weight", {cfg.n_kv_heads * hd, d}, std, 0, Slot::V, l);
+    add(pre + "self_attn.o_proj.weight", {d, cfg.n_heads * hd}, out_std, 0, Slot::O, l);
+    add(pre + "post_attention_layernorm.weight", {d}, 0, 1.0, Slot::MlpNorm, l);
+    add(pre + "mlp.gate_proj.weight", {F, d}, std, 0, Slot::Gate, l);
+    add(pre + "mlp.up_proj.weight", {F, d}, std, 0, Slot::Up, l);
+    add(pre + "mlp.down_proj.weight", {d, F}, out_std, 0, Slot::Down, l);
+    if (cfg.attnres()) {
+      add(pre + "attn_res.query", {d}, 0, 0.0, Slot::AttnQuery, l);
+      add(pre + "mlp_res.query", {d}, 0, 0.0, Slot::MlpQuery, l);
+    }
+  }
+  if (parts.head) {
+    if (cfg.attnres()) add("model.final_res.query", {d}, 0, 0.0, Slot::FinalQuery, -1);
+    add("model.norm.weight", {d}, 0, 1.0, Slot::FinalNorm, -1);
+    if (!cfg.tie_embeddings) add("lm_head.weight", {V, d}, std, 0, Slot::LmHead, -1);
+  }
+  return out;
+}
+
+int64_t total_params(const ModelConfig& cfg) {
+  int64_t n = 0;
+  for (const auto& s : param_shapes(cfg)) n += s.numel();
+  return n;
+}
+
+int64_t non_embedding_params(const ModelConfig& cfg) {
+  int64_t n = 0;
+  for (const auto& s : param_shapes(cfg))
+    if (s.slot != Slot::Embedding && s.slot != Slot::LmHead) n += s.numel();
+  return n;
 }
 
 ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& parts,
@@ -77,33 +128,46 @@ ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& pa
     fail("parameters on the cpu are F32 or F64, not ", dtype_name(dtype));
   if (device == Device::CUDA && dtype != DType::F32 && dtype != DType::BF16)
     fail("parameters on cuda are F32 or BF16, not ", dtype_name(dtype));
-  const int64_t d = cfg.d_model, hd = cfg.head_dim(), F = cfg.d_ff, V = cfg.vocab_size;
-  const double std = 0.02, out_std = 0.02 / std::sqrt(2.0 * cfg.n_layers);
-  const int64_t end = parts.layer_end < 0 ? cfg.n_layers : parts.layer_end;
   ParamTable t;
-  if (parts.embedding || (parts.head && cfg.tie_embeddings))
-    t.add("model.embed_tokens.weight", {V, d}, dtype, device, std);
-  for (int64_t l = parts.layer_begin; l < end; ++l) {
-    t.add(layer_param(l, "input_layernorm.weight"), {d}, dtype, device, 0, 1.0);
-    t.add(layer_param(l, "self_attn.q_proj.weight"), {cfg.n_heads * hd, d}, dtype, device, std);
-    t.add(layer_param(l, "self_attn.k_proj.weight"), {cfg.n_kv_heads * hd, d}, dtype, device, std);
-    t.add(layer_param(l, "self_attn.v_proj.weight"), {cfg.n_kv_heads * hd, d}, dtype, device, std);
-    t.add(layer_param(l, "self_attn.o_proj.weight"), {d, cfg.n_heads * hd}, dtype, device, out_std);
-    t.add(layer_param(l, "post_attention_layernorm.weight"), {d}, dtype, device, 0, 1.0);
-    t.add(layer_param(l, "mlp.gate_proj.weight"), {F, d}, dtype, device, std);
-    t.add(layer_param(l, "mlp.up_proj.weight"), {F, d}, dtype, device, std);
-    t.add(layer_param(l, "mlp.down_proj.weight"), {d, F}, dtype, device, out_std);
-    if (cfg.attnres()) {
-      t.add(layer_param(l, "attn_res.query"), {d}, dtype, device, 0, 0.0);
-      t.add(layer_param(l, "mlp_res.query"), {d}, dtype, device, 0, 0.0);
+  for (const auto& s : param_shapes(cfg, parts))
+    t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value);
+  return t;
+}
+
+ModelParams resolve_params(ParamTable& table, const ModelConfig& cfg, const ModelParts& parts) {
+  const auto shapes = param_shapes(cfg, parts);
+  auto& all = table.all();
+  ATTNRES_CHECK(all.size() == shapes.size(), "parameter table of ", all.size(),
+                " tensors for a model part of ", shapes.size());
+  ModelParams w;
+  w.layer_begin = parts.layer_begin;
+  const int64_t end = parts.layer_end < 0 ? cfg.n_layers : parts.layer_end;
+  w.layers.resize(static_cast<size_t>(std::max<int64_t>(0, end - parts.layer_begin)));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const ParamShape& s = shapes[i];
+    Param* p = &all[i];
+    ATTNRES_CHECK(p->name == s.name, "parameter ", i, " is ", p->name, ", expected ", s.name);
+    LayerParams* L = s.layer >= 0 ? &w.layers[static_cast<size_t>(s.layer - w.layer_begin)] : nullptr;
+    switch (s.slot) {
+      case Slot::Embedding: w.embedding = p; break;
+      case Slot::AttnNorm: L->attn_norm = p; break;
+      case Slot::Q: L->q = p; break;
+      case Slot::K: L->k = p; break;
+      case Slot::V: L->v = p; break;
+      case Slot::O: L->o = p; break;
+      case Slot::MlpNorm: L->mlp_norm = p; break;
+      case Slot::Gate: L->gate = p; break;
+      case Slot::Up: L->up = p; break;
+      case Slot::Down: L->down = p; break;
+      case Slot::AttnQuery: L->attn_query = p; break;
+      case Slot::MlpQuery: L->mlp_query = p; break;
+      case Slot::FinalQuery: w.final_query = p; break;
+      case Slot::FinalNorm: w.final_norm = p; break;
+      case Slot::LmHead: w.lm_head = p; break;
     }
   }
-  if (parts.head) {
-    if (cfg.attnres()) t.add("model.final_res.query", {d}, dtype, device, 0, 0.0);
-    t.add("model.norm.weight", {d}, dtype, device, 0, 1.0);
-    if (!cfg.tie_embeddings) t.add("lm_head.weight", {V, d}, dtype, device, std);
-  }
-  return t;
+  if (parts.head && cfg.tie_embeddings) w.lm_head = w.embedding;
+  return w;
 }
 
 }  // namespace attnres::model

@@ -51,9 +51,6 @@ class ParamTable {
   std::unordered_map<std::string, size_t> index_;
 };
 
-// Parameter names (Hugging Face Llama layout + AttnRes queries).
-std::string layer_param(int64_t layer, const char* suffix);  // "model.layers.{l}.{suffix}"
-
 // Which parts of the model a ParamTable holds: the pipeline gives each rank
 // only its chunks' layers (plus the embedding / head where they live).
 struct ModelParts {
@@ -62,9 +59,57 @@ struct ModelParts {
   bool head = true;
 };
 
-// Build the table for `cfg` restricted to `parts`, in a fixed order.
+// What a parameter is for: its place in docs/model.md section 3.
+enum class Slot : uint8_t {
+  Embedding,                                   // model.embed_tokens.weight
+  AttnNorm, Q, K, V, O,                        // model.layers.{l}.input_layernorm / self_attn.*
+  MlpNorm, Gate, Up, Down,                     // post_attention_layernorm / mlp.*
+  AttnQuery, MlpQuery,                         // AttnRes: attn_res.query, mlp_res.query
+  FinalQuery, FinalNorm, LmHead,               // model.final_res.query, model.norm, lm_head
+};
+
+// One parameter's declaration. param_shapes is the one place where names,
+// shapes and initialisations are written; the table, the counts, the FLOPs
+// and the sweep all read them from here.
+struct ParamShape {
+  std::string name;   // the checkpoint / Hugging Face name
+  Shape shape;
+  double init_std;    // N(0, init_std); 0 = constant init_value
+  double init_value;
+  Slot slot;
+  int64_t layer;      // transformer layer of a per-layer slot, else -1
+  int64_t numel() const;
+};
+
+// The parameters of `cfg` restricted to `parts`, in the table's fixed order.
+std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& parts = {});
+
+// Parameter counts of the whole model: all of them (a tied embedding once),
+// and all but the embedding and the LM head (the scaling-law N).
+int64_t total_params(const ModelConfig& cfg);
+int64_t non_embedding_params(const ModelConfig& cfg);
+
+// Build the table for `cfg` restricted to `parts`, in param_shapes' order.
 // dtype: F32 or F64 (CPU), F32 or BF16 (CUDA; BF16 adds fp32 master weights).
 ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& parts = {},
                        Device device = Device::CPU);
+
+// Typed handles into a table, resolved once (by slot, no name look-ups):
+// what the model's code uses on every step.
+struct LayerParams {
+  Param *attn_norm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  Param *mlp_norm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
+  Param *attn_query = nullptr, *mlp_query = nullptr;  // AttnRes modes only
+};
+struct ModelParams {
+  Param* embedding = nullptr;    // where the table holds it
+  int64_t layer_begin = 0;       // layers[i] is transformer layer layer_begin + i
+  std::vector<LayerParams> layers;
+  Param* final_query = nullptr;  // AttnRes modes, with the head
+  Param* final_norm = nullptr;
+  Param* lm_head = nullptr;      // the output projection: the embedding when tied
+};
+// `table` must have been made by make_params(cfg, ..., parts, ...).
+ModelParams resolve_params(ParamTable& table, const ModelConfig& cfg, const ModelParts& parts);
 
 }  // namespace attnres::model

@@ -13,8 +13,6 @@ namespace attnres::parallel {
 namespace kern = attnres::kernels;
 using Clock = std::chrono::steady_clock;
 
-static const char* kEmbedding = "model.embed_tokens.weight";
-
 // ---------------------------------------------------------------------------
 // RankModel
 // ---------------------------------------------------------------------------
@@ -45,7 +43,8 @@ std::vector<std::vector<model::Param*>> RankModel::owned_params() {
   for (int v = 0; v < size(); ++v)
     for (auto& p : chunks_[v]->params().all()) {
       // The last chunk's copy of a tied embedding belongs to chunk 0.
-      if (tied_ && layout_.C() > 1 && chunk_id(v) == layout_.C() - 1 && p.name == kEmbedding)
+      if (tied_ && layout_.C() > 1 && chunk_id(v) == layout_.C() - 1 &&
+          &p == chunks_[v]->handles().embedding)
         continue;
       out[v].push_back(&p);
     }
@@ -54,12 +53,12 @@ std::vector<std::vector<model::Param*>> RankModel::owned_params() {
 
 model::Param* RankModel::tied_copy() {
   if (!tied_ || layout_.C() == 1 || stage_ != layout_.rank_of(layout_.C() - 1)) return nullptr;
-  return &chunks_.back()->params().get(kEmbedding);
+  return chunks_.back()->handles().embedding;
 }
 
 model::Param* RankModel::embedding() {
   if (stage_ != 0) return nullptr;
-  return &chunks_.front()->params().get(kEmbedding);
+  return chunks_.front()->handles().embedding;
 }
 
 // ---------------------------------------------------------------------------

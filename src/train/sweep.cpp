@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
+#include "model/params.h"
 #include "parallel/mpi.h"
 #include "train/checkpoint_io.h"
 #include "train/trainer.h"
@@ -23,24 +24,6 @@ namespace attnres::train {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// ---------------------------------------------------------------------------
-// Parameter counts (docs/model.md section 3, without allocating anything)
-// ---------------------------------------------------------------------------
-
-int64_t non_embedding_params(const model::ModelConfig& m) {
-  const int64_t d = m.d_model, hd = m.head_dim();
-  const int64_t attn = d * m.n_heads * hd * 2 + d * m.n_kv_heads * hd * 2;  // q, o, k, v
-  const int64_t mlp = 3 * d * m.d_ff;
-  const int64_t norms = 2 * d;                   // input / post-attention gains
-  const int64_t queries = m.attnres() ? 2 * d : 0;  // attn_res / mlp_res pseudo-queries
-  return m.n_layers * (attn + mlp + norms + queries) + d /* final norm */ +
-         (m.attnres() ? d : 0) /* final_res query */;
-}
-
-int64_t total_params(const model::ModelConfig& m) {
-  return non_embedding_params(m) + m.vocab_size * m.d_model * (m.tie_embeddings ? 1 : 2);
-}
 
 namespace {
 
@@ -250,8 +233,8 @@ SweepRun make_run(const SweepPlan& plan, const RunSpec& spec, double warmup_frac
     fail(run_source, ": 'fit.loss' is \"val\" but the config has no data.val; set "
          "base.data.val or \"fit\": {\"loss\": \"train\"}");
   run.config = c;
-  run.params = non_embedding_params(c.model);
-  run.params_total = total_params(c.model);
+  run.params = model::non_embedding_params(c.model);
+  run.params_total = model::total_params(c.model);
   run.flops = 6.0 * static_cast<double>(run.params) * static_cast<double>(run.tokens);
   return run;
 }

@@ -25,12 +25,6 @@ namespace attnres::train {
 // 1 PFLOP/s-day in FLOPs (the paper's compute unit).
 constexpr double kFlopsPerPflopsDay = 1e15 * 86400.0;
 
-// Parameters outside the embedding matrix and the LM head (the N of C = 6 N D):
-// attention and MLP matrices, norm gains and the AttnRes queries.
-int64_t non_embedding_params(const model::ModelConfig& m);
-// Every parameter (embedding and LM head included).
-int64_t total_params(const model::ModelConfig& m);
-
 // One run: a point of the grid (size x mode x budget) trained with one seed.
 struct SweepRun {
   std::string name;         // <point>, or <point>_s<seed> with "seeds"; the directory name

@@ -114,7 +114,7 @@ TEST_CASE("sweep plan: sizes x modes x budgets with names, steps and compute", "
   CHECK(r.config.checkpoint.dir == r.dir + "/ckpt");
   CHECK(r.config.checkpoint.resume == "auto");
   CHECK(r.config.eval.every == 31);  // the final eval runs before the final checkpoint
-  CHECK(r.params == non_embedding_params(r.config.model));
+  CHECK(r.params == model::non_embedding_params(r.config.model));
   CHECK(r.flops == 6.0 * r.params * r.tokens);
 
   const SweepRun& blk = plan.runs[8];  // b_block_n2_640: 4 sublayers in 2 blocks
@@ -231,8 +231,8 @@ TEST_CASE("non-embedding parameter counts match the model's parameter table", "[
       for (const auto& p : t.all())
         if (p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight") embedding += p.value.numel();
       INFO(model::residual_mode_name(mode) << (tie ? ", tied" : ""));
-      CHECK(non_embedding_params(c) == t.numel() - embedding);
-      CHECK(total_params(c) == t.numel());
+      CHECK(model::non_embedding_params(c) == t.numel() - embedding);
+      CHECK(model::total_params(c) == t.numel());
     }
   }
 }
