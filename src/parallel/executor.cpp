@@ -228,7 +228,7 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
   } catch (const Error& e) {
     throw Error(in_list(e));
   }
-  r.stats.bytes_sent = transport_.traffic().total_sent() - sent0;
+  r.stats.pp_bytes = transport_.traffic().total_sent() - sent0;
   r.stats.wall_sec = std::chrono::duration<double>(Clock::now() - t0).count();
   return r.stats;
 }

@@ -69,11 +69,15 @@ class RankModel {
 
 using DataFn = std::function<data::TokenLoader::Batch(int mb)>;
 
+// What a step did: the executor fills in this rank's share, the runtime
+// (Runtime::train_step) reduces it over the ranks; the trainer logs it.
 struct StepStats {
-  double loss_sum = 0;     // summed token loss of the microbatches whose last chunk ran here
-  int64_t bytes_sent = 0;  // pipeline bytes this rank sent
-  double busy_sec = 0;     // time in forward/backward compute
-  double wall_sec = 0;     // start of the step to the end of this rank's last action
+  double loss_sum = 0;   // summed token loss of the microbatches whose last chunk ran here,
+                         // then over all replicas
+  int64_t pp_bytes = 0;  // pipeline bytes this rank sent, then all ranks
+  double busy_sec = 0;   // time in forward/backward compute
+  double wall_sec = 0;   // start of the step to the end of this rank's last action
+  double bubble = 0;     // runtime: (slowest rank's wall - mean busy) / mean busy
 };
 
 class PipelineExecutor {

@@ -178,6 +178,7 @@ Comm& Comm::operator=(Comm&& o) noexcept {
   if (this != &o) {
     if (impl_ && impl_->owned && impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
     impl_ = std::move(o.impl_);
+    solo_ = o.solo_;
   }
   return *this;
 }
@@ -196,17 +197,20 @@ Comm Comm::world() {
 }
 
 int Comm::rank() const {
+  if (solo_) return 0;
   int r = 0;
   mpi_check(MPI_Comm_rank(raw(*this), &r), "MPI_Comm_rank");
   return r;
 }
 int Comm::size() const {
+  if (solo_) return 1;
   int s = 0;
   mpi_check(MPI_Comm_size(raw(*this), &s), "MPI_Comm_size");
   return s;
 }
 
 Comm Comm::split(int color, int key) const {
+  if (solo_) return solo();
   auto impl = std::make_unique<Impl>();
   mpi_check(MPI_Comm_split(raw(*this), color, key, &impl->comm), "MPI_Comm_split");
   impl->owned = true;
@@ -214,12 +218,14 @@ Comm Comm::split(int color, int key) const {
 }
 
 void Comm::barrier() const {
+  if (solo_) return;
   MPI_Request req;
   mpi_check(MPI_Ibarrier(raw(*this), &req), "MPI_Ibarrier");
   wait_bounded(req, "a barrier");
 }
 
 void Comm::bcast(void* data, size_t bytes, int root) const {
+  if (solo_) return;
   // MPI counts are int: large buffers go in pieces.
   char* p = static_cast<char*>(data);
   for (size_t at = 0; at < bytes; at += size_t(1) << 30) {
@@ -240,6 +246,7 @@ void Comm::bcast(std::string& s, int root) const {
 namespace {
 template <typename T>
 void allreduce(const Comm& c, T* x, int n, MPI_Datatype type, MPI_Op op, const char* what) {
+  if (c.is_solo()) return;
   MPI_Request req;
   mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x, n, type, op, raw(c), &req), "MPI_Iallreduce");
   wait_bounded(req, what);
@@ -260,6 +267,7 @@ void Comm::allreduce_max(int64_t* x, int n) const {
 }
 
 std::vector<std::vector<double>> Comm::allgather(const std::vector<double>& mine) const {
+  if (solo_) return {mine};
   const int n = size();
   int count = static_cast<int>(mine.size());
   std::vector<int> counts(n), displs(n);
@@ -284,6 +292,7 @@ std::vector<std::string> Comm::gather(const std::string& mine, int root) const {
   // Point-to-point in 1 GiB pieces: a rank's share of a large checkpoint can
   // exceed MPI's int counts. Tag 1 keeps it apart from anything else.
   constexpr size_t kPiece = size_t(1) << 30;
+  if (solo_) return {mine};
   const int me = rank(), n = size();
   auto send_all = [&](const std::string& s) {
     int64_t len = static_cast<int64_t>(s.size());
@@ -322,6 +331,7 @@ std::vector<std::string> Comm::gather(const std::string& mine, int root) const {
 namespace {
 template <typename T>
 void sum_identical_impl(const Comm& c, T* x, int64_t n, MPI_Datatype type) {
+  if (c.is_solo()) return;
   // Reduce at member 0, then broadcast its bits: every member ends with the
   // same values, so data-parallel replicas never drift apart.
   constexpr int64_t kPiece = int64_t(1) << 28;
@@ -368,23 +378,36 @@ Comm::Comm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Comm::Comm(Comm&&) noexcept = default;
 Comm& Comm::operator=(Comm&&) noexcept = default;
 Comm::~Comm() = default;
+// Only the solo communicator exists without MPI.
 Comm Comm::world() { no_mpi(); }
-int Comm::rank() const { no_mpi(); }
-int Comm::size() const { no_mpi(); }
-Comm Comm::split(int, int) const { no_mpi(); }
-void Comm::barrier() const { no_mpi(); }
-void Comm::bcast(void*, size_t, int) const { no_mpi(); }
-void Comm::bcast(std::string&, int) const { no_mpi(); }
-void Comm::allreduce_sum(double*, int) const { no_mpi(); }
-void Comm::allreduce_sum(int64_t*, int) const { no_mpi(); }
-void Comm::allreduce_max(double*, int) const { no_mpi(); }
-void Comm::allreduce_max(int64_t*, int) const { no_mpi(); }
-std::vector<std::vector<double>> Comm::allgather(const std::vector<double>&) const { no_mpi(); }
-std::vector<std::string> Comm::gather(const std::string&, int) const { no_mpi(); }
-void Comm::sum_identical(float*, int64_t) const { no_mpi(); }
-void Comm::sum_identical(double*, int64_t) const { no_mpi(); }
+int Comm::rank() const { return solo_ ? 0 : (no_mpi(), 0); }
+int Comm::size() const { return solo_ ? 1 : (no_mpi(), 0); }
+Comm Comm::split(int, int) const { return solo_ ? solo() : (no_mpi(), Comm()); }
+void Comm::barrier() const { if (!solo_) no_mpi(); }
+void Comm::bcast(void*, size_t, int) const { if (!solo_) no_mpi(); }
+void Comm::bcast(std::string&, int) const { if (!solo_) no_mpi(); }
+void Comm::allreduce_sum(double*, int) const { if (!solo_) no_mpi(); }
+void Comm::allreduce_sum(int64_t*, int) const { if (!solo_) no_mpi(); }
+void Comm::allreduce_max(double*, int) const { if (!solo_) no_mpi(); }
+void Comm::allreduce_max(int64_t*, int) const { if (!solo_) no_mpi(); }
+std::vector<std::vector<double>> Comm::allgather(const std::vector<double>& mine) const {
+  if (!solo_) no_mpi();
+  return {mine};
+}
+std::vector<std::string> Comm::gather(const std::string& mine, int) const {
+  if (!solo_) no_mpi();
+  return {mine};
+}
+void Comm::sum_identical(float*, int64_t) const { if (!solo_) no_mpi(); }
+void Comm::sum_identical(double*, int64_t) const { if (!solo_) no_mpi(); }
 
 #endif
+
+Comm Comm::solo() {
+  Comm c;
+  c.solo_ = true;
+  return c;
+}
 
 // ---------------------------------------------------------------------------
 // ProcessGrid

@@ -100,7 +100,11 @@ class Comm {
   Comm& operator=(const Comm&) = delete;
 
   static Comm world();
-  bool valid() const { return impl_ != nullptr; }
+  // This process alone, without MPI: rank 0 of 1, where every collective is
+  // the identity. A single-process run is the P = D = 1 job on it.
+  static Comm solo();
+  bool is_solo() const { return solo_; }
+  bool valid() const { return impl_ != nullptr || solo_; }
   int rank() const;
   int size() const;
   // Processes with the same color form a new communicator, ordered by key.
@@ -129,6 +133,7 @@ class Comm {
  private:
   explicit Comm(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  bool solo_ = false;
 };
 
 // The P x D grid over a communicator of P*D processes (normally the world).

@@ -11,6 +11,7 @@
 namespace attnres::parallel {
 
 std::unique_ptr<Transport> make_transport(TransportKind kind, const ProcessGrid& grid) {
+  if (grid.world().is_solo()) return std::make_unique<LocalTransport>();
   if (kind == TransportKind::Nccl) return make_nccl_transport(grid);
   ATTNRES_CHECK(kind == TransportKind::Mpi, "make_transport: resolve TransportKind::Auto first");
   return std::make_unique<MpiTransport>(grid);
@@ -24,7 +25,7 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
   executor_ = std::make_unique<PipelineExecutor>(cfg, *model_, *transport_, opt.cache_blocks, B, T);
 }
 
-Runtime::StepResult Runtime::train_step(int M, const DataFn& data, double grad_scale) {
+StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale) {
   for (model::Param* p : model_->params()) p->grad.zero_();
   // Data parallel: each chunk's gradients are summed over the replicas as
   // soon as its last backward is done, overlapping the rest of the step
@@ -37,7 +38,7 @@ Runtime::StepResult Runtime::train_step(int M, const DataFn& data, double grad_s
     for (auto& p : model_->chunk(v).params().all()) grads.push_back(p.grad);
     pending[static_cast<size_t>(v)] = transport_->start_sum_across_replicas(std::move(grads));
   };
-  const StepStats st = executor_->train_step(M, data, grad_scale, grads_ready);
+  StepStats st = executor_->train_step(M, data, grad_scale, grads_ready);
   for (auto& p : pending)
     if (p) p->finish();
 
@@ -57,16 +58,14 @@ Runtime::StepResult Runtime::train_step(int M, const DataFn& data, double grad_s
     }
   }
 
-  double sums[3] = {st.loss_sum, static_cast<double>(st.bytes_sent), st.busy_sec};
+  double sums[3] = {st.loss_sum, static_cast<double>(st.pp_bytes), st.busy_sec};
   grid_.world().allreduce_sum(sums, 3);
-  double wall = st.wall_sec;
-  grid_.world().allreduce_max(&wall, 1);
-  StepResult res;
-  res.loss_sum = sums[0];
-  res.pp_bytes = static_cast<int64_t>(sums[1]);
-  const double mean_busy = sums[2] / grid_.world().size();
-  res.bubble = mean_busy > 0 ? std::max(0.0, (wall - mean_busy) / mean_busy) : 0.0;
-  return res;
+  grid_.world().allreduce_max(&st.wall_sec, 1);
+  st.loss_sum = sums[0];
+  st.pp_bytes = static_cast<int64_t>(sums[1]);
+  st.busy_sec = sums[2] / grid_.world().size();  // the mean
+  st.bubble = st.busy_sec > 0 ? std::max(0.0, (st.wall_sec - st.busy_sec) / st.busy_sec) : 0.0;
+  return st;
 }
 
 double Runtime::grad_norm() {
@@ -126,6 +125,7 @@ T get(const std::string& in, size_t& at) {
 }  // namespace
 
 std::vector<NamedTensor> Runtime::gather_to_root(const std::vector<NamedTensor>& mine) const {
+  if (grid_.world().size() == 1) return mine;  // nothing to move
   // Blob: per tensor name length, name, dtype, ndim, dims, raw bytes.
   std::string blob;
   if (grid_.replica() == 0)

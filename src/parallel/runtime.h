@@ -27,7 +27,7 @@ struct RuntimeOptions {
   std::vector<int64_t> layers_per_chunk;  // explicit split; empty = even
 };
 
-// Mpi or Nccl (parallel/nccl_transport.h).
+// Mpi or Nccl (parallel/nccl_transport.h); a LocalTransport on a solo grid.
 std::unique_ptr<Transport> make_transport(TransportKind kind, const ProcessGrid& grid);
 
 class Runtime {
@@ -40,15 +40,11 @@ class Runtime {
   RankModel& model() { return *model_; }
   Transport& transport() { return *transport_; }
 
-  struct StepResult {
-    double loss_sum = 0;   // summed token loss over all replicas' microbatches
-    int64_t pp_bytes = 0;  // pipeline bytes sent this step, all ranks
-    double bubble = 0;     // measured: (slowest rank's step time - mean busy) / mean busy
-  };
   // Zero the gradients, run the step's M microbatches (data(mb) gives this
   // replica's microbatch mb), then sum the tied-embedding gradients between
   // the first and last stage and every gradient over the replicas. Collective.
-  StepResult train_step(int M, const DataFn& data, double grad_scale);
+  // The result holds the global loss sum, pipeline bytes and bubble.
+  StepStats train_step(int M, const DataFn& data, double grad_scale);
 
   // Global L2 norm of all gradients, summed in the single-process order
   // (chunk by chunk, parameter by parameter), so it matches Model's table
@@ -63,7 +59,8 @@ class Runtime {
   int64_t max(int64_t v) const;
 
   // Tensors from every rank of replica 0, at world rank 0 (in rank order);
-  // empty elsewhere. Device tensors are copied to the host.
+  // empty elsewhere. Device tensors are copied to the host (in a job of one
+  // rank, `mine` is returned as it is).
   std::vector<NamedTensor> gather_to_root(const std::vector<NamedTensor>& mine) const;
 
  private:

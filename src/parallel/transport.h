@@ -121,4 +121,16 @@ class Transport {
   Traffic traffic_;
 };
 
+// The transport of a single-process job (P = D = 1): one chunk, no peers,
+// nothing to send and no replicas to sum over. Anything else is a bug.
+class LocalTransport : public Transport {
+ public:
+  LocalTransport() : Transport(1) {}
+  std::string name() const override { return "none (single process)"; }
+  Request isend(const Tensor&, int peer) override;
+  Request irecv(const Tensor&, int peer) override;
+  std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
+  void sum_with_peer(Tensor&, int peer) override;
+};
+
 }  // namespace attnres::parallel

@@ -47,14 +47,6 @@ std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
 }
 }  // namespace
 
-std::string save_checkpoint(const Config& cfg, const model::Model& model, const AdamW& opt,
-                            const TrainState& state) {
-  // The full-precision weights: fp32 master weights in a bf16 run.
-  std::vector<NamedTensor> weights;
-  for (const auto& p : model.params().all()) weights.push_back({p.name, p.weights()});
-  return save_checkpoint(cfg, weights, opt.state_tensors(), opt.steps_taken(), state);
-}
-
 std::string save_checkpoint(const Config& cfg, const std::vector<NamedTensor>& weights,
                             const std::vector<NamedTensor>& optimizer_state,
                             int64_t optimizer_steps, const TrainState& state) {
@@ -111,10 +103,6 @@ void load_weights(const std::string& path, model::ParamTable& params) {
     file = (fs::path(path) / "model.safetensors").string();
   }
   assign_weights(read_safetensors(file), file, params);
-}
-
-TrainState load_checkpoint(const std::string& dir, model::Model& model, AdamW& opt) {
-  return load_checkpoint(dir, model.config(), {&model.params()}, {&opt});
 }
 
 TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& model,

@@ -25,23 +25,19 @@ struct TrainState {
 // Hugging Face LlamaConfig fields plus our residual settings.
 nlohmann::json hf_config(const model::ModelConfig& m);
 
-// Write a complete checkpoint for `state.step`; returns its directory.
-std::string save_checkpoint(const Config& cfg, const model::Model& model, const AdamW& opt,
-                            const TrainState& state);
-// The same files from tensors: the parallel trainer gathers every rank's
-// weights (docs/model.md names, single-process order) and optimizer moments
-// ("exp_avg.<param>", "exp_avg_sq.<param>") at rank 0, so a checkpoint does
-// not depend on the layout that wrote it.
+// Write a complete checkpoint for `state.step`; returns its directory. The
+// trainer gathers every rank's weights (docs/model.md names, in param_shapes
+// order) and optimizer moments (AdamW::state_tensors names and order) at rank
+// 0, so a checkpoint does not depend on the layout that wrote it.
 std::string save_checkpoint(const Config& cfg, const std::vector<NamedTensor>& weights,
                             const std::vector<NamedTensor>& optimizer_state,
                             int64_t optimizer_steps, const TrainState& state);
 
-// Verify, then load weights, optimizer state and counters from `dir`.
-// Throws (naming the file) on damage or on a model that doesn't match.
-TrainState load_checkpoint(const std::string& dir, model::Model& model, AdamW& opt);
-// The same into several tables with their optimizers (a pipeline rank's
-// chunks): each takes the tensors it holds, whatever layout wrote the file.
-// `verify` = false skips re-hashing the files (another rank verified them).
+// Verify, then load weights, optimizer state and counters from `dir` into a
+// rank's tables (its chunks) with their optimizers: each takes the tensors it
+// holds, whatever layout wrote the file. Throws (naming the file) on damage or
+// on a model that doesn't match. `verify` = false skips re-hashing the files
+// (another rank verified them).
 TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& model,
                            const std::vector<model::ParamTable*>& tables,
                            const std::vector<AdamW*>& opts, bool verify = true);

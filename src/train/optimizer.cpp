@@ -48,8 +48,8 @@ void AdamW::step(double lr, double norm) {
 std::vector<NamedTensor> AdamW::state_tensors() const {
   std::vector<NamedTensor> out;
   const auto& ps = params_.all();
-  for (size_t i = 0; i < ps.size(); ++i) out.push_back({"exp_avg." + ps[i].name, m_[i]});
-  for (size_t i = 0; i < ps.size(); ++i) out.push_back({"exp_avg_sq." + ps[i].name, v_[i]});
+  for (size_t i = 0; i < ps.size(); ++i) out.push_back({first_moment_name(ps[i].name), m_[i]});
+  for (size_t i = 0; i < ps.size(); ++i) out.push_back({second_moment_name(ps[i].name), v_[i]});
   return out;
 }
 
@@ -66,8 +66,8 @@ void AdamW::load_state_tensors(const std::vector<NamedTensor>& tensors, const st
     dst.copy_from(it->second->dtype() == dst.dtype() ? *it->second : it->second->to(dst.dtype()));
   };
   for (size_t i = 0; i < ps.size(); ++i) {
-    load("exp_avg." + ps[i].name, m_[i]);
-    load("exp_avg_sq." + ps[i].name, v_[i]);
+    load(first_moment_name(ps[i].name), m_[i]);
+    load(second_moment_name(ps[i].name), v_[i]);
   }
 }
 

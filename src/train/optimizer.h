@@ -1,6 +1,7 @@
 // AdamW over a ParamTable, with global-norm gradient clipping (docs/model.md section 4).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/safetensors.h"
@@ -24,8 +25,11 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
-  // First/second moments as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>").
+  // First/second moments as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>"):
+  // entry i is parameter i's first moment, entry n + i its second (n parameters).
   std::vector<NamedTensor> state_tensors() const;
+  static std::string first_moment_name(const std::string& param) { return "exp_avg." + param; }
+  static std::string second_moment_name(const std::string& param) { return "exp_avg_sq." + param; }
   // Restore from state_tensors() output; every moment must be present with the
   // right shape, else the error names the missing/mismatched tensor and `source`.
   void load_state_tensors(const std::vector<NamedTensor>& tensors, const std::string& source);

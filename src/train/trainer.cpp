@@ -120,29 +120,6 @@ std::unique_ptr<data::TokenLoader> open_val_data(const Config& cfg) {
                                              tc.micro_batch_size, tc.seq_len, false, tc.seed);
 }
 
-// What the training loop needs from whoever runs the model: the single process
-// and the pipeline / data-parallel runtime differ only in these.
-struct StepStats {
-  double loss_sum = 0;   // summed token loss of the step's microbatches (all replicas)
-  int64_t pp_bytes = -1; // pipeline bytes sent this step, all ranks (-1: no pipeline)
-  double bubble = 0;     // measured pipeline bubble fraction
-};
-struct LoopHooks {
-  std::function<StepStats(int64_t step, double grad_scale)> forward_backward;
-  std::function<double()> grad_norm;                 // global L2 norm of the gradients
-  std::function<void(double lr, double norm)> update;
-  std::function<void()> checkpoint;                  // collective under mpirun
-  std::function<void()> evaluate;                    // collective under mpirun
-  std::function<int()> pending_signal;               // a signal any rank received, or 0
-  MetricsWriter* metrics = nullptr;                  // rank 0 only: also prints progress
-  const std::string* last_checkpoint = nullptr;
-  // Depth statistics (set only when run.depth_stats_every > 0): attach (true)
-  // or detach (false) the stats sink of this rank's model around one step's
-  // forward-backward, then write the step's record (collective under mpirun).
-  std::function<void(bool attach)> depth_stats_attach;
-  std::function<void(int64_t step)> depth_stats_write;
-};
-
 // One line of depth_stats.jsonl: per-sublayer RMS of the outputs y_s and L2
 // norm of dL/dy_s over the step's whole batch (docs/files.md).
 json depth_stats_record(int64_t step, const model::DepthStats& s) {
@@ -158,92 +135,346 @@ std::string depth_stats_path(const Config& cfg) {
   return (fs::path(cfg.run.dir) / "depth_stats.jsonl").string();
 }
 
-// The optimizer-step loop (docs/model.md sections 4-6), written once for every
-// layout: learning rate, update, metrics, progress, evaluation, checkpoints,
-// non-finite values, run.stop_after and signals.
-int run_loop(const Config& cfg, TrainState& state, double peak_flops, const LoopHooks& h) {
-  const auto& tc = cfg.training;
-  const auto& ck = cfg.checkpoint;
-  const bool root = h.metrics != nullptr;
-  const int64_t tokens_per_step =
-      tc.grad_accum * tc.micro_batch_size * tc.seq_len * cfg.parallel.data;
+// ---------------------------------------------------------------------------
+// The engine: one rank's share of a P x D job (docs/parallel.md), and the
+// optimizer-step loop (docs/model.md sections 4-6). A single process is the
+// P = D = 1 job on a communicator of its own (parallel::Comm::solo()), so
+// every layout has one setup, one loop and one way to save and resume. Rank 0
+// (stage 0 of replica 0) prints progress and writes metrics.jsonl and the
+// checkpoints. Every decision that ends or branches the loop (non-finite
+// values, signals, stop_after) is taken from globally reduced values, so all
+// ranks take it together.
+// ---------------------------------------------------------------------------
+class Engine {
+ public:
+  Engine(const Config& cfg, const parallel::Comm& world, int local_rank, int local_size);
+  int run();
+
+ private:
+  parallel::StepStats step(int64_t k, double grad_scale);
+  void checkpoint();  // collective
+  void evaluate();    // collective: replica d evaluates units d, d+D, ...
+  void log_step(int64_t first_step, double loss, double lr, double norm, double dt,
+                double elapsed, const parallel::StepStats& st);
+  bool depth_stats_due(int64_t k) const;
+  void attach_depth_stats(bool attach);
+  void write_depth_stats(int64_t step);
+
+  const Config& cfg_;
+  const TrainingConfig& tc_;
+  const int64_t B_, T_, A_;
+  const std::string gpu_;  // CUDA_VISIBLE_DEVICES pinned for this rank, or ""
+  const parallel::ProcessGrid grid_;
+  const bool root_;
+  const int64_t replica_;
+  data::TokenLoader train_data_;
+  std::unique_ptr<data::TokenLoader> val_data_;
+  DeviceChoice dev_;
+  std::unique_ptr<parallel::Runtime> rt_;
+  std::vector<std::unique_ptr<AdamW>> opts_;  // one per local chunk
+  TrainState state_;
+  std::string last_checkpoint_;
+  std::unique_ptr<MetricsWriter> metrics_;    // rank 0
+  model::DepthStats depth_stats_;
+  std::unique_ptr<MetricsWriter> depth_log_;  // rank 0, with run.depth_stats_every
+  // A checkpoint tensor's place in the single-process order of its file,
+  // whatever the layout: parameter i of param_shapes, and in the optimizer
+  // file its first moment at i and its second at n + i.
+  std::unordered_map<std::string, size_t> ckpt_order_;
+};
+
+Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, int local_size)
+    : cfg_(cfg),
+      tc_(cfg.training),
+      B_(tc_.micro_batch_size),
+      T_(tc_.seq_len),
+      A_(tc_.grad_accum),
+      // One GPU per process; before anything touches CUDA.
+      gpu_(tc_.device == Device::CUDA ? parallel::pin_local_gpu(local_rank, local_size) : ""),
+      grid_(world, static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.data)),
+      root_(grid_.rank() == 0),
+      replica_(grid_.replica()),
+      // The data, validated by every rank before any compute.
+      train_data_(open_train_data(cfg)),
+      val_data_(open_val_data(cfg)),
+      depth_stats_(cfg.model.n_sublayers()) {
+  const bool solo = world.is_solo();
+  const int P = grid_.P(), D = grid_.D();
+  if (root_) spdlog::info("resolved config: {}", cfg.to_json().dump());
+
+  // ---- device, transport, this rank's chunks, optimizers ----
+  if (tc_.device == Device::CUDA && cuda::device_count() == 0)
+    fail("config key training.device is \"cuda\" but no CUDA device is visible",
+         solo ? "" : " to rank " + std::to_string(grid_.rank()),
+         gpu_.empty() ? " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them)"
+                      : " (CUDA_VISIBLE_DEVICES=" + gpu_ + ")");
+  dev_ = choose_device(tc_);
+  if (dev_.on_gpu && root_)
+    spdlog::info("device: {} ({}; peak {:.0f} TFLOP/s for MFU{})", cuda::device_description(0),
+                 precision_name(tc_.precision), dev_.peak_flops * 1e-12,
+                 dev_.peak_flops == 0 ? ": unknown GPU, set training.peak_tflops" : "");
+  parallel::RuntimeOptions ro;
+  ro.V = static_cast<int>(cfg.parallel.virtual_stages);
+  ro.cache_blocks = cfg.parallel.cache_blocks;
+  ro.transport = cfg.parallel.transport;
+  if (ro.transport == TransportKind::Auto)
+    ro.transport = dev_.on_gpu && parallel::nccl_compiled() ? TransportKind::Nccl : TransportKind::Mpi;
+  rt_ = std::make_unique<parallel::Runtime>(grid_, cfg.model, dev_.dtype, dev_.device, ro, B_, T_);
+  auto& rm = rt_->model();
+  std::vector<model::ParamTable*> tables;
+  std::vector<AdamW*> opt_ptrs;
+  for (int v = 0; v < rm.size(); ++v) {
+    model::ParamTable& t = rm.chunk(v).params();
+    if (cfg.model.init_from.empty()) t.init(tc_.seed);
+    else load_weights(cfg.model.init_from, t);
+    tables.push_back(&t);
+    opts_.push_back(std::make_unique<AdamW>(t, cfg.optimizer));
+    opt_ptrs.push_back(opts_.back().get());
+  }
+  if (!cfg.model.init_from.empty() && root_)
+    spdlog::info("initialised weights from {}", cfg.model.init_from);
+  {
+    int64_t n = 0;
+    for (const auto& chunk : rm.owned_params())
+      for (const model::Param* p : chunk) n += p->value.numel();
+    world.allreduce_sum(&n, 1);
+    n /= D;  // every replica holds the whole model
+    if (root_)
+      spdlog::info("model: {} parameters ({} residual, {} layers, d={}), {} tokens per step", n,
+                   model::residual_mode_name(cfg.model.mode), cfg.model.n_layers,
+                   cfg.model.d_model, A_ * B_ * T_ * D);
+    if (!solo) {
+      std::string chunks;
+      for (int v = 0; v < rm.size(); ++v) {
+        const auto lr = rt_->layout().layers(rm.chunk_id(v));
+        chunks += fmt::format("{}chunk {} = layers [{}, {})", v ? ", " : "", rm.chunk_id(v),
+                              lr.begin, lr.end);
+      }
+      if (root_)
+        spdlog::info("parallel: {} pipeline stages x {} virtual x {} replicas, {} transport, "
+                     "cache_blocks {}; rank = replica * {} + stage", P, ro.V, D,
+                     transport_name(ro.transport), cfg.parallel.cache_blocks, P);
+      spdlog::info("rank {} = stage {} of replica {}: {}", grid_.rank(), grid_.stage(), replica_,
+                   chunks);
+    }
+  }
+  const auto shapes = model::param_shapes(cfg.model);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    ckpt_order_[shapes[i].name] = i;
+    ckpt_order_[AdamW::first_moment_name(shapes[i].name)] = i;
+    ckpt_order_[AdamW::second_moment_name(shapes[i].name)] = shapes.size() + i;
+  }
+
+  // ---- resume: rank 0 picks the checkpoint, every rank loads its part ----
+  std::string resume_dir;
+  if (root_) {
+    resume_dir = choose_resume_dir(cfg.checkpoint);
+    if (!resume_dir.empty()) verify_checkpoint(resume_dir);
+  }
+  world.bcast(resume_dir, 0);
+  if (!resume_dir.empty()) {
+    // Checkpoints hold global tensor names: any layout loads any checkpoint.
+    state_ = load_checkpoint(resume_dir, cfg.model, tables, opt_ptrs, /*verify=*/false);
+    if (root_) spdlog::info("resumed from {} at step {}", resume_dir, state_.step);
+  }
+  if (state_.step >= tc_.steps && root_)
+    spdlog::warn("checkpoint is at step {} >= training.steps = {}: nothing to train", state_.step,
+                 tc_.steps);
+  last_checkpoint_ = resume_dir;
+  if (root_) {
+    fs::create_directories(cfg.run.dir);
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg.run.dir) / "metrics.jsonl").string(),
+                                               state_.step > 0);
+    if (cfg.run.depth_stats_every > 0)
+      depth_log_ = std::make_unique<MetricsWriter>(depth_stats_path(cfg), state_.step > 0);
+  }
+}
+
+parallel::StepStats Engine::step(int64_t k, double grad_scale) {
+  const int64_t D = grid_.D();
+  return rt_->train_step(static_cast<int>(A_), [&](int mb) {
+    return train_data_.unit((k * A_ + mb) * D + replica_);  // docs/model.md section 5
+  }, grad_scale);
+}
+
+void Engine::checkpoint() {
+  if (cfg_.checkpoint.dir.empty()) return;
+  // Each rank contributes the weights and AdamW moments of the parameters it
+  // owns (a tied embedding's copy in the last chunk belongs to chunk 0);
+  // rank 0 puts them in the single-process order and writes the files.
+  std::vector<NamedTensor> weights, moments;
+  auto& rm = rt_->model();
+  const auto owned = rm.owned_params();
+  for (int v = 0; v < rm.size(); ++v) {
+    const auto& all = rm.chunk(v).params().all();
+    const auto state = opts_[static_cast<size_t>(v)]->state_tensors();
+    for (size_t i = 0; i < all.size(); ++i) {
+      const auto& mine = owned[static_cast<size_t>(v)];
+      if (std::find(mine.begin(), mine.end(), &all[i]) == mine.end()) continue;
+      weights.push_back({all[i].name, all[i].weights()});
+      moments.push_back(state[i]);
+      moments.push_back(state[all.size() + i]);
+    }
+  }
+  weights = rt_->gather_to_root(weights);
+  moments = rt_->gather_to_root(moments);
+  std::string dir;
+  if (root_) {
+    for (auto* file : {&weights, &moments})
+      std::sort(file->begin(), file->end(), [&](const NamedTensor& a, const NamedTensor& b) {
+        return ckpt_order_.at(a.name) < ckpt_order_.at(b.name);
+      });
+    dir = save_checkpoint(cfg_, weights, moments, opts_[0]->steps_taken(), state_);
+    prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
+    spdlog::info("checkpoint written: {}", dir);
+  }
+  grid_.world().bcast(dir, 0);
+  last_checkpoint_ = dir;
+}
+
+void Engine::evaluate() {
+  if (!val_data_) return;
+  const int64_t D = grid_.D();
+  const int64_t n = std::min(cfg_.eval.batches, val_data_->units_per_epoch());
+  const int M = static_cast<int>(n > replica_ ? (n - replica_ + D - 1) / D : 0);
+  const double sum =
+      rt_->eval_loss_sum(M, [&](int mb) { return val_data_->unit(replica_ + int64_t(mb) * D); });
+  const double loss = sum / static_cast<double>(n * B_ * T_);
+  if (root_) {
+    metrics_->write({{"step", state_.step}, {"val_loss", loss}});
+    spdlog::info("step {:>6} | val loss {:.6f} ({} tokens)", state_.step, loss, n * B_ * T_);
+  }
+}
+
+bool Engine::depth_stats_due(int64_t k) const {
+  // Depth statistics on every depth_stats_every-th step and the last one.
+  const int64_t every = cfg_.run.depth_stats_every;
+  return every > 0 && ((k + 1) % every == 0 || k + 1 == tc_.steps);
+}
+
+void Engine::attach_depth_stats(bool attach) {
+  // Every rank fills the sublayers of its chunks (zeros elsewhere) over its
+  // replica's microbatches; summing over all ranks gives the single
+  // process's numbers for the global batch.
+  if (attach) depth_stats_.reset(cfg_.model.n_sublayers());
+  auto& rm = rt_->model();
+  for (int v = 0; v < rm.size(); ++v) rm.chunk(v).set_depth_stats(attach ? &depth_stats_ : nullptr);
+}
+
+void Engine::write_depth_stats(int64_t step) {
+  for (auto* part : {&depth_stats_.output_sumsq, &depth_stats_.output_count,
+                     &depth_stats_.grad_sumsq, &depth_stats_.grad_count})
+    grid_.world().allreduce_sum(part->data(), static_cast<int>(part->size()));
+  if (root_) depth_log_->write(depth_stats_record(step, depth_stats_));
+}
+
+void Engine::log_step(int64_t first_step, double loss, double lr, double norm, double dt,
+                      double elapsed, const parallel::StepStats& st) {
+  const int64_t tokens_per_step = A_ * B_ * T_ * grid_.D();
+  const double tok_s = tokens_per_step / dt;
+  // Model FLOP/s (6N + attention) against the peak of all the job's devices.
+  const double achieved = tok_s * model::training_flops_per_token(cfg_.model, T_);
+  const double peak = dev_.peak_flops * grid_.P() * grid_.D();
+  const bool mfu = dev_.on_gpu && peak > 0;
+  const bool pipeline = !grid_.world().is_solo();  // pp_bytes and bubble mean something
+  json row = {{"step", state_.step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
+              {"tokens", state_.tokens}, {"tokens_per_sec", tok_s}, {"elapsed_sec", elapsed}};
+  if (pipeline) {
+    row["pp_bytes"] = st.pp_bytes;
+    row["bubble"] = st.bubble;
+  }
+  if (mfu) row["mfu"] = achieved / peak;
+  metrics_->write(row);
+  if (state_.step % cfg_.run.log_every == 0 || state_.step == tc_.steps ||
+      state_.step == first_step + 1) {
+    const double avg = elapsed / static_cast<double>(state_.step - first_step);
+    const std::string rate = mfu ? fmt::format("{:.1f} TFLOP/s | MFU {:.1f}%", achieved * 1e-12,
+                                               100 * achieved / peak)
+                                 : fmt::format("{:.1f} GFLOP/s", achieved * 1e-9);
+    const std::string pipe = !pipeline ? ""
+                                       : fmt::format(" | bubble {:.2f} | pp {:.1f} MB", st.bubble,
+                                                     st.pp_bytes * 1e-6);
+    spdlog::info("step {:>6}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | "
+                 "{}{} | ETA {}", state_.step, tc_.steps, loss, lr, norm, tok_s, rate, pipe,
+                 fmt_duration(avg * (tc_.steps - state_.step)));
+  }
+}
+
+int Engine::run() {
+  const auto& ck = cfg_.checkpoint;
+  if (ck.save_initial && state_.step == 0) checkpoint();
+  StopSignals signals;
+  const int64_t tokens_per_step = A_ * B_ * T_ * grid_.D();
   const double grad_scale = 1.0 / static_cast<double>(tokens_per_step);
-  const double flops_per_token = model::training_flops_per_token(cfg.model, tc.seq_len);
-  const bool on_gpu = tc.device == Device::CUDA;
   const auto t_start = Clock::now();
-  const int64_t first_step = state.step;
-  while (state.step < tc.steps) {
+  const int64_t first_step = state_.step;
+  while (state_.step < tc_.steps) {
     const auto t0 = Clock::now();
-    const int64_t k = state.step;
-    // Depth statistics on every depth_stats_every-th step and the last one.
-    const int64_t every = cfg.run.depth_stats_every;
-    const bool depth_stats = h.depth_stats_write && every > 0 &&
-                             ((k + 1) % every == 0 || k + 1 == tc.steps);
-    if (depth_stats) h.depth_stats_attach(true);
-    const StepStats st = h.forward_backward(k, grad_scale);
-    if (depth_stats) h.depth_stats_attach(false);
+    const int64_t k = state_.step;
+    const bool depth_stats = depth_stats_due(k);
+    if (depth_stats) attach_depth_stats(true);
+    const parallel::StepStats st = step(k, grad_scale);
+    if (depth_stats) attach_depth_stats(false);
     const double loss = st.loss_sum * grad_scale;
-    const double norm = h.grad_norm();
+    const double norm = rt_->grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {  // global values: every rank stops
       spdlog::error("step {}: non-finite {} (loss {}, grad norm {}); stopping without an update. "
                     "Last good checkpoint: {}", k + 1, std::isfinite(loss) ? "gradient" : "loss",
-                    loss, norm, h.last_checkpoint->empty() ? "none" : *h.last_checkpoint);
+                    loss, norm, last_checkpoint_.empty() ? "none" : last_checkpoint_);
       return kExitNonFinite;
     }
-    const double lr = learning_rate(cfg.schedule, cfg.optimizer.lr, k, tc.steps);
-    h.update(lr, norm);
-    state.step = k + 1;
-    state.tokens += tokens_per_step;
-
+    const double lr = learning_rate(cfg_.schedule, cfg_.optimizer.lr, k, tc_.steps);
+    for (auto& opt : opts_) opt->step(lr, norm);
+    state_.step = k + 1;
+    state_.tokens += tokens_per_step;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-    const double tok_s = tokens_per_step / dt;
-    const double achieved = tok_s * flops_per_token;  // model FLOP/s (6N + attention)
-    if (root) {
-      json row = {{"step", state.step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                  {"tokens", state.tokens}, {"tokens_per_sec", tok_s}, {"elapsed_sec", elapsed}};
-      if (st.pp_bytes >= 0) {
-        row["pp_bytes"] = st.pp_bytes;
-        row["bubble"] = st.bubble;
-      }
-      if (on_gpu && peak_flops > 0) row["mfu"] = achieved / peak_flops;
-      h.metrics->write(row);
-      if (state.step % cfg.run.log_every == 0 || state.step == tc.steps ||
-          state.step == first_step + 1) {
-        const double avg = elapsed / static_cast<double>(state.step - first_step);
-        const std::string rate = on_gpu && peak_flops > 0
-                                     ? fmt::format("{:.1f} TFLOP/s | MFU {:.1f}%",
-                                                   achieved * 1e-12, 100 * achieved / peak_flops)
-                                     : fmt::format("{:.1f} GFLOP/s", achieved * 1e-9);
-        const std::string pipe = st.pp_bytes < 0 ? ""
-                                     : fmt::format(" | bubble {:.2f} | pp {:.1f} MB", st.bubble,
-                                                   st.pp_bytes * 1e-6);
-        spdlog::info("step {:>6}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | "
-                     "{}{} | ETA {}", state.step, tc.steps, loss, lr, norm, tok_s, rate, pipe,
-                     fmt_duration(avg * (tc.steps - state.step)));
-      }
-    }
-    if (depth_stats) h.depth_stats_write(state.step);
-    const bool last = state.step == tc.steps;
-    const bool saved = last || (ck.every > 0 && state.step % ck.every == 0);
-    if (cfg.eval.every > 0 && (state.step % cfg.eval.every == 0 || last)) h.evaluate();
-    if (saved) h.checkpoint();
-    if (cfg.run.stop_after > 0 && state.step - first_step >= cfg.run.stop_after && !last) {
-      if (root) spdlog::info("run.stop_after = {}: stopping at step {}", cfg.run.stop_after, state.step);
-      if (!saved) h.checkpoint();
+    if (root_) log_step(first_step, loss, lr, norm, dt, elapsed, st);
+    if (depth_stats) write_depth_stats(state_.step);
+    const bool last = state_.step == tc_.steps;
+    const bool saved = last || (ck.every > 0 && state_.step % ck.every == 0);
+    if (cfg_.eval.every > 0 && (state_.step % cfg_.eval.every == 0 || last)) evaluate();
+    if (saved) checkpoint();
+    if (cfg_.run.stop_after > 0 && state_.step - first_step >= cfg_.run.stop_after && !last) {
+      if (root_)
+        spdlog::info("run.stop_after = {}: stopping at step {}", cfg_.run.stop_after, state_.step);
+      if (!saved) checkpoint();
       return 0;
     }
-    if (const int sig = h.pending_signal()) {
-      if (root)
+    // A signal may reach only some ranks: stop when any rank got one.
+    if (const int sig = static_cast<int>(rt_->max(signals.pending()))) {
+      if (root_)
         spdlog::warn("received {}: stopping after step {}", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                     state.step);
-      if (!saved) h.checkpoint();
-      if (ck.dir.empty() && root) spdlog::warn("checkpoint.dir is not set: nothing was saved");
+                     state_.step);
+      if (!saved) checkpoint();
+      if (ck.dir.empty() && root_) spdlog::warn("checkpoint.dir is not set: nothing was saved");
       return 128 + sig;
     }
   }
-  if (cfg.eval.every == 0 && state.step > first_step) h.evaluate();
+  if (cfg_.eval.every == 0 && state_.step > first_step) evaluate();
   return 0;
+}
+
+// Under mpirun: every rank runs the engine; any exception ends the whole job
+// (MpiSession::abort), since the other ranks may be blocked on this one.
+int train_under_mpi(const Config& cfg) {
+  parallel::MpiSession mpi;
+  init_logging(mpi.world_rank());
+  try {
+    const std::string threads = parallel::share_node_cores(mpi.local_size());
+    if (mpi.world_rank() == 0 && cfg.training.device == Device::CPU) log_cpu_setup(threads);
+    const parallel::Comm world = parallel::Comm::world();
+    const int rc = Engine(cfg, world, mpi.local_rank(), mpi.local_size()).run();
+    // Nobody leaves while a peer may still need it (e.g. rank 0 still writing).
+    world.barrier();
+    return rc;
+  } catch (const InternalError& e) {
+    parallel::MpiSession::abort(1, std::string("internal error: ") + e.what());
+  } catch (const Error& e) {
+    parallel::MpiSession::abort(2, e.what());
+  } catch (const std::exception& e) {
+    parallel::MpiSession::abort(1, e.what());
+  }
 }
 
 }  // namespace
@@ -260,328 +491,19 @@ std::pair<double, int64_t> evaluate(model::Model& model, data::TokenLoader& load
   return {sum / static_cast<double>(tokens), tokens};
 }
 
-namespace {
-
-// ---------------------------------------------------------------------------
-// The same loop under mpirun: P pipeline stages x D data-parallel replicas
-// (docs/parallel.md). Every rank runs this function; rank 0 (stage 0 of
-// replica 0) prints progress, writes metrics.jsonl and the checkpoints.
-// Every decision that ends or branches the loop (non-finite values, signals,
-// stop_after) is taken from globally reduced values, so all ranks take it
-// together; any exception ends the whole job (MpiSession::abort).
-// ---------------------------------------------------------------------------
-
-// Checkpoint tensors travel to rank 0 tagged with their sort key, so rank 0
-// can write them in the single-process order whatever the layout:
-// "<kind>:<chunk, 6 digits>:<position, 9 digits>|<name>" with kind 0 =
-// weights, 1 = exp_avg, 2 = exp_avg_sq.
-std::string ckpt_key(int kind, int chunk, size_t pos, const std::string& name) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%d:%06d:%09zu|", kind, chunk, pos);
-  return buf + name;
-}
-
-int train_parallel_impl(const Config& cfg, const parallel::MpiSession& mpi) {
-  const auto& tc = cfg.training;
-  const int64_t B = tc.micro_batch_size, T = tc.seq_len, A = tc.grad_accum;
-  const int P = static_cast<int>(cfg.parallel.pipeline), D = static_cast<int>(cfg.parallel.data);
-  const bool on_gpu = tc.device == Device::CUDA;
-  // One GPU per process; before anything touches CUDA.
-  const std::string gpu = on_gpu ? parallel::pin_local_gpu(mpi.local_rank(), mpi.local_size()) : "";
-
-  const parallel::Comm world = parallel::Comm::world();
-  const parallel::ProcessGrid grid(world, P, D);
-  const bool root = grid.rank() == 0;
-  const int64_t d = grid.replica();
-  if (root) spdlog::info("resolved config: {}", cfg.to_json().dump());
-
-  // ---- data (every rank validates the same shards) ----
-  data::TokenLoader train_data = open_train_data(cfg);
-  const std::unique_ptr<data::TokenLoader> val_data = open_val_data(cfg);
-
-  // ---- device, transport, this rank's chunks, optimizers ----
-  if (on_gpu && cuda::device_count() == 0)
-    fail("config key training.device is \"cuda\" but no CUDA device is visible to rank ",
-         grid.rank(), gpu.empty() ? "" : " (CUDA_VISIBLE_DEVICES=" + gpu + ")");
-  const DeviceChoice dev = choose_device(tc);
-  parallel::RuntimeOptions ro;
-  ro.V = static_cast<int>(cfg.parallel.virtual_stages);
-  ro.cache_blocks = cfg.parallel.cache_blocks;
-  ro.transport = cfg.parallel.transport;
-  if (ro.transport == TransportKind::Auto)
-    ro.transport = on_gpu && parallel::nccl_compiled() ? TransportKind::Nccl : TransportKind::Mpi;
-  parallel::Runtime rt(grid, cfg.model, dev.dtype, dev.device, ro, B, T);
-  auto& rm = rt.model();
-  std::vector<model::ParamTable*> tables;
-  std::vector<std::unique_ptr<AdamW>> opts;
-  std::vector<AdamW*> opt_ptrs;
-  for (int v = 0; v < rm.size(); ++v) {
-    model::ParamTable& t = rm.chunk(v).params();
-    if (cfg.model.init_from.empty()) t.init(tc.seed);
-    else load_weights(cfg.model.init_from, t);
-    tables.push_back(&t);
-    opts.push_back(std::make_unique<AdamW>(t, cfg.optimizer));
-    opt_ptrs.push_back(opts.back().get());
-  }
-  {
-    int64_t n = 0;
-    for (const auto& chunk : rm.owned_params())
-      for (const model::Param* p : chunk) n += p->value.numel();
-    world.allreduce_sum(&n, 1);
-    n /= D;  // every replica holds the whole model
-    std::string chunks;
-    for (int v = 0; v < rm.size(); ++v) {
-      const auto lr = rt.layout().layers(rm.chunk_id(v));
-      chunks += fmt::format("{}chunk {} = layers [{}, {})", v ? ", " : "", rm.chunk_id(v), lr.begin, lr.end);
-    }
-    spdlog::info("model: {} parameters ({} residual, {} layers, d={}), {} tokens per step", n,
-                 model::residual_mode_name(cfg.model.mode), cfg.model.n_layers, cfg.model.d_model,
-                 A * B * T * D);
-    spdlog::info("parallel: {} pipeline stages x {} virtual x {} replicas, {} transport, "
-                 "cache_blocks {}; rank = replica * {} + stage", P, ro.V, D, transport_name(ro.transport),
-                 cfg.parallel.cache_blocks, P);
-    spdlog::info("rank {} = stage {} of replica {}: {}", grid.rank(), grid.stage(), d, chunks);
-  }
-
-  // ---- resume: rank 0 picks the checkpoint, every rank loads its part ----
-  TrainState state;
-  const auto& ck = cfg.checkpoint;
-  std::string resume_dir;
-  if (root) {
-    resume_dir = choose_resume_dir(ck);
-    if (!resume_dir.empty()) verify_checkpoint(resume_dir);
-  }
-  world.bcast(resume_dir, 0);
-  if (!resume_dir.empty()) {
-    // Checkpoints hold global tensor names: any layout loads any checkpoint.
-    state = load_checkpoint(resume_dir, cfg.model, tables, opt_ptrs, /*verify=*/false);
-    spdlog::info("resumed from {} at step {}", resume_dir, state.step);
-  }
-  if (state.step >= tc.steps)
-    spdlog::warn("checkpoint is at step {} >= training.steps = {}: nothing to train", state.step,
-                 tc.steps);
-
-  std::unique_ptr<MetricsWriter> metrics;
-  if (root) {
-    fs::create_directories(cfg.run.dir);
-    metrics = std::make_unique<MetricsWriter>((fs::path(cfg.run.dir) / "metrics.jsonl").string(),
-                                              state.step > 0);
-  }
-  std::string last_checkpoint = resume_dir;
-  auto checkpoint = [&]() {  // collective
-    if (ck.dir.empty()) return;
-    std::vector<NamedTensor> mine;
-    const auto owned = rm.owned_params();
-    for (int v = 0; v < rm.size(); ++v) {
-      const int c = rm.chunk_id(v);
-      for (size_t i = 0; i < owned[v].size(); ++i)
-        mine.push_back({ckpt_key(0, c, i, owned[v][i]->name), owned[v][i]->weights()});
-      // AdamW's moments, of the owned parameters only.
-      std::unordered_map<std::string, size_t> pos;
-      for (size_t i = 0; i < owned[v].size(); ++i) pos[owned[v][i]->name] = i;
-      for (auto& t : opts[v]->state_tensors()) {
-        const bool first = t.name.rfind("exp_avg.", 0) == 0;
-        const std::string param = t.name.substr(first ? 8 : 11);
-        auto it = pos.find(param);
-        if (it != pos.end()) mine.push_back({ckpt_key(first ? 1 : 2, c, it->second, t.name), t.tensor});
-      }
-    }
-    auto all = rt.gather_to_root(mine);
-    std::string dir;
-    if (root) {
-      std::sort(all.begin(), all.end(),
-                [](const NamedTensor& a, const NamedTensor& b) { return a.name < b.name; });
-      std::vector<NamedTensor> weights, moments;
-      for (auto& t : all) {
-        const bool is_weight = t.name[0] == '0';
-        t.name = t.name.substr(t.name.find('|') + 1);
-        (is_weight ? weights : moments).push_back(std::move(t));
-      }
-      dir = save_checkpoint(cfg, weights, moments, opts[0]->steps_taken(), state);
-      prune_checkpoints(ck.dir, static_cast<int>(ck.keep_last));
-      spdlog::info("checkpoint written: {}", dir);
-    }
-    world.bcast(dir, 0);
-    last_checkpoint = dir;
-  };
-  if (ck.save_initial && state.step == 0) checkpoint();
-
-  auto run_eval = [&]() {  // collective: replica d evaluates units d, d+D, ...
-    if (!val_data) return;
-    const int64_t n = std::min(cfg.eval.batches, val_data->units_per_epoch());
-    const int M = static_cast<int>(n > d ? (n - d + D - 1) / D : 0);
-    const double sum = rt.eval_loss_sum(M, [&](int mb) { return val_data->unit(d + int64_t(mb) * D); });
-    const double loss = sum / static_cast<double>(n * B * T);
-    if (root) {
-      metrics->write({{"step", state.step}, {"val_loss", loss}});
-      spdlog::info("step {:>6} | val loss {:.6f} ({} tokens)", state.step, loss, n * B * T);
-    }
-  };
-
-  // ---- the loop ----
-  StopSignals signals;
-  LoopHooks hooks;
-  hooks.forward_backward = [&](int64_t k, double grad_scale) {
-    const auto step = rt.train_step(static_cast<int>(A), [&](int mb) {
-      return train_data.unit((k * A + mb) * D + d);  // docs/model.md section 5
-    }, grad_scale);
-    return StepStats{step.loss_sum, step.pp_bytes, step.bubble};
-  };
-  hooks.grad_norm = [&] { return rt.grad_norm(); };
-  hooks.update = [&](double lr, double norm) {
-    for (auto& opt : opts) opt->step(lr, norm);
-  };
-  hooks.checkpoint = checkpoint;
-  hooks.evaluate = run_eval;
-  // A signal may reach only some ranks: stop when any rank got one.
-  hooks.pending_signal = [&] { return static_cast<int>(rt.max(signals.pending())); };
-  hooks.metrics = metrics.get();
-  hooks.last_checkpoint = &last_checkpoint;
-  // Depth statistics: every rank fills the sublayers of its chunks (zeros
-  // elsewhere) over its replica's microbatches; summing over all ranks gives
-  // the single process's numbers for the global batch, written by rank 0.
-  model::DepthStats depth_stats(cfg.model.n_sublayers());
-  std::unique_ptr<MetricsWriter> depth_log;
-  if (cfg.run.depth_stats_every > 0) {
-    if (root) depth_log = std::make_unique<MetricsWriter>(depth_stats_path(cfg), state.step > 0);
-    hooks.depth_stats_attach = [&](bool attach) {
-      if (attach) depth_stats.reset(cfg.model.n_sublayers());
-      for (int v = 0; v < rm.size(); ++v) rm.chunk(v).set_depth_stats(attach ? &depth_stats : nullptr);
-    };
-    hooks.depth_stats_write = [&](int64_t step) {
-      for (auto* part : {&depth_stats.output_sumsq, &depth_stats.output_count,
-                         &depth_stats.grad_sumsq, &depth_stats.grad_count})
-        world.allreduce_sum(part->data(), static_cast<int>(part->size()));
-      if (root) depth_log->write(depth_stats_record(step, depth_stats));
-    };
-  }
-  return run_loop(cfg, state, dev.peak_flops * grid.P() * grid.D(), hooks);
-}
-
-int train_parallel(const Config& cfg) {
-  parallel::MpiSession mpi;
-  init_logging(mpi.world_rank());
-  try {
-    const std::string threads = parallel::share_node_cores(mpi.local_size());
-    if (mpi.world_rank() == 0 && cfg.training.device == Device::CPU) log_cpu_setup(threads);
-    const int rc = train_parallel_impl(cfg, mpi);
-    // Nobody leaves while a peer may still need it (e.g. rank 0 still writing).
-    parallel::Comm::world().barrier();
-    return rc;
-  } catch (const InternalError& e) {
-    // The other ranks may be blocked on this one: end the whole job now.
-    parallel::MpiSession::abort(1, std::string("internal error: ") + e.what());
-  } catch (const Error& e) {
-    parallel::MpiSession::abort(2, e.what());
-  } catch (const std::exception& e) {
-    parallel::MpiSession::abort(1, e.what());
-  }
-}
-
-}  // namespace
-
 int train(const Config& cfg) {
   const int64_t world = cfg.parallel.pipeline * cfg.parallel.data;
   const int launched = parallel::launcher_world_size();
-  if (world > 1 || launched > 1) {
-    if (launched == 1)
-      fail("config keys parallel.pipeline * parallel.data = ", cfg.parallel.pipeline, " * ",
-           cfg.parallel.data, " = ", world, " processes: start the job with mpirun -np ", world,
-           " (it was started as a single process)");
-    return train_parallel(cfg);
-  }
-  const auto& tc = cfg.training;
-  const int64_t B = tc.micro_batch_size, T = tc.seq_len, A = tc.grad_accum;
-
-  spdlog::info("resolved config: {}", cfg.to_json().dump());
-
-  // ---- data (validated before any compute) ----
-  data::TokenLoader train_data = open_train_data(cfg);
-  const std::unique_ptr<data::TokenLoader> val_data = open_val_data(cfg);
-
-  // ---- device + model + optimizer ----
-  const DeviceChoice dev = choose_device(tc);
-  if (!dev.on_gpu) log_cpu_setup(std::to_string(omp_get_max_threads()) + " OpenMP threads");
-  if (dev.on_gpu) {
-    if (cuda::device_count() == 0)
-      fail("config key training.device is \"cuda\" but no CUDA device is visible (driver or GPU "
-           "missing, or CUDA_VISIBLE_DEVICES hides them)");
-    spdlog::info("device: {} ({}; peak {:.0f} TFLOP/s for MFU{})", cuda::device_description(0),
-                 precision_name(tc.precision), dev.peak_flops * 1e-12,
-                 dev.peak_flops == 0 ? ": unknown GPU, set training.peak_tflops" : "");
-  }
-  model::Model model(cfg.model, dev.dtype, {}, dev.device);
-  if (cfg.model.init_from.empty()) {
-    model.params().init(tc.seed);
-  } else {
-    load_weights(cfg.model.init_from, model.params());
-    spdlog::info("initialised weights from {}", cfg.model.init_from);
-  }
-  AdamW opt(model.params(), cfg.optimizer);
-  spdlog::info("model: {} parameters ({} residual, {} layers, d={}), {} tokens per step",
-               model.params().numel(), model::residual_mode_name(cfg.model.mode),
-               cfg.model.n_layers, cfg.model.d_model, A * B * T);
-
-  // ---- resume ----
-  TrainState state;
-  const auto& ck = cfg.checkpoint;
-  const std::string resume_dir = choose_resume_dir(ck);
-  if (!resume_dir.empty()) {
-    state = load_checkpoint(resume_dir, model, opt);
-    spdlog::info("resumed from {} at step {}", resume_dir, state.step);
-  }
-  if (state.step >= tc.steps)
-    spdlog::warn("checkpoint is at step {} >= training.steps = {}: nothing to train", state.step,
-                 tc.steps);
-
-  fs::create_directories(cfg.run.dir);
-  MetricsWriter metrics((fs::path(cfg.run.dir) / "metrics.jsonl").string(), state.step > 0);
-  std::string last_checkpoint = resume_dir;
-  auto checkpoint = [&]() {
-    if (ck.dir.empty()) return;
-    last_checkpoint = save_checkpoint(cfg, model, opt, state);
-    prune_checkpoints(ck.dir, static_cast<int>(ck.keep_last));
-    spdlog::info("checkpoint written: {}", last_checkpoint);
-  };
-  if (ck.save_initial && state.step == 0) checkpoint();
-
-  // ---- the loop ----
-  StopSignals signals;
-  LoopHooks hooks;
-  hooks.forward_backward = [&](int64_t k, double grad_scale) {
-    model.params().zero_grads();
-    StepStats st;
-    for (int64_t a = 0; a < A; ++a) {
-      auto batch = train_data.unit(k * A + a);  // docs/model.md section 5 with D = 1
-      st.loss_sum += model.forward_backward(batch.inputs, batch.targets, B, T, grad_scale);
-    }
-    return st;
-  };
-  hooks.grad_norm = [&] { return opt.grad_norm(); };
-  hooks.update = [&](double lr, double norm) { opt.step(lr, norm); };
-  hooks.checkpoint = checkpoint;
-  hooks.evaluate = [&]() {
-    if (!val_data) return;
-    auto [loss, tokens] = evaluate(model, *val_data, cfg.eval.batches, B, T);
-    metrics.write({{"step", state.step}, {"val_loss", loss}});
-    spdlog::info("step {:>6} | val loss {:.6f} ({} tokens)", state.step, loss, tokens);
-  };
-  hooks.pending_signal = [&] { return signals.pending(); };
-  hooks.metrics = &metrics;
-  hooks.last_checkpoint = &last_checkpoint;
-  model::DepthStats depth_stats(cfg.model.n_sublayers());
-  std::unique_ptr<MetricsWriter> depth_log;
-  if (cfg.run.depth_stats_every > 0) {
-    depth_log = std::make_unique<MetricsWriter>(depth_stats_path(cfg), state.step > 0);
-    hooks.depth_stats_attach = [&](bool attach) {
-      if (attach) depth_stats.reset(cfg.model.n_sublayers());
-      model.set_depth_stats(attach ? &depth_stats : nullptr);
-    };
-    hooks.depth_stats_write = [&](int64_t step) {
-      depth_log->write(depth_stats_record(step, depth_stats));
-    };
-  }
-  return run_loop(cfg, state, dev.peak_flops, hooks);
+  if (world > 1 && launched == 1)
+    fail("config keys parallel.pipeline * parallel.data = ", cfg.parallel.pipeline, " * ",
+         cfg.parallel.data, " = ", world, " processes: start the job with mpirun -np ", world,
+         " (it was started as a single process)");
+  if (launched > 1) return train_under_mpi(cfg);
+  // One process: the same engine, on a communicator of its own (no MPI).
+  if (cfg.training.device == Device::CPU)
+    log_cpu_setup(std::to_string(omp_get_max_threads()) + " OpenMP threads");
+  const parallel::Comm solo = parallel::Comm::solo();
+  return Engine(cfg, solo, 0, 1).run();
 }
 
 }  // namespace attnres::train
