@@ -2,12 +2,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <algorithm>
 #include <filesystem>
-#include <functional>
+#include <memory>
 #include <unordered_map>
 
 #include "core/device.h"
@@ -21,9 +21,9 @@
 #include "parallel/runtime.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_io.h"
+#include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
-#include "train/lr_schedule.h"
 
 namespace attnres::train {
 
