@@ -167,12 +167,16 @@ int cmd_bench(const Args& args) {
   // full, baseline, ...), so a slow phase of the machine hits every mode alike
   // and the "vs base" column compares like with like.
   std::vector<std::unique_ptr<ModeRunner>> runners;
-  for (const char* mode : {"baseline", "block", "full"}) {
-    if (which != "all" && which != mode) continue;
+  const bool all = which == "all";
+  const model::ResidualMode only = all ? model::ResidualMode::Baseline
+                                       : model::parse_residual_mode(which, "bench: --mode (or all)");
+  for (const model::ResidualMode mode :
+       {model::ResidualMode::Baseline, model::ResidualMode::Block, model::ResidualMode::Full}) {
+    if (!all && mode != only) continue;
     model::ModelConfig mc = c;
-    std::string label = mode;
-    if (std::string(mode) == "block") {
-      mc.mode = model::ResidualMode::Block;
+    mc.mode = mode;
+    std::string label = model::residual_mode_name(mode);
+    if (mode == model::ResidualMode::Block) {
       if (NB > 0) {
         mc.n_blocks = NB;
         label += " N=" + std::to_string(NB);
@@ -180,13 +184,10 @@ int cmd_bench(const Args& args) {
         mc.block_size = S;
         label += " S=" + std::to_string(S);
       }
-    } else if (std::string(mode) == "full") {
-      mc.mode = model::ResidualMode::Full;
     }
     mc.validate();
     runners.push_back(std::make_unique<ModeRunner>(label, mc, B, T, A, device, dtype));
   }
-  if (runners.empty()) fail("bench: --mode is baseline, block, full or all, got '", which, "'");
   for (int i = 0; i < warmup + steps; ++i)
     for (auto& r : runners) r->step(/*timed=*/i >= warmup);
 

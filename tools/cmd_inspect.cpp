@@ -167,10 +167,7 @@ int inspect_schedule(const Args& args) {
   model::ModelConfig m;
   m.n_layers = f.get_int("layers", 0, cmd);
   const std::string mode = f.get("mode", f.has("block-size") || f.has("blocks") ? "block" : "full");
-  if (mode == "baseline") m.mode = model::ResidualMode::Baseline;
-  else if (mode == "full") m.mode = model::ResidualMode::Full;
-  else if (mode == "block") m.mode = model::ResidualMode::Block;
-  else fail(cmd, ": --mode must be baseline, full or block, got '", mode, "'");
+  m.mode = model::parse_residual_mode(mode, std::string(cmd) + ": --mode");
   m.block_size = f.get_int("block-size", 0, cmd);
   m.n_blocks = f.get_int("blocks", 0, cmd);
   if (m.mode == model::ResidualMode::Block && (m.block_size > 0) == (m.n_blocks > 0))

@@ -13,6 +13,12 @@ const char* residual_mode_name(ResidualMode m) {
   return "?";
 }
 
+ResidualMode parse_residual_mode(const std::string& name, const std::string& where) {
+  for (ResidualMode m : {ResidualMode::Baseline, ResidualMode::Full, ResidualMode::Block})
+    if (name == residual_mode_name(m)) return m;
+  fail(where, ": unknown residual mode \"", name, "\" (expected baseline, full or block)");
+}
+
 int64_t ModelConfig::resolved_block_size() const {
   switch (mode) {
     case ResidualMode::Baseline: return 0;

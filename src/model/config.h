@@ -7,6 +7,8 @@ namespace attnres::model {
 
 enum class ResidualMode { Baseline, Full, Block };
 const char* residual_mode_name(ResidualMode m);  // "baseline" | "full" | "block"
+// The mode of that name; an error naming `where` (a key or flag) otherwise.
+ResidualMode parse_residual_mode(const std::string& name, const std::string& where);
 
 struct ModelConfig {
   int64_t vocab_size = 0;

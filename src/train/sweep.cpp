@@ -139,7 +139,8 @@ std::string tokens_label(int64_t n) {
 
 struct ModeSpec {
   std::string name;
-  json residual;  // model.residual of its runs
+  json residual;          // model.residual of its runs
+  bool baseline = false;  // residual mode "baseline"
 };
 
 ModeSpec parse_mode(const json& m, size_t i, const std::string& source) {
@@ -147,8 +148,10 @@ ModeSpec parse_mode(const json& m, size_t i, const std::string& source) {
   check_keys(m, where, {"name", "mode", "block_size", "n_blocks"}, source);
   ModeSpec spec;
   const std::string mode = get_string(m, "mode", where, source, "", true);
+  const model::ResidualMode rm = model::parse_residual_mode(mode, source + ": '" + where + ".mode'");
   spec.residual = {{"mode", mode}};
-  if (mode == "block") {
+  spec.baseline = rm == model::ResidualMode::Baseline;
+  if (rm == model::ResidualMode::Block) {
     const bool s = m.contains("block_size"), n = m.contains("n_blocks");
     if (s == n) fail(source, ": '", where, "': block mode needs exactly one of block_size or n_blocks");
     const char* key = s ? "block_size" : "n_blocks";
@@ -156,12 +159,10 @@ ModeSpec parse_mode(const json& m, size_t i, const std::string& source) {
       fail(source, ": '", where, ".", key, "' must be a positive integer, got ", m[key].dump());
     spec.residual[key] = m[key];
     spec.name = std::string("block_") + (s ? "s" : "n") + std::to_string(m[key].get<int64_t>());
-  } else if (mode == "baseline" || mode == "full") {
+  } else {
     if (m.contains("block_size") || m.contains("n_blocks"))
       fail(source, ": '", where, "': block_size / n_blocks apply to block mode only");
     spec.name = mode;
-  } else {
-    fail(source, ": '", where, ".mode' = \"", mode, "\" (expected baseline, full or block)");
   }
   spec.name = get_string(m, "name", where, source, spec.name, false);
   check_name(spec.name, where + ".name", source);
@@ -301,7 +302,7 @@ SweepPlan parse_sweep(const json& j, const std::string& source,
   // Fit settings.
   std::string baseline;
   for (const auto& m : modes)
-    if (baseline.empty() && m.residual["mode"] == "baseline") baseline = m.name;
+    if (baseline.empty() && m.baseline) baseline = m.name;
   if (j.contains("fit")) {
     const json& f = j["fit"];
     check_keys(f, "fit", {"loss", "baseline"}, source);

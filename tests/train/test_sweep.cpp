@@ -177,7 +177,7 @@ TEST_CASE("sweep files: mistakes are errors naming the key and the reason", "[sw
              Contains("modes[1]") && Contains("exactly one of block_size or n_blocks"));
   CHECK_THAT(err([](json& j) { j["modes"][1] = {{"mode", "full"}, {"n_blocks", 2}}; }),
              Contains("block mode only"));
-  CHECK_THAT(err([](json& j) { j["modes"][1] = {{"mode", "dense"}}; }), Contains("modes[1].mode' = \"dense\""));
+  CHECK_THAT(err([](json& j) { j["modes"][1] = {{"mode", "dense"}}; }), Contains("'modes[1].mode': unknown residual mode \"dense\""));
   CHECK_THAT(err([](json& j) { j["modes"][1] = {{"mode", "baseline"}}; }),
              Contains("two modes are named \"baseline\""));
   CHECK_THAT(err([](json& j) { j["modes"] = json::array(); }), Contains("'modes' must be a non-empty array"));
