@@ -105,6 +105,17 @@ void load_weights(const std::string& path, model::ParamTable& params) {
   assign_weights(read_safetensors(file), file, params);
 }
 
+namespace {
+// A checkpoint's state.json, parsed; an error naming the file otherwise.
+json read_state(const std::string& state_path) {
+  try {
+    return json::parse(read_text_file(state_path));
+  } catch (const json::exception& e) {
+    fail(state_path, ": not valid JSON: ", e.what());
+  }
+}
+}  // namespace
+
 TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& model,
                            const std::vector<model::ParamTable*>& tables,
                            const std::vector<AdamW*>& opts, bool verify) {
@@ -112,12 +123,7 @@ TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& mod
                 opts.size(), " optimizers");
   if (verify) verify_checkpoint(dir);
   const std::string state_path = (fs::path(dir) / "state.json").string();
-  json st;
-  try {
-    st = json::parse(read_text_file(state_path));
-  } catch (const json::exception& e) {
-    fail(state_path, ": not valid JSON: ", e.what());
-  }
+  const json st = read_state(state_path);
   // The model must be the one this run describes.
   Config saved = Config::from_json(st.at("config"), state_path);
   auto model_json = [](model::ModelConfig m) {
@@ -147,12 +153,7 @@ TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& mod
 
 Config config_from_checkpoint(const std::string& dir) {
   const std::string state_path = (fs::path(dir) / "state.json").string();
-  json st;
-  try {
-    st = json::parse(read_text_file(state_path));
-  } catch (const json::exception& e) {
-    fail(state_path, ": not valid JSON: ", e.what());
-  }
+  const json st = read_state(state_path);
   if (!st.contains("config")) fail(state_path, ": has no resolved config");
   return Config::from_json(st["config"], state_path);
 }
