@@ -117,19 +117,25 @@ std::vector<Action> parse_actions(const std::string& text) {
   std::vector<Action> out;
   std::istringstream is(text);
   std::string tok;
+  // The digits of `t` as an int; else an error: `token` is not `form`.
+  auto whole_number = [](const std::string& t, const std::string& token, const char* form) {
+    size_t used = 0;
+    int n = -1;
+    try {
+      n = std::stoi(t, &used);
+    } catch (const std::logic_error&) {
+      used = 0;
+    }
+    if (t.empty() || used != t.size() || n < 0)
+      fail("schedule text: '", token, "' is not ", form);
+    return n;
+  };
   // "c.mb" -> (chunk, mb)
   auto chunk_mb = [&](const std::string& t, Action& a) {
     const auto dot = t.find('.');
-    size_t used_c = 0, used_m = 0;
-    try {
-      if (dot == std::string::npos) throw std::invalid_argument(t);
-      a.chunk = std::stoi(t.substr(0, dot), &used_c);
-      a.mb = std::stoi(t.substr(dot + 1), &used_m);
-    } catch (const std::logic_error&) {
-      fail("schedule text: '", t, "' is not chunk.microbatch");
-    }
-    if (used_c != dot || used_m != t.size() - dot - 1)
-      fail("schedule text: '", t, "' is not chunk.microbatch");
+    if (dot == std::string::npos) fail("schedule text: '", t, "' is not chunk.microbatch");
+    a.chunk = whole_number(t.substr(0, dot), t, "chunk.microbatch");
+    a.mb = whole_number(t.substr(dot + 1), t, "chunk.microbatch");
   };
   auto compute = [&](const std::string& t) {
     if (t.size() < 2 || (t[0] != 'F' && t[0] != 'B'))
@@ -153,9 +159,7 @@ std::vector<Action> parse_actions(const std::string& text) {
       a.op = kind == "act" ? (send ? Op::SendAct : Op::RecvAct)
                            : (send ? Op::SendGrad : Op::RecvGrad);
       chunk_mb(cm, a);
-      Action p;
-      chunk_mb("0." + peer.substr(1), p);  // reuses the integer check
-      a.peer = p.mb;
+      a.peer = whole_number(peer.substr(1), peer, "r<rank>");
       out.push_back(a);
       continue;
     }

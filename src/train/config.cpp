@@ -53,7 +53,8 @@ struct Names<TransportKind> {
 };
 template <>
 struct Names<Device> {
-  static constexpr EnumName<Device> all[] = {{Device::CPU, "cpu"}, {Device::CUDA, "cuda"}};
+  static inline const EnumName<Device> all[] = {{Device::CPU, device_name(Device::CPU)},
+                                                {Device::CUDA, device_name(Device::CUDA)}};
 };
 template <>
 struct Names<DType> {  // training.precision: the compute dtypes a run may use
@@ -99,8 +100,8 @@ struct KeySpec {
   bool omit_unset = false;          // left out of the resolved config while 0 / empty
 };
 
-// Calls v(key, member, spec) for every key of the config, in docs order. The
-// member's initial value in Config is the key's default.
+// Calls v(key, member, spec) for every key of the config, in docs order (C is
+// Config or const Config). The member's initial value in Config is the key's default.
 template <typename C, typename V>
 void for_each_key(C& c, V&& v) {
   auto& m = c.model;
@@ -225,7 +226,7 @@ struct Reader {
   std::set<std::string> present;
 
   template <typename T>
-  void operator()(const char* key, T& out, const KeySpec& spec) {
+  void operator()(const char* key, T& out, const KeySpec&) {
     const json* v = &root;
     for (const auto& part : split_key(key)) {
       if (!v->is_object()) return;  // a section that is not an object: reported by check_keys
@@ -258,7 +259,6 @@ struct Reader {
       if (!v->is_string()) wrong("one of " + names_of<T>());
       out = parse_name<T>(v->get<std::string>(), source + ": config key '" + key + "'");
     }
-    (void)spec;
   }
 };
 
@@ -345,8 +345,7 @@ Config Config::from_json(const json& j, const std::string& source) {
 
 json Config::to_json() const {
   json out;
-  Config copy = *this;  // for_each_key hands out mutable members
-  for_each_key(copy, Writer{out});
+  for_each_key(*this, Writer{out});
   return out;
 }
 
@@ -354,8 +353,7 @@ std::string config_reference_table() {
   std::ostringstream os;
   os << "| key | type | default | check | meaning |\n|---|---|---|---|---|\n";
   const Config defaults;
-  Config c = defaults;
-  for_each_key(c, [&](const char* key, const auto& v, const KeySpec& spec) {
+  for_each_key(defaults, [&](const char* key, const auto& v, const KeySpec& spec) {
     using T = std::decay_t<decltype(v)>;
     std::string def;
     if (spec.shown_default) {
@@ -378,8 +376,7 @@ std::string config_reference_table() {
 void Config::validate() const {
   model.validate();
   // Each key's own range (the key table), then what involves several keys.
-  Config copy = *this;
-  for_each_key(copy, [](const char* key, const auto& v, const KeySpec& spec) {
+  for_each_key(*this, [](const char* key, const auto& v, const KeySpec& spec) {
     check_value(key, v, spec.check);
   });
   if (training.device == Device::CUDA && !cuda::compiled())
