@@ -26,6 +26,7 @@
 #include "model/depth_attention.h"
 #include "parallel/layout.h"
 #include "parallel/schedule.h"
+#include "parallel/simulator.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/checkpoint.h"
@@ -148,19 +149,27 @@ int inspect_schedule(const Args& args) {
               : spec.V == 1     ? "1F1B"
                                 : "interleaved 1F1B, microbatch groups of P");
   std::printf("%s", parallel::dump_schedule(spec, f.has("comm")).c_str());
-  const auto async = parallel::simulate(spec, lists, parallel::CommModel::Async);
-  const auto grouped = parallel::simulate(spec, lists, parallel::CommModel::Grouped);
   std::printf("simulated with t_b = 2 t_f and free communication:\n");
-  std::printf("  non-blocking (MPI): %s, bubble %.4f", async.deadlock ? "DEADLOCK" : "deadlock-free",
-              async.bubble);
-  if (!spec.forward_only) std::printf(" (formula (P-1)/(V*M) = %.4f)", double(spec.P - 1) / (spec.V * spec.M));
-  std::printf("\n  rendezvous groups (NCCL): %s, bubble %.4f\n",
-              grouped.deadlock ? "DEADLOCK" : "deadlock-free", grouped.bubble);
+  using parallel::CommModel;
+  std::vector<int> peak;
+  for (CommModel m : {CommModel::Mpi, CommModel::Nccl, CommModel::NcclOneStream}) {
+    const auto sim = parallel::simulate(spec, lists, m);
+    if (m == CommModel::NcclOneStream && sim.deadlock) {
+      std::printf("  %-26s DEADLOCK (why the executor gives every link its own stream)\n",
+                  parallel::comm_model_name(m));
+      continue;
+    }
+    if (sim.deadlock) fail(cmd, ": deadlock under ", parallel::comm_model_name(m), ": ", sim.detail);
+    std::printf("  %-26s bubble %.4f", parallel::comm_model_name(m), sim.bubble);
+    if (m == CommModel::Mpi && !spec.forward_only)
+      std::printf(" (formula (P-1)/(V*M) = %.4f)", double(spec.P - 1) / (spec.V * spec.M));
+    if (m == CommModel::NcclOneStream) std::printf(" (groups on one stream: not what runs)");
+    std::printf("\n");
+    if (m == CommModel::Mpi) peak = sim.peak_in_flight;
+  }
   std::printf("  peak in-flight microbatch-chunks per rank:");
-  for (int v : async.peak_in_flight) std::printf(" %d", v);
+  for (int v : peak) std::printf(" %d", v);
   std::printf("\n");
-  if (async.deadlock || grouped.deadlock)
-    fail(cmd, ": deadlock: ", async.deadlock ? async.detail : grouped.detail);
 
   if (!f.has("layers")) return 0;
   // What crosses each chunk boundary for a given model.

@@ -3,7 +3,7 @@
 // A pure function of (P, V, M, rank) gives the rank's ordered action list:
 // compute actions F(chunk, mb) / B(chunk, mb) and the point-to-point
 // messages they need. The executor only interprets the list; the validator
-// and the simulator below check every list the program can produce.
+// and the simulator (parallel/simulator.h) check every list the program can produce.
 //
 // Compute order:
 //  - V = 1: 1F1B. Rank r runs min(P-r-1, M) warm-up forwards, then alternates
@@ -18,10 +18,10 @@
 //  - "act"  c -> c+1 after F(c, mb), needed by F(c+1, mb);
 //  - "grad" c -> c-1 after B(c, mb), needed by B(c-1, mb).
 // A send is issued right after the compute that produced it. A receive is
-// posted in the first group issued at or after the time its message is sent
-// in a zero-latency run of the compute orders (t_b = 2 t_f), so that send and
-// receive are in flight together, as NCCL's rendezvous needs; never later
-// than the group just before the compute that needs it; and, for every
+// posted one group before the first group issued at or after the time its
+// message is sent in a zero-latency run of the compute orders (t_b = 2 t_f),
+// so that it is waiting when the message leaves, as NCCL's rendezvous needs;
+// never later than the group just before the compute that needs it; and, for every
 // ordered pair of ranks (a -> b), b posts its receives in exactly the order
 // of a's sends. That is what tag-less transports (NCCL) match on; with P = 2
 // the previous and next rank are the same peer, and activations and
@@ -106,32 +106,6 @@ std::vector<std::vector<Action>> pipeline_schedule(const ScheduleSpec& spec);
 // compute; for every ordered pair of ranks the sends of one equal the
 // receives of the other, message for message, in the same order.
 void validate_schedule(const ScheduleSpec& spec, const std::vector<std::vector<Action>>& lists);
-
-// Lock-step simulation with compute times t_f (forward of one chunk) and
-// t_b (backward), zero communication time.
-enum class CommModel {
-  // MPI non-blocking: a send never blocks; a receive completes once the
-  // message was sent.
-  Async,
-  // NCCL: each rank's groups run one after another on one communication
-  // stream; a group starts after the previous group completed and after the
-  // compute before it; a send and its receive complete only when both of
-  // their groups have started; a compute waits for the group holding its receive.
-  Grouped,
-};
-
-struct SimResult {
-  bool deadlock = false;
-  std::string detail;        // what every rank waits for, when deadlocked
-  double makespan = 0;       // time of the last compute
-  double ideal = 0;          // M*V*(t_f + t_b): one rank's work
-  double bubble = 0;         // (makespan - ideal) / ideal
-  std::vector<double> busy;  // per rank
-  std::vector<int>
-      peak_in_flight;  // per rank: most microbatch-chunks forwarded, not yet backwarded
-};
-SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Action>>& lists,
-                   CommModel model = CommModel::Async, double t_f = 1.0, double t_b = 2.0);
 
 // Text dump: one line per rank with the compute order, "|" separating
 // warm-up, steady state and cool-down, e.g.

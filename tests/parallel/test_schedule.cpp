@@ -3,8 +3,11 @@
 // grid with P = 2, odd P and V up to 4, and that the validator catches broken lists.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "parallel/schedule.h"
+#include "parallel/simulator.h"
 
 using namespace attnres;
 using namespace attnres::parallel;
@@ -67,16 +70,17 @@ TEST_CASE("every schedule of the grid is valid, deadlock-free, with bubble (P-1)
         const auto lists = pipeline_schedule(s);
         REQUIRE_NOTHROW(validate_schedule(s, lists));
         for (int r = 0; r < P; ++r) CHECK(lists[r] == rank_schedule(s, r));
-        const SimResult a = simulate(s, lists, CommModel::Async);
+        const SimResult a = simulate(s, lists, CommModel::Mpi);
         REQUIRE_FALSE(a.deadlock);
         CHECK(a.bubble == Approx(double(P - 1) / (V * M)).margin(1e-12));
         // Every rank did all its work: M*V forwards (t_f 1) and backwards (t_b 2).
         for (int r = 0; r < P; ++r) CHECK(a.busy[r] == Approx(3.0 * M * V));
-        // The same lists under NCCL's rendezvous semantics do not deadlock either.
-        const SimResult g = simulate(s, lists, CommModel::Grouped);
+        // The same lists under NCCL's rendezvous semantics: no deadlock, and
+        // with a stream per link and free messages, no stall either.
+        const SimResult g = simulate(s, lists, CommModel::Nccl);
         INFO(g.detail);
         REQUIRE_FALSE(g.deadlock);
-        CHECK(g.makespan >= a.makespan);
+        CHECK(g.makespan == Approx(a.makespan).margin(1e-12));
         ++checked;
       }
   CHECK(checked > 100);
@@ -90,8 +94,8 @@ TEST_CASE("forward-only schedules (evaluation) are valid and deadlock-free", "[s
         INFO("P=" << P << " V=" << V << " M=" << M);
         const auto lists = pipeline_schedule(s);
         REQUIRE_NOTHROW(validate_schedule(s, lists));
-        CHECK_FALSE(simulate(s, lists, CommModel::Async).deadlock);
-        CHECK_FALSE(simulate(s, lists, CommModel::Grouped).deadlock);
+        for (CommModel m : {CommModel::Mpi, CommModel::Nccl})
+          CHECK_FALSE(simulate(s, lists, m).deadlock);
         for (const auto& list : lists)
           for (const auto& a : list) CHECK(a.op != Op::Backward);
       }
@@ -191,11 +195,14 @@ TEST_CASE("the validator rejects broken lists", "[schedule]") {
   }
   {  // a receive posted after the compute that needs it
     auto lists = good;
-    for (size_t i = 1; i < lists[1].size(); ++i)
-      if (lists[1][i].op == Op::Forward && lists[1][i - 1].op == Op::RecvAct) {
-        std::swap(lists[1][i], lists[1][i - 1]);
-        break;
-      }
+    auto& L = lists[1];
+    const auto recv = std::find_if(L.begin(), L.end(), [](const Action& a) { return a.op == Op::RecvAct; });
+    const Action moved = *recv;
+    L.erase(recv);
+    const auto fwd = std::find_if(L.begin(), L.end(), [&](const Action& a) {
+      return a.op == Op::Forward && a.chunk == moved.chunk && a.mb == moved.mb;
+    });
+    L.insert(fwd + 2, moved);  // after the forward and its send
     expect_error(lists, "no receive was posted before it");
   }
   {  // a chunk on the wrong rank
@@ -218,7 +225,7 @@ TEST_CASE("the simulator detects a deadlock", "[schedule]") {
       {Op::RecvGrad, 0, 0, 1}, {Op::Backward, 0, 0}, {Op::Forward, 0, 0}, {Op::SendAct, 0, 0, 1}};
   lists[1] = {
       {Op::RecvAct, 1, 0, 0}, {Op::Forward, 1, 0}, {Op::Backward, 1, 0}, {Op::SendGrad, 1, 0, 0}};
-  for (CommModel m : {CommModel::Async, CommModel::Grouped}) {
+  for (CommModel m : {CommModel::Mpi, CommModel::Nccl, CommModel::NcclOneStream}) {
     const SimResult res = simulate(s, lists, m);
     CHECK(res.deadlock);
     CHECK(res.detail.find("rank 0 stuck before B0.0") != std::string::npos);
