@@ -184,9 +184,8 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
   };
   try {
     while (i < list.size()) {
-      // One group: this step's sends and the receives posted with them.
+      // This compute's sends and the receives posted after it.
       if (!list[i].is_compute()) {
-        transport_.group_start();
         for (; i < list.size() && !list[i].is_compute(); ++i) {
           const Action& a = list[i];
           const bool grad = a.op == Op::SendGrad || a.op == Op::RecvGrad;
@@ -205,7 +204,6 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
             r.recvs.emplace(Run::Key{grad, a.chunk, a.mb}, std::make_pair(std::move(req), buf));
           }
         }
-        transport_.group_end();
         continue;
       }
       const auto c0 = Clock::now();

@@ -79,9 +79,9 @@ class MpiRequest : public RequestImpl {
 
 }  // namespace
 
-MpiTransport::MpiTransport(const ProcessGrid& grid) : Transport(grid.P()), grid_(grid) {}
+MpiTransport::MpiTransport(const ProcessGrid& grid) : Transport(grid.P(), grid.stage()), grid_(grid) {}
 
-Request MpiTransport::isend(const Tensor& buffer, int peer) {
+Request MpiTransport::send_to(const Tensor& buffer, int peer) {
   Tensor host = buffer.is_cpu() ? buffer : buffer.to(Device::CPU);
   auto req = std::make_unique<MpiRequest>(false, buffer, host, peer);
   mpi_check(MPI_Isend(host.raw(), mpi_count(host), mpi_type(host.dtype()), peer, 0,
@@ -91,7 +91,7 @@ Request MpiTransport::isend(const Tensor& buffer, int peer) {
   return Request(std::move(req));
 }
 
-Request MpiTransport::irecv(const Tensor& buffer, int peer) {
+Request MpiTransport::recv_from(const Tensor& buffer, int peer) {
   Tensor host =
       buffer.is_cpu() ? buffer : Tensor::empty(buffer.shape(), buffer.dtype(), Device::CPU);
   auto req = std::make_unique<MpiRequest>(true, buffer, host, peer);
@@ -206,11 +206,11 @@ void MpiTransport::sum_with_peer(Tensor& t, int peer) {
 
 #else
 
-MpiTransport::MpiTransport(const ProcessGrid& grid) : Transport(grid.P()), grid_(grid) {
+MpiTransport::MpiTransport(const ProcessGrid& grid) : Transport(grid.P(), grid.stage()), grid_(grid) {
   fail("this build has no MPI: the MPI transport is unavailable");
 }
-Request MpiTransport::isend(const Tensor&, int) { fail("no MPI in this build"); }
-Request MpiTransport::irecv(const Tensor&, int) { fail("no MPI in this build"); }
+Request MpiTransport::send_to(const Tensor&, int) { fail("no MPI in this build"); }
+Request MpiTransport::recv_from(const Tensor&, int) { fail("no MPI in this build"); }
 std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor>) {
   fail("no MPI in this build");
 }

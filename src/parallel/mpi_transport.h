@@ -12,10 +12,12 @@ class MpiTransport : public Transport {
  public:
   explicit MpiTransport(const ProcessGrid& grid);
   std::string name() const override { return "mpi"; }
-  Request isend(const Tensor& buffer, int peer) override;
-  Request irecv(const Tensor& buffer, int peer) override;
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
   void sum_with_peer(Tensor& t, int peer) override;
+
+ protected:
+  Request send_to(const Tensor& buffer, int peer) override;
+  Request recv_from(const Tensor& buffer, int peer) override;
 
  private:
   const ProcessGrid& grid_;

@@ -10,9 +10,44 @@ int64_t Traffic::total_sent() const {
   return n;
 }
 
-Transport::Transport(int pipeline_size) {
+Transport::Transport(int pipeline_size, int stage) : stage_(stage) {
   traffic_.sent.assign(static_cast<size_t>(pipeline_size), 0);
   traffic_.received.assign(static_cast<size_t>(pipeline_size), 0);
+}
+
+// A receive from itself: takes the message of the same number when waited on.
+class Transport::SelfRecv : public RequestImpl {
+ public:
+  SelfRecv(Transport& t, int64_t n, Tensor buffer) : t_(t), n_(n), buffer_(std::move(buffer)) {}
+  void wait() override {
+    auto it = t_.to_self_.find(n_);
+    ATTNRES_CHECK(it != t_.to_self_.end(), "message ", n_,
+                  " to itself is waited on before it was sent");
+    ATTNRES_CHECK(it->second.shape() == buffer_.shape() && it->second.dtype() == buffer_.dtype(),
+                  "message ", n_, " to itself: sent ", it->second.describe(), ", expected ",
+                  buffer_.describe());
+    buffer_.copy_from(it->second);
+    t_.to_self_.erase(it);
+  }
+  void abandon() noexcept override {}
+
+ private:
+  Transport& t_;
+  int64_t n_;
+  Tensor buffer_;
+};
+
+Request Transport::isend(const Tensor& buffer, int peer) {
+  if (peer != stage_) return send_to(buffer, peer);
+  to_self_.emplace(self_sent_++, buffer);
+  count_sent(peer, static_cast<int64_t>(buffer.nbytes()));
+  return {};
+}
+
+Request Transport::irecv(const Tensor& buffer, int peer) {
+  if (peer != stage_) return recv_from(buffer, peer);
+  count_received(peer, static_cast<int64_t>(buffer.nbytes()));
+  return Request(std::make_unique<SelfRecv>(*this, self_posted_++, buffer));
 }
 
 namespace {
@@ -21,11 +56,11 @@ struct NothingToSum : PendingSum {
 };
 }  // namespace
 
-Request LocalTransport::isend(const Tensor&, int peer) {
+Request LocalTransport::send_to(const Tensor&, int peer) {
   ATTNRES_CHECK(false, "a single-process job has no pipeline peer (send to ", peer, ")");
   return {};
 }
-Request LocalTransport::irecv(const Tensor&, int peer) {
+Request LocalTransport::recv_from(const Tensor&, int peer) {
   ATTNRES_CHECK(false, "a single-process job has no pipeline peer (receive from ", peer, ")");
   return {};
 }

@@ -9,12 +9,17 @@
 // the MPI transport additionally checks every received size, so an ordering
 // mistake is an error, not silently swapped tensors.
 //
-// Non-blocking: isend/irecv return a Request; the executor issues one
-// group of them (this step's sends and the next step's receives), computes,
-// and waits on a receive right before the compute that needs it. A sent
-// buffer is kept alive by its Request and must not be written until it completes.
+// Non-blocking: isend/irecv return a Request; the executor issues the sends
+// of a compute and the receives posted after it, computes, and waits on a
+// receive right before the compute that needs it. A sent buffer is kept alive
+// by its Request and must not be written until it completes.
+//
+// A message to the rank itself (P = 1 with several chunks) never reaches the
+// implementation: the base class hands the tensor over and the receive copies
+// it when waited on (sends and receives to self match in issue order too).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,15 +90,11 @@ class Transport {
   virtual ~Transport() = default;
   virtual std::string name() const = 0;
 
-  // Operations between group_start() and group_end() are issued together
-  // (one NCCL group); they may be matched in any order across peers.
-  virtual void group_start() {}
-  virtual void group_end() {}
   // Point-to-point with a pipeline peer (rank in this replica's pipeline).
   // Buffers are whole contiguous tensors; the receive buffer's size is the
   // expected message size.
-  virtual Request isend(const Tensor& buffer, int peer) = 0;
-  virtual Request irecv(const Tensor& buffer, int peer) = 0;
+  Request isend(const Tensor& buffer, int peer);
+  Request irecv(const Tensor& buffer, int peer);
 
   // Element-wise sum of each tensor over this stage's data-parallel replicas,
   // in place, with bit-identical results on every replica. The start_ form
@@ -111,26 +112,37 @@ class Transport {
   const Traffic& traffic() const { return traffic_; }
 
  protected:
-  explicit Transport(int pipeline_size);
+  Transport(int pipeline_size, int stage);
+  // A peer other than this rank.
+  virtual Request send_to(const Tensor& buffer, int peer) = 0;
+  virtual Request recv_from(const Tensor& buffer, int peer) = 0;
   void count_sent(int peer, int64_t bytes) { traffic_.sent.at(static_cast<size_t>(peer)) += bytes; }
   void count_received(int peer, int64_t bytes) {
     traffic_.received.at(static_cast<size_t>(peer)) += bytes;
   }
 
  private:
+  class SelfRecv;
   Traffic traffic_;
+  int stage_;
+  // Messages to itself: send number -> tensor, until its receive takes it.
+  std::map<int64_t, Tensor> to_self_;
+  int64_t self_sent_ = 0, self_posted_ = 0;
 };
 
-// The transport of a single-process job (P = D = 1): one chunk, no peers,
-// nothing to send and no replicas to sum over. Anything else is a bug.
+// The transport of a single-process job (P = D = 1): no peers (messages
+// between its own chunks go through the base class) and no replicas to sum
+// over. Anything else is a bug.
 class LocalTransport : public Transport {
  public:
-  LocalTransport() : Transport(1) {}
+  LocalTransport() : Transport(1, 0) {}
   std::string name() const override { return "none (single process)"; }
-  Request isend(const Tensor&, int peer) override;
-  Request irecv(const Tensor&, int peer) override;
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
   void sum_with_peer(Tensor&, int peer) override;
+
+ protected:
+  Request send_to(const Tensor&, int peer) override;
+  Request recv_from(const Tensor&, int peer) override;
 };
 
 }  // namespace attnres::parallel

@@ -1,10 +1,11 @@
 // The NCCL transport on one GPU (run with `mpirun -np 1 tests/test_mpi "[nccl]"`
 // on a GPU machine; skipped with a message elsewhere). NCCL < 2.30 refuses two
-// ranks on one GPU, so one process exercises it: a self send/receive in a
-// group, the tied-embedding exchange with itself, and a pipeline of two
-// chunks on one rank (P = 1, V = 2) whose activations and gradients go
-// through NCCL to the same GPU; the same through the MPI transport staging
-// device tensors through host memory.
+// ranks on one GPU, so one process exercises it: a message to itself (handed
+// over by the transport's base class: NCCL's point-to-point needs two ranks
+// per link), the tied-embedding exchange with itself and the data-parallel
+// sum (NCCL collectives), and a pipeline of two chunks on one rank (P = 1,
+// V = 2); the same through the MPI transport staging device tensors through
+// host memory. The per-link point-to-point path needs two GPUs (gpu-multi).
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -40,7 +41,7 @@ Tensor host_iota(int64_t n, float scale) {
 
 }  // namespace
 
-TEST_CASE("NCCL self-exchange: send/receive to itself in a group, byte counters", "[.nccl]") {
+TEST_CASE("NCCL transport on one rank: a message to itself, byte counters, collectives", "[.nccl]") {
   if (!have_gpu_and_nccl()) return;
   INFO("NCCL " << parallel::nccl_version() << ", " << cuda::device_description(0));
   parallel::Comm self = group_of(1);
@@ -49,10 +50,8 @@ TEST_CASE("NCCL self-exchange: send/receive to itself in a group, byte counters"
   const int64_t n = 1 << 20;  // 4 MiB: beyond NCCL's default FIFO, so a real rendezvous
   Tensor sent = host_iota(n, 0.5f).to(Device::CUDA);
   Tensor got = Tensor::zeros({n}, DType::F32, Device::CUDA);
-  tr->group_start();
+  parallel::Request r = tr->irecv(got, 0);  // posted first, as the executor does
   parallel::Request s = tr->isend(sent, 0);
-  parallel::Request r = tr->irecv(got, 0);
-  tr->group_end();
   r.wait();
   s.wait();
   Tensor back = got.to(Device::CPU);

@@ -1,19 +1,31 @@
 // NCCL transport (see parallel/nccl_transport.h).
 //
+// Point-to-point: every directed link between two pipeline ranks (a -> b)
+// has its own two-rank communicator and, on both sides, its own stream. A
+// send or receive is one NCCL operation on its link's stream, so operations
+// of different links never wait for each other: a receive posted early for a
+// busy peer holds up nothing but later messages of the same link, which
+// arrive in that order anyway (parallel/simulator.h, CommModel::Nccl; with
+// one stream per rank the same lists deadlock). This relies on the GPU
+// running a few small NCCL kernels of different streams concurrently, as
+// PyTorch's per-pair communicators do.
+//
 // Ordering on the GPU, all without blocking the host:
-//  - group_start(): record an event on the compute stream and make the
-//    communication stream wait for it, so sends read finished outputs and
-//    receives write buffers whose previous users (the stream-ordered caching
-//    allocator reuses memory on the compute stream) are done;
-//  - group_end(): ncclGroupEnd, then record an event on the communication
-//    stream that every request of the group shares;
-//  - Request::wait(): the compute stream waits for that event. After that a
-//    received buffer may be read and a sent buffer freed or reused by compute.
+//  - before an operation its link stream waits for an event recorded on the
+//    compute stream, so a send reads a finished output and a receive writes
+//    a buffer whose previous users (the stream-ordered caching allocator
+//    reuses memory on the compute stream) are done;
+//  - after it an event is recorded on the link stream; Request::wait() makes
+//    the compute stream wait for it. After that a received buffer may be
+//    read and a sent buffer freed or reused by compute.
 #include "parallel/nccl_transport.h"
 
 #if ATTNRES_HAVE_NCCL && ATTNRES_HAVE_MPI
 #include <nccl.h>
 
+#include <algorithm>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -99,20 +111,45 @@ class NcclComm {
 
 class NcclRequest : public RequestImpl {
  public:
-  explicit NcclRequest(Tensor buffer) : buffer_(std::move(buffer)) {}
-  void set_event(std::shared_ptr<Event> e) { event_ = std::move(e); }
+  NcclRequest(Tensor buffer, cudaStream_t link) : buffer_(std::move(buffer)) {
+    ATTNRES_CUDA_CHECK(cudaEventRecord(done_.get(), link));
+  }
   void wait() override {
-    ATTNRES_CHECK(event_, "NCCL request waited on before its group was ended");
-    ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), event_->get(), 0));
+    ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), done_.get(), 0));
   }
   void abandon() noexcept override {
     // Error path: make sure the buffer outlives the communication kernel.
-    if (event_) cudaEventSynchronize(event_->get());
+    cudaEventSynchronize(done_.get());
   }
 
  private:
   Tensor buffer_;  // kept alive until the compute stream has waited for the transfer
-  std::shared_ptr<Event> event_;
+  Event done_;
+};
+
+// RAII for a non-blocking CUDA stream.
+class Stream {
+ public:
+  Stream() { ATTNRES_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~Stream() {
+    if (s_) cudaStreamDestroy(s_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// One direction between two pipeline ranks: a two-rank communicator (the
+// sender is its rank 0) and this side's stream for it.
+struct Link {
+  ncclComm_t comm = nullptr;
+  Stream stream;
+  ~Link() {
+    if (comm) ncclCommDestroy(comm);
+  }
 };
 
 // finish(): the compute stream waits for the all-reduce (the host does not).
@@ -128,47 +165,32 @@ struct NcclPendingSum : PendingSum {
 
 class NcclTransport : public Transport {
  public:
-  explicit NcclTransport(const ProcessGrid& grid) : Transport(grid.P()), grid_(grid) {
+  explicit NcclTransport(const ProcessGrid& grid) : Transport(grid.P(), grid.stage()), grid_(grid) {
     cuda::compute_stream();  // selects the device before NCCL looks at it
     pipeline_.init(grid.pipeline(), "pipeline");
     data_.init(grid.data(), "data-parallel");
+    init_links();
   }
   std::string name() const override { return "nccl"; }
 
-  void group_start() override {
-    ATTNRES_CHECK(!in_group_, "NCCL: nested group");
-    in_group_ = true;
-    ATTNRES_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::compute_stream()));
-    ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::comm_stream(), ready_.get(), 0));
-    ATTNRES_NCCL_CHECK(ncclGroupStart());
-  }
-
-  void group_end() override {
-    ATTNRES_CHECK(in_group_, "NCCL: group_end without group_start");
-    in_group_ = false;
-    ATTNRES_NCCL_CHECK(ncclGroupEnd());
-    auto done = std::make_shared<Event>();
-    ATTNRES_CUDA_CHECK(cudaEventRecord(done->get(), cuda::comm_stream()));
-    for (NcclRequest* r : group_) r->set_event(done);
-    group_.clear();
-  }
-
-  Request isend(const Tensor& buffer, int peer) override {
+  Request send_to(const Tensor& buffer, int peer) override {
     check(buffer, "send");
+    Link& l = link(out_, peer, "send to");
+    after_compute(l.stream.get());
     ATTNRES_NCCL_CHECK(ncclSend(buffer.raw(), static_cast<size_t>(buffer.numel()),
-                                nccl_type(buffer.dtype()), peer, pipeline_.get(),
-                                cuda::comm_stream()));
+                                nccl_type(buffer.dtype()), 1, l.comm, l.stream.get()));
     count_sent(peer, static_cast<int64_t>(buffer.nbytes()));
-    return track(buffer);
+    return Request(std::make_unique<NcclRequest>(buffer, l.stream.get()));
   }
 
-  Request irecv(const Tensor& buffer, int peer) override {
+  Request recv_from(const Tensor& buffer, int peer) override {
     check(buffer, "receive");
+    Link& l = link(in_, peer, "receive from");
+    after_compute(l.stream.get());
     ATTNRES_NCCL_CHECK(ncclRecv(buffer.raw(), static_cast<size_t>(buffer.numel()),
-                                nccl_type(buffer.dtype()), peer, pipeline_.get(),
-                                cuda::comm_stream()));
+                                nccl_type(buffer.dtype()), 0, l.comm, l.stream.get()));
     count_received(peer, static_cast<int64_t>(buffer.nbytes()));
-    return track(buffer);
+    return Request(std::make_unique<NcclRequest>(buffer, l.stream.get()));
   }
 
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override {
@@ -212,12 +234,51 @@ class NcclTransport : public Transport {
     ATTNRES_CHECK(t.is_cuda(), "NCCL ", what, " of a host tensor (", t.describe(),
                   "): the NCCL transport moves device memory");
   }
-  Request track(const Tensor& buffer) {
-    ATTNRES_CHECK(in_group_, "NCCL point-to-point outside a group");
-    auto req = std::make_unique<NcclRequest>(buffer);
-    group_.push_back(req.get());
-    return Request(std::move(req));
+  // `stream` runs what comes next only after the compute issued so far.
+  void after_compute(cudaStream_t stream) {
+    ATTNRES_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::compute_stream()));
+    ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(stream, ready_.get(), 0));
   }
+
+  // Links with the neighbours of the pipeline ring (chunk c -> c+1 runs from
+  // stage p to p+1 mod P, gradients back). Stage 0 of the pipeline creates
+  // one unique id per directed link and broadcasts them; every rank then
+  // joins its links in the same global order (by sender, then receiver), so
+  // the two members of the first link not yet made are always both waiting
+  // in it: no rank can block the others.
+  void init_links() {
+    const int P = grid_.P();
+    if (P == 1) return;
+    std::vector<std::pair<int, int>> links;  // (from, to)
+    for (int a = 0; a < P; ++a)
+      for (int b : {(a + 1) % P, (a + P - 1) % P})
+        if (b != a && std::find(links.begin(), links.end(), std::make_pair(a, b)) == links.end())
+          links.emplace_back(a, b);
+    std::sort(links.begin(), links.end());
+    std::vector<ncclUniqueId> ids(links.size());
+    if (grid_.stage() == 0)
+      for (auto& id : ids) ATTNRES_NCCL_CHECK(ncclGetUniqueId(&id));
+    grid_.pipeline().bcast(ids.data(), ids.size() * sizeof(ncclUniqueId), 0);
+    const int me = grid_.stage();
+    for (size_t i = 0; i < links.size(); ++i) {
+      const auto [from, to] = links[i];
+      if (from != me && to != me) continue;
+      auto& table = from == me ? out_ : in_;
+      auto l = std::make_unique<Link>();
+      const ncclResult_t r = ncclCommInitRank(&l->comm, 2, ids[i], from == me ? 0 : 1);
+      if (r != ncclSuccess)
+        fail("NCCL: creating the link communicator ", from, " -> ", to, " failed: ",
+             ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")");
+      table[from == me ? to : from] = std::move(l);
+    }
+  }
+
+  static Link& link(std::map<int, std::unique_ptr<Link>>& table, int peer, const char* what) {
+    auto it = table.find(peer);
+    ATTNRES_CHECK(it != table.end(), "NCCL: no link to ", what, " pipeline rank ", peer);
+    return *it->second;
+  }
+
   // The compute stream continues only after everything issued on the
   // communication stream so far.
   void join_comm_stream() {
@@ -227,9 +288,8 @@ class NcclTransport : public Transport {
 
   const ProcessGrid& grid_;
   NcclComm pipeline_, data_;
+  std::map<int, std::unique_ptr<Link>> out_, in_;  // by peer: links this rank sends / receives on
   Event ready_, joined_;
-  bool in_group_ = false;
-  std::vector<NcclRequest*> group_;  // requests of the open group (owned by their Request)
 };
 
 }  // namespace
