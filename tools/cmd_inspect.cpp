@@ -11,6 +11,7 @@
 //                          [--tokens B*T --d-model d --bytes 4]
 //                                       the pipeline schedule, its simulated bubble and,
 //                                       given a model, what crosses each chunk boundary
+// attnres inspect plan CONFIG.json ...  predicted cost of a pipeline run (tools/inspect_plan.cpp)
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -235,7 +236,9 @@ int cmd_inspect(const Args& args) {
               "       attnres inspect schedule --pipeline P --virtual V --microbatches M [--comm]\n"
               "                                [--forward-only] [--layers L --mode baseline|full|block\n"
               "                                 --block-size S | --blocks N] [--tokens B*T --d-model d\n"
-              "                                 --bytes 4]");
+              "                                 --bytes 4]\n"
+              "       attnres inspect plan CONFIG.json [--profile cpu|h100] [--gpus N] [--top K]\n"
+              "                            [--steps S] [--section.key=value ...]");
     return args.empty() ? 2 : 0;
   }
   const std::string what = args[0];
@@ -258,7 +261,9 @@ int cmd_inspect(const Args& args) {
   if (what == "attention") return inspect_attention(rest);
   if (what == "schedule") return inspect_schedule(rest);
   if (what == "compare") return inspect_compare(rest);
-  fail("inspect: unknown topic '", what, "' (checkpoint, config, keys, attention, schedule or compare)");
+  if (what == "plan") return inspect_plan(rest);
+  fail("inspect: unknown topic '", what,
+       "' (checkpoint, config, keys, attention, schedule, compare or plan)");
 }
 
 }  // namespace attnres::tools

@@ -211,7 +211,11 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
         forward(r, list[i]);
       else
         backward(r, list[i]);
-      r.stats.busy_sec += std::chrono::duration<double>(Clock::now() - c0).count();
+      const auto c1 = Clock::now();
+      r.stats.busy_sec += std::chrono::duration<double>(c1 - c0).count();
+      if (trace_)
+        r.stats.trace.push_back({list[i], std::chrono::duration<double>(c0 - t0).count(),
+                                 std::chrono::duration<double>(c1 - t0).count()});
       ++i;
     }
     for (Request& s : r.sends) s.wait();

@@ -71,6 +71,12 @@ using DataFn = std::function<data::TokenLoader::Batch(int mb)>;
 
 // What a step did: the executor fills in this rank's share, the runtime
 // (Runtime::train_step) reduces it over the ranks; the trainer logs it.
+// One compute action's wall-clock span, in seconds since the step began.
+struct ComputeTime {
+  Action action;
+  double start = 0, end = 0;
+};
+
 struct StepStats {
   double loss_sum = 0;   // summed token loss of the microbatches whose last chunk ran here,
                          // then over all replicas
@@ -78,6 +84,7 @@ struct StepStats {
   double busy_sec = 0;   // time in forward/backward compute
   double wall_sec = 0;   // start of the step to the end of this rank's last action
   double bubble = 0;     // runtime: (slowest rank's wall - mean busy) / mean busy
+  std::vector<ComputeTime> trace;  // this rank's computes, when tracing (set_trace)
 };
 
 class PipelineExecutor {
@@ -93,6 +100,8 @@ class PipelineExecutor {
                        const std::function<void(int)>& grads_ready = {});
   // Forward only (evaluation): loss sums, nothing kept.
   StepStats forward_only(int M, const DataFn& data);
+  // Record every compute's span in StepStats::trace (measuring chunk times).
+  void set_trace(bool on) { trace_ = on; }
 
  private:
   struct MbState;
@@ -114,6 +123,7 @@ class PipelineExecutor {
   const PipelineLayout& layout_;
   DepthPlan plan_;
   bool cache_;
+  bool trace_ = false;
   int64_t B_, T_;
   std::map<std::pair<int, bool>, std::vector<Action>> schedules_;  // (M, forward_only)
 };

@@ -39,6 +39,7 @@ class Runtime {
   const PipelineLayout& layout() const { return layout_; }
   RankModel& model() { return *model_; }
   Transport& transport() { return *transport_; }
+  PipelineExecutor& executor() { return *executor_; }
 
   // Zero the gradients, run the step's M microbatches (data(mb) gives this
   // replica's microbatch mb), then sum the tied-embedding gradients between

@@ -1,0 +1,296 @@
+#include "train/plan.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/flops.h"
+#include "parallel/layout.h"
+#include "parallel/runtime.h"
+#include "parallel/schedule.h"
+#include "train/optimizer.h"
+
+namespace attnres::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Bytes per second of one large memcpy: what a message between two MPI
+// ranks of this machine costs (shared-memory transports copy it once or twice).
+double copy_bandwidth() {
+  const size_t n = size_t(64) << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::min(best, seconds_since(t0));
+  }
+  return static_cast<double>(n) / best;
+}
+
+// Weights of one chunk's layers [begin, end), plus the embedding (chunk 0)
+// and the final norm and LM head (last chunk).
+double chunk_params(const model::ModelConfig& m, const parallel::LayerRange& lr, bool first,
+                    bool last) {
+  const double d = static_cast<double>(m.d_model);
+  const double kv = d * static_cast<double>(m.n_kv_heads) / static_cast<double>(m.n_heads);
+  const double layer = d * (d + 2 * kv) + d * d + 3 * d * static_cast<double>(m.d_ff) + 2 * d +
+                       (m.attnres() ? 2 * d : 0.0);
+  double n = layer * static_cast<double>(lr.end - lr.begin);
+  const double emb = static_cast<double>(m.vocab_size) * d;
+  if (first) n += emb;
+  if (last) n += d + emb;  // the head (or the tied embedding's copy)
+  return n;
+}
+
+// Forward FLOPs per token of the chunk's matmuls and attention (flops.h's
+// count split by chunk: 2 x matmul weights + 2 T d per layer, 2 d V for the head).
+double chunk_fwd_flops(const model::ModelConfig& m, const parallel::LayerRange& lr, bool last,
+                       int64_t T) {
+  const double d = static_cast<double>(m.d_model);
+  const double kv = d * static_cast<double>(m.n_kv_heads) / static_cast<double>(m.n_heads);
+  const double layer = 2 * (d * (d + 2 * kv) + d * d + 3 * d * static_cast<double>(m.d_ff)) +
+                       2.0 * static_cast<double>(T) * d;
+  double f = layer * static_cast<double>(lr.end - lr.begin);
+  if (last) f += 2 * d * static_cast<double>(m.vocab_size);
+  return f;
+}
+
+// Values the AttnRes Mix reads per token over the chunk's sublayers, in units
+// of d: every source (and the partial sum) it attends over, plus its output.
+double chunk_mix_reads(const model::ModelConfig& m, const parallel::LayerRange& lr) {
+  if (!m.attnres()) return 0;
+  const int64_t S = m.resolved_block_size();
+  double n = 0;
+  for (int64_t j = 2 * lr.begin; j < 2 * lr.end; ++j) n += 1 + j / S + (j % S != 0) + 1;
+  return n;
+}
+
+}  // namespace
+
+HardwareProfile hardware_profile(const std::string& name) {
+  HardwareProfile h;
+  h.name = name;
+  if (name == "cpu") {
+    h.measure_cpu = true;
+    h.cores = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    h.devices_per_node = 1 << 20;  // every rank on this machine
+    h.intra_node = {10e-6, copy_bandwidth()};
+    h.inter_node = h.intra_node;
+    h.description = "this machine under MPI: " + std::to_string(int(h.cores)) +
+                    " cores shared by the ranks, messages at memcpy bandwidth (" +
+                    std::to_string(int(h.intra_node.bytes_per_sec / 1e9)) +
+                    " GB/s, measured) + 10 us";
+  } else if (name == "h100") {
+    h.peak_flops = 989e12;       // H100 SXM dense BF16
+    h.efficiency = 0.36;         // our 350M baseline, bf16 (docs/measurements/2026-11-22-h100-2)
+    h.hbm_bytes_per_sec = 2.7e12;  // 80% of HBM3's 3.35 TB/s
+    h.device_bytes = 80e9;
+    h.devices_per_node = 8;
+    h.intra_node = {10e-6, 450e9 * 0.8};  // NVLink 4: 450 GB/s per direction
+    h.inter_node = {20e-6, 50e9 * 0.8};   // one 400 Gb/s InfiniBand NIC per GPU
+    h.description =
+        "H100 SXM: 989 TFLOP/s bf16 at 36% (our measured 350M baseline), HBM 2.7 TB/s, 80 GB; "
+        "8 per node on NVLink 4 (360 GB/s + 10 us), nodes on 400 Gb/s InfiniBand "
+        "(40 GB/s + 20 us)";
+  } else {
+    fail("unknown hardware profile '", name, "' (cpu or h100)");
+  }
+  return h;
+}
+
+std::string describe(const PlanLayout& l) {
+  return "P" + std::to_string(l.P) + " V" + std::to_string(l.V) + " D" + std::to_string(l.D) +
+         (l.cache ? " cached" : " naive");
+}
+
+ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int steps) {
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const int64_t B = cfg.training.micro_batch_size, T = cfg.training.seq_len;
+  const int M = static_cast<int>(cfg.training.grad_accum);
+  parallel::Comm solo = parallel::Comm::solo();
+  parallel::ProcessGrid grid(solo, 1, 1);
+  parallel::RuntimeOptions ro;
+  ro.V = chunks;  // one process runs every chunk, messages to itself
+  ro.cache_blocks = cfg.parallel.cache_blocks;
+  parallel::Runtime rt(grid, cfg.model, DType::F32, Device::CPU, ro, B, T);
+  auto& rm = rt.model();
+  std::vector<std::unique_ptr<AdamW>> opts;
+  for (int v = 0; v < rm.size(); ++v) {
+    rm.chunk(v).params().init(cfg.training.seed);
+    opts.push_back(std::make_unique<AdamW>(rm.chunk(v).params(), cfg.optimizer));
+  }
+  auto random_ids = [&](uint64_t stream) {
+    Tensor t = Tensor::empty({B * T}, DType::I32);
+    for (int64_t i = 0; i < B * T; ++i)
+      t.data<int32_t>()[i] = static_cast<int32_t>(random_u64(7, stream, i) % cfg.model.vocab_size);
+    return t;
+  };
+  std::vector<data::TokenLoader::Batch> batches;
+  for (int mb = 0; mb < M; ++mb) batches.push_back({random_ids(2 * mb), random_ids(2 * mb + 1)});
+
+  const auto C = static_cast<size_t>(chunks);
+  std::vector<std::vector<double>> fwd(C), bwd(C), upd(C);
+  rt.executor().set_trace(true);
+  for (int s = 0; s <= steps; ++s) {  // step 0 warms up
+    const auto st = rt.train_step(M, [&](int mb) { return batches[static_cast<size_t>(mb)]; },
+                                  1.0 / static_cast<double>(M * B * T));
+    const double norm = rt.grad_norm();
+    std::vector<double> f(C, 0), b(C, 0), u(C, 0);
+    for (const auto& ct : st.trace)
+      (ct.action.op == parallel::Op::Forward ? f : b)[static_cast<size_t>(ct.action.chunk)] +=
+          (ct.end - ct.start) / M;
+    for (int v = 0; v < rm.size(); ++v) {
+      const auto t0 = Clock::now();
+      opts[static_cast<size_t>(v)]->step(1e-4, norm);
+      u[static_cast<size_t>(rm.chunk_id(v))] = seconds_since(t0);
+    }
+    if (s == 0) continue;
+    for (size_t c = 0; c < C; ++c) {
+      fwd[c].push_back(f[c]);
+      bwd[c].push_back(b[c]);
+      upd[c].push_back(u[c]);
+    }
+  }
+  rt.executor().set_trace(false);
+  omp_set_num_threads(saved_threads);
+  ChunkTimes out;
+  for (size_t c = 0; c < C; ++c) {
+    out.fwd.push_back(median(fwd[c]));
+    out.bwd.push_back(median(bwd[c]));
+    out.update.push_back(median(upd[c]));
+  }
+  return out;
+}
+
+Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile& hw,
+                   const ChunkTimes* measured) {
+  const auto& m = cfg.model;
+  const int64_t B = cfg.training.micro_batch_size, T = cfg.training.seq_len;
+  const double tokens = static_cast<double>(B * T);
+  const double d = static_cast<double>(m.d_model);
+  const double elem = hw.measure_cpu ? 4.0 : 2.0;  // fp32 on the CPU, bf16 on GPUs
+  const parallel::PipelineLayout pl(m.n_layers, L.P, L.V);
+  const auto plan = parallel::DepthPlan::of(m);
+  const parallel::ScheduleSpec spec{L.P, L.V, L.M};
+  const int C = spec.C();
+  auto costs = parallel::StepCosts::uniform(spec, 0, 0);
+
+  std::vector<double> params(static_cast<size_t>(C)), act(static_cast<size_t>(C));
+  for (int c = 0; c < C; ++c) {
+    const auto lr = pl.layers(c);
+    const bool first = c == 0, last = c == C - 1;
+    const auto i = static_cast<size_t>(c);
+    params[i] = chunk_params(m, lr, first, last);
+    // Activations kept per microbatch: ~34 bytes per token and d per layer in
+    // bf16 (Korthikanti et al. 2022, flash attention), plus the sources held.
+    act[i] = (34.0 * elem / 2) * tokens * d * static_cast<double>(lr.end - lr.begin) +
+             (plan.attnres ? static_cast<double>(plan.sources_after(lr.end)) * tokens * d * elem : 0);
+    if (c > 0)
+      costs.msg_bytes[i] =
+          static_cast<double>(parallel::boundary_message(pl, plan, c, L.cache).tensors()) * tokens *
+          d * elem;
+    if (hw.measure_cpu) continue;
+    const double flops = chunk_fwd_flops(m, lr, last, T) * tokens;
+    const double mix = chunk_mix_reads(m, lr) * tokens * d * elem / hw.hbm_bytes_per_sec;
+    costs.fwd[i] = flops / (hw.peak_flops * hw.efficiency) + mix;
+    costs.bwd[i] = 2 * costs.fwd[i];
+  }
+  if (hw.measure_cpu) {
+    ATTNRES_CHECK(measured && static_cast<int>(measured->fwd.size()) == C,
+                  "predict: the cpu profile needs chunk times measured for ", C, " chunks");
+    costs.fwd = measured->fwd;
+    costs.bwd = measured->bwd;
+    costs.cores = hw.cores;
+    costs.threads = std::max(1.0, std::floor(hw.cores / L.gpus()));
+  }
+  auto node = [&](int stage) { return stage / hw.devices_per_node; };  // replica 0
+  costs.link = [&](int a, int b) { return node(a) == node(b) ? hw.intra_node : hw.inter_node; };
+  // Data-parallel sums: a ring over the D replicas (2 (D-1)/D of the bytes
+  // each way, 2 (D-1) latencies), on NVLink when all replicas share a node.
+  const parallel::LinkCost ring = L.gpus() <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
+  for (int c = 0; c < C; ++c) {
+    const auto i = static_cast<size_t>(c);
+    if (L.D > 1)
+      costs.grad_sum[i] = 2.0 * (L.D - 1) / L.D * params[i] * 4 / ring.bytes_per_sec +
+                          2.0 * (L.D - 1) * ring.latency;
+    const int r = c % L.P;
+    // AdamW: fp32 weight, gradient and moments read, weight and moments
+    // written, bf16 copy written: 30 bytes per parameter on a GPU.
+    costs.update[static_cast<size_t>(r)] +=
+        hw.measure_cpu ? measured->update[i] : params[i] * 30 / hw.hbm_bytes_per_sec;
+  }
+  if (m.tie_embeddings && C > 1)  // the embedding gradient goes both ways between first and last
+    for (int r : {0, (C - 1) % L.P})
+      costs.update[static_cast<size_t>(r)] +=
+          costs.link(0, (C - 1) % L.P).time(static_cast<double>(m.vocab_size) * d * 4);
+
+  const auto lists = parallel::pipeline_schedule(spec);
+  const auto comm = hw.measure_cpu ? parallel::CommModel::Mpi : parallel::CommModel::Nccl;
+  Prediction p;
+  p.layout = L;
+  p.sim = parallel::simulate(spec, lists, comm, costs);
+  ATTNRES_CHECK(!p.sim.deadlock, "predict ", describe(L), ": ", p.sim.detail);
+  auto free_costs = costs;
+  free_costs.link = nullptr;
+  for (auto& g : free_costs.grad_sum) g = 0;
+  p.exposed_comm = p.sim.step_time - parallel::simulate(spec, lists, comm, free_costs).step_time;
+  p.step_time = p.sim.step_time;
+  const double step_tokens = tokens * L.M * L.D;
+  p.tokens_per_sec = step_tokens / p.step_time;
+  if (hw.peak_flops > 0)
+    p.mfu = p.tokens_per_sec * model::training_flops_per_token(m, T) / (hw.peak_flops * L.gpus());
+  // Memory per rank: bf16 weights, fp32 master, fp32 gradient, two fp32
+  // moments (18 bytes per parameter), and the activations in flight.
+  for (int r = 0; r < L.P; ++r) {
+    double w = 0, a = 0;
+    for (int c = r; c < C; c += L.P) {
+      w += params[static_cast<size_t>(c)];
+      a = std::max(a, act[static_cast<size_t>(c)]);
+    }
+    p.bytes_per_rank = std::max(p.bytes_per_rank, w * 18 + a * p.sim.peak_in_flight[r]);
+  }
+  p.fits = hw.device_bytes <= 0 || p.bytes_per_rank <= 0.9 * hw.device_bytes;
+  return p;
+}
+
+std::vector<PlanLayout> candidate_layouts(const Config& cfg, int gpus) {
+  ATTNRES_CHECK(gpus >= 1, "--gpus must be >= 1");
+  const int64_t G = cfg.training.grad_accum * cfg.parallel.data;  // global microbatches
+  std::vector<PlanLayout> out;
+  for (int P = 1; P <= gpus; ++P) {
+    if (gpus % P != 0 || P > cfg.model.n_layers) continue;
+    const int D = gpus / P;
+    if (G % D != 0) continue;
+    const int M = static_cast<int>(G / D);
+    for (int V : {1, 2, 4}) {
+      if (P * V > cfg.model.n_layers || (V > 1 && (P == 1 || M % P != 0))) continue;
+      for (bool cache : {false, true}) {
+        if (!cache && (!cfg.model.attnres() || P == 1)) continue;
+        out.push_back({P, V, D, M, cache});
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace attnres::train
