@@ -60,11 +60,8 @@ int inspect_plan(const Args& args) {
 
   if (hw.measure_cpu) {
     if (f.has("gpus")) fail(cmd, ": --gpus ranks GPU layouts; the cpu profile predicts the config's own");
-    train::PlanLayout L{static_cast<int>(cfg.parallel.pipeline),
-                        static_cast<int>(cfg.parallel.virtual_stages),
-                        static_cast<int>(cfg.parallel.data), static_cast<int>(cfg.training.grad_accum),
-                        cfg.parallel.cache_blocks};
-    const int threads = std::max(1, static_cast<int>(hw.cores) / L.gpus());
+    const train::PlanLayout L = train::layout_of(cfg);
+    const int threads = train::threads_per_rank(hw, L);
     const int steps = static_cast<int>(f.get_int("steps", 3, cmd));
     std::printf("measuring %d chunks in one process, %d thread%s, %d steps ...\n", L.P * L.V,
                 threads, threads == 1 ? "" : "s", steps);
@@ -87,10 +84,7 @@ int inspect_plan(const Args& args) {
     layouts = train::candidate_layouts(cfg, static_cast<int>(f.get_int("gpus", 1, cmd)));
     if (layouts.empty()) fail(cmd, ": no layout of ", f.get("gpus", ""), " GPUs fits the config");
   } else {
-    layouts.push_back({static_cast<int>(cfg.parallel.pipeline),
-                       static_cast<int>(cfg.parallel.virtual_stages),
-                       static_cast<int>(cfg.parallel.data), static_cast<int>(cfg.training.grad_accum),
-                       cfg.parallel.cache_blocks});
+    layouts.push_back(train::layout_of(cfg));
   }
   // The baseline model on each layout: what AttnRes costs on top of it.
   train::Config base = cfg;

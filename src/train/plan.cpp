@@ -46,14 +46,20 @@ double copy_bandwidth() {
   return static_cast<double>(n) / best;
 }
 
+// Matmul weights of one layer: q, k, v, o and the SwiGLU's three matrices.
+double layer_matmul_params(const model::ModelConfig& m) {
+  const double d = static_cast<double>(m.d_model);
+  const double kv = d * static_cast<double>(m.n_kv_heads) / static_cast<double>(m.n_heads);
+  return d * (d + 2 * kv) + d * d + 3 * d * static_cast<double>(m.d_ff);
+}
+
 // Weights of one chunk's layers [begin, end), plus the embedding (chunk 0)
 // and the final norm and LM head (last chunk).
 double chunk_params(const model::ModelConfig& m, const parallel::LayerRange& lr, bool first,
                     bool last) {
   const double d = static_cast<double>(m.d_model);
-  const double kv = d * static_cast<double>(m.n_kv_heads) / static_cast<double>(m.n_heads);
-  const double layer = d * (d + 2 * kv) + d * d + 3 * d * static_cast<double>(m.d_ff) + 2 * d +
-                       (m.attnres() ? 2 * d : 0.0);
+  // + two RMSNorm weights, + two depth queries with AttnRes
+  const double layer = layer_matmul_params(m) + 2 * d + (m.attnres() ? 2 * d : 0.0);
   double n = layer * static_cast<double>(lr.end - lr.begin);
   const double emb = static_cast<double>(m.vocab_size) * d;
   if (first) n += emb;
@@ -66,9 +72,7 @@ double chunk_params(const model::ModelConfig& m, const parallel::LayerRange& lr,
 double chunk_fwd_flops(const model::ModelConfig& m, const parallel::LayerRange& lr, bool last,
                        int64_t T) {
   const double d = static_cast<double>(m.d_model);
-  const double kv = d * static_cast<double>(m.n_kv_heads) / static_cast<double>(m.n_heads);
-  const double layer = 2 * (d * (d + 2 * kv) + d * d + 3 * d * static_cast<double>(m.d_ff)) +
-                       2.0 * static_cast<double>(T) * d;
+  const double layer = 2 * layer_matmul_params(m) + 2.0 * static_cast<double>(T) * d;
   double f = layer * static_cast<double>(lr.end - lr.begin);
   if (last) f += 2 * d * static_cast<double>(m.vocab_size);
   return f;
@@ -120,6 +124,16 @@ HardwareProfile hardware_profile(const std::string& name) {
 std::string describe(const PlanLayout& l) {
   return "P" + std::to_string(l.P) + " V" + std::to_string(l.V) + " D" + std::to_string(l.D) +
          (l.cache ? " cached" : " naive");
+}
+
+PlanLayout layout_of(const Config& cfg) {
+  return {static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.virtual_stages),
+          static_cast<int>(cfg.parallel.data), static_cast<int>(cfg.training.grad_accum),
+          cfg.parallel.cache_blocks};
+}
+
+int threads_per_rank(const HardwareProfile& hw, const PlanLayout& l) {
+  return std::max(1, static_cast<int>(hw.cores) / l.gpus());
 }
 
 ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int steps) {
@@ -221,7 +235,7 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
     costs.fwd = measured->fwd;
     costs.bwd = measured->bwd;
     costs.cores = hw.cores;
-    costs.threads = std::max(1.0, std::floor(hw.cores / L.gpus()));
+    costs.threads = threads_per_rank(hw, L);
   }
   auto node = [&](int stage) { return stage / hw.devices_per_node; };  // replica 0
   costs.link = [&](int a, int b) { return node(a) == node(b) ? hw.intra_node : hw.inter_node; };

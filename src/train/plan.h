@@ -44,6 +44,11 @@ struct PlanLayout {
   int gpus() const { return P * D; }
 };
 std::string describe(const PlanLayout& l);
+// The config's own layout (parallel.*, grad_accum microbatches per replica).
+PlanLayout layout_of(const Config& cfg);
+// OpenMP threads each rank gets with the cpu profile: the cores shared among
+// the job's ranks, as the trainer splits them (parallel/mpi.h share_node_cores).
+int threads_per_rank(const HardwareProfile& hw, const PlanLayout& l);
 
 // Per global chunk: forward and backward seconds of one microbatch, and the
 // optimizer update's seconds.
