@@ -45,5 +45,7 @@ struct MemoryStats {
   size_t reserved = 0;  // bytes the pool holds from the driver (in use + cached)
 };
 MemoryStats memory_stats();
+// Starts a new high-water mark: peak = in_use.
+void reset_peak_memory();
 
 }  // namespace attnres::cuda

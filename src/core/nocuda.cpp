@@ -22,5 +22,6 @@ void zero(void*, size_t) { no_cuda("device memset"); }
 void fill_u32(void*, unsigned, size_t) { no_cuda("device fill"); }
 void synchronize() {}
 MemoryStats memory_stats() { return {}; }
+void reset_peak_memory() {}
 
 }  // namespace attnres::cuda

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -53,6 +54,38 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+namespace {
+// The host side of tensor_memory. Process-wide like the CUDA allocator's own
+// count: every tensor of the process draws from one heap. Atomic, as tensors
+// are made and freed on several threads (executor, data loader).
+struct HostCounters {
+  std::atomic<size_t> in_use{0}, peak{0};
+  void add(size_t bytes) {
+    const size_t now = in_use.fetch_add(bytes) + bytes;
+    size_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+};
+HostCounters& host_counters() {
+  static HostCounters c;
+  return c;
+}
+}  // namespace
+
+TensorMemory tensor_memory(Device d) {
+  if (d == Device::CUDA) {
+    const cuda::MemoryStats s = cuda::memory_stats();
+    return {s.in_use, s.peak};
+  }
+  return {host_counters().in_use.load(), host_counters().peak.load()};
+}
+
+void reset_tensor_peak(Device d) {
+  if (d == Device::CUDA) cuda::reset_peak_memory();
+  else host_counters().peak.store(host_counters().in_use.load());
+}
+
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device == Device::CUDA) {
     data_ = cuda::alloc(bytes);
@@ -62,11 +95,16 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   size_t rounded = (bytes + 63) / 64 * 64;
   data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (!data_) fail("out of host memory allocating ", bytes, " bytes");
+  host_counters().add(bytes);
 }
 
 Storage::~Storage() {
-  if (device_ == Device::CUDA) cuda::release(data_);
-  else std::free(data_);
+  if (device_ == Device::CUDA) {
+    cuda::release(data_);
+  } else {
+    std::free(data_);
+    host_counters().in_use.fetch_sub(bytes_);
+  }
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {

@@ -35,6 +35,15 @@ template <> constexpr DType dtype_of<double>() { return DType::F64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 template <> constexpr DType dtype_of<bf16_t>() { return DType::BF16; }
 
+// Bytes held by live tensors on a device, and their high-water mark since the
+// last reset_tensor_peak: what activation memory is measured with. On the CPU
+// Storage counts them; on CUDA the caching allocator does (cuda::memory_stats).
+struct TensorMemory {
+  size_t in_use = 0, peak = 0;
+};
+TensorMemory tensor_memory(Device d);
+void reset_tensor_peak(Device d);
+
 // Owns one allocation on one device. Host memory is 64-byte aligned; device
 // memory comes from the CUDA caching allocator (core/device.h).
 class Storage {

@@ -19,6 +19,15 @@ ResidualMode parse_residual_mode(const std::string& name, const std::string& whe
   fail(where, ": unknown residual mode \"", name, "\" (expected baseline, full or block)");
 }
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Mix: return "mix";
+    case Recompute::Layer: return "layer";
+  }
+  return "?";
+}
+
 int64_t ModelConfig::resolved_block_size() const {
   switch (mode) {
     case ResidualMode::Baseline: return 0;

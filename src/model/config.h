@@ -10,6 +10,21 @@ const char* residual_mode_name(ResidualMode m);  // "baseline" | "full" | "block
 // The mode of that name; an error naming `where` (a key or flag) otherwise.
 ResidualMode parse_residual_mode(const std::string& name, const std::string& where);
 
+// What a chunk's forward keeps for its backward (training.recompute). The
+// backward recomputes the rest just before each sublayer's own backward, with
+// the same kernels on the same inputs, so losses and gradients are the same
+// bit for bit in every mode; only memory and time differ.
+//   None   keep everything.
+//   Mix    keep the GEMM and attention outputs (q, k, v, attention output,
+//          gate, up); recompute the cheap rest: the Mix's phase-1 output,
+//          the merge + RMSNorm output u and its statistics, SwiGLU's h.
+//   Layer  keep only each sublayer's input (the depth state it reads: the
+//          sources and partial sums, or the baseline's stream, which the
+//          model holds anyway) and the Mix's softmax weights; recompute the
+//          sublayer's forward up to its last projection.
+enum class Recompute { None, Mix, Layer };
+const char* recompute_name(Recompute r);  // "none" | "mix" | "layer"
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t d_model = 0;

@@ -106,6 +106,12 @@ void Model::embed_backward(const Activations& acts, DepthGrad& g) {
 
 void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
                               DecodeCache* cache, const Tensor* residual) const {
+  attention_core(l, a, B, T, cache);
+  kern::matmul_forward(y, a.att, layer(l).o->value, residual);
+}
+
+void Model::attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T,
+                           DecodeCache* cache) const {
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
   a.q = new_act(N, H * hd);
@@ -128,7 +134,6 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
     a.lse = new_stat({B, H, T});
     kern::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd});
   }
-  kern::matmul_forward(y, a.att, layer(l).o->value, residual);
 }
 
 Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B,
@@ -158,14 +163,20 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
 }
 
 void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const {
-  const int64_t N = a.u.dim(0), F = cfg_.d_ff;
-  a.gate = new_act(N, F);
-  a.up = new_act(N, F);
-  a.h = new_act(N, F);
-  kern::matmul_forward(a.gate, a.u, layer(l).gate->value);
-  kern::matmul_forward(a.up, a.u, layer(l).up->value);
-  kern::swiglu_forward(a.h, a.gate, a.up);
+  mlp_core(l, a);
   kern::matmul_forward(y, a.h, layer(l).down->value, residual);
+}
+
+void Model::mlp_core(int64_t l, SublayerActs& a) const {
+  const int64_t N = a.u.dim(0), F = cfg_.d_ff;
+  if (!a.gate.defined()) {  // (recompute = mix keeps them)
+    a.gate = new_act(N, F);
+    a.up = new_act(N, F);
+    kern::matmul_forward(a.gate, a.u, layer(l).gate->value);
+    kern::matmul_forward(a.up, a.u, layer(l).up->value);
+  }
+  a.h = new_act(N, F);
+  kern::swiglu_forward(a.h, a.gate, a.up);
 }
 
 Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
@@ -267,7 +278,10 @@ void Model::sublayers_forward(int64_t s0, int64_t s1, DepthState& st,
     const int64_t end = cfg_.attnres() ? std::min((s / G + 1) * G, s1) : s + 1;
     if (cfg_.attnres())
       mix_phase1_forward(s, Span<SublayerActs>(subs.data() + (s - s0), size_t(end - s)), st);
-    for (; s < end; ++s) sublayer_forward(s, st, subs[s - s0], B, T, cache);
+    for (; s < end; ++s) {
+      sublayer_forward(s, st, subs[s - s0], B, T, cache);
+      if (!cache) drop_recomputable(subs[s - s0]);
+    }
   }
 }
 
@@ -421,12 +435,55 @@ void Model::phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, De
     ws.push_back(queries[q]->value);
     douts.push_back(g[q].d_o);
     // A query that did not merge has no dlse (its backward wrote no row).
-    if (leader.mix_dlse.defined() && !g[q].mix_stats.defined())
+    if (leader.mix_dlse.defined() && !g[q].mix_dlse_row.defined())
       leader.mix_dlse.rows(static_cast<int64_t>(q), 1).zero_();
   }
   kern::mix_backward(Span<Tensor>(grad.sources.data(), leader.mix_sources.size()), dws, douts,
                   leader.mix_dlse.defined() ? &leader.mix_dlse : nullptr, ws, leader.mix_sources,
                   leader.mix_rstd, leader.mix_probs);
+}
+
+// ---------------------------------------------------------------------------
+// Recomputation (training.recompute)
+// ---------------------------------------------------------------------------
+
+void Model::drop_recomputable(SublayerActs& a) const {
+  if (recompute_ == Recompute::None) return;
+  // Kept in every mode: the sublayer's inputs (mix_recent, the baseline's
+  // stream x), the group leader's phase-1 sources, weights and dlse buffer,
+  // and this sublayer's row of it. The phase-1 output (x in AttnRes modes
+  // without a merge) is recomputed.
+  a.mix_o = Tensor();
+  a.mix_lse = Tensor();
+  if (cfg_.attnres()) a.x = Tensor();
+  a.mix_stats = a.norm_rstd = a.u = Tensor();
+  a.h = Tensor();
+  if (recompute_ == Recompute::Layer) a.q = a.k = a.v = a.att = a.lse = a.gate = a.up = Tensor();
+}
+
+void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,
+                               int64_t T) const {
+  const int64_t N = B * T;
+  if (cfg_.attnres()) {
+    // This query's phase 1 alone: its results are the same bits as in the
+    // group's pass (kernels/mix.h); the group's weights were kept.
+    const int64_t k = static_cast<int64_t>(leader.mix_sources.size());
+    ATTNRES_CHECK(leader.group_size > 0 && k > 0, "sublayer ", s,
+                  ": no phase-1 record to recompute from");
+    Tensor probs = new_stat({1, N, k});
+    Tensor lse;
+    const bool merge = !a.mix_recent.empty();
+    if (merge) lse = new_stat({1, N});
+    a.mix_o = new_act(N, cfg_.d_model);
+    kern::mix_forward(Span<Tensor>(&a.mix_o, 1), probs, merge ? &lse : nullptr,
+                      Span<const Tensor>(&mix_query(s).value, 1), leader.mix_sources,
+                      leader.mix_rstd);
+    if (merge) a.mix_lse = lse.reshape({N});
+    else a.x = a.mix_o;
+  }
+  norm_forward(a, cfg_.attnres() ? &mix_query(s).value : nullptr, norm_gain(s).value);
+  if (s % 2 == 1) mlp_core(s / 2, a);
+  else if (!a.att.defined()) attention_core(s / 2, a, B, T, nullptr);
 }
 
 // ---------------------------------------------------------------------------
@@ -442,12 +499,27 @@ void Model::layers_forward(int64_t l0, int64_t l1, DepthState& st, Activations& 
 void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad& g) {
   ATTNRES_CHECK(acts.first_sublayer == 2 * l0 && acts.sub.size() == size_t(2 * (l1 - l0)),
                 "layers_backward: activations are for another layer range");
+  const int64_t G = cfg_.mix_group_size();
   for (int64_t s = 2 * l1 - 1; s >= 2 * l0; --s) {
     SublayerActs& a = acts.sub[s - 2 * l0];
+    if (recompute_ != Recompute::None) {
+      // The leader of s's Mix group in this chunk (s itself for the baseline).
+      const int64_t lead = cfg_.attnres() ? std::max(s / G * G, 2 * l0) : s;
+      recompute_sublayer(s, a, acts.sub[lead - 2 * l0], acts.B, acts.T);
+    }
     sublayer_backward(s, a, g, acts.B, acts.T);
-    if (!cfg_.attnres()) {
-      a = SublayerActs{};  // free as we go
-    } else if (a.group_size > 0) {  // a group leader: its group is done
+    // Free as we go: the group's phase-1 backward (at its leader) needs only
+    // the leader's record and every member's d_o and dlse row.
+    SublayerActs rest;
+    rest.group_size = a.group_size;
+    rest.mix_sources = std::move(a.mix_sources);
+    rest.mix_rstd = std::move(a.mix_rstd);
+    rest.mix_probs = a.mix_probs;
+    rest.mix_dlse = a.mix_dlse;
+    rest.mix_dlse_row = a.mix_dlse_row;
+    rest.d_o = a.d_o;
+    a = std::move(rest);
+    if (a.group_size > 0) {  // a group leader: its group is done
       Span<SublayerActs> group(&a, static_cast<size_t>(a.group_size));
       mix_phase1_backward(s, group, g);
       for (SublayerActs& m : group) m = SublayerActs{};

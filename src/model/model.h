@@ -147,6 +147,9 @@ class Model {
   // evaluation). Observing only: the computed numbers are the same with or
   // without it, and without one the cost is a null check per sublayer.
   void set_depth_stats(DepthStats* sink) { depth_stats_ = sink; }
+  // What layers_forward keeps for layers_backward (see Recompute).
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
 
  private:
   // Sublayers [s0, s1) on `st`; subs[s - s0] receives sublayer s's record.
@@ -181,10 +184,19 @@ class Model {
   // of the stream (baseline); fills acts for the backward pass.
   Tensor final_norm(const DepthState& st, Activations& acts) const;
   void sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t B, int64_t T);
+  // Recompute: what a sublayer's record drops after its forward, and how its
+  // backward gets it back (`leader`: the record of its Mix group's leader in
+  // this chunk, which kept the phase-1 sources and weights).
+  void drop_recomputable(SublayerActs& a) const;
+  void recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,
+                          int64_t T) const;
   // f_s: from the sublayer input x to its output y (both [N, d]), plus
-  // `residual` when given (added by the last projection).
+  // `residual` when given (added by the last projection). The cores run f_s
+  // up to the input of its last projection (what recomputation redoes).
   void attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
                          DecodeCache* cache, const Tensor* residual) const;
+  void attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T, DecodeCache* cache) const;
+  void mlp_core(int64_t l, SublayerActs& a) const;
   // Backward of f_s from dy to du, the gradient of the normalised input u.
   Tensor attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B, int64_t T);
   void mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const;
@@ -205,6 +217,7 @@ class Model {
   ParamTable params_;
   ModelParams w_;  // typed handles into params_
   DepthStats* depth_stats_ = nullptr;  // not owned; see set_depth_stats
+  Recompute recompute_ = Recompute::None;
 };
 
 }  // namespace attnres::model

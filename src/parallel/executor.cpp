@@ -174,6 +174,9 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
   Run r{spec, data, grad_scale, grads_ready, {}, {}, {}, {}, {}, {}, {}, {}};
   const auto t0 = Clock::now();
   const int64_t sent0 = transport_.traffic().total_sent();
+  const Device dev = model_.chunk(0).device();
+  const size_t resident = tensor_memory(dev).in_use;
+  reset_tensor_peak(dev);
   size_t i = 0;  // the action being run, for the error message
   // A failure names this rank's action list with the failing action marked.
   auto in_list = [&](const Error& e) {
@@ -231,6 +234,8 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
     throw Error(in_list(e));
   }
   r.stats.pp_bytes = transport_.traffic().total_sent() - sent0;
+  r.stats.resident_bytes = static_cast<int64_t>(resident);
+  r.stats.peak_step_bytes = static_cast<int64_t>(tensor_memory(dev).peak - resident);
   r.stats.wall_sec = std::chrono::duration<double>(Clock::now() - t0).count();
   return r.stats;
 }

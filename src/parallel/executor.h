@@ -84,6 +84,11 @@ struct StepStats {
   double busy_sec = 0;   // time in forward/backward compute
   double wall_sec = 0;   // start of the step to the end of this rank's last action
   double bubble = 0;     // runtime: (slowest rank's wall - mean busy) / mean busy
+  // Tensor bytes live at the step's start on this rank (weights, gradients,
+  // optimizer state: the resident state), and the high-water mark above it
+  // during the step (activations, messages, workspace); then, in the
+  // runtime, the largest over the ranks.
+  int64_t resident_bytes = 0, peak_step_bytes = 0;
   std::vector<ComputeTime> trace;  // this rank's computes, when tracing (set_trace)
 };
 

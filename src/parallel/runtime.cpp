@@ -21,6 +21,7 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
                  const RuntimeOptions& opt, int64_t B, int64_t T)
     : grid_(grid), cfg_(cfg), layout_(cfg.n_layers, grid.P(), opt.V, opt.layers_per_chunk) {
   model_ = std::make_unique<RankModel>(cfg, dtype, device, layout_, grid.stage());
+  for (int v = 0; v < model_->size(); ++v) model_->chunk(v).set_recompute(opt.recompute);
   transport_ = make_transport(opt.transport, grid);
   executor_ = std::make_unique<PipelineExecutor>(cfg, *model_, *transport_, opt.cache_blocks, B, T);
 }
@@ -61,6 +62,10 @@ StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale) {
   double sums[3] = {st.loss_sum, static_cast<double>(st.pp_bytes), st.busy_sec};
   grid_.world().allreduce_sum(sums, 3);
   grid_.world().allreduce_max(&st.wall_sec, 1);
+  int64_t mem[2] = {st.resident_bytes, st.peak_step_bytes};
+  grid_.world().allreduce_max(mem, 2);
+  st.resident_bytes = mem[0];
+  st.peak_step_bytes = mem[1];
   st.loss_sum = sums[0];
   st.pp_bytes = static_cast<int64_t>(sums[1]);
   st.busy_sec = sums[2] / grid_.world().size();  // the mean

@@ -25,6 +25,7 @@ struct RuntimeOptions {
   bool cache_blocks = true;               // parallel.cache_blocks
   TransportKind transport = TransportKind::Mpi;  // Mpi or Nccl
   std::vector<int64_t> layers_per_chunk;  // explicit split; empty = even
+  model::Recompute recompute = model::Recompute::None;  // training.recompute
 };
 
 // Mpi or Nccl (parallel/nccl_transport.h); a LocalTransport on a solo grid.

@@ -42,6 +42,13 @@ struct Names<model::ResidualMode> {
       {model::ResidualMode::Block, model::residual_mode_name(model::ResidualMode::Block)}};
 };
 template <>
+struct Names<model::Recompute> {
+  static inline const EnumName<model::Recompute> all[] = {
+      {model::Recompute::None, model::recompute_name(model::Recompute::None)},
+      {model::Recompute::Mix, model::recompute_name(model::Recompute::Mix)},
+      {model::Recompute::Layer, model::recompute_name(model::Recompute::Layer)}};
+};
+template <>
 struct Names<ScheduleType> {
   static constexpr EnumName<ScheduleType> all[] = {
       {ScheduleType::Constant, "constant"}, {ScheduleType::Cosine, "cosine"}, {ScheduleType::Wsd, "wsd"}};
@@ -82,7 +89,7 @@ E parse_name(const std::string& name, const std::string& where) {
   fail(where, ": unknown value \"", name, "\" (expected ", names_of<E>(), ")");
 }
 template <typename E>
-constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> ||
+constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> || std::is_same_v<E, model::Recompute> ||
                                std::is_same_v<E, ScheduleType> || std::is_same_v<E, TransportKind> ||
                                std::is_same_v<E, Device> || std::is_same_v<E, DType>;
 
@@ -150,6 +157,10 @@ void for_each_key(C& c, V&& v) {
   v("training.precision", t.precision,
     KeySpec{"`fp32`, or `bf16` on `cuda` (bf16 weights/activations, fp32 master weights, "
             "optimizer state and reductions)"});
+  v("training.recompute", t.recompute,
+    KeySpec{"what the backward recomputes instead of keeping: `none`, `mix` (the Mix, norms and "
+            "SwiGLU; GEMM and attention outputs kept) or `layer` (everything but each sublayer's "
+            "input); the same bits in every mode ([memory.md](memory.md))"});
   v("training.peak_tflops", t.peak_tflops,
     KeySpec{"peak FLOP/s of one device for the MFU figure; 0 = from the GPU's name (H100/H200: "
             "989 bf16, 67 fp32)", Check::NonNegativeReal});

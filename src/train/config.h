@@ -36,6 +36,7 @@ struct TrainingConfig {
   uint64_t seed = 1;
   Device device = Device::CPU;
   DType precision = DType::F32;  // F32, or BF16 (mixed precision) on CUDA
+  model::Recompute recompute = model::Recompute::None;
   // Peak FLOP/s of the device for the MFU figure, in TFLOP/s; 0 = look it up
   // from the GPU's name (H100/H200: 989 bf16 dense, 67 fp32).
   double peak_tflops = 0;

@@ -146,6 +146,7 @@ ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int s
   parallel::RuntimeOptions ro;
   ro.V = chunks;  // one process runs every chunk, messages to itself
   ro.cache_blocks = cfg.parallel.cache_blocks;
+  ro.recompute = cfg.training.recompute;
   parallel::Runtime rt(grid, cfg.model, DType::F32, Device::CPU, ro, B, T);
   auto& rm = rt.model();
   std::vector<std::unique_ptr<AdamW>> opts;

@@ -161,6 +161,70 @@ TEST_CASE("chunked layers give the single chunk's loss and gradients bit for bit
   }
 }
 
+TEST_CASE("recomputation (mix, layer) gives training.recompute = none's bits", "[model][recompute]") {
+  // Whole model and cut into chunks (a Mix group's leader in an earlier
+  // chunk than the sublayer recomputed), every residual mode, float32: the
+  // backward redoes the forward's kernels on the same inputs.
+  using C = testing::NamedConfig;
+  std::vector<C> all = cases();
+  all.push_back({"full L=8 (groups of 4)", tiny(ResidualMode::Full, 0, 0, false, 8)});
+  all.push_back({"block S=5 L=7", tiny(ResidualMode::Block, 5, 0, false, 7)});
+  for (const C& c : all) {
+    SECTION(c.name) {
+      const int64_t B = 2, T = 4, L = c.cfg.n_layers;
+      const Tensor tokens = testing::random_tokens(B * T, c.cfg.vocab_size, 3);
+      const Tensor targets = testing::random_tokens(B * T, c.cfg.vocab_size, 4);
+      model::Model ref(c.cfg, DType::F32);
+      randomize(ref.params(), 9);
+      ref.params().zero_grads();
+      const double loss = ref.forward_backward(tokens, targets, B, T, 1.0);
+      for (model::Recompute r : {model::Recompute::Mix, model::Recompute::Layer}) {
+        for (bool chunked : {false, true}) {
+          INFO("recompute = " << model::recompute_name(r) << (chunked ? ", chunked" : ""));
+          model::Model m(c.cfg, DType::F32);
+          randomize(m.params(), 9);
+          m.set_recompute(r);
+          m.params().zero_grads();
+          const double got = chunked ? chunked_forward_backward(m, tokens, targets, B, T, {L / 2})
+                                     : m.forward_backward(tokens, targets, B, T, 1.0);
+          CHECK(got == loss);
+          for (size_t i = 0; i < ref.params().all().size(); ++i) {
+            INFO(ref.params().all()[i].name);
+            CHECK(testing::same_bits(m.params().all()[i].grad, ref.params().all()[i].grad));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("recomputation keeps fewer activation bytes: none > mix > layer", "[model][recompute]") {
+  // Measured with the tensor allocator's high-water mark over one forward +
+  // backward, above what was live before it (the parameters and gradients).
+  for (auto mode : {ResidualMode::Baseline, ResidualMode::Block}) {
+    ModelConfig cfg = testing::resized(
+        tiny(mode, mode == ResidualMode::Block ? 4 : 0, 0, false, 4), 64, 32, 4, 2, 96);
+    INFO(model::residual_mode_name(mode));
+    const int64_t B = 2, T = 16;
+    const Tensor tokens = testing::random_tokens(B * T, cfg.vocab_size, 3);
+    const Tensor targets = testing::random_tokens(B * T, cfg.vocab_size, 4);
+    std::vector<size_t> peak;
+    for (model::Recompute r : {model::Recompute::None, model::Recompute::Mix, model::Recompute::Layer}) {
+      model::Model m(cfg, DType::F32);
+      randomize(m.params(), 9);
+      m.set_recompute(r);
+      m.params().zero_grads();
+      const size_t before = tensor_memory(Device::CPU).in_use;
+      reset_tensor_peak(Device::CPU);
+      m.forward_backward(tokens, targets, B, T, 1.0);
+      peak.push_back(tensor_memory(Device::CPU).peak - before);
+      CHECK(tensor_memory(Device::CPU).in_use == before);  // nothing left behind
+    }
+    CHECK(peak[1] < peak[0]);
+    CHECK(peak[2] < peak[1]);
+  }
+}
+
 TEST_CASE("depth attention weights: one row per Mix over its sources, each summing to one",
           "[model]") {
   struct Want {

@@ -76,6 +76,10 @@ class Runtime {
     }
     cudaFreeAsync(p, compute_);  // no throw: called from destructors
   }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    peak_ = in_use_;
+  }
   MemoryStats stats() {
     MemoryStats s;
     {
@@ -181,5 +185,6 @@ void synchronize() {
 }
 
 MemoryStats memory_stats() { return runtime().stats(); }
+void reset_peak_memory() { runtime().reset_peak(); }
 
 }  // namespace attnres::cuda
