@@ -121,13 +121,17 @@ struct Layout {
   std::vector<int64_t> split = {};
   int64_t layers = 8;
   DType dtype = DType::F32;
+  model::Recompute recompute = model::Recompute::None;
 };
 
 std::string describe(const Layout& l) {
   return std::string(model::residual_mode_name(l.mode)) + " P=" + std::to_string(l.P) +
          " V=" + std::to_string(l.V) + " D=" + std::to_string(l.D) +
          (l.cache ? " cached" : " naive") + (l.tie ? " tied" : "") +
-         (l.dtype == DType::F64 ? " fp64" : "");
+         (l.dtype == DType::F64 ? " fp64" : "") +
+         (l.recompute != model::Recompute::None
+              ? std::string(" recompute=") + model::recompute_name(l.recompute)
+              : "");
 }
 
 // Runs one layout on every group of P*D ranks and checks it against the
@@ -155,6 +159,7 @@ void check_layout(const Layout& L) {
     ro.V = L.V;
     ro.cache_blocks = L.cache;
     ro.layers_per_chunk = L.split;
+    ro.recompute = L.recompute;
     parallel::Runtime rt(grid, cfg, L.dtype, Device::CPU, ro, kB, kT);
     std::vector<std::unique_ptr<train::AdamW>> opts;
     for (int v = 0; v < rt.model().size(); ++v) {
@@ -234,6 +239,19 @@ TEST_CASE("data parallel = single process: D = 2, and P = 2 x D = 2", "[mpi][exa
     for (int V : {1, 2})
       for (bool cache : {true, false}) check_layout({mode, 2, V, 2, cache, false});
   }
+}
+
+TEST_CASE("recomputation (mix, layer) under P = 2 x V = 2 = the single process without it",
+          "[mpi][exact][recompute]") {
+  // Naive: bit-identical to the single process with recompute = none; cached:
+  // within the cache's reassociation bound.
+  for (ResidualMode mode : kModes)
+    for (auto r : {model::Recompute::Mix, model::Recompute::Layer})
+      for (bool cache : {false, true}) {
+        Layout L{mode, 2, 2, 1, cache, false};
+        L.recompute = r;
+        check_layout(L);
+      }
 }
 
 TEST_CASE("tied embeddings across the first and last stage", "[mpi][exact]") {
