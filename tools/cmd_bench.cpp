@@ -53,12 +53,19 @@ class ModeRunner {
   void step(bool timed) {
     const auto t0 = std::chrono::steady_clock::now();
     model_.params().zero_grads();
+    // The step's tensor high-water above what lives between steps (weights,
+    // gradients, AdamW state): activations and workspace.
+    const size_t resident = tensor_memory(device_).in_use;
+    reset_tensor_peak(device_);
     for (int64_t a = 0; a < A_; ++a)
       model_.forward_backward(tokens_, targets_, B_, T_, 1.0 / static_cast<double>(A_ * B_ * T_));
     opt_.step(1e-4, opt_.grad_norm());  // grad_norm returns to the host: the step is done
     if (device_ == Device::CUDA) cuda::synchronize();
+    act_peak_ = std::max(act_peak_, tensor_memory(device_).peak - resident);
     if (timed) times_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  void set_recompute(model::Recompute r) { model_.set_recompute(r); }
+  size_t activation_peak_bytes() const { return act_peak_; }
   const std::string& label() const { return label_; }
   // Median step time in seconds: robust to a machine busy with something else
   // for part of the run.
@@ -79,6 +86,7 @@ class ModeRunner {
   train::AdamW opt_;
   Tensor tokens_, targets_;
   std::vector<double> times_;
+  size_t act_peak_ = 0;
 };
 
 }  // namespace
@@ -87,7 +95,7 @@ int cmd_bench(const Args& args) {
   Flags f(args, "bench",
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
-           "preset", "only"},
+           "preset", "only", "recompute"},
           {"help", "kernels"});
   if (f.has("help")) {
     std::puts(
@@ -95,10 +103,13 @@ int cmd_bench(const Args& args) {
         "  [--mode baseline|full|block|all] [--steps 5] [--warmup 1] [--d-model 256]\n"
         "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
         "  [--batch 8] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
-        "  [--kernels [--only TEXT]]\n"
+        "  [--recompute none|mix|layer|all] [--kernels [--only TEXT]]\n"
         "--kernels times each CUDA op at the model's shapes against its floors\n"
         "(bytes / bandwidth, FLOPs / peak) instead of whole training steps;\n"
-        "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.");
+        "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.\n"
+        "--recompute all runs each mode with none, mix and layer (training.recompute);\n"
+        "the act MiB column is the step's tensor high-water above weights, gradients and\n"
+        "AdamW state (activations and workspace), measured by the allocator.");
     return 0;
   }
   const std::string preset = f.get("preset", "");
@@ -161,8 +172,13 @@ int cmd_bench(const Args& args) {
     return 0;
   }
 
-  std::printf("%-20s %10s %12s %12s %8s %10s\n", "mode", "step ms", "tokens/s",
-              device == Device::CUDA ? "TFLOP/s" : "GFLOP/s", "MFU", "vs base");
+  std::vector<model::Recompute> recomputes;
+  if (const std::string r = f.get("recompute", "none"); r == "all")
+    recomputes = {model::Recompute::None, model::Recompute::Mix, model::Recompute::Layer};
+  else
+    recomputes = {train::parse_recompute(r, "bench: --recompute (or all)")};
+  std::printf("%-26s %10s %12s %12s %8s %10s %10s\n", "mode", "step ms", "tokens/s",
+              device == Device::CUDA ? "TFLOP/s" : "GFLOP/s", "MFU", "vs base", "act MiB");
   // All modes live side by side and take their steps in turn (baseline, block,
   // full, baseline, ...), so a slow phase of the machine hits every mode alike
   // and the "vs base" column compares like with like.
@@ -186,21 +202,30 @@ int cmd_bench(const Args& args) {
       }
     }
     mc.validate();
-    runners.push_back(std::make_unique<ModeRunner>(label, mc, B, T, A, device, dtype));
+    for (model::Recompute r : recomputes) {
+      const std::string l = recomputes.size() > 1 || r != model::Recompute::None
+                                ? label + " rc=" + model::recompute_name(r)
+                                : label;
+      runners.push_back(std::make_unique<ModeRunner>(l, mc, B, T, A, device, dtype));
+      runners.back()->set_recompute(r);
+    }
   }
   for (int i = 0; i < warmup + steps; ++i)
     for (auto& r : runners) r->step(/*timed=*/i >= warmup);
 
-  const double base_ms = runners[0]->label() == "baseline" ? runners[0]->median_sec() * 1e3 : 0;
+  // "vs base": against the first row (the baseline with --mode all; the
+  // mode without recomputation with --recompute all).
+  const double base_ms = runners.size() > 1 ? runners[0]->median_sec() * 1e3 : 0;
   for (const auto& r : runners) {
     const double ms = r->median_sec() * 1e3;
     const double tps = r->tokens_per_step() / (ms * 1e-3), flops = tps * r->flops_per_token();
     char rel[32] = "-", mfu[32] = "-";
-    if (base_ms > 0 && r->label() != "baseline")
+    if (base_ms > 0 && r != runners[0])
       std::snprintf(rel, sizeof rel, "%+.1f%%", 100.0 * (ms / base_ms - 1));
     if (peak > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * flops / peak);
-    std::printf("%-20s %10.1f %12.0f %12.1f %8s %10s\n", r->label().c_str(), ms, tps,
-                device == Device::CUDA ? flops * 1e-12 : flops * 1e-9, mfu, rel);
+    std::printf("%-26s %10.1f %12.0f %12.1f %8s %10s %10.2f\n", r->label().c_str(), ms, tps,
+                device == Device::CUDA ? flops * 1e-12 : flops * 1e-9, mfu, rel,
+                r->activation_peak_bytes() / 1048576.0);
   }
   if (device == Device::CUDA) {
     auto ms = cuda::memory_stats();

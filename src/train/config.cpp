@@ -341,6 +341,9 @@ Device parse_device(const std::string& name, const std::string& where) {
 DType parse_precision(const std::string& name, const std::string& where) {
   return parse_name<DType>(name, where);
 }
+model::Recompute parse_recompute(const std::string& name, const std::string& where) {
+  return parse_name<model::Recompute>(name, where);
+}
 
 Config Config::from_json(const json& j, const std::string& source) {
   Config c;

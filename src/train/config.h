@@ -98,6 +98,7 @@ const char* precision_name(DType t);
 // "cuda"; "fp32", "bf16"); `where` names the flag or key in the error.
 Device parse_device(const std::string& name, const std::string& where);
 DType parse_precision(const std::string& name, const std::string& where);
+model::Recompute parse_recompute(const std::string& name, const std::string& where);
 
 // The table of every config key (key, default, meaning, check) as the
 // Markdown rows of docs/config.md, generated from the same declarations that

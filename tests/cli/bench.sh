@@ -9,12 +9,26 @@ small=(--steps 1 --warmup 0 --d-model 32 --layers 2 --heads 4 --kv-heads 2 --d-f
 "$BIN" bench "${small[@]}" >out.txt 2>err.txt || { cat err.txt; fail "bench exited non-zero"; }
 for mode in baseline "block S=4" full; do
   line=$(grep -E "^$mode " out.txt) || { cat out.txt; fail "no row for $mode"; }
-  tps=$(awk '{print $(NF-3)}' <<<"${line/S=4/}")
+  tps=$(awk '{print $(NF-4)}' <<<"${line/S=4/}")
   awk -v t="$tps" 'BEGIN { exit !(t > 0) }' || fail "$mode: tokens/s '$tps' is not positive"
 done
 pass "bench printed baseline, block and full rows"
 
+# --recompute all: one row per recomputation mode; the measured activation
+# high-water (last column) falls from none to mix to layer.
+"$BIN" bench "${small[@]}" --d-model 64 --seq-len 64 --mode block --recompute all >out.txt 2>err.txt \
+  || { cat err.txt; fail "bench --recompute all exited non-zero"; }
+act=()
+for r in none mix layer; do
+  line=$(grep -E "^block S=4 rc=$r " out.txt) || { cat out.txt; fail "no row for recompute $r"; }
+  act+=("$(awk '{print $NF}' <<<"$line")")
+done
+awk -v a="${act[0]}" -v b="${act[1]}" -v c="${act[2]}" 'BEGIN { exit !(a > b && b > c && c > 0) }' \
+  || { cat out.txt; fail "activation MiB not none > mix > layer: ${act[*]}"; }
+pass "bench --recompute all: activation MiB none ${act[0]} > mix ${act[1]} > layer ${act[2]}"
+
 expect_error "bf16 on the cpu" "bf16 is a CUDA precision" "$BIN" bench "${small[@]}" --precision bf16
 expect_error "unknown preset" "unknown --preset" "$BIN" bench --preset 7b
 expect_error "--only without --kernels" "--only selects rows of --kernels" "$BIN" bench "${small[@]}" --only mix
+expect_error "unknown recompute" "unknown" "$BIN" bench "${small[@]}" --recompute some
 echo "all bench checks passed"
