@@ -1,5 +1,6 @@
 #include "parallel/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <tuple>
 
@@ -189,6 +190,10 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
     while (i < list.size()) {
       // This compute's sends and the receives posted after it.
       if (!list[i].is_compute()) {
+        // Sends that completed meanwhile release their buffers.
+        r.sends.erase(std::remove_if(r.sends.begin(), r.sends.end(),
+                                     [](Request& q) { return q.done(); }),
+                      r.sends.end());
         for (; i < list.size() && !list[i].is_compute(); ++i) {
           const Action& a = list[i];
           const bool grad = a.op == Op::SendGrad || a.op == Op::RecvGrad;

@@ -57,6 +57,14 @@ class MpiRequest : public RequestImpl {
     }
   }
 
+  bool test() override {
+    if (recv_) return false;
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    mpi_check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "testing a pipeline send");
+    return done != 0;
+  }
+
   void abandon() noexcept override {
     if (req_ == MPI_REQUEST_NULL) return;
     // Error path (the job is about to end): never block here. Cancel a

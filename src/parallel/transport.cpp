@@ -30,6 +30,7 @@ class Transport::SelfRecv : public RequestImpl {
     t_.to_self_.erase(it);
   }
   void abandon() noexcept override {}
+  bool test() override { return false; }
 
  private:
   Transport& t_;

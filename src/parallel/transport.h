@@ -12,7 +12,9 @@
 // Non-blocking: isend/irecv return a Request; the executor issues the sends
 // of a compute and the receives posted after it, computes, and waits on a
 // receive right before the compute that needs it. A sent buffer is kept alive
-// by its Request and must not be written until it completes.
+// by its Request and must not be written until it completes; the executor
+// drops completed sends between computes (Request::done), so send buffers do
+// not pile up over a step.
 //
 // A message to the rank itself (P = 1 with several chunks) never reaches the
 // implementation: the base class hands the tensor over and the receive copies
@@ -34,6 +36,9 @@ class RequestImpl {
   // Block (bounded, see comm_timeout_seconds()) until the operation completed
   // and its data may be used; throws attnres::Error on failure or timeout.
   virtual void wait() = 0;
+  // Without blocking: whether a send has completed (its buffer may then be
+  // released). Receives answer false: only wait() checks what arrived.
+  virtual bool test() = 0;
   // Called instead of wait() when the request is dropped unfinished (error
   // paths): give up on the operation without blocking.
   virtual void abandon() noexcept = 0;
@@ -57,6 +62,13 @@ class Request {
     if (impl_) impl_->abandon();
   }
   bool pending() const { return impl_ != nullptr; }
+  // A send that has completed is finished here (the buffer it kept alive is
+  // released); true when nothing is left pending.
+  bool done() {
+    if (impl_ && !impl_->test()) return false;
+    impl_.reset();
+    return true;
+  }
   void wait() {
     if (!impl_) return;
     impl_->wait();

@@ -117,6 +117,14 @@ class NcclRequest : public RequestImpl {
   void wait() override {
     ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), done_.get(), 0));
   }
+  bool test() override {
+    // Done once the link stream passed the transfer: the buffer's release
+    // (ordered on the compute stream) can no longer overtake it.
+    const cudaError_t e = cudaEventQuery(done_.get());
+    if (e == cudaErrorNotReady) return false;
+    ATTNRES_CUDA_CHECK(e);
+    return true;
+  }
   void abandon() noexcept override {
     // Error path: make sure the buffer outlives the communication kernel.
     cudaEventSynchronize(done_.get());
