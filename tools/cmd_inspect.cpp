@@ -12,6 +12,7 @@
 //                                       the pipeline schedule, its simulated bubble and,
 //                                       given a model, what crosses each chunk boundary
 // attnres inspect plan CONFIG.json ...  predicted cost of a pipeline run (tools/inspect_plan.cpp)
+// attnres inspect memory CONFIG.json ... bytes per rank of a run (tools/inspect_memory.cpp)
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -238,7 +239,9 @@ int cmd_inspect(const Args& args) {
               "                                 --block-size S | --blocks N] [--tokens B*T --d-model d\n"
               "                                 --bytes 4]\n"
               "       attnres inspect plan CONFIG.json [--profile cpu|h100] [--gpus N] [--top K]\n"
-              "                            [--steps S] [--section.key=value ...]");
+              "                            [--steps S] [--section.key=value ...]\n"
+              "       attnres inspect memory CONFIG.json [--gpu-memory GiB] [--json]\n"
+              "                              [--section.key=value ...]");
     return args.empty() ? 2 : 0;
   }
   const std::string what = args[0];
@@ -262,8 +265,9 @@ int cmd_inspect(const Args& args) {
   if (what == "schedule") return inspect_schedule(rest);
   if (what == "compare") return inspect_compare(rest);
   if (what == "plan") return inspect_plan(rest);
+  if (what == "memory") return inspect_memory(rest);
   fail("inspect: unknown topic '", what,
-       "' (checkpoint, config, keys, attention, schedule, compare or plan)");
+       "' (checkpoint, config, keys, attention, schedule, compare, plan or memory)");
 }
 
 }  // namespace attnres::tools

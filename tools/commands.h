@@ -14,7 +14,8 @@ int cmd_eval(const Args& args);
 int cmd_generate(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_inspect(const Args& args);
-int inspect_plan(const Args& args);  // tools/inspect_plan.cpp
+int inspect_plan(const Args& args);    // tools/inspect_plan.cpp
+int inspect_memory(const Args& args);  // tools/inspect_memory.cpp
 int cmd_bench(const Args& args);
 int cmd_sweep(const Args& args);
 

@@ -385,11 +385,10 @@ void Engine::log_step(int64_t first_step, double loss, double lr, double norm, d
     row["bubble"] = st.bubble;
   }
   if (mfu) row["mfu"] = achieved / peak;
-  row["peak_step_bytes"] = st.peak_step_bytes;
   metrics_->write(row);
   if (state_.step == first_step + 1)
-    spdlog::info("memory per rank (largest): {:.2f} MiB resident in tensors (weights, gradients, "
-                 "optimizer state) + {:.2f} MiB step high-water (activations, messages; "
+    spdlog::info("memory per rank (largest): {:.3f} MiB resident in tensors (weights, gradients, "
+                 "optimizer state) + {:.3f} MiB step high-water (activations, messages; "
                  "training.recompute = {})", st.resident_bytes / 1048576.0,
                  st.peak_step_bytes / 1048576.0, model::recompute_name(tc_.recompute));
   if (state_.step % cfg_.run.log_every == 0 || state_.step == tc_.steps ||

@@ -1,0 +1,334 @@
+#include "train/memory.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "kernels/common.h"
+#include "model/params.h"
+#include "parallel/layout.h"
+#include "parallel/schedule.h"
+
+namespace attnres::train {
+
+namespace {
+
+// Live bytes and their high-water mark, with the named buffers seen.
+class Tracker {
+ public:
+  void alloc(int64_t bytes) {
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+  }
+  void free(int64_t bytes) { live_ -= bytes; }
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  // Peak since the last mark, relative to the live bytes at the mark.
+  void mark() { peak_ = live_; }
+
+ private:
+  int64_t live_ = 0, peak_ = 0;
+};
+
+// One chunk's forward and backward of one microbatch, replayed.
+struct ChunkReplay {
+  int64_t kept = 0;      // live at the end of the forward
+  int64_t fwd_peak = 0;  // high-water during the forward, above its start
+  int64_t bwd_peak = 0;  // high-water during the backward, above its start (kept included)
+  // Of `kept`, what the executor's per-microbatch store takes over: the
+  // sources the chunk completed (values and RMS statistics), and the head's
+  // gradients of every source (accumulators). The rest goes at the end of
+  // the chunk's backward.
+  int64_t sources = 0, source_grads = 0;
+  std::vector<Buffer> buffers;
+};
+
+class ChunkModel {
+ public:
+  ChunkModel(const model::ModelConfig& m, model::Recompute r, int64_t N, DType act)
+      : m_(m), r_(r), N_(N), e_(static_cast<int64_t>(dtype_size(act))),
+        f_(static_cast<int64_t>(dtype_size(kernels::stat_dtype(act)))) {}
+
+  // Sublayers [s0, s1), with the embedding before them and the head after
+  // them when the chunk has those.
+  ChunkReplay replay(int64_t s0, int64_t s1, bool embed, bool head) const {
+    const int64_t d = m_.d_model, kv = m_.n_kv_heads * m_.head_dim(), F = m_.d_ff;
+    const int64_t Nd = N_ * d * e_, Nf = N_ * f_;
+    const bool ar = m_.attnres();
+    const int64_t S = ar ? m_.resolved_block_size() : 0, G = ar ? m_.mix_group_size() : 1;
+    const bool mix = r_ != model::Recompute::None, layer = r_ == model::Recompute::Layer;
+    ChunkReplay out;
+    auto note = [&](const std::string& what, int64_t bytes) { out.buffers.push_back({what, bytes}); };
+    note("sublayer input/output [N, d]", Nd);
+    note("MLP gate/up/h [N, d_ff]", N_ * F * e_);
+    Tracker t;
+
+    // What a sublayer's record holds after its forward, by recompute mode,
+    // and what its f_s core allocates.
+    const int64_t core_attn = 2 * Nd + 2 * N_ * kv * e_ + N_ * m_.n_heads * f_;  // q, att, k, v, lse
+    const int64_t core_mlp = 3 * N_ * F * e_;                                     // gate, up, h
+    auto norm_stats = [&](int64_t s) { return ar && recent(s) > 0 ? N_ * (2 * recent(s) + 2) * f_ : Nf; };
+    auto dropped = [&](int64_t s) {  // what drop_recomputable frees
+      if (!mix) return int64_t{0};
+      int64_t b = Nd + norm_stats(s) + (ar ? Nd : 0);  // u, stats, phase-1 output
+      if (s % 2 == 1) b += N_ * F * e_;                 // h
+      if (layer) b += s % 2 == 0 ? core_attn : 2 * N_ * F * e_;
+      return b;
+    };
+
+    // ---- forward ----
+    if (embed) t.alloc(Nd + (ar ? Nf : 0));  // e (b_0) and its rstd
+    if (embed && ar) out.sources += Nd + Nf;
+    std::vector<int64_t> group_kept(static_cast<size_t>(s1 - s0), 0);  // leader's records
+    for (int64_t s = s0; s < s1;) {
+      const int64_t end = ar ? std::min((s / G + 1) * G, s1) : s + 1;
+      const int64_t Q = end - s;
+      int64_t lse = 0;
+      if (ar) {
+        bool merges = false;
+        for (int64_t q = s; q < end; ++q) merges = merges || recent(q) > 0;
+        const int64_t k = phase1(s);
+        const int64_t probs = Q * N_ * k * f_, dlse = merges ? Q * Nf : 0;
+        lse = merges ? Q * Nf : 0;
+        t.alloc(probs + dlse + lse + Q * Nd);  // weights, dlse, lse, the Q phase-1 outputs
+        group_kept[static_cast<size_t>(s - s0)] = probs + dlse;
+      }
+      for (; s < end; ++s) {
+        t.alloc(Nd + norm_stats(s));                  // u and its statistics
+        t.alloc(s % 2 == 0 ? core_attn : core_mlp);   // f_s up to its last projection
+        t.alloc(Nd);                                  // y (the new partial sum or stream)
+        if (ar && s % S == S - 1) {                   // a completed block, and its rstd
+          t.alloc(Nf);
+          out.sources += Nd + Nf;
+        }
+        t.free(dropped(s));
+      }
+      t.free(lse);
+    }
+    if (head) {
+      // Final Mix (one query over every source) + norm, LM head + loss and
+      // its backward in the same call: dh, and the depth gradient it starts
+      // (every source's, and the partial's), kept to the backward.
+      const int64_t k = ar ? m_.final_sources() - (partial_after(m_.n_sublayers()) ? 1 : 0) : 0;
+      const bool merge = ar && partial_after(m_.n_sublayers());
+      const int64_t acts = ar ? N_ * k * f_ + (merge ? 2 * Nf : 0) + Nd + Nd +
+                                    (merge ? N_ * 4 * f_ : Nf)
+                              : Nd + Nf;  // probs, lse+dlse, o, u, stats | u, rstd
+      t.alloc(acts);
+      t.alloc(Nd);  // dh
+      const int64_t grads = ar ? (k + (merge ? 1 : 0)) * Nd : 0;
+      out.source_grads = ar ? k * Nd : 0;
+      t.alloc(grads + Nd);  // depth gradient, d_o (the baseline's is its gradient)
+      t.free(Nd);           // dh
+      if (merge) t.free(Nf);  // lse, read by the merge
+    }
+    // Not the head's chunk: the last y leaves with the message (the
+    // baseline's stream is the message; a partial sum is copied into it).
+    if (!head && (!ar || partial_after(s1))) t.free(Nd);
+    out.fwd_peak = t.peak();
+    out.kept = t.live();
+
+    // ---- backward ----
+    t.mark();
+    int64_t pending_d_o = 0;
+    for (int64_t s = s1 - 1; s >= s0; --s) {
+      const int64_t lead = ar ? std::max(s / G * G, s0) : s;
+      if (mix) {  // recompute: phase 1 alone (transient weights), norm, core
+        const int64_t again = dropped(s);
+        t.alloc(ar ? N_ * phase1(s) * f_ : 0);
+        t.alloc(again);
+        t.free(ar ? N_ * phase1(s) * f_ : 0);
+      }
+      // Gradient temporaries of f_s, then du; the norm backward writes d_o.
+      const int64_t tmp = s % 2 == 0 ? 2 * Nd + 2 * N_ * kv * e_ : 3 * N_ * F * e_;
+      t.alloc(tmp + Nd);
+      t.free(tmp);
+      if (ar) {
+        t.alloc(Nd);  // d_o, held until the group's phase-1 backward
+        pending_d_o += Nd;
+      }
+      t.free(Nd);  // du
+      // The record goes (all but the leader's phase-1 record and d_o).
+      const int64_t rec = s % 2 == 0 ? core_attn : core_mlp;
+      t.free(Nd + norm_stats(s) + rec + (ar ? Nd : 0));
+      // y of the sublayer before is freed with this record's reference to it
+      // (partial sums and the stream; completed blocks stay in the store).
+      if (s > s0 && !(ar && (s - 1) % S == S - 1)) t.free(Nd);
+      if (ar && s == lead) {
+        t.free(group_kept[static_cast<size_t>(s - s0)] + pending_d_o);
+        pending_d_o = 0;
+      }
+    }
+    out.bwd_peak = t.peak();
+    std::sort(out.buffers.begin(), out.buffers.end(),
+              [](const Buffer& a, const Buffer& b) { return a.bytes > b.bytes; });
+    return out;
+  }
+
+ private:
+  int64_t phase1(int64_t s) const {
+    const int64_t G = m_.mix_group_size();
+    return 1 + (s / G * G) / m_.resolved_block_size();
+  }
+  int64_t recent(int64_t s) const {
+    const int64_t S = m_.resolved_block_size();
+    return 1 + s / S - phase1(s) + (s % S > 0 ? 1 : 0);
+  }
+  int64_t sources_after(int64_t s) const { return 1 + s / m_.resolved_block_size(); }
+  bool partial_after(int64_t s) const { return s % m_.resolved_block_size() != 0; }
+
+  model::ModelConfig m_;
+  model::Recompute r_;
+  int64_t N_, e_, f_;
+};
+
+}  // namespace
+
+std::vector<RankMemory> plan_memory(const Config& cfg) {
+  const model::ModelConfig& m = cfg.model;
+  const TrainingConfig& tc = cfg.training;
+  const int P = static_cast<int>(cfg.parallel.pipeline), V = static_cast<int>(cfg.parallel.virtual_stages);
+  const int M = static_cast<int>(tc.grad_accum);
+  const int64_t N = tc.micro_batch_size * tc.seq_len;
+  const bool bf16 = tc.precision == DType::BF16;
+  const DType act = tc.precision;
+  const int64_t e = static_cast<int64_t>(dtype_size(act));
+  const parallel::PipelineLayout layout(m.n_layers, P, V);
+  const auto plan = parallel::DepthPlan::of(m);
+  const int C = layout.C();
+  const ChunkModel chunk_model(m, tc.recompute, N, act);
+  const auto lists = parallel::pipeline_schedule({P, V, M, false});
+
+  std::vector<RankMemory> out;
+  for (int p = 0; p < P; ++p) {
+    RankMemory r;
+    r.stage = p;
+    std::map<int, ChunkReplay> replay;
+    for (int c : layout.chunks_of(p)) {
+      model::ModelParts parts;
+      parts.layer_begin = layout.layers(c).begin;
+      parts.layer_end = layout.layers(c).end;
+      parts.embedding = c == 0;
+      parts.head = c == C - 1;
+      int64_t n = 0;
+      for (const auto& s : model::param_shapes(m, parts)) n += s.numel();
+      r.weights += n * (bf16 ? 2 : 4);
+      r.master += bf16 ? n * 4 : 0;
+      r.grads += n * 4;
+      r.optimizer += n * 8;
+      replay[c] = chunk_model.replay(2 * parts.layer_begin, 2 * parts.layer_end, c == 0,
+                                     c == C - 1);
+      r.kept_per_microbatch.push_back(replay[c].kept);
+      r.in_flight.push_back(0);
+    }
+    // The action list, as the executor runs it (parallel/executor.cpp): a
+    // forward adds its chunk's record; the sources a microbatch's chunks
+    // complete or receive, and the gradient accumulators of the sources it
+    // saw, stay in the microbatch's store until its last backward here (less
+    // what the gradient messages carry back); messages live from their
+    // receive to their use.
+    const int64_t Nd = N * m.d_model * e;
+    const int64_t Nf = N * static_cast<int64_t>(dtype_size(kernels::stat_dtype(act)));
+    auto bm = [&](int into) {
+      return parallel::boundary_message(layout, plan, into, cfg.parallel.cache_blocks);
+    };
+    auto msg = [&](int into) { return bm(into).tensors() * Nd; };
+    struct Store {
+      std::set<int64_t> acc;   // source ids with a gradient accumulator here
+      int64_t bytes = 0;       // sources and received messages held
+    };
+    std::map<int, Store> store;  // by microbatch
+    Tracker t;
+    std::map<int, int> held;  // chunk -> microbatches held
+    // A packed message is released once its send completed, which the
+    // executor sees between computes: count it through the next compute.
+    int64_t sending = 0;
+    auto sent = [&](int64_t bytes) {
+      t.free(sending);
+      sending = bytes;
+      t.alloc(bytes);
+    };
+    for (const auto& a : lists[static_cast<size_t>(p)]) {
+      const ChunkReplay* rep = replay.count(a.chunk) ? &replay.at(a.chunk) : nullptr;
+      Store& st = store[a.mb];
+      switch (a.op) {
+        case parallel::Op::RecvAct:  // its sources stay in the store
+          t.alloc(msg(a.chunk));
+          st.bytes += msg(a.chunk);
+          break;
+        case parallel::Op::RecvGrad:  // used by the backward of a.chunk
+          t.alloc(msg(a.chunk + 1));
+          break;
+        case parallel::Op::SendAct:
+        case parallel::Op::SendGrad:
+          break;  // the packed buffer is released once the send completes (below)
+        case parallel::Op::Forward: {
+          t.alloc(rep->fwd_peak);
+          t.free(rep->fwd_peak - rep->kept);
+          if (a.chunk > 0 && plan.attnres) {  // received sources get their rstd here
+            const auto b = bm(a.chunk);
+            t.alloc((b.hi - b.lo) * Nf);
+            st.bytes += (b.hi - b.lo) * Nf;
+          }
+          st.bytes += rep->sources;
+          if (rep->source_grads > 0)
+            for (int64_t j = 0; j < plan.sources_after(m.n_layers); ++j) st.acc.insert(j);
+          st.bytes += rep->source_grads;
+          sent(a.chunk < C - 1 ? msg(a.chunk + 1) : 0);
+          const int v = layout.local_index(a.chunk);
+          r.in_flight[static_cast<size_t>(v)] =
+              std::max(r.in_flight[static_cast<size_t>(v)], ++held[a.chunk]);
+          break;
+        }
+        case parallel::Op::Backward: {
+          const auto lr = layout.layers(a.chunk);
+          const int64_t n0 = plan.sources_after(lr.begin), n1 = plan.sources_after(lr.end);
+          int64_t in_msg = 0;  // the gradient message's bytes still needed
+          if (a.chunk < C - 1) {
+            in_msg = msg(a.chunk + 1);
+            if (plan.attnres) {  // its source gradients become accumulators, or add into them
+              const auto b = bm(a.chunk + 1);
+              for (int64_t j = b.lo; j < b.hi; ++j)
+                if (st.acc.insert(j).second) {
+                  st.bytes += Nd;
+                  in_msg -= Nd;
+                }
+            }
+          }
+          for (int64_t j = 0; j < n1; ++j)  // zero accumulators for the rest it saw
+            if (st.acc.insert(j).second) {
+              t.alloc(Nd);
+              st.bytes += Nd;
+            }
+          const int64_t own = rep->kept - rep->sources - rep->source_grads;
+          t.alloc(rep->bwd_peak - rep->kept);
+          t.free(rep->bwd_peak - rep->kept + own + in_msg);
+          auto drop = [&](int64_t j) {
+            if (st.acc.erase(j)) {
+              t.free(Nd);
+              st.bytes -= Nd;
+            }
+          };
+          for (int64_t j = n0; j < n1; ++j) drop(j);  // produced here: finished
+          sent(a.chunk > 0 ? msg(a.chunk) : 0);
+          if (a.chunk > 0) {  // the gradient message to chunk c-1 carries some on
+            if (plan.attnres)
+              for (int64_t j = bm(a.chunk).lo; j < bm(a.chunk).hi; ++j) drop(j);
+          }
+          --held[a.chunk];
+          if (a.chunk == layout.chunks_of(p).front()) {  // its last backward here
+            t.free(st.bytes);
+            store.erase(a.mb);
+          }
+          break;
+        }
+      }
+    }
+    r.activations = t.peak();
+    r.largest = replay.begin()->second.buffers;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace attnres::train

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `attnres inspect memory` against the trainer's measured memory (the log
+# line "memory per rank (largest): R MiB resident ... + A MiB step
+# high-water"): the activation high-water within 10% and the resident state
+# within 1%, largest rank against largest rank, at two shapes, in the Block
+# and Full modes, without and with recomputation, in one process and under
+# mpirun (P = 2 x V = 2, P = 4 x V = 2, P = 2 x D = 2).
+source "$(dirname "$0")/lib.sh"
+make_corpus
+write_mpi_config
+
+check() {  # check NP ARGS...: one training step measured against the planner
+  local np="$1"; shift
+  rm -rf ck run
+  run_np "$np" "$BIN" train base.json --training.steps=1 --eval.every=0 --checkpoint.dir= "$@" \
+    2>log.txt || { cat log.txt; fail "train $*"; }
+  local line; line=$(grep -m1 "memory per rank" log.txt) || { cat log.txt; fail "no memory line: $*"; }
+  local res act
+  res=$(sed -E 's/.*\(largest\): ([0-9.]+) MiB resident.*/\1/' <<<"$line")
+  act=$(sed -E 's/.* \+ ([0-9.]+) MiB step high-water.*/\1/' <<<"$line")
+  "$BIN" inspect memory base.json --json "$@" > plan.json || fail "inspect memory $*"
+  /usr/bin/python3 - "$res" "$act" "$*" <<'PY' || fail "inspect memory disagrees with the measurement: $*"
+import json, sys
+res, act, what = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+ranks = json.load(open("plan.json"))
+est_act = max(r["activations"] for r in ranks) / 2**20
+est_res = max(r["weights"] + r["master"] + r["grads"] + r["optimizer"] for r in ranks) / 2**20
+ok = abs(est_act - act) <= 0.10 * act and abs(est_res - res) <= 0.01 * res
+print(f"{'ok' if ok else 'FAIL'}: {what}: activations measured {act:.3f} MiB, planned {est_act:.3f} "
+      f"({100 * (est_act / act - 1):+.1f}%); resident {res:.3f} MiB, planned {est_res:.3f}")
+sys.exit(0 if ok else 1)
+PY
+}
+
+shapes=("--model.d_model=64 --model.d_ff=160 --training.seq_len=32 --training.micro_batch_size=4"
+        "--model.d_model=96 --model.n_heads=6 --model.n_kv_heads=3 --model.d_ff=256 --training.seq_len=64 --training.micro_batch_size=2")
+for shape in "${shapes[@]}"; do
+  for mode in "--model.residual.mode=block" "--model.residual.mode=full --model.residual.block_size=0"; do
+    for rc in none layer; do
+      # shellcheck disable=SC2086
+      check 1 $shape $mode --training.recompute=$rc
+      check 4 $shape $mode --training.recompute=$rc --parallel.pipeline=4 --parallel.virtual_stages=2
+    done
+    check 2 $shape $mode --training.recompute=mix --parallel.pipeline=2 --parallel.virtual_stages=2
+    check 4 $shape $mode --parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2
+  done
+done
+pass "inspect memory within 10% of the measured activation high-water, 1% of the resident state"

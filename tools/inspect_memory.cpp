@@ -1,0 +1,145 @@
+// attnres inspect memory CONFIG.json [--gpu-memory GiB] [--json] [--section.key=value ...]
+// What each pipeline rank of the config's layout holds (train/memory.h):
+// weights, fp32 master weights, gradients, AdamW state, the activations one
+// microbatch keeps per chunk x the microbatches in flight under the
+// schedule, the step's activation high-water and the total. With
+// --gpu-memory: whether the largest rank fits, and the largest n_layers (at
+// this width and layout) and micro_batch_size that would.
+#include <cstdio>
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+#include "train/config.h"
+#include "train/memory.h"
+
+namespace attnres::tools {
+
+namespace {
+
+double mib(int64_t b) { return static_cast<double>(b) / 1048576.0; }
+
+int64_t largest_total(const train::Config& cfg) {
+  int64_t m = 0;
+  for (const auto& r : train::plan_memory(cfg)) m = std::max(m, r.total());
+  return m;
+}
+
+// The largest value of `key` (from `lo`, in steps of `step`) whose run fits
+// in `budget` bytes; lo - step when even `lo` does not fit. Memory grows with
+// both keys, so the search doubles, then bisects.
+int64_t largest_fitting(train::Config cfg, int64_t lo, int64_t step, int64_t budget,
+                        const std::function<void(train::Config&, int64_t)>& set) {
+  auto fits = [&](int64_t v) {
+    set(cfg, v);
+    return largest_total(cfg) <= budget;
+  };
+  if (!fits(lo)) return lo - step;
+  int64_t good = lo, bad = lo + step;
+  while (fits(bad) && bad < (int64_t{1} << 30)) {
+    good = bad;
+    bad = lo + 2 * (bad - lo);
+  }
+  while (bad - good > step) {
+    const int64_t mid = good + (bad - good) / 2 / step * step;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
+}  // namespace
+
+int inspect_memory(const Args& args) {
+  const char* cmd = "inspect memory";
+  Args flags, overrides;
+  for (const auto& a : args)
+    (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos && a.find('=') != std::string::npos
+         ? overrides
+         : flags)
+        .push_back(a);
+  Flags f(flags, cmd, {"gpu-memory"}, {"help", "json"});
+  if (f.has("help") || f.positional().size() != 1) {
+    std::puts(
+        "usage: attnres inspect memory CONFIG.json [--gpu-memory GiB] [--json]\n"
+        "                              [--section.key=value ...]\n"
+        "  Bytes per pipeline rank of the config's layout: weights, fp32 master weights,\n"
+        "  gradients, AdamW state, activations (kept per microbatch x in flight under the\n"
+        "  schedule, and the step's high-water, replayed from the model's allocations), total.\n"
+        "  --gpu-memory G: does it fit in G GiB, and the largest model.n_layers and\n"
+        "  training.micro_batch_size that would.");
+    return f.has("help") ? 0 : 2;
+  }
+  const train::Config cfg = train::load_config(f.positional()[0], overrides);
+  const auto ranks = train::plan_memory(cfg);
+  double budget_gib = 0;
+  if (f.has("gpu-memory")) {
+    budget_gib = std::stod(f.get("gpu-memory", "0"));
+    if (!(budget_gib > 0)) fail(cmd, ": --gpu-memory must be a positive number of GiB");
+  }
+  const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);
+
+  if (f.has("json")) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : ranks)
+      out.push_back({{"stage", r.stage}, {"weights", r.weights}, {"master", r.master},
+                     {"grads", r.grads}, {"optimizer", r.optimizer},
+                     {"kept_per_microbatch", r.kept_per_microbatch}, {"in_flight", r.in_flight},
+                     {"activations", r.activations}, {"total", r.total()}});
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  const auto& m = cfg.model;
+  std::printf("model: d=%lld L=%lld V=%lld, %s residuals | B=%lld T=%lld | %s %s, recompute %s\n",
+              (long long)m.d_model, (long long)m.n_layers, (long long)m.vocab_size,
+              model::residual_mode_name(m.mode), (long long)cfg.training.micro_batch_size,
+              (long long)cfg.training.seq_len, device_name(cfg.training.device),
+              train::precision_name(cfg.training.precision),
+              model::recompute_name(cfg.training.recompute));
+  std::printf("layout: P=%lld x V=%lld x D=%lld, %lld microbatches per step (%s)\n",
+              (long long)cfg.parallel.pipeline, (long long)cfg.parallel.virtual_stages,
+              (long long)cfg.parallel.data, (long long)cfg.training.grad_accum,
+              cfg.parallel.cache_blocks ? "cached blocks" : "naive");
+  std::printf("\nMiB per rank  %9s %9s %9s %9s  %-24s %11s %10s\n", "weights", "master", "grads",
+              "AdamW", "kept/microbatch x held", "activations", "total");
+  for (const auto& r : ranks) {
+    std::string chunks;
+    for (size_t v = 0; v < r.kept_per_microbatch.size(); ++v) {
+      char b[48];
+      std::snprintf(b, sizeof b, "%s%.1fx%d", v ? " + " : "", mib(r.kept_per_microbatch[v]),
+                    r.in_flight[v]);
+      chunks += b;
+    }
+    std::printf("stage %-7d %9.1f %9.1f %9.1f %9.1f  %-24s %11.1f %10.1f\n", r.stage,
+                mib(r.weights), mib(r.master), mib(r.grads), mib(r.optimizer), chunks.c_str(),
+                mib(r.activations), mib(r.total()));
+  }
+  std::printf("\nlargest buffers (per microbatch):");
+  for (const auto& b : ranks.front().largest) std::printf("  %s %.2f MiB;", b.what.c_str(), mib(b.bytes));
+  std::printf("\nactivations = the step's high-water above the resident state, from a replay of the\n"
+              "tensors the model and the executor allocate (docs/memory.md).\n");
+  if (budget > 0) {
+    const int64_t worst = largest_total(cfg);
+    std::printf("\n--gpu-memory %.1f GiB: the largest rank needs %.2f GiB: %s\n", budget_gib,
+                worst / 1073741824.0, worst <= budget ? "fits" : "does NOT fit");
+    const int64_t min_layers = cfg.parallel.pipeline * cfg.parallel.virtual_stages;
+    const int64_t L = largest_fitting(cfg, min_layers, 1, budget,
+                                      [](train::Config& c, int64_t v) { c.model.n_layers = v; });
+    const int64_t B = largest_fitting(cfg, 1, 1, budget, [](train::Config& c, int64_t v) {
+      c.training.micro_batch_size = v;
+    });
+    if (L < min_layers)
+      std::printf("  no n_layers fits at this width and layout\n");
+    else
+      std::printf("  largest model.n_layers that fits (this width and layout): %lld\n", (long long)L);
+    if (B < 1)
+      std::printf("  no micro_batch_size fits\n");
+    else
+      std::printf("  largest training.micro_batch_size that fits: %lld\n", (long long)B);
+  }
+  return 0;
+}
+
+}  // namespace attnres::tools
