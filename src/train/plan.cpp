@@ -15,6 +15,7 @@
 #include "parallel/layout.h"
 #include "parallel/runtime.h"
 #include "parallel/schedule.h"
+#include "train/memory.h"
 #include "train/optimizer.h"
 
 namespace attnres::train {
@@ -210,16 +211,12 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
   const int C = spec.C();
   auto costs = parallel::StepCosts::uniform(spec, 0, 0);
 
-  std::vector<double> params(static_cast<size_t>(C)), act(static_cast<size_t>(C));
+  std::vector<double> params(static_cast<size_t>(C));
   for (int c = 0; c < C; ++c) {
     const auto lr = pl.layers(c);
     const bool first = c == 0, last = c == C - 1;
     const auto i = static_cast<size_t>(c);
     params[i] = chunk_params(m, lr, first, last);
-    // Activations kept per microbatch: ~34 bytes per token and d per layer in
-    // bf16 (Korthikanti et al. 2022, flash attention), plus the sources held.
-    act[i] = (34.0 * elem / 2) * tokens * d * static_cast<double>(lr.end - lr.begin) +
-             (plan.attnres ? static_cast<double>(plan.sources_after(lr.end)) * tokens * d * elem : 0);
     if (c > 0)
       costs.msg_bytes[i] =
           static_cast<double>(parallel::boundary_message(pl, plan, c, L.cache).tensors()) * tokens *
@@ -274,16 +271,16 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
   p.tokens_per_sec = step_tokens / p.step_time;
   if (hw.peak_flops > 0)
     p.mfu = p.tokens_per_sec * model::training_flops_per_token(m, T) / (hw.peak_flops * L.gpus());
-  // Memory per rank: bf16 weights, fp32 master, fp32 gradient, two fp32
-  // moments (18 bytes per parameter), and the activations in flight.
-  for (int r = 0; r < L.P; ++r) {
-    double w = 0, a = 0;
-    for (int c = r; c < C; c += L.P) {
-      w += params[static_cast<size_t>(c)];
-      a = std::max(a, act[static_cast<size_t>(c)]);
-    }
-    p.bytes_per_rank = std::max(p.bytes_per_rank, w * 18 + a * p.sim.peak_in_flight[r]);
-  }
+  // Memory per rank (train/memory.h): this layout, in bf16 on GPUs.
+  Config at = cfg;
+  at.parallel.pipeline = L.P;
+  at.parallel.virtual_stages = L.V;
+  at.parallel.data = L.D;
+  at.parallel.cache_blocks = L.cache;
+  at.training.grad_accum = L.M;
+  at.training.precision = hw.measure_cpu ? DType::F32 : DType::BF16;
+  for (const RankMemory& r : plan_memory(at))
+    p.bytes_per_rank = std::max(p.bytes_per_rank, static_cast<double>(r.total()));
   p.fits = hw.device_bytes <= 0 || p.bytes_per_rank <= 0.9 * hw.device_bytes;
   return p;
 }

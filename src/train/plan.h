@@ -64,7 +64,7 @@ struct Prediction {
   parallel::SimResult sim;
   double step_time = 0, tokens_per_sec = 0, mfu = 0;
   double exposed_comm = 0;   // step time over the same step with free messages
-  double bytes_per_rank = 0; // weights, gradients, optimizer, activations in flight (estimate)
+  double bytes_per_rank = 0; // the largest rank's total (train/memory.h)
   bool fits = true;          // bytes_per_rank within the device's memory
 };
 
