@@ -188,11 +188,63 @@ class DonePendingSum : public PendingSum {
   void finish() override {}
 };
 
+// ZeRO-1's reduce-scatter on host buffers (device tensors are staged).
+class MpiPendingScatter : public PendingSum {
+ public:
+  MpiPendingScatter(const Comm& comm, const Tensor& flat, Tensor mine)
+      : mine_(std::move(mine)),
+        flat_(flat.is_cpu() ? flat : flat.to(Device::CPU)),
+        host_(mine_.is_cpu() ? mine_ : Tensor::empty(mine_.shape(), mine_.dtype(), Device::CPU)) {
+    ATTNRES_CHECK(flat_.dtype() == DType::F32 && host_.dtype() == DType::F32 &&
+                      flat_.numel() == host_.numel() * comm.size(),
+                  "reduce-scatter of ", flat_.describe(), " into ", host_.describe(), " over ",
+                  comm.size(), " replicas");
+    mpi_check(MPI_Ireduce_scatter_block(flat_.raw(), host_.raw(), mpi_count(host_), MPI_FLOAT,
+                                        MPI_SUM, raw(comm), &req_),
+              "MPI_Ireduce_scatter_block (ZeRO-1 gradients)");
+  }
+  ~MpiPendingScatter() override {
+    if (req_ != MPI_REQUEST_NULL) {  // error path: don't block, keep the buffers
+      MPI_Request_free(&req_);
+      new Tensor(flat_);  // intentional leaks: MPI may still use them
+      new Tensor(host_);
+    }
+  }
+  void finish() override {
+    if (req_ == MPI_REQUEST_NULL) return;
+    wait_bounded(req_, "the ZeRO-1 gradient reduce-scatter");
+    req_ = MPI_REQUEST_NULL;
+    if (!mine_.is_cpu()) mine_.copy_from(host_);
+  }
+
+ private:
+  Tensor mine_, flat_, host_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
 }  // namespace
 
 std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor> tensors) {
   if (grid_.D() == 1 || tensors.empty()) return std::make_unique<DonePendingSum>();
   return std::make_unique<MpiPendingSum>(grid_.data(), std::move(tensors));
+}
+
+std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor flat, Tensor mine) {
+  return std::make_unique<MpiPendingScatter>(grid_.data(), flat, std::move(mine));
+}
+
+void MpiTransport::all_gather(const Tensor& mine, Tensor& flat) {
+  const Tensor in = mine.is_cpu() ? mine : mine.to(Device::CPU);
+  Tensor out = flat.is_cpu() ? flat : Tensor::empty(flat.shape(), flat.dtype(), Device::CPU);
+  ATTNRES_CHECK(in.dtype() == DType::F32 && out.dtype() == DType::F32 &&
+                    out.numel() == in.numel() * grid_.D(),
+                "all-gather of ", in.describe(), " into ", out.describe());
+  MPI_Request req;
+  mpi_check(MPI_Iallgather(in.raw(), mpi_count(in), MPI_FLOAT, out.raw(), mpi_count(in), MPI_FLOAT,
+                           raw(grid_.data()), &req),
+            "MPI_Iallgather (ZeRO-1 weights)");
+  wait_bounded(req, "the ZeRO-1 weight all-gather");
+  if (!flat.is_cpu()) flat.copy_from(out);
 }
 
 void MpiTransport::sum_with_peer(Tensor& t, int peer) {
@@ -222,6 +274,10 @@ Request MpiTransport::recv_from(const Tensor&, int) { fail("no MPI in this build
 std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor>) {
   fail("no MPI in this build");
 }
+std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor, Tensor) {
+  fail("no MPI in this build");
+}
+void MpiTransport::all_gather(const Tensor&, Tensor&) { fail("no MPI in this build"); }
 void MpiTransport::sum_with_peer(Tensor&, int) { fail("no MPI in this build"); }
 
 #endif

@@ -13,6 +13,8 @@ class MpiTransport : public Transport {
   explicit MpiTransport(const ProcessGrid& grid);
   std::string name() const override { return "mpi"; }
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
+  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) override;
+  void all_gather(const Tensor& mine, Tensor& flat) override;
   void sum_with_peer(Tensor& t, int peer) override;
 
  protected:

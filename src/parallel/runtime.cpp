@@ -21,7 +21,14 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
                  const RuntimeOptions& opt, int64_t B, int64_t T)
     : grid_(grid), cfg_(cfg), layout_(cfg.n_layers, grid.P(), opt.V, opt.layers_per_chunk) {
   model_ = std::make_unique<RankModel>(cfg, dtype, device, layout_, grid.stage());
-  for (int v = 0; v < model_->size(); ++v) model_->chunk(v).set_recompute(opt.recompute);
+  for (int v = 0; v < model_->size(); ++v) {
+    model_->chunk(v).set_recompute(opt.recompute);
+    if (opt.zero) {
+      std::vector<model::Param*> ps;
+      for (auto& p : model_->chunk(v).params().all()) ps.push_back(&p);
+      zero_.emplace_back(std::move(ps), grid.D(), grid.replica());
+    }
+  }
   transport_ = make_transport(opt.transport, grid);
   executor_ = std::make_unique<PipelineExecutor>(cfg, *model_, *transport_, opt.cache_blocks, B, T);
 }
@@ -33,7 +40,24 @@ StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale) {
   // (the loss scale already divides by the global token count). Every
   // replica runs the same schedule, so they start these sums in the same order.
   std::vector<std::unique_ptr<PendingSum>> pending(static_cast<size_t>(model_->size()));
+  // ZeRO-1: each replica receives the sum of its own slice only. A chunk
+  // holding a tied embedding (or its copy) waits for the tied sum below,
+  // which needs the whole gradient.
+  const bool tied = cfg_.tie_embeddings && layout_.C() > 1;
+  auto holds_tied = [&](int v) {
+    return tied && (model_->chunk_id(v) == 0 || model_->chunk_id(v) == layout_.C() - 1);
+  };
+  std::vector<Tensor> mine(zero_.size());
+  auto start_scatter = [&](int v) {
+    const auto i = static_cast<size_t>(v);
+    mine[i] = Tensor::empty({zero_[i].shard_elements()}, DType::F32, model_->chunk(v).device());
+    pending[i] = transport_->start_reduce_scatter(zero_[i].pack_grads(), mine[i]);
+  };
   auto grads_ready = [&](int v) {
+    if (!zero_.empty()) {
+      if (!holds_tied(v)) start_scatter(v);
+      return;
+    }
     if (grid_.D() == 1) return;
     std::vector<Tensor> grads;
     for (auto& p : model_->chunk(v).params().all()) grads.push_back(p.grad);
@@ -58,6 +82,14 @@ StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale) {
       transport_->sum_with_peer(last->grad, 0);
     }
   }
+  for (int v = 0; v < static_cast<int>(zero_.size()); ++v) {
+    const auto i = static_cast<size_t>(v);
+    if (holds_tied(v)) {  // started in chunk order on every replica
+      start_scatter(v);
+      pending[i]->finish();
+    }
+    zero_[i].unpack_owned_grads(mine[i]);
+  }
 
   double sums[3] = {st.loss_sum, static_cast<double>(st.pp_bytes), st.busy_sec};
   grid_.world().allreduce_sum(sums, 3);
@@ -81,9 +113,20 @@ double Runtime::grad_norm() {
   std::vector<double> mine;
   for (const auto& chunk : owned) mine.push_back(static_cast<double>(chunk.size()));
   std::vector<Tensor> grads;
-  for (const auto& chunk : owned)
-    for (const model::Param* p : chunk) grads.push_back(p->grad);
+  for (size_t v = 0; v < owned.size(); ++v)
+    for (const model::Param* p : owned[v]) {
+      if (zero_.empty()) {
+        grads.push_back(p->grad);
+        continue;
+      }
+      // ZeRO-1: this replica's summed slice; the replicas' squares add up below.
+      const auto& all = model_->chunk(static_cast<int>(v)).params().all();
+      const size_t i = static_cast<size_t>(p - all.data());
+      grads.push_back(zero_[v].owned_view(i, p->grad));
+    }
   for (double s : kernels::sum_squares_each(grads)) mine.push_back(s);
+  if (!zero_.empty())
+    grid_.data().allreduce_sum(mine.data() + owned.size(), static_cast<int>(grads.size()));
   const auto all = grid_.pipeline().allgather(mine);
   // Chunk c lives on stage c mod P as local chunk c div P: walk the chunks in
   // global order, which is the single-process parameter order.
@@ -104,6 +147,35 @@ double Runtime::eval_loss_sum(int M, const DataFn& data) {
   if (M > 0) loss = executor_->forward_only(M, data).loss_sum;
   grid_.world().allreduce_sum(&loss, 1);
   return loss;
+}
+
+const ZeroShard* Runtime::zero_shard(int v) const {
+  return zero_.empty() ? nullptr : &zero_.at(static_cast<size_t>(v));
+}
+
+std::vector<Tensor> Runtime::all_gather_owned(int v, const std::vector<Tensor>& owned_parts) {
+  const ZeroShard& z = zero_.at(static_cast<size_t>(v));
+  Tensor flat = Tensor::empty({z.shard_elements() * grid_.D()}, DType::F32,
+                              model_->chunk(v).device());
+  transport_->all_gather(z.pack_owned(owned_parts), flat);
+  std::vector<Tensor> out;
+  for (const auto& p : model_->chunk(v).params().all())
+    out.push_back(Tensor::empty(p.value.shape(), DType::F32, p.value.device()));
+  z.unpack_all(flat, out);
+  return out;
+}
+
+void Runtime::gather_updated_weights() {
+  for (int v = 0; v < static_cast<int>(zero_.size()); ++v) {
+    auto& ps = model_->chunk(v).params().all();
+    std::vector<Tensor> owned;
+    for (size_t i = 0; i < ps.size(); ++i) owned.push_back(zero_[v].owned_view(i, ps[i].weights()));
+    const auto full = all_gather_owned(v, owned);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ps[i].weights().copy_from(full[i]);
+      if (ps[i].master.defined()) ps[i].sync_value();
+    }
+  }
 }
 
 int64_t Runtime::max(int64_t v) const {

@@ -17,6 +17,7 @@
 #include "parallel/layout.h"
 #include "parallel/mpi.h"
 #include "parallel/transport.h"
+#include "parallel/zero.h"
 
 namespace attnres::parallel {
 
@@ -26,6 +27,7 @@ struct RuntimeOptions {
   TransportKind transport = TransportKind::Mpi;  // Mpi or Nccl
   std::vector<int64_t> layers_per_chunk;  // explicit split; empty = even
   model::Recompute recompute = model::Recompute::None;  // training.recompute
+  bool zero = false;                      // parallel.zero = 1 (parallel/zero.h)
 };
 
 // Mpi or Nccl (parallel/nccl_transport.h); a LocalTransport on a solo grid.
@@ -50,8 +52,22 @@ class Runtime {
 
   // Global L2 norm of all gradients, summed in the single-process order
   // (chunk by chunk, parameter by parameter), so it matches Model's table
-  // bit for bit when the gradients do. Collective.
+  // bit for bit when the gradients do (with ZeRO-1, each parameter's sum of
+  // squares is the sum of its owned slices'). Collective.
   double grad_norm();
+
+  // ZeRO-1 (RuntimeOptions::zero): the elements of local chunk v's
+  // parameters this replica owns (its optimizer holds state for those
+  // only); nullptr without ZeRO.
+  const ZeroShard* zero_shard(int v) const;
+  // After the optimizers updated their owned slices: every replica gets
+  // every updated weight (all-gather; bf16 copies refreshed). A no-op
+  // without ZeRO. Collective over the replicas.
+  void gather_updated_weights();
+  // Per-parameter owned parts of local chunk v (as ZeroShard::owned_view
+  // gives them) all-gathered into full tensors shaped like the parameters.
+  // Collective over the replicas.
+  std::vector<Tensor> all_gather_owned(int v, const std::vector<Tensor>& owned_parts);
 
   // Forward-only loss over this replica's M microbatches; returns the loss
   // summed over all replicas. Collective.
@@ -72,6 +88,7 @@ class Runtime {
   std::unique_ptr<RankModel> model_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PipelineExecutor> executor_;
+  std::vector<ZeroShard> zero_;  // per local chunk, with ZeRO-1
 };
 
 }  // namespace attnres::parallel

@@ -68,6 +68,11 @@ Request LocalTransport::recv_from(const Tensor&, int peer) {
 std::unique_ptr<PendingSum> LocalTransport::start_sum_across_replicas(std::vector<Tensor>) {
   return std::make_unique<NothingToSum>();  // one replica: its gradients are the sum
 }
+std::unique_ptr<PendingSum> LocalTransport::start_reduce_scatter(Tensor flat, Tensor mine) {
+  mine.copy_from(flat);  // one replica owns everything
+  return std::make_unique<NothingToSum>();
+}
+void LocalTransport::all_gather(const Tensor& mine, Tensor& flat) { flat.copy_from(mine); }
 void LocalTransport::sum_with_peer(Tensor&, int peer) {
   ATTNRES_CHECK(false, "a single-process job has no pipeline peer (sum with ", peer, ")");
 }

@@ -117,6 +117,14 @@ class Transport {
   void sum_across_replicas(std::vector<Tensor>& tensors) {
     start_sum_across_replicas(tensors)->finish();
   }
+  // ZeRO-1 (parallel.zero = 1): `flat` [D * n] summed over this stage's
+  // replicas, of which replica d receives elements [d * n, (d + 1) * n) in
+  // `mine` [n]. Started like start_sum_across_replicas (at once, finished
+  // later, in the same order on every replica); F32 tensors on the
+  // transport's device side.
+  virtual std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) = 0;
+  // `flat` [D * n] = every replica's `mine` [n], in replica order (blocking).
+  virtual void all_gather(const Tensor& mine, Tensor& flat) = 0;
   // t = t + (peer's t), with a pipeline peer that calls this at the same time
   // (tied embeddings: first and last stage). Both sides get identical bits.
   virtual void sum_with_peer(Tensor& t, int peer) = 0;
@@ -150,6 +158,8 @@ class LocalTransport : public Transport {
   LocalTransport() : Transport(1, 0) {}
   std::string name() const override { return "none (single process)"; }
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
+  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) override;
+  void all_gather(const Tensor& mine, Tensor& flat) override;
   void sum_with_peer(Tensor&, int peer) override;
 
  protected:

@@ -178,6 +178,10 @@ void for_each_key(C& c, V&& v) {
   v("parallel.data", p.data, KeySpec{"D data-parallel replicas", Check::Positive});
   v("parallel.cache_blocks", p.cache_blocks,
     KeySpec{"cross-stage block caching (false: the naive protocol, same numbers, more traffic)"});
+  v("parallel.zero", p.zero,
+    KeySpec{"`1`: ZeRO-1, AdamW state and fp32 master weights split over the D replicas "
+            "(gradients reduce-scattered, weights all-gathered); `0`: replicated "
+            "([memory.md](memory.md))", Check::NonNegative});
   v("parallel.transport", p.transport,
     KeySpec{"`mpi` (host memory), `nccl` (device memory, `training.device = \"cuda\"`), or `auto` "
             "(nccl on cuda when built with NCCL, else mpi)"});
@@ -406,6 +410,9 @@ void Config::validate() const {
   if (parallel.virtual_stages > 1 && parallel.pipeline == 1)
     fail("config key parallel.virtual_stages: ", parallel.virtual_stages,
          " virtual stages need parallel.pipeline > 1 (they interleave chunks across pipeline ranks)");
+  if (parallel.zero > 1)
+    fail("config key parallel.zero: 0 (replicated optimizer state) or 1 (ZeRO-1), got ",
+         parallel.zero);
   if (parallel.transport == TransportKind::Nccl && training.device != Device::CUDA)
     fail("config key parallel.transport: \"nccl\" moves device memory and needs "
          "training.device = \"cuda\" (use \"mpi\" or \"auto\" on the cpu)");

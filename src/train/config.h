@@ -48,6 +48,7 @@ struct DataConfig {
 struct ParallelConfig {
   int64_t pipeline = 1, virtual_stages = 1, data = 1;
   bool cache_blocks = true;
+  int64_t zero = 0;  // 0 | 1 (ZeRO-1: AdamW state and master weights split over the replicas)
   TransportKind transport = TransportKind::Auto;
 };
 struct CheckpointConfig {

@@ -10,14 +10,28 @@ namespace attnres::train {
 
 namespace kern = attnres::kernels;
 
-AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg) : params_(params), cfg_(cfg) {
+AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg,
+             const parallel::ZeroShard* shard)
+    : params_(params), cfg_(cfg), shard_(shard) {
   // Moments in the precision of the weights the optimizer updates (fp32
-  // master weights in a bf16 run), on the same device.
-  for (const auto& p : params_.all()) {
-    const Tensor& w = p.weights();
-    m_.push_back(Tensor::zeros(w.shape(), w.dtype(), w.device()));
-    v_.push_back(Tensor::zeros(w.shape(), w.dtype(), w.device()));
+  // master weights in a bf16 run), on the same device; sharded: the owned
+  // part, flat.
+  const auto& ps = params_.all();
+  if (shard_)
+    ATTNRES_CHECK(shard_->owned().size() == ps.size(), "AdamW: a shard of ",
+                  shard_->owned().size(), " parameters for a table of ", ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Tensor& w = ps[i].weights();
+    const Shape shape = shard_ ? Shape{shard_->owned()[i].size()} : w.shape();
+    m_.push_back(Tensor::zeros(shape, w.dtype(), w.device()));
+    v_.push_back(Tensor::zeros(shape, w.dtype(), w.device()));
   }
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t b = 0;
+  for (size_t i = 0; i < m_.size(); ++i) b += static_cast<int64_t>(m_[i].nbytes() + v_[i].nbytes());
+  return b;
 }
 
 double AdamW::grad_norm() const {
@@ -36,11 +50,22 @@ void AdamW::step(double lr, double norm) {
   const kern::AdamWStep st{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_, clip};
   auto& ps = params_.all();
   std::vector<kern::AdamWTensors> all;
+  // Sharded: flat views of the owned elements (kept alive through the call).
+  std::vector<Tensor> views;
+  views.reserve(3 * ps.size());
   for (size_t i = 0; i < ps.size(); ++i) {
     model::Param& p = ps[i];
+    Tensor* w = &p.weights();
+    const Tensor* g = &p.grad;
+    Tensor* lowp = p.master.defined() ? &p.value : nullptr;
+    if (shard_) {
+      if (shard_->owned()[i].size() == 0) continue;
+      w = &views.emplace_back(shard_->owned_view(i, p.weights()));
+      g = &views.emplace_back(shard_->owned_view(i, p.grad));
+      if (lowp) lowp = &views.emplace_back(shard_->owned_view(i, p.value));
+    }
     // Mixed precision: update the fp32 master and write the bf16 copy in one pass.
-    all.push_back({&p.weights(), &p.grad, &m_[i], &v_[i], p.decay,
-                   p.master.defined() ? &p.value : nullptr});
+    all.push_back({w, g, &m_[i], &v_[i], p.decay, lowp});
   }
   kern::adamw_update_each(all, st);
 }
@@ -57,17 +82,19 @@ void AdamW::load_state_tensors(const std::vector<NamedTensor>& tensors, const st
   std::unordered_map<std::string, const Tensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t.tensor;
   const auto& ps = params_.all();
-  auto load = [&](const std::string& name, Tensor& dst) {
+  auto load = [&](size_t i, const model::Param& param, const std::string& name, Tensor& dst) {
     auto it = by_name.find(name);
     if (it == by_name.end()) fail(source, ": optimizer state lacks tensor '", name, "'");
-    if (it->second->shape() != dst.shape())
+    if (it->second->shape() != param.value.shape())
       fail(source, ": optimizer tensor '", name, "' has shape ", shape_str(it->second->shape()),
-           ", the model needs ", shape_str(dst.shape()));
-    dst.copy_from(it->second->dtype() == dst.dtype() ? *it->second : it->second->to(dst.dtype()));
+           ", the model needs ", shape_str(param.value.shape()));
+    const Tensor whole =
+        it->second->dtype() == dst.dtype() ? *it->second : it->second->to(dst.dtype());
+    dst.copy_from(shard_ ? shard_->owned_view(i, whole) : whole);
   };
   for (size_t i = 0; i < ps.size(); ++i) {
-    load(first_moment_name(ps[i].name), m_[i]);
-    load(second_moment_name(ps[i].name), v_[i]);
+    load(i, ps[i], first_moment_name(ps[i].name), m_[i]);
+    load(i, ps[i], second_moment_name(ps[i].name), v_[i]);
   }
 }
 

@@ -6,13 +6,18 @@
 
 #include "core/safetensors.h"
 #include "model/params.h"
+#include "parallel/zero.h"
 #include "train/config.h"
 
 namespace attnres::train {
 
 class AdamW {
  public:
-  AdamW(model::ParamTable& params, const OptimizerConfig& cfg);
+  // `shard` (ZeRO-1, parallel/zero.h): the optimizer keeps moments for, and
+  // updates, only the elements of each parameter this replica owns; nullptr:
+  // all of them.
+  AdamW(model::ParamTable& params, const OptimizerConfig& cfg,
+        const parallel::ZeroShard* shard = nullptr);
 
   // Global L2 norm of all gradients (deterministic, accumulated in double).
   double grad_norm() const;
@@ -27,16 +32,23 @@ class AdamW {
 
   // First/second moments as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>"):
   // entry i is parameter i's first moment, entry n + i its second (n parameters).
+  // Sharded: each is the owned part only, flat (Runtime::all_gather_owned
+  // makes them whole).
   std::vector<NamedTensor> state_tensors() const;
+  bool sharded() const { return shard_ != nullptr; }
+  // Bytes of moments held (1/D of the whole with ZeRO-1, up to padding).
+  int64_t state_bytes() const;
   static std::string first_moment_name(const std::string& param) { return "exp_avg." + param; }
   static std::string second_moment_name(const std::string& param) { return "exp_avg_sq." + param; }
-  // Restore from state_tensors() output; every moment must be present with the
-  // right shape, else the error names the missing/mismatched tensor and `source`.
+  // Restore from whole moments (a checkpoint's; a sharded optimizer takes its
+  // part); every moment must be present with the right shape, else the error
+  // names the missing/mismatched tensor and `source`.
   void load_state_tensors(const std::vector<NamedTensor>& tensors, const std::string& source);
 
  private:
   model::ParamTable& params_;
   OptimizerConfig cfg_;
+  const parallel::ZeroShard* shard_;
   std::vector<Tensor> m_, v_;
   int64_t t_ = 0;
 };

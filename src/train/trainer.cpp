@@ -217,6 +217,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   ro.V = static_cast<int>(cfg.parallel.virtual_stages);
   ro.cache_blocks = cfg.parallel.cache_blocks;
   ro.recompute = tc_.recompute;
+  ro.zero = cfg.parallel.zero == 1;
   ro.transport = cfg.parallel.transport;
   if (ro.transport == TransportKind::Auto)
     ro.transport = dev_.on_gpu && parallel::nccl_compiled() ? TransportKind::Nccl : TransportKind::Mpi;
@@ -229,7 +230,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
     if (cfg.model.init_from.empty()) t.init(tc_.seed);
     else load_weights(cfg.model.init_from, t);
     tables.push_back(&t);
-    opts_.push_back(std::make_unique<AdamW>(t, cfg.optimizer));
+    opts_.push_back(std::make_unique<AdamW>(t, cfg.optimizer, rt_->zero_shard(v)));
     opt_ptrs.push_back(opts_.back().get());
   }
   if (!cfg.model.init_from.empty() && root_)
@@ -308,7 +309,16 @@ void Engine::checkpoint() {
   const auto owned = rm.owned_params();
   for (int v = 0; v < rm.size(); ++v) {
     const auto& all = rm.chunk(v).params().all();
-    const auto state = opts_[static_cast<size_t>(v)]->state_tensors();
+    auto state = opts_[static_cast<size_t>(v)]->state_tensors();
+    if (opts_[static_cast<size_t>(v)]->sharded()) {  // ZeRO-1: whole moments (collective)
+      const size_t n = all.size();
+      for (size_t half : {size_t{0}, n}) {
+        std::vector<Tensor> parts;
+        for (size_t i = 0; i < n; ++i) parts.push_back(state[half + i].tensor);
+        const auto whole = rt_->all_gather_owned(v, parts);
+        for (size_t i = 0; i < n; ++i) state[half + i].tensor = whole[i];
+      }
+    }
     for (size_t i = 0; i < all.size(); ++i) {
       const auto& mine = owned[static_cast<size_t>(v)];
       if (std::find(mine.begin(), mine.end(), &all[i]) == mine.end()) continue;
@@ -431,6 +441,7 @@ int Engine::run() {
     }
     const double lr = learning_rate(cfg_.schedule, cfg_.optimizer.lr, k, tc_.steps);
     for (auto& opt : opts_) opt->step(lr, norm);
+    rt_->gather_updated_weights();  // ZeRO-1: every replica gets the others' slices
     state_.step = k + 1;
     state_.tokens += tokens_per_step;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -122,6 +122,7 @@ struct Layout {
   int64_t layers = 8;
   DType dtype = DType::F32;
   model::Recompute recompute = model::Recompute::None;
+  bool zero = false;
 };
 
 std::string describe(const Layout& l) {
@@ -131,7 +132,8 @@ std::string describe(const Layout& l) {
          (l.dtype == DType::F64 ? " fp64" : "") +
          (l.recompute != model::Recompute::None
               ? std::string(" recompute=") + model::recompute_name(l.recompute)
-              : "");
+              : "") +
+         (l.zero ? " zero=1" : "");
 }
 
 // Runs one layout on every group of P*D ranks and checks it against the
@@ -150,7 +152,7 @@ void check_layout(const Layout& L) {
   double loss_diff = 0, norm_diff = 0, grad_diff = 0, weight_diff = 0;
   int64_t bitwise = 1;
   int64_t bytes_wrong = 0, traffic_asym = 0, compared = 0;
-  int64_t bytes_seen = 0, bytes_expected = 0;
+  int64_t bytes_seen = 0, bytes_expected = 0, state_wrong = 0;
   guarded([&] {
     const Reference ref = single_process(cfg, A, L.D, L.dtype);
     parallel::Comm group = group_of(K);
@@ -160,11 +162,19 @@ void check_layout(const Layout& L) {
     ro.cache_blocks = L.cache;
     ro.layers_per_chunk = L.split;
     ro.recompute = L.recompute;
+    ro.zero = L.zero;
     parallel::Runtime rt(grid, cfg, L.dtype, Device::CPU, ro, kB, kT);
     std::vector<std::unique_ptr<train::AdamW>> opts;
     for (int v = 0; v < rt.model().size(); ++v) {
       rt.model().chunk(v).params().init(5);
-      opts.push_back(std::make_unique<train::AdamW>(rt.model().chunk(v).params(), optimizer()));
+      opts.push_back(std::make_unique<train::AdamW>(rt.model().chunk(v).params(), optimizer(),
+                                                    rt.zero_shard(v)));
+      // ZeRO-1: this replica holds 1/D of the chunk's AdamW state (up to
+      // the padding of the flat space to a multiple of D).
+      const int64_t whole = 8 * rt.model().chunk(v).params().numel();
+      const int64_t want = L.zero ? 8 * ((whole / 8 + L.D - 1) / L.D) : whole;
+      if (opts.back()->state_bytes() > want || opts.back()->state_bytes() < want - 8 * L.D)
+        ++state_wrong;
     }
     const int64_t d = grid.replica();
     const double scale = 1.0 / static_cast<double>(A * L.D * kB * kT);
@@ -176,10 +186,19 @@ void check_layout(const Layout& L) {
           static_cast<int>(A), [&](int mb) { return unit((k * A + mb) * L.D + d, cfg.vocab_size); },
           scale);
       const double norm = rt.grad_norm();
-      if (k == 0)
-        for (model::Param* p : rt.model().params())
-          grad_diff = std::max(grad_diff, max_rel(p->grad, ref.grads.at(p->name)));
+      if (k == 0)  // with ZeRO-1 only the owned slices are summed
+        for (int v = 0; v < rt.model().size(); ++v) {
+          const auto& ps = rt.model().chunk(v).params().all();
+          const parallel::ZeroShard* z = rt.zero_shard(v);
+          for (size_t i = 0; i < ps.size(); ++i) {
+            const Tensor& want = ref.grads.at(ps[i].name);
+            grad_diff = std::max(grad_diff, z ? max_rel(z->owned_view(i, ps[i].grad),
+                                                        z->owned_view(i, want))
+                                              : max_rel(ps[i].grad, want));
+          }
+        }
       for (auto& o : opts) o->step(optimizer().lr, norm);
+      rt.gather_updated_weights();
       if (st.loss_sum * scale != ref.losses[k] || norm != ref.norms[k]) bitwise = 0;
       loss_diff = std::max(loss_diff, rel(st.loss_sum * scale, ref.losses[k]));
       norm_diff = std::max(norm_diff, rel(norm, ref.norms[k]));
@@ -218,6 +237,7 @@ void check_layout(const Layout& L) {
   // baseline has no sources to cache: cached or not, the same.
   if ((!L.cache || L.mode == ResidualMode::Baseline) && L.D == 1 && !L.tie) CHECK(identical);
   CHECK(max_over_ranks(static_cast<double>(bytes_wrong)) == 0);
+  CHECK(max_over_ranks(static_cast<double>(state_wrong)) == 0);
   CHECK(max_over_ranks(static_cast<double>(traffic_asym)) == 0);
   CHECK(max_over_ranks(compared == 0 ? 1.0 : 0.0) == 0);
 }
@@ -252,6 +272,26 @@ TEST_CASE("recomputation (mix, layer) under P = 2 x V = 2 = the single process w
         L.recompute = r;
         check_layout(L);
       }
+}
+
+TEST_CASE("ZeRO-1 = single process: D = 2, P = 2 x D = 2, tied embeddings, recompute",
+          "[mpi][exact][zero]") {
+  // The replicas' sums reassociate (reduce-scatter): within the data-parallel
+  // bound; optimizer state per rank 1/D (checked in check_layout).
+  for (ResidualMode mode : kModes) {
+    Layout a{mode, 1, 1, 2, true, false};
+    a.zero = true;
+    check_layout(a);
+    for (int V : {1, 2}) {
+      Layout b{mode, 2, V, 2, true, false};
+      b.zero = true;
+      check_layout(b);
+    }
+  }
+  Layout tied{ResidualMode::Block, 2, 2, 2, true, true};
+  tied.zero = true;
+  tied.recompute = model::Recompute::Layer;
+  check_layout(tied);
 }
 
 TEST_CASE("tied embeddings across the first and last stage", "[mpi][exact]") {

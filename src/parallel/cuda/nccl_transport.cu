@@ -221,6 +221,34 @@ class NcclTransport : public Transport {
     return pending;
   }
 
+  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) override {
+    check(flat, "ZeRO-1 reduce-scatter");
+    check(mine, "ZeRO-1 reduce-scatter");
+    ATTNRES_CHECK(flat.numel() == mine.numel() * grid_.D(), "reduce-scatter of ", flat.describe(),
+                  " into ", mine.describe());
+    auto pending = std::make_unique<NcclPendingSum>(std::vector<Tensor>{flat, mine});
+    ATTNRES_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::compute_stream()));
+    ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::comm_stream(), ready_.get(), 0));
+    ATTNRES_NCCL_CHECK(ncclReduceScatter(flat.raw(), mine.raw(), static_cast<size_t>(mine.numel()),
+                                         nccl_type(mine.dtype()), ncclSum, data_.get(),
+                                         cuda::comm_stream()));
+    pending->done = std::make_shared<Event>();
+    ATTNRES_CUDA_CHECK(cudaEventRecord(pending->done->get(), cuda::comm_stream()));
+    return pending;
+  }
+
+  void all_gather(const Tensor& mine, Tensor& flat) override {
+    check(flat, "ZeRO-1 all-gather");
+    check(mine, "ZeRO-1 all-gather");
+    ATTNRES_CHECK(flat.numel() == mine.numel() * grid_.D(), "all-gather of ", mine.describe(),
+                  " into ", flat.describe());
+    ATTNRES_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::compute_stream()));
+    ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::comm_stream(), ready_.get(), 0));
+    ATTNRES_NCCL_CHECK(ncclAllGather(mine.raw(), flat.raw(), static_cast<size_t>(mine.numel()),
+                                     nccl_type(mine.dtype()), data_.get(), cuda::comm_stream()));
+    join_comm_stream();
+  }
+
   void sum_with_peer(Tensor& t, int peer) override {
     check(t, "tied-embedding exchange");
     Tensor theirs = Tensor::empty(t.shape(), t.dtype(), t.device());
