@@ -303,11 +303,13 @@ const BpeTokenizer::Merge* BpeTokenizer::find_merge(int32_t left, int32_t right)
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   // Merge the lowest-ranked adjacent pair, equal ranks left to right, until
-  // none is left: GPT-2's bpe() (which merges every occurrence of the best
-  // pair per pass) and our training do exactly this, since a merge's new pairs
-  // all contain its new id, whose merges rank later. Symbols form a linked
-  // list; the heap holds (rank, position) candidates, validated when popped.
-  // O(n log n), so long pieces stay cheap.
+  // none is left. Our training does exactly this, and so does GPT-2's bpe()
+  // (which merges every occurrence of the best pair in one pass): a merge's
+  // new pairs all contain its new id, and in GPT-2's vocabulary, as in ours,
+  // every merge that uses an id ranks after the merge that creates it (checked
+  // for GPT-2's 50000 merges), so no pass is ever interrupted by a better pair.
+  // Symbols form a linked list; the heap holds (rank, position) candidates,
+  // validated when popped. O(n log n), so long pieces stay cheap.
   const size_t n = piece.size();
   if (n == 0) return;
   if (n == 1) {

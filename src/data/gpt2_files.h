@@ -34,7 +34,7 @@ BpeVocabulary read_gpt2_vocabulary(const nlohmann::json& encoder, const std::str
 BpeVocabulary read_hf_vocabulary(const nlohmann::json& j, const std::string& path);
 
 // `v` as a Hugging Face tokenizer.json (byte-level BPE with GPT-2's regex):
-// what read_hf_vocabulary reads back, and what the `tokenizers` library loads.
+// what read_hf_vocabulary reads back (laid out as Hugging Face writes it).
 std::string hf_tokenizer_json(const BpeVocabulary& v);
 
 }  // namespace attnres::data
