@@ -495,6 +495,7 @@ TokenizerSource gpt2_pair(const std::string& encoder, const std::string& vocab_b
 
 TokenizerSource locate(const std::string& path) {
   std::error_code ec;
+  if (!fs::exists(path, ec)) fail("tokenizer '", path, "': no such file or directory");
   if (fs::is_directory(path, ec)) {
     const fs::path d(path);
     if (fs::exists(d / "encoder.json", ec) && fs::exists(d / "vocab.bpe", ec))
