@@ -249,7 +249,6 @@ BpeTokenizer BpeTokenizer::train(const std::vector<std::string>& documents, int 
   return from_vocabulary(attnres_vocabulary(merges), PreTokenizer::Attnres, "BPE training");
 }
 
-
 BpeTokenizer BpeTokenizer::from_vocabulary(BpeVocabulary v, PreTokenizer pre, const std::string& source) {
   auto bad = [&](const auto&... what) { fail("tokenizer '", source, "': ", what...); };
   const int64_t n = static_cast<int64_t>(v.token_bytes.size());
