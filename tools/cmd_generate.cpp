@@ -48,7 +48,8 @@ int cmd_generate(const Args& args) {
   if (f.has("help")) {
     std::puts("usage: attnres generate --checkpoint DIR --prompt TEXT [--tokens 100]\n"
               "         [--temperature 0.8] [--top-k 40] [--seed 1] [--tokenizer FILE]\n"
-              "  The tokenizer defaults to DIR/tokenizer.json (copied there by the trainer).");
+              "  The tokenizer defaults to DIR/tokenizer.json (written there by the trainer from\n"
+              "  data.tokenizer). FILE may be any form `tokenize encode --tokenizer` takes.");
     return 0;
   }
   const std::string dir = f.required("checkpoint", "generate");

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
@@ -10,6 +11,8 @@
 
 #include "core/error.h"
 #include "core/fileio.h"
+#include "data/gpt2_files.h"
+#include "data/gpt2_pretokenizer.h"
 
 namespace attnres::data {
 namespace {
@@ -65,6 +68,24 @@ struct Word {
   int64_t count;
 };
 
+// Our numbering (see bpe.h): bytes, then one id per merge, then EOT.
+BpeVocabulary attnres_vocabulary(const std::vector<std::pair<int32_t, int32_t>>& merges) {
+  BpeVocabulary v;
+  v.token_bytes.reserve(kByteTokens + merges.size() + 1);
+  for (int b = 0; b < kByteTokens; ++b) v.token_bytes.emplace_back(1, static_cast<char>(b));
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const auto [a, b] = merges[r];
+    v.token_bytes.push_back(v.token_bytes[a] + v.token_bytes[b]);
+    v.merge_ids.push_back(kByteTokens + static_cast<int32_t>(r));
+  }
+  v.merges = merges;
+  v.eot = static_cast<int32_t>(v.token_bytes.size());
+  v.token_bytes.emplace_back(BpeTokenizer::kEotText);
+  v.special.assign(v.token_bytes.size(), false);
+  v.special.back() = true;
+  return v;
+}
+
 }  // namespace
 
 std::vector<std::string_view> split_chunks(std::string_view s) {
@@ -97,18 +118,6 @@ std::vector<std::string_view> split_chunks(std::string_view s) {
     i = e;
   }
   return out;
-}
-
-BpeTokenizer::BpeTokenizer(std::vector<std::pair<int32_t, int32_t>> merges) : merges_(std::move(merges)) {
-  token_bytes_.reserve(kByteTokens + merges_.size() + 1);
-  for (int b = 0; b < kByteTokens; ++b) token_bytes_.emplace_back(1, static_cast<char>(b));
-  merge_rank_.reserve(merges_.size() * 2);
-  for (size_t r = 0; r < merges_.size(); ++r) {
-    const auto [a, b] = merges_[r];
-    token_bytes_.push_back(token_bytes_[a] + token_bytes_[b]);
-    merge_rank_.emplace(pair_key(a, b), static_cast<int32_t>(r));
-  }
-  token_bytes_.emplace_back(kEotText);
 }
 
 BpeTokenizer BpeTokenizer::train(const std::vector<std::string>& documents, int vocab_size,
@@ -237,48 +246,100 @@ BpeTokenizer BpeTokenizer::train(const std::vector<std::string>& documents, int 
   if (static_cast<int>(merges.size()) < wanted)
     spdlog::warn("BPE training: the text has no pairs left after {} merges; vocabulary is {} instead of {}",
                  merges.size(), kByteTokens + merges.size() + 1, vocab_size);
-  return BpeTokenizer(std::move(merges));
+  return from_vocabulary(attnres_vocabulary(merges), PreTokenizer::Attnres, "BPE training");
 }
 
-void BpeTokenizer::encode_chunk(std::string_view chunk, std::vector<int32_t>& out) const {
-  // Apply merges lowest rank first; equal ranks left to right. This reproduces
-  // training exactly: when rank r is applied, every lower rank is done and no
-  // new pair of rank <= r can appear (new pairs contain the new, higher id).
+BpeTokenizer BpeTokenizer::from_vocabulary(BpeVocabulary v, PreTokenizer pre, const std::string& source) {
+  auto bad = [&](const auto&... what) { fail("tokenizer '", source, "': ", what...); };
+  const int64_t n = static_cast<int64_t>(v.token_bytes.size());
+  if (static_cast<int64_t>(v.special.size()) != n)
+    fail_internal("from_vocabulary: ", v.special.size(), " special flags for ", n, " tokens");
+  if (v.merge_ids.size() != v.merges.size())
+    fail_internal("from_vocabulary: ", v.merge_ids.size(), " merge ids for ", v.merges.size(), " merges");
+  if (n > INT32_MAX) bad("more than 2^31 - 1 tokens");
+  if (v.eot < 0 || v.eot >= n) bad("the <|endoftext|> id ", v.eot, " is outside the vocabulary [0, ", n, ")");
+
+  BpeTokenizer t;
+  std::fill(std::begin(t.byte_id_), std::end(t.byte_id_), -1);
+  for (int64_t id = 0; id < n; ++id) {
+    const std::string& b = v.token_bytes[static_cast<size_t>(id)];
+    if (b.size() == 1 && !v.special[static_cast<size_t>(id)]) {
+      int32_t& slot = t.byte_id_[static_cast<unsigned char>(b[0])];
+      if (slot >= 0) bad("ids ", slot, " and ", id, " are both the byte 0x", std::hex, +static_cast<unsigned char>(b[0]));
+      slot = static_cast<int32_t>(id);
+    }
+  }
+  for (int b = 0; b < 256; ++b)
+    if (t.byte_id_[b] < 0)
+      bad("no token for the byte 0x", std::hex, b, " (a byte-level BPE has one for each of the 256 bytes)");
+
+  t.merge_table_.reserve(v.merges.size() * 2);
+  for (size_t r = 0; r < v.merges.size(); ++r) {
+    const auto [a, b] = v.merges[r];
+    const int32_t c = v.merge_ids[r];
+    for (int32_t id : {a, b, c})
+      if (id < 0 || id >= n || v.special[static_cast<size_t>(id)])
+        bad("merge ", r, " uses id ", id, ", not an ordinary token of the vocabulary");
+    if (v.token_bytes[c] != v.token_bytes[a] + v.token_bytes[b])
+      bad("merge ", r, " creates id ", c, ", which is not the concatenation of ids ", a, " and ", b);
+    if (!t.merge_table_.emplace(pair_key(a, b), Merge{static_cast<int32_t>(r), c}).second)
+      bad("merge ", r, " repeats the merge of ids ", a, " and ", b);
+  }
+  t.pre_ = pre;
+  if (pre == PreTokenizer::Gpt2) t.gpt2_ = std::make_shared<const Gpt2PreTokenizer>();
+  t.token_bytes_ = std::move(v.token_bytes);
+  t.special_ = std::move(v.special);
+  t.merges_ = std::move(v.merges);
+  t.merge_ids_ = std::move(v.merge_ids);
+  t.eot_ = v.eot;
+  return t;
+}
+
+const BpeTokenizer::Merge* BpeTokenizer::find_merge(int32_t left, int32_t right) const {
+  const auto it = merge_table_.find(pair_key(left, right));
+  return it == merge_table_.end() ? nullptr : &it->second;
+}
+
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  // Merge the lowest-ranked adjacent pair, equal ranks left to right, until
+  // none is left. Our training does exactly this, and so does GPT-2's bpe()
+  // (which merges every occurrence of the best pair in one pass): a merge's
+  // new pairs all contain its new id, and in GPT-2's vocabulary, as in ours,
+  // every merge that uses an id ranks after the merge that creates it (checked
+  // for GPT-2's 50000 merges), so no pass is ever interrupted by a better pair.
   // Symbols form a linked list; the heap holds (rank, position) candidates,
-  // validated when popped. O(n log n), so long chunks stay cheap.
-  const size_t n = chunk.size();
+  // validated when popped. O(n log n), so long pieces stay cheap.
+  const size_t n = piece.size();
   if (n == 0) return;
   if (n == 1) {
-    out.push_back(static_cast<unsigned char>(chunk[0]));
+    out.push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
     return;
   }
   std::vector<int32_t> sym(n), next(n), prev(n);
   for (size_t i = 0; i < n; ++i) {
-    sym[i] = static_cast<unsigned char>(chunk[i]);
+    sym[i] = byte_id_[static_cast<unsigned char>(piece[i])];
     next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
     prev[i] = static_cast<int32_t>(i) - 1;
   }
-  auto rank_of = [&](int32_t x, int32_t y) -> int64_t {
-    const auto it = merge_rank_.find(pair_key(x, y));
-    return it == merge_rank_.end() ? -1 : it->second;
-  };
   // (rank << 32 | position): a min-heap pops the lowest rank, then leftmost.
   std::priority_queue<uint64_t, std::vector<uint64_t>, std::greater<uint64_t>> heap;
   auto consider = [&](int32_t p) {
     if (p < 0 || next[p] < 0) return;
-    const int64_t r = rank_of(sym[p], sym[next[p]]);
-    if (r >= 0) heap.push((static_cast<uint64_t>(r) << 32) | static_cast<uint32_t>(p));
+    if (const Merge* m = find_merge(sym[p], sym[next[p]]))
+      heap.push((static_cast<uint64_t>(m->rank) << 32) | static_cast<uint32_t>(p));
   };
   for (size_t i = 0; i + 1 < n; ++i) consider(static_cast<int32_t>(i));
   while (!heap.empty()) {
     const uint64_t e = heap.top();
     heap.pop();
-    const int64_t r = static_cast<int64_t>(e >> 32);
+    const int32_t r = static_cast<int32_t>(e >> 32);
     const int32_t p = static_cast<int32_t>(e & 0xffffffffu);
     if (sym[p] < 0) continue;  // merged away
     const int32_t q = next[p];
-    if (q < 0 || rank_of(sym[p], sym[q]) != r) continue;  // pair changed since queued
-    sym[p] = kByteTokens + static_cast<int32_t>(r);
+    if (q < 0) continue;
+    const Merge* m = find_merge(sym[p], sym[q]);
+    if (!m || m->rank != r) continue;  // pair changed since queued
+    sym[p] = m->id;
     sym[q] = -1;
     next[p] = next[q];
     if (next[q] >= 0) prev[next[q]] = p;
@@ -288,28 +349,36 @@ void BpeTokenizer::encode_chunk(std::string_view chunk, std::vector<int32_t>& ou
   for (int32_t p = 0; p >= 0; p = next[p]) out.push_back(sym[p]);
 }
 
+std::vector<std::string_view> BpeTokenizer::split(std::string_view text) const {
+  if (pre_ == PreTokenizer::Attnres) return split_chunks(text);
+  std::vector<std::string_view> pieces;
+  pieces.reserve(text.size() / 4 + 1);
+  gpt2_->split(text, pieces);
+  return pieces;
+}
+
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
-  // Chunks repeat heavily in natural text, so their encodings are cached.
-  // Bounded: long chunks are not cached, and the cache restarts when large.
-  constexpr size_t kMaxCachedChunk = 64;
+  // Pieces repeat heavily in natural text, so their encodings are cached.
+  // Bounded: long pieces are not cached, and the cache restarts when large.
+  constexpr size_t kMaxCachedPiece = 64;
   constexpr size_t kMaxCacheEntries = 1 << 19;
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  for (std::string_view chunk : split_chunks(text)) {
-    if (chunk.size() == 1) {
-      out.push_back(static_cast<unsigned char>(chunk[0]));
+  for (std::string_view piece : split(text)) {
+    if (piece.size() == 1) {
+      out.push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
       continue;
     }
-    if (chunk.size() > kMaxCachedChunk) {
-      encode_chunk(chunk, out);
+    if (piece.size() > kMaxCachedPiece) {
+      encode_piece(piece, out);
       continue;
     }
-    std::string key(chunk);
+    std::string key(piece);
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       if (cache_.size() >= kMaxCacheEntries) cache_.clear();
       std::vector<int32_t> ids;
-      encode_chunk(chunk, ids);
+      encode_piece(piece, ids);
       it = cache_.emplace(std::move(key), std::move(ids)).first;
     }
     out.insert(out.end(), it->second.begin(), it->second.end());
@@ -334,7 +403,11 @@ std::string BpeTokenizer::token_bytes(int32_t id) const {
   return token_bytes_[id];
 }
 
-void BpeTokenizer::save(const std::string& path) const {
+std::string BpeTokenizer::file_text() const {
+  if (pre_ == PreTokenizer::Gpt2) {
+    BpeVocabulary v{token_bytes_, special_, merges_, merge_ids_, eot_};
+    return hf_tokenizer_json(v);
+  }
   // Written by hand, one merge per line, so the file diffs and greps well.
   std::ostringstream os;
   os << "{\"type\": \"attnres-bpe\", \"version\": 1, \"vocab_size\": " << vocab_size()
@@ -342,27 +415,34 @@ void BpeTokenizer::save(const std::string& path) const {
   for (size_t i = 0; i < merges_.size(); ++i)
     os << (i ? ",\n  " : "\n  ") << '[' << merges_[i].first << ", " << merges_[i].second << ']';
   os << "\n ]}\n";
-  write_text_file_atomic(path, os.str());
+  return os.str();
 }
 
-BpeTokenizer BpeTokenizer::load(const std::string& path) {
-  using nlohmann::json;
+void BpeTokenizer::save(const std::string& path) const { write_text_file_atomic(path, file_text()); }
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+json parse_json_file(const std::string& path) {
   std::string text;
   try {
     text = read_text_file(path);
   } catch (const Error& e) {
     fail("tokenizer ", e.what());
   }
-  json j;
   try {
-    j = json::parse(text);
+    return json::parse(text);
   } catch (const json::exception& e) {
     fail("tokenizer '", path, "': not valid JSON (", e.what(), ")");
   }
+}
+
+// Our own file, parsed (see the format in bpe.h).
+BpeVocabulary read_attnres_vocabulary(const json& j, const std::string& path) {
   auto bad = [&](const auto&... what) { fail("tokenizer '", path, "': ", what...); };
-  if (!j.is_object()) bad("expected a JSON object");
-  if (!j.contains("type") || j["type"] != "attnres-bpe")
-    bad("\"type\" must be \"attnres-bpe\" (not an attnres BPE tokenizer file)");
+  if (j["type"] != "attnres-bpe") bad("\"type\" must be \"attnres-bpe\" (not an attnres BPE tokenizer file)");
   if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int64_t>() != 1)
     bad("unsupported \"version\" (this build reads version 1)");
   if (!j.contains("merges") || !j["merges"].is_array()) bad("\"merges\" must be an array");
@@ -388,11 +468,87 @@ BpeTokenizer BpeTokenizer::load(const std::string& path) {
   if (!j.contains("vocab_size") || !j["vocab_size"].is_number_integer() ||
       j["vocab_size"].get<int64_t>() != expected_vocab)
     bad("\"vocab_size\" must be 256 + merges + 1 = ", expected_vocab);
+  const char* eot = BpeTokenizer::kEotText;
   if (!j.contains("special") || !j["special"].is_object() || j["special"].size() != 1 ||
-      !j["special"].contains(kEotText) || !j["special"][kEotText].is_number_integer() ||
-      j["special"][kEotText].get<int64_t>() != expected_vocab - 1)
-    bad("\"special\" must be {\"", kEotText, "\": ", expected_vocab - 1, "} (the last id)");
-  return BpeTokenizer(std::move(merges));
+      !j["special"].contains(eot) || !j["special"][eot].is_number_integer() ||
+      j["special"][eot].get<int64_t>() != expected_vocab - 1)
+    bad("\"special\" must be {\"", eot, "\": ", expected_vocab - 1, "} (the last id)");
+  return attnres_vocabulary(merges);
+}
+
+// Where a tokenizer lives and in which form.
+struct TokenizerSource {
+  enum Kind { Attnres, HuggingFace, Gpt2Pair } kind;
+  std::string file;       // the JSON file (encoder.json for GPT-2's pair)
+  std::string vocab_bpe;  // GPT-2's pair only
+  json parsed;            // `file`, parsed
+};
+
+std::string beside(const std::string& path, const char* name) {
+  return (fs::path(path).parent_path() / name).string();
+}
+
+TokenizerSource gpt2_pair(const std::string& encoder, const std::string& vocab_bpe) {
+  return {TokenizerSource::Gpt2Pair, encoder, vocab_bpe, parse_json_file(encoder)};
+}
+
+TokenizerSource locate(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail("tokenizer '", path, "': no such file or directory");
+  if (fs::is_directory(path, ec)) {
+    const fs::path d(path);
+    if (fs::exists(d / "encoder.json", ec) && fs::exists(d / "vocab.bpe", ec))
+      return gpt2_pair((d / "encoder.json").string(), (d / "vocab.bpe").string());
+    if (fs::exists(d / "tokenizer.json", ec)) return locate((d / "tokenizer.json").string());
+    fail("tokenizer '", path, "': a directory without GPT-2's encoder.json + vocab.bpe, or a tokenizer.json");
+  }
+  if (fs::path(path).extension() == ".bpe") {
+    const std::string encoder = beside(path, "encoder.json");
+    if (!fs::exists(encoder, ec))
+      fail("tokenizer '", path, "': GPT-2's vocab.bpe needs its encoder.json beside it, and '", encoder,
+           "' does not exist");
+    return gpt2_pair(encoder, path);
+  }
+  json j = parse_json_file(path);
+  if (!j.is_object()) fail("tokenizer '", path, "': expected a JSON object");
+  // By the types of the keys, since GPT-2's vocabulary has tokens "type" and
+  // "model" too (with integer ids).
+  if (j.contains("type") && j["type"].is_string()) return {TokenizerSource::Attnres, path, "", std::move(j)};
+  if (j.contains("model") && j["model"].is_object())
+    return {TokenizerSource::HuggingFace, path, "", std::move(j)};
+  if (!j.empty() && j.begin()->is_number_integer()) {
+    const std::string vocab_bpe = beside(path, "vocab.bpe");
+    if (!fs::exists(vocab_bpe, ec))
+      fail("tokenizer '", path, "': looks like GPT-2's encoder.json (token -> id), which needs its "
+           "vocab.bpe beside it, and '", vocab_bpe, "' does not exist");
+    return {TokenizerSource::Gpt2Pair, path, vocab_bpe, std::move(j)};
+  }
+  fail("tokenizer '", path, "': not a tokenizer file this build reads: expected an attnres-bpe file "
+       "(with \"type\"), a Hugging Face tokenizer.json (with \"model\") or GPT-2's encoder.json "
+       "(token -> id)");
+}
+
+BpeTokenizer load_from(const TokenizerSource& s) {
+  switch (s.kind) {
+    case TokenizerSource::Attnres:
+      return BpeTokenizer::from_vocabulary(read_attnres_vocabulary(s.parsed, s.file), PreTokenizer::Attnres, s.file);
+    case TokenizerSource::HuggingFace:
+      return BpeTokenizer::from_vocabulary(read_hf_vocabulary(s.parsed, s.file), PreTokenizer::Gpt2, s.file);
+    case TokenizerSource::Gpt2Pair:
+      return BpeTokenizer::from_vocabulary(read_gpt2_vocabulary(s.parsed, s.file, s.vocab_bpe),
+                                           PreTokenizer::Gpt2, s.file);
+  }
+  fail_internal("unknown tokenizer source kind ", static_cast<int>(s.kind));
+}
+
+}  // namespace
+
+BpeTokenizer BpeTokenizer::load(const std::string& path) { return load_from(locate(path)); }
+
+std::string self_contained_tokenizer(const std::string& path) {
+  const TokenizerSource s = locate(path);
+  const BpeTokenizer tok = load_from(s);  // a checkpoint never carries a file generate can't read
+  return s.kind == TokenizerSource::Gpt2Pair ? tok.file_text() : read_text_file(s.file);
 }
 
 }  // namespace attnres::data

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -151,7 +152,10 @@ EncodeSummary encode_corpus(const BpeTokenizer& tokenizer, const std::vector<std
   for (int64_t i = 0; i < s.documents; ++i) {
     const std::string doc = read_document(files[static_cast<size_t>(i)], format);
     ids.assign(1, tokenizer.eot());
+    const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int32_t> body = tokenizer.encode(doc);
+    s.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.text_bytes += static_cast<int64_t>(doc.size());
     ids.insert(ids.end(), body.begin(), body.end());
     (i < s.train_documents ? train : val).append(ids);
   }

@@ -36,6 +36,8 @@ struct EncodeSummary {
   int64_t train_tokens = 0, val_tokens = 0;
   int token_bytes = 0;
   std::vector<std::string> train_shards, val_shards;
+  int64_t text_bytes = 0;       // bytes of text encoded
+  double encode_seconds = 0;    // time spent in tokenizer.encode (one thread)
 };
 
 // Encodes `files` (one document each) into llm.c shards under

@@ -5,6 +5,7 @@
 
 #include "core/fileio.h"
 #include "core/safetensors.h"
+#include "data/bpe.h"
 #include "train/checkpoint_io.h"
 
 namespace attnres::train {
@@ -70,9 +71,10 @@ std::string save_checkpoint(const Config& cfg, const std::vector<NamedTensor>& w
       {"config", cfg.to_json()},
   };
   write_text_file_atomic(w.path_for("state.json"), st.dump(2) + "\n");
+  // One file that `generate` reads with nothing else: GPT-2's two files
+  // (encoder.json + vocab.bpe) become a Hugging Face tokenizer.json.
   if (!cfg.data.tokenizer.empty() && fs::exists(cfg.data.tokenizer))
-    fs::copy_file(cfg.data.tokenizer, w.path_for("tokenizer.json"),
-                  fs::copy_options::overwrite_existing);
+    write_text_file_atomic(w.path_for("tokenizer.json"), data::self_contained_tokenizer(cfg.data.tokenizer));
   return w.commit();
 }
 

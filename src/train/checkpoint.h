@@ -3,7 +3,7 @@
 //                 optimizer.safetensors  AdamW moments (exp_avg.*, exp_avg_sq.*)
 //                 config.json            Hugging Face LlamaConfig + residual settings
 //                 state.json             step, tokens, data cursor, RNG, resolved config
-//                 tokenizer.json         copy of data.tokenizer, when configured
+//                 tokenizer.json         data.tokenizer as one file, when configured
 //                 manifest.json          sizes + checksums (written last by checkpoint_io)
 #pragma once
 #include <cstdint>

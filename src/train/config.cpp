@@ -168,7 +168,10 @@ void for_each_key(C& c, V&& v) {
   v("data.train", d.train, KeySpec{"shard file, directory or glob (sorted)", Check::None, "required"});
   v("data.val", d.val, KeySpec{"validation shards; needed when `eval.every` > 0", Check::None, "—"});
   v("data.tokenizer", d.tokenizer,
-    KeySpec{"tokenizer.json, copied into every checkpoint for `generate`", Check::None, "—"});
+    KeySpec{"tokenizer: ours (`tokenize train`), GPT-2's `encoder.json` + `vocab.bpe` (either file, "
+            "or their directory) or a Hugging Face byte-level BPE `tokenizer.json`; read at start-up "
+            "(its vocabulary must fit `model.vocab_size`) and written into every checkpoint as one "
+            "`tokenizer.json` for `generate`", Check::None, "—"});
   v("data.shuffle", d.shuffle, KeySpec{"seeded permutation of units per epoch"});
   auto& p = c.parallel;
   v("parallel.pipeline", p.pipeline,

@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/bpe.h"
 #include "data/shard.h"
 #include "kernels/cpu/blas.h"
 #include "model/flops.h"
@@ -120,6 +121,22 @@ std::unique_ptr<data::TokenLoader> open_val_data(const Config& cfg) {
                                              tc.micro_batch_size, tc.seq_len, false, tc.seed);
 }
 
+// data.tokenizer, read before any compute: checkpoints carry it as one file
+// (for `generate`), so a file that can't be read must stop the run now, not
+// at its first checkpoint; and its ids must fit the model's vocabulary.
+void check_tokenizer(const Config& cfg, bool root) {
+  const std::string& path = cfg.data.tokenizer;
+  if (path.empty()) return;
+  if (!fs::exists(path)) {
+    if (root) spdlog::warn("data.tokenizer '{}' does not exist: checkpoints will carry no tokenizer", path);
+    return;
+  }
+  const data::BpeTokenizer tok = data::BpeTokenizer::load(path);
+  if (tok.vocab_size() > cfg.model.vocab_size)
+    fail("config key data.tokenizer: '", path, "' has ", tok.vocab_size(), " tokens, more than model.vocab_size = ",
+         cfg.model.vocab_size);
+}
+
 // One line of depth_stats.jsonl: per-sublayer RMS of the outputs y_s and L2
 // norm of dL/dy_s over the step's whole batch (docs/files.md).
 json depth_stats_record(int64_t step, const model::DepthStats& s) {
@@ -201,6 +218,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   const bool solo = world.is_solo();
   const int P = grid_.P(), D = grid_.D();
   if (root_) spdlog::info("resolved config: {}", cfg.to_json().dump());
+  check_tokenizer(cfg, root_);
 
   // ---- device, transport, this rank's chunks, optimizers ----
   if (tc_.device == Device::CUDA && cuda::device_count() == 0)
