@@ -215,7 +215,9 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       r.weights += n * (bf16 ? 2 : 4);
       r.master += bf16 ? n * 4 : 0;
       r.grads += n * 4;
-      r.optimizer += n * 8;
+      // ZeRO-1: the moments of this replica's slice of the chunk's flat space.
+      const int64_t D = cfg.parallel.zero == 1 ? cfg.parallel.data : 1;
+      r.optimizer += (n + D - 1) / D * 8;
       replay[c] = chunk_model.replay(2 * parts.layer_begin, 2 * parts.layer_end, c == 0,
                                      c == C - 1);
       r.kept_per_microbatch.push_back(replay[c].kept);

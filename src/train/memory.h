@@ -32,7 +32,7 @@ struct RankMemory {
   int64_t weights = 0;    // the copy the model computes with (bf16 in a bf16 run)
   int64_t master = 0;     // fp32 master weights (bf16 runs only)
   int64_t grads = 0;
-  int64_t optimizer = 0;  // AdamW's two moments
+  int64_t optimizer = 0;  // AdamW's two moments (this replica's slice with parallel.zero = 1)
   // Per local chunk: bytes one microbatch's forward keeps for its backward,
   // and the most microbatches whose forward of that chunk is held at once.
   std::vector<int64_t> kept_per_microbatch;

@@ -37,4 +37,18 @@ head -5 run_b/metrics.jsonl > run_c/metrics.jsonl  # steps 1..4 and the eval at 
   || { cat log_c.txt; fail "single-process resume"; }
 compare_losses run_s/metrics.jsonl run_c/metrics.jsonl 1e-5 || fail "parallel -> single losses differ"
 pass "P=2 x D=2 checkpoint resumed by a single process matches"
+# ZeRO-1 does not change the checkpoint: P=2 x D=2 with zero=1 -> D=2 with
+# zero=0 -> P=2 x D=2 with zero=1 again, against the uninterrupted run.
+run_np 4 "$BIN" train base.json --checkpoint.dir=ck_z --run.dir=run_z --parallel.pipeline=2 \
+  --parallel.data=2 --training.grad_accum=2 --parallel.zero=1 --run.stop_after=3 2>log_z.txt \
+  || { cat log_z.txt; fail "zero=1 first part"; }
+run_np 2 "$BIN" train base.json --checkpoint.dir=ck_z --run.dir=run_z --parallel.data=2 \
+  --training.grad_accum=2 --run.stop_after=3 --checkpoint.resume=auto 2>>log_z.txt \
+  || { cat log_z.txt; fail "zero=0 middle part"; }
+run_np 4 "$BIN" train base.json --checkpoint.dir=ck_z --run.dir=run_z --parallel.pipeline=2 \
+  --parallel.data=2 --training.grad_accum=2 --parallel.zero=1 --checkpoint.resume=auto \
+  2>>log_z.txt || { cat log_z.txt; fail "zero=1 last part"; }
+[[ $(grep -c "resumed from" log_z.txt) -eq 2 ]] || fail "the zero runs did not resume twice"
+compare_losses run_s/metrics.jsonl run_z/metrics.jsonl 1e-5 || fail "zero=1 <-> zero=0 losses differ"
+pass "P=2 x D=2 zero=1 -> D=2 zero=0 -> P=2 x D=2 zero=1 resume matches the uninterrupted run"
 echo "all resume_layouts checks passed"
