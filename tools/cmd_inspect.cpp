@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -47,7 +48,12 @@ int inspect_checkpoint(const std::string& dir) {
   std::printf("checkpoint %s: verified (all files match manifest.json)\n", dir.c_str());
   std::printf("step %lld, tokens %lld\n", (long long)st["step"].get<int64_t>(),
               (long long)st["tokens"].get<int64_t>());
-  auto tensors = read_safetensors((fs::path(dir) / "model.safetensors").string());
+  const auto files = train::checkpoint_weight_map(dir, "model");
+  std::set<std::string> shards;
+  for (const auto& [name, file] : files) shards.insert(file);
+  if (shards.size() > 1)
+    std::printf("sharded: %zu model shards (model.safetensors.index.json)\n", shards.size());
+  auto tensors = train::read_checkpoint_tensors(dir, "model");
   int64_t total = 0;
   for (const auto& t : tensors) {
     total += t.tensor.numel();
@@ -99,11 +105,10 @@ int inspect_compare(const Args& args) {
   double worst = 0;
   std::string worst_name;
   size_t n = 0;
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+  for (const char* file : {"model", "optimizer"}) {
     std::map<std::string, Tensor> a;
-    for (auto& t : read_safetensors((fs::path(f.positional()[0]) / file).string()))
-      a[t.name] = t.tensor;
-    auto b = read_safetensors((fs::path(f.positional()[1]) / file).string());
+    for (auto& t : train::read_checkpoint_tensors(f.positional()[0], file)) a[t.name] = t.tensor;
+    auto b = train::read_checkpoint_tensors(f.positional()[1], file);
     if (a.size() != b.size())
       fail(cmd, ": ", file, " holds ", a.size(), " tensors in the first checkpoint, ", b.size(),
            " in the second");

@@ -1,17 +1,24 @@
 // Model-level checkpoints on top of checkpoint_io's atomic directories:
 //   step_XXXXXXXX/model.safetensors      fp32 weights, docs/model.md section 3 names
 //                 optimizer.safetensors  AdamW moments (exp_avg.*, exp_avg_sq.*)
+//     or, sharded (a pipeline run: each stage writes its own parameters),
+//                 model-0000S-of-0000P.safetensors + model.safetensors.index.json
+//                 optimizer-0000S-of-0000P.safetensors + optimizer.safetensors.index.json
+//                 (Hugging Face's sharded form: {"metadata": {"total_size": bytes},
+//                 "weight_map": {tensor name: file}}); every reader takes both forms
 //                 config.json            Hugging Face LlamaConfig + residual settings
 //                 state.json             step, tokens, data cursor, RNG, resolved config
 //                 tokenizer.json         data.tokenizer as one file, when configured
 //                 manifest.json          sizes + checksums (written last by checkpoint_io)
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
+#include "parallel/mpi.h"
 #include "train/config.h"
 #include "train/optimizer.h"
 
@@ -32,6 +39,27 @@ nlohmann::json hf_config(const model::ModelConfig& m);
 std::string save_checkpoint(const Config& cfg, const std::vector<NamedTensor>& weights,
                             const std::vector<NamedTensor>& optimizer_state,
                             int64_t optimizer_steps, const TrainState& state);
+
+// The sharded save, collective over `world`: no tensor crosses ranks. Rank
+// `shard` of `n_shards` writers (-1: this rank writes no tensors) writes its
+// `weights` and `optimizer_state` into the step's temporary directory (which
+// must be on a file system every rank sees); rank 0 writes the index files
+// and the run's files, checks every shard against the size and checksum its
+// writer recorded, and publishes the directory by rename. With one writer
+// the files are model.safetensors / optimizer.safetensors. Returns the
+// directory (on every rank).
+std::string save_checkpoint_sharded(const Config& cfg, const parallel::Comm& world, int shard,
+                                    int n_shards, const std::vector<NamedTensor>& weights,
+                                    const std::vector<NamedTensor>& optimizer_state,
+                                    int64_t optimizer_steps, const TrainState& state);
+
+// Every tensor of a checkpoint's "model" or "optimizer" file set, from the
+// single file or from the shards its index names (an error names the index
+// or shard that is wrong). Tensors in file order, shard by shard.
+std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, const std::string& stem);
+// The tensor names of that set and the file holding each (headers only).
+std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
+                                                         const std::string& stem);
 
 // Verify, then load weights, optimizer state and counters from `dir` into a
 // rank's tables (its chunks) with their optimizers: each takes the tensors it

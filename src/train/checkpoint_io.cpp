@@ -94,6 +94,12 @@ bool temp_owner_is_gone(long pid) {
   if (pid == static_cast<long>(::getpid())) return false;
   if (pid <= 0) return true;
   if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  // A zombie (exited, not yet reaped: e.g. the ranks of an aborted MPI job
+  // whose launcher returned first) never writes again.
+  const std::string stat = read_proc("/proc/" + std::to_string(pid) + "/stat");
+  if (const size_t paren = stat.rfind(')'); paren != std::string::npos && paren + 2 < stat.size() &&
+                                             stat[paren + 2] == 'Z')
+    return true;
   std::error_code e1, e2;
   const fs::path mine = fs::read_symlink("/proc/self/exe", e1);
   const fs::path theirs = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", e2);
@@ -185,7 +191,7 @@ std::string CheckpointWriter::path_for(const std::string& filename) const {
   return (fs::path(temp_dir_) / rel).string();
 }
 
-std::string CheckpointWriter::commit() {
+std::string CheckpointWriter::commit(const std::map<std::string, FileSum>& expected) {
   if (committed_) fail(final_dir_, ": checkpoint already committed");
 
   // 1. Inventory: every regular file the caller wrote, in a stable order.
@@ -213,8 +219,18 @@ std::string CheckpointWriter::commit() {
     fsync_path(path);
     uint64_t size = 0;
     const uint64_t hash = xxh64_file(path, &size);
+    if (auto it = expected.find(rel); it != expected.end() &&
+                                      (it->second.size != size || it->second.xxh64 != hash))
+      fail(path, ": differs from what its writer wrote (", size, " bytes, xxh64 ", hex64(hash),
+           "; written: ", it->second.size, " bytes, xxh64 ", hex64(it->second.xxh64),
+           "): the checkpoint is not published");
     entries[rel] = {{"size", size}, {"xxh64", hex64(hash)}};
   }
+  for (const auto& [rel, sum] : expected)
+    if (!entries.contains(rel))
+      fail(temp_dir_, ": '", rel, "' (", sum.size, " bytes) was written but is not there: the "
+           "checkpoint is not published (is the checkpoint directory on a file system every rank "
+           "shares?)");
   const nlohmann::ordered_json manifest = {
       {"format", kManifestFormat}, {"version", 1},      {"step", step_},
       {"checksum", "xxh64"},       {"files", entries},

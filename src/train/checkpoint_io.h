@@ -17,6 +17,7 @@
 // copy to another machine): verify_checkpoint() re-hashes every file.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,7 +46,14 @@ class CheckpointWriter {
   // same step saved again after a resume) is replaced: atomically swapped via
   // renameat2(RENAME_EXCHANGE) where the file system supports it, otherwise
   // renamed aside first. Returns the final directory.
-  std::string commit();
+  // `expected`: size and checksum each named file's writer recorded (files
+  // written by other processes, e.g. the ranks of a sharded save); a file
+  // that differs on disk, or is missing, fails the commit (naming it) and
+  // nothing is published.
+  struct FileSum {
+    uint64_t size = 0, xxh64 = 0;
+  };
+  std::string commit(const std::map<std::string, FileSum>& expected = {});
 
  private:
   std::string root_;

@@ -194,6 +194,9 @@ void for_each_key(C& c, V&& v) {
   v("checkpoint.keep_last", ck.keep_last, KeySpec{"keep only the newest N (0 = all)", Check::NonNegative});
   v("checkpoint.resume", ck.resume,
     KeySpec{"`never`, `auto` (newest undamaged checkpoint, else fresh) or a checkpoint directory"});
+  v("checkpoint.sharded", ck.sharded,
+    KeySpec{"each pipeline stage writes its own safetensors shard + a Hugging Face index (no tensor "
+            "crosses ranks); false: rank 0 gathers everything into one file ([files.md](files.md))"});
   v("checkpoint.save_initial", ck.save_initial,
     KeySpec{"also write `step_00000000` before the first update"});
   auto& e = c.eval;

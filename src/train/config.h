@@ -57,6 +57,7 @@ struct CheckpointConfig {
   int64_t keep_last = 0;         // 0 = keep all
   std::string resume = "never";  // never | auto | <checkpoint directory>
   bool save_initial = false;
+  bool sharded = true;  // each pipeline stage writes its own shard (no gather at rank 0)
 };
 struct EvalConfig {
   int64_t every = 0, batches = 4;

@@ -3,14 +3,46 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 
 namespace attnres::train {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+namespace {
+// Rewrites `path` without the records of steps after `step` (atomically).
+void drop_records_after(const std::string& path, int64_t step) {
+  if (!std::filesystem::exists(path)) return;
+  std::istringstream in(read_text_file(path));
+  std::string line, kept;
+  int64_t dropped = 0;
+  bool past = false;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer())
+      past = j["step"].get<int64_t>() > step;
+    else if (j.is_discarded())
+      past = true;  // a line torn by a crash
+    if (past)
+      ++dropped;
+    else
+      kept += line + "\n";
+  }
+  if (dropped == 0) return;
+  write_text_file_atomic(path, kept);
+  spdlog::info("{}: dropped {} records past step {} (written after the checkpoint resumed from)",
+               path, dropped, step);
+}
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append, int64_t resumed_step)
+    : path_(path) {
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
+  if (append) drop_records_after(path, resumed_step);
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) fail(path, ": cannot open metrics file: ", std::strerror(errno));
 }

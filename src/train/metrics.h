@@ -1,6 +1,10 @@
 // metrics.jsonl: one JSON object per line, flushed after each write so a
-// crash loses at most the line being written. A resumed run appends.
+// crash loses at most the line being written. A resumed run appends, after
+// dropping the records of steps past its checkpoint (a run that went on
+// after its last checkpoint and then died wrote those; the resumed run
+// writes them again).
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -10,7 +14,10 @@ namespace attnres::train {
 
 class MetricsWriter {
  public:
-  MetricsWriter(const std::string& path, bool append);
+  // append: keep the file's records up to and including step `resumed_step`
+  // and drop the rest (from the first record of a later step on, and a line
+  // torn by a crash); otherwise start the file afresh.
+  MetricsWriter(const std::string& path, bool append, int64_t resumed_step = 0);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <unordered_map>
 
@@ -304,9 +306,10 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   if (root_) {
     fs::create_directories(cfg.run.dir);
     metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg.run.dir) / "metrics.jsonl").string(),
-                                               state_.step > 0);
+                                               state_.step > 0, state_.step);
     if (cfg.run.depth_stats_every > 0)
-      depth_log_ = std::make_unique<MetricsWriter>(depth_stats_path(cfg), state_.step > 0);
+      depth_log_ = std::make_unique<MetricsWriter>(depth_stats_path(cfg), state_.step > 0,
+                                                   state_.step);
   }
 }
 
@@ -317,11 +320,32 @@ parallel::StepStats Engine::step(int64_t k, double grad_scale) {
   }, grad_scale);
 }
 
+namespace {
+// Peak resident memory of this process since the last reset (Linux: VmHWM,
+// reset by writing 5 to /proc/self/clear_refs); 0 where unavailable.
+void reset_peak_rss() {
+  if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
+double peak_rss_mib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+  return 0;
+}
+}  // namespace
+
 void Engine::checkpoint() {
   if (cfg_.checkpoint.dir.empty()) return;
+  const auto t0 = Clock::now();
+  if (root_) reset_peak_rss();
   // Each rank contributes the weights and AdamW moments of the parameters it
-  // owns (a tied embedding's copy in the last chunk belongs to chunk 0);
-  // rank 0 puts them in the single-process order and writes the files.
+  // owns (a tied embedding's copy in the last chunk belongs to chunk 0), in
+  // the single-process order. Sharded: replica 0 of every stage writes them
+  // as its own shard; gathered: rank 0 collects everything and writes one file.
   std::vector<NamedTensor> weights, moments;
   auto& rm = rt_->model();
   const auto owned = rm.owned_params();
@@ -345,19 +369,35 @@ void Engine::checkpoint() {
       moments.push_back(state[all.size() + i]);
     }
   }
-  weights = rt_->gather_to_root(weights);
-  moments = rt_->gather_to_root(moments);
+  auto in_order = [&](std::vector<NamedTensor>& file) {
+    std::sort(file.begin(), file.end(), [&](const NamedTensor& a, const NamedTensor& b) {
+      return ckpt_order_.at(a.name) < ckpt_order_.at(b.name);
+    });
+  };
   std::string dir;
-  if (root_) {
-    for (auto* file : {&weights, &moments})
-      std::sort(file->begin(), file->end(), [&](const NamedTensor& a, const NamedTensor& b) {
-        return ckpt_order_.at(a.name) < ckpt_order_.at(b.name);
-      });
-    dir = save_checkpoint(cfg_, weights, moments, opts_[0]->steps_taken(), state_);
-    prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
-    spdlog::info("checkpoint written: {}", dir);
+  const int64_t opt_steps = opts_[0]->steps_taken();
+  if (cfg_.checkpoint.sharded) {
+    in_order(weights);
+    in_order(moments);
+    const int shard = grid_.replica() == 0 ? grid_.stage() : -1;
+    dir = save_checkpoint_sharded(cfg_, grid_.world(), shard, grid_.P(), weights, moments,
+                                  opt_steps, state_);
+    if (root_) prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
+  } else {
+    weights = rt_->gather_to_root(weights);
+    moments = rt_->gather_to_root(moments);
+    if (root_) {
+      in_order(weights);
+      in_order(moments);
+      dir = save_checkpoint(cfg_, weights, moments, opt_steps, state_);
+      prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
+    }
+    grid_.world().bcast(dir, 0);
   }
-  grid_.world().bcast(dir, 0);
+  if (root_)
+    spdlog::info("checkpoint written: {} ({}, {:.2f} s; rank 0 peak RSS {:.1f} MiB during the save)",
+                 dir, cfg_.checkpoint.sharded ? "sharded" : "gathered",
+                 std::chrono::duration<double>(Clock::now() - t0).count(), peak_rss_mib());
   last_checkpoint_ = dir;
 }
 
