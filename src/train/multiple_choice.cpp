@@ -173,9 +173,15 @@ TaskEvaluator::TaskEvaluator(const Config& cfg)
   auto tokenizer = data::open_tokenizer(cfg.data.tokenizer, "config key data.tokenizer (eval.tasks)");
   const Encoder encode = [&](const std::string& s) { return tokenizer.encode(s); };
   for (const TaskSpec& spec : parse_task_list(cfg.eval.tasks, "eval.tasks")) {
-    const auto items = data::read_task(spec.name, spec.path, cfg.eval.task_examples);
-    tasks_.push_back({spec.name, tokenize_questions(items, encode, tokenizer.eot(), T_, spec.path,
-                                                    "training.seq_len")});
+    try {
+      const auto items = data::read_task(spec.name, spec.path, cfg.eval.task_examples);
+      tasks_.push_back({spec.name, tokenize_questions(items, encode, tokenizer.eot(), T_,
+                                                      spec.path, "training.seq_len")});
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error& e) {
+      fail("config key eval.tasks: ", e.what());
+    }
   }
 }
 
