@@ -162,9 +162,13 @@ std::string readme(const json& config, const std::vector<std::string>& tokenizer
 }  // namespace
 
 int cmd_export(const Args& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+  if (args.empty()) {
+    std::fprintf(stderr, "%s\n", kHelp);
+    return 2;
+  }
+  if (args[0] == "--help" || args[0] == "-h") {
     std::puts(kHelp);
-    return args.empty() ? 2 : 0;
+    return 0;
   }
   if (args[0] != "hf") fail("export: unknown format '", args[0], "' (known: hf)");
   Flags f(Args(args.begin() + 1, args.end()), "export",

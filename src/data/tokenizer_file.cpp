@@ -21,9 +21,9 @@ std::vector<std::string> checkpoint_tokenizer_files(const std::string& dir) {
 }
 
 std::string tokenizer_format(const std::string& path) {
-  // Loading validates the whole file: a format name is only given for a file
+  // Opening validates the whole file: a format name is only given for a file
   // that the binary itself can read.
-  BpeTokenizer::load(path);
+  open_tokenizer(path, "tokenizer_format");
   return "attnres-bpe";
 }
 
