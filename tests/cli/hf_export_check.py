@@ -100,6 +100,21 @@ def check_case(case):
         check(diff <= RTOL * max(1.0, full.abs().max().item()),
               f"{name}: KV-cache decoding = full forward, max logit diff {diff:.3g}")
 
+    # A left-padded batch (attention_mask 0 on the pads, positions counted over
+    # the mask, as transformers' generate() feeds it) scores each sequence as alone.
+    with open(case["score"][0]) as f:
+        a = json.load(f)["tokens"]
+    b = a[: len(a) // 2]
+    pad = len(a) - len(b)
+    ids = torch.tensor([a, [0] * pad + b])
+    mask = torch.tensor([[1] * len(a), [0] * pad + [1] * len(b)])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+    alone = [model(torch.tensor([x]), use_cache=False).logits[0] for x in (a, b)]
+    diff = max((logits[0] - alone[0]).abs().max().item(), (logits[1, pad:] - alone[1]).abs().max().item())
+    check(diff <= RTOL * max(1.0, alone[0].abs().max().item()),
+          f"{name}: a left-padded batch gives each sequence's logits, max diff {diff:.3g}")
+
     # Greedy generation (KV cache) against `attnres generate --temperature 0 --json`.
     for path in case["generate"]:
         with open(path) as f:
