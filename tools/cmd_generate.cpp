@@ -1,5 +1,5 @@
 // attnres generate --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T]
-//                  [--top-k K] [--seed S] [--tokenizer FILE]
+//                  [--top-k K] [--seed S] [--tokenizer FILE] [--json]
 // Samples a continuation with the KV-cache decoder.
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,9 @@
 #include <numeric>
 
 #include "core/rng.h"
-#include "data/bpe.h"
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer_file.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/checkpoint.h"
@@ -44,12 +46,14 @@ int32_t sample(std::vector<float> logits, double temperature, int64_t top_k, dou
 
 int cmd_generate(const Args& args) {
   Flags f(args, "generate", {"checkpoint", "prompt", "tokens", "temperature", "top-k", "seed", "tokenizer"},
-          {"help"});
+          {"help", "json"});
   if (f.has("help")) {
     std::puts("usage: attnres generate --checkpoint DIR --prompt TEXT [--tokens 100]\n"
-              "         [--temperature 0.8] [--top-k 40] [--seed 1] [--tokenizer FILE]\n"
+              "         [--temperature 0.8] [--top-k 40] [--seed 1] [--tokenizer FILE] [--json]\n"
               "  The tokenizer defaults to DIR/tokenizer.json (written there by the trainer from\n"
-              "  data.tokenizer). FILE may be any form `tokenize encode --tokenizer` takes.");
+              "  data.tokenizer). FILE may be any form `tokenize encode --tokenizer` takes.\n"
+              "  --temperature 0 is greedy. --json prints {\"prompt_tokens\": [EOT, ...],\n"
+              "  \"tokens\": [the generated ids], \"text\": prompt + continuation}.");
     return 0;
   }
   const std::string dir = f.required("checkpoint", "generate");
@@ -59,10 +63,9 @@ int cmd_generate(const Args& args) {
   const int64_t top_k = f.get_int("top-k", 40, "generate");
   const uint64_t seed = static_cast<uint64_t>(f.get_int("seed", 1, "generate"));
   std::string tok_path = f.get("tokenizer", (std::filesystem::path(dir) / "tokenizer.json").string());
-  if (!std::filesystem::exists(tok_path))
-    fail("generate: tokenizer '", tok_path, "' not found (pass --tokenizer, or set data.tokenizer "
-         "when training so checkpoints carry a copy)");
-  auto tokenizer = data::BpeTokenizer::load(tok_path);
+  auto tokenizer = data::open_tokenizer(
+      tok_path, "generate (pass --tokenizer, or set data.tokenizer when training so checkpoints "
+                "carry a copy)");
 
   train::Config cfg = train::config_from_checkpoint(dir);
   if (tokenizer.vocab_size() > cfg.model.vocab_size)
@@ -85,7 +88,13 @@ int cmd_generate(const Args& args) {
     out.push_back(next);
     logits = model.decode_step(next, cache);
   }
-  std::printf("%s%s\n", prompt.c_str(), tokenizer.decode(out).c_str());
+  const std::string text = prompt + tokenizer.decode(out);
+  if (f.has("json")) {
+    const nlohmann::json j = {{"prompt_tokens", ids}, {"tokens", out}, {"text", text}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("%s\n", text.c_str());
+  }
   return 0;
 }
 

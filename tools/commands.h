@@ -12,6 +12,8 @@ using Args = std::vector<std::string>;
 int cmd_train(const Args& args);
 int cmd_eval(const Args& args);
 int cmd_generate(const Args& args);
+int cmd_score(const Args& args);
+int cmd_export(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_inspect(const Args& args);
 int inspect_plan(const Args& args);    // tools/inspect_plan.cpp

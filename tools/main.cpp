@@ -1,4 +1,5 @@
-// attnres: one binary, subcommands train | eval | generate | tokenize | inspect | bench | sweep.
+// attnres: one binary, subcommands train | eval | generate | score | export | tokenize | inspect
+// | bench | sweep.
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -16,7 +17,10 @@ const char* kUsage = R"(attnres: pretraining with Attention Residuals
 usage:
   attnres train CONFIG.json [--section.key=value ...]
   attnres eval --checkpoint DIR --data GLOB [--batches N]
+  attnres eval --checkpoint DIR --task hellaswag --data FILE.jsonl [--limit N]   (attnres eval --help)
   attnres generate --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
+  attnres score --checkpoint DIR --text TEXT      per-token log-probabilities, as JSON
+  attnres export hf --checkpoint DIR --out DIR [--dtype fp32|bf16]   Hugging Face model directory
   attnres tokenize train|encode ...      (attnres tokenize --help)
   attnres inspect checkpoint DIR | config CONFIG.json | keys | attention --checkpoint DIR --data GLOB
                   | compare DIR_A DIR_B | schedule --pipeline P --virtual V --microbatches M
@@ -45,6 +49,8 @@ int main(int argc, char** argv) {
     if (cmd == "train") return cmd_train(args);
     if (cmd == "eval") return cmd_eval(args);
     if (cmd == "generate") return cmd_generate(args);
+    if (cmd == "score") return cmd_score(args);
+    if (cmd == "export") return cmd_export(args);
     if (cmd == "tokenize") return cmd_tokenize(args);
     if (cmd == "inspect") return cmd_inspect(args);
     if (cmd == "bench") return cmd_bench(args);

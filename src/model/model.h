@@ -134,6 +134,21 @@ class Model {
                           double grad_scale);
   double forward_loss(const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T);
 
+  // ---- per-token log-probabilities (scoring, evaluation tasks) ----
+  // Implemented in model/logprobs.cpp. From the head's input state `st` (a
+  // chunk holding the head): log p(targets[i] | position rows[i]) for the
+  // selected positions (rows of the B*T batch) only. The logits of those
+  // rows are computed in fp32 (from the fp32 master weights on a bf16 run)
+  // and normalised in double on the host, so a scoring pass costs the
+  // model's forward plus n x V logits, never B*T x V.
+  std::vector<double> head_logprobs(const DepthState& st, const std::vector<int64_t>& rows,
+                                    const std::vector<int32_t>& targets, Activations& acts) const;
+  // The whole model in one process: the forward pass of tokens I32 [B*T]
+  // (sequence b = tokens [b*T, b*T + T)), then head_logprobs.
+  std::vector<double> forward_logprobs(const Tensor& tokens, int64_t B, int64_t T,
+                                       const std::vector<int64_t>& rows,
+                                       const std::vector<int32_t>& targets) const;
+
   // ---- generation ----
   DecodeCache new_decode_cache(int64_t max_len) const;
   // Feed the next token of a sequence; returns the logits [V] for the token after it.

@@ -87,6 +87,7 @@ struct PipelineExecutor::Run {
   std::map<int, data::TokenLoader::Batch> batches;
   std::map<int, MbState> mbs;
   StepStats stats;
+  const HeadFn* head = nullptr;  // forward only: replaces the loss when set
 
   Tensor take(const Key& key, const char* what) {
     auto it = recvs.find(key);
@@ -169,10 +170,14 @@ StepStats PipelineExecutor::forward_only(int M, const DataFn& data) {
   return run({layout_.P(), layout_.V(), M, true}, data, 0.0, {});
 }
 
+StepStats PipelineExecutor::forward_only(int M, const DataFn& data, const HeadFn& head) {
+  return run({layout_.P(), layout_.V(), M, true}, data, 0.0, {}, &head);
+}
+
 StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, double grad_scale,
-                                const std::function<void(int)>& grads_ready) {
+                                const std::function<void(int)>& grads_ready, const HeadFn* head) {
   const auto& list = schedule(spec);
-  Run r{spec, data, grad_scale, grads_ready, {}, {}, {}, {}, {}, {}, {}, {}};
+  Run r{spec, data, grad_scale, grads_ready, {}, {}, {}, {}, {}, {}, {}, {}, head};
   const auto t0 = Clock::now();
   const int64_t sent0 = transport_.traffic().total_sent();
   const Device dev = model_.chunk(0).device();
@@ -306,7 +311,9 @@ void PipelineExecutor::forward(Run& r, const Action& a) {
   if (c == C - 1) {
     const Tensor targets = r.batch(mb).targets;
     r.batches.erase(mb);
-    if (r.spec.forward_only) {
+    if (r.head) {
+      (*r.head)(mb, m, st, acts);
+    } else if (r.spec.forward_only) {
       r.stats.loss_sum += m.head_loss(st, targets, acts);
     } else {
       model::DepthGrad g;

@@ -68,6 +68,12 @@ class RankModel {
 };
 
 using DataFn = std::function<data::TokenLoader::Batch(int mb)>;
+// In place of the loss, on the rank that holds the last chunk: what a
+// forward-only pass does with microbatch mb's head input `st` (e.g. per-token
+// log-probabilities for multiple-choice scoring), given `head`, the chunk
+// holding the final Mix, norm and LM head.
+using HeadFn = std::function<void(int mb, model::Model& head, const model::DepthState& st,
+                                  model::Activations& acts)>;
 
 // What a step did: the executor fills in this rank's share, the runtime
 // (Runtime::train_step) reduces it over the ranks; the trainer logs it.
@@ -105,6 +111,9 @@ class PipelineExecutor {
                        const std::function<void(int)>& grads_ready = {});
   // Forward only (evaluation): loss sums, nothing kept.
   StepStats forward_only(int M, const DataFn& data);
+  // Forward only with `head` run in place of the loss (StepStats::loss_sum
+  // stays 0). Every rank of the replica calls it with the same M.
+  StepStats forward_only(int M, const DataFn& data, const HeadFn& head);
   // Record every compute's span in StepStats::trace (measuring chunk times).
   void set_trace(bool on) { trace_ = on; }
 
@@ -112,7 +121,7 @@ class PipelineExecutor {
   struct MbState;
   struct Run;
   StepStats run(const ScheduleSpec& spec, const DataFn& data, double grad_scale,
-                const std::function<void(int)>& grads_ready);
+                const std::function<void(int)>& grads_ready, const HeadFn* head = nullptr);
   const std::vector<Action>& schedule(const ScheduleSpec& spec);
   void forward(Run& run, const Action& a);
   void backward(Run& run, const Action& a);

@@ -8,6 +8,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "train/multiple_choice.h"
 
 namespace attnres::train {
 
@@ -201,10 +202,16 @@ void for_each_key(C& c, V&& v) {
     KeySpec{"also write `step_00000000` before the first update"});
   auto& e = c.eval;
   v("eval.every", e.every,
-    KeySpec{"evaluate every N steps and at the end (0 = only at the end, if `data.val` is set)",
+    KeySpec{"evaluate every N steps and at the end (0 = only at the end, if `data.val` or `eval.tasks` "
+            "is set)",
             Check::NonNegative});
   v("eval.batches", e.batches,
     KeySpec{"validation units (B x T tokens each) per evaluation, always the first N", Check::Positive});
+  v("eval.tasks", e.tasks,
+    KeySpec{"multiple-choice tasks scored at every evaluation, `hellaswag:FILE` entries separated "
+            "by commas (needs `data.tokenizer`; [ecosystem.md](ecosystem.md))", Check::None, "—", true});
+  v("eval.task_examples", e.task_examples,
+    KeySpec{"score only the first N questions of each task (0 = all)", Check::NonNegative});
   auto& r = c.run;
   v("run.dir", r.dir, KeySpec{"where `metrics.jsonl` goes"});
   v("run.log_every", r.log_every, KeySpec{"progress line every N steps", Check::Positive});
@@ -430,8 +437,14 @@ void Config::validate() const {
     fail("config key checkpoint.resume: must be \"never\", \"auto\" or a checkpoint directory");
   if (checkpoint.resume == "auto" && checkpoint.dir.empty())
     fail("config key checkpoint.resume: \"auto\" needs checkpoint.dir");
-  if (eval.every > 0 && data.val.empty())
-    fail("config key data.val: missing, but eval.every = ", eval.every, " asks for evaluation");
+  if (eval.every > 0 && data.val.empty() && eval.tasks.empty())
+    fail("config key data.val: missing, but eval.every = ", eval.every,
+         " asks for evaluation (of data.val, or of eval.tasks)");
+  if (!eval.tasks.empty()) {
+    parse_task_list(eval.tasks, "eval.tasks");
+    if (data.tokenizer.empty())
+      fail("config key data.tokenizer: missing, but eval.tasks needs it to tokenize the tasks");
+  }
   if (run.dir.empty()) fail("config key run.dir: must not be empty");
 }
 

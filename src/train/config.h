@@ -61,6 +61,11 @@ struct CheckpointConfig {
 };
 struct EvalConfig {
   int64_t every = 0, batches = 4;
+  // Multiple-choice tasks scored at every evaluation (train/multiple_choice.h):
+  // "hellaswag:FILE[,...]"; empty = none. task_examples: the first N
+  // questions of each (0 = all).
+  std::string tasks;
+  int64_t task_examples = 0;
 };
 struct RunConfig {
   std::string dir = "run";

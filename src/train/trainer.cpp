@@ -26,6 +26,7 @@
 #include "train/checkpoint_io.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/multiple_choice.h"
 #include "train/optimizer.h"
 
 namespace attnres::train {
@@ -172,7 +173,7 @@ class Engine {
  private:
   parallel::StepStats step(int64_t k, double grad_scale);
   void checkpoint();  // collective
-  void evaluate();    // collective: replica d evaluates units d, d+D, ...
+  void evaluate();    // collective: replica d evaluates units d, d+D, ... (and eval.tasks)
   void log_step(int64_t first_step, double loss, double lr, double norm, double dt,
                 double elapsed, const parallel::StepStats& st);
   bool depth_stats_due(int64_t k) const;
@@ -188,6 +189,7 @@ class Engine {
   const int64_t replica_;
   data::TokenLoader train_data_;
   std::unique_ptr<data::TokenLoader> val_data_;
+  TaskEvaluator tasks_;  // eval.tasks
   DeviceChoice dev_;
   std::unique_ptr<parallel::Runtime> rt_;
   std::vector<std::unique_ptr<AdamW>> opts_;  // one per local chunk
@@ -216,6 +218,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
       // The data, validated by every rank before any compute.
       train_data_(open_train_data(cfg)),
       val_data_(open_val_data(cfg)),
+      tasks_(cfg),
       depth_stats_(cfg.model.n_sublayers()) {
   const bool solo = world.is_solo();
   const int P = grid_.P(), D = grid_.D();
@@ -402,6 +405,11 @@ void Engine::checkpoint() {
 }
 
 void Engine::evaluate() {
+  for (const auto& r : tasks_.evaluate(*rt_))
+    if (root_) {
+      metrics_->write(TaskEvaluator::record(state_.step, r));
+      spdlog::info("{}", TaskEvaluator::progress(state_.step, r));
+    }
   if (!val_data_) return;
   const int64_t D = grid_.D();
   const int64_t n = std::min(cfg_.eval.batches, val_data_->units_per_epoch());

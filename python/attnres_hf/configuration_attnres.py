@@ -1,0 +1,120 @@
+# Configuration of an attnres model exported by `attnres export hf`.
+#
+# The fields are Hugging Face LlamaConfig's names for the transformer, plus
+# `attn_res`, the residual connections: {"mode": "baseline" | "full" |
+# "block", "block_size": S (sublayers per block; 1 for full), "n_blocks": N
+# (when the training config gave N instead of S)}. The exact function is in
+# modeling_attnres.py and in the attnres repository's docs/model.md.
+#
+# Works with torch alone; when transformers is importable the class is a
+# transformers PretrainedConfig, so AutoConfig / AutoModelForCausalLM load it
+# with trust_remote_code=True. (transformers is imported through importlib so
+# that its loader, which checks the packages a remote-code file imports,
+# does not ask for it; this file imports nothing else.)
+import importlib
+import json
+import math
+import os
+
+try:
+    _PretrainedConfig = importlib.import_module("transformers").PretrainedConfig
+except ImportError:
+    _PretrainedConfig = None
+
+RESIDUAL_MODES = ("baseline", "full", "block")
+
+
+class _PlainConfig:
+    """The part of transformers' PretrainedConfig this model uses, for torch alone."""
+
+    def __init__(self, **kwargs):
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    @classmethod
+    def from_pretrained(cls, path, **overrides):
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            fields = json.load(f)
+        fields.update(overrides)
+        return cls(**fields)
+
+    @classmethod
+    def from_dict(cls, fields, **overrides):
+        return cls(**{**fields, **overrides})
+
+    def to_dict(self):
+        return dict(self.__dict__)
+
+    def __repr__(self):
+        return f"{type(self).__name__} {json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)}"
+
+
+_Base = _PretrainedConfig if _PretrainedConfig is not None else _PlainConfig
+
+
+class AttnResConfig(_Base):
+    model_type = "attnres"
+
+    def __init__(
+        self,
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=None,
+        head_dim=None,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        attn_res=None,
+        max_position_embeddings=1024,
+        initializer_range=0.02,
+        use_cache=True,
+        tie_word_embeddings=False,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        self.head_dim = hidden_size // num_attention_heads if head_dim is None else head_dim
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.attn_res = dict(attn_res) if attn_res is not None else {"mode": "baseline"}
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        self._check()
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def _check(self):
+        if self.hidden_size != self.head_dim * self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} != head_dim {self.head_dim} x "
+                             f"num_attention_heads {self.num_attention_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even (RoPE)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_key_value_heads {self.num_key_value_heads} must divide "
+                             f"num_attention_heads {self.num_attention_heads}")
+        mode = self.attn_res.get("mode")
+        if mode not in RESIDUAL_MODES:
+            raise ValueError(f"attn_res.mode must be one of {RESIDUAL_MODES}, got {mode!r}")
+        if mode == "block" and self.residual_block_size() < 1:
+            raise ValueError("attn_res.mode 'block' needs attn_res.block_size or n_blocks >= 1")
+
+    def residual_mode(self):
+        return self.attn_res["mode"]
+
+    def residual_block_size(self):
+        """S, the sublayers per block: 1 for full, block_size or ceil(2L / n_blocks) for block."""
+        mode = self.attn_res["mode"]
+        if mode == "full":
+            return 1
+        if mode != "block":
+            return 0
+        if self.attn_res.get("block_size"):
+            return int(self.attn_res["block_size"])
+        n = int(self.attn_res.get("n_blocks") or 0)
+        return math.ceil(2 * self.num_hidden_layers / n) if n > 0 else 0

@@ -1,0 +1,558 @@
+# An attnres language model in plain PyTorch, as exported by
+# `attnres export hf`: the same function the attnres trainer computes
+# (its docs/model.md), with a key/value cache for generation.
+#
+#   e = Embed[tokens]; sublayer s = 0 .. 2L-1 is layer s//2's attention (even
+#   s) or SwiGLU MLP (odd s): y_s = f_s(RMSNorm(x_s; g_s)). Its input x_s is
+#   - baseline (PreNorm): e + sum of the earlier outputs;
+#   - block AttnRes with S sublayers per block (full AttnRes: S = 1):
+#     Mix(w_s, sources), the sources being e, each completed block's sum of
+#     outputs, and (inside a block) the partial sum of the block's earlier
+#     outputs; Mix(w, [v_j]) = sum_j softmax_j(w . RMSNorm(v_j)) v_j, the key
+#     norm without gain, w_s a learned pseudo-query per sublayer.
+#   The head reads z = the stream (baseline) or Mix(w_final, all sources):
+#   logits = RMSNorm(z; g_final) W_out^T, W_out = Embed when tied.
+#   Attention is causal with RoPE (rotate-half, angles computed in float64)
+#   and grouped KV heads (query head h reads KV head h // (H / Hkv)).
+#
+# Torch alone is enough: `AttnResForCausalLM.from_pretrained(dir)` reads the
+# safetensors files itself. When transformers is importable the classes are
+# transformers PreTrainedModels (AutoModelForCausalLM.from_pretrained(dir,
+# trust_remote_code=True), generate()). Norms, depth mixing and softmaxes are
+# computed in float32 whatever the weights' dtype. transformers and the sibling
+# configuration module are imported through importlib: transformers' loader
+# checks the packages that a remote-code file's import statements name.
+import importlib
+import importlib.util
+import json
+import math
+import mmap
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:
+    from .configuration_attnres import AttnResConfig
+except ImportError:  # loaded as a plain module, not from a package
+
+    def _sibling(name):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            return module
+
+    AttnResConfig = _sibling("configuration_attnres").AttnResConfig
+
+
+def _optional(module, name):
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+_PreTrainedModel = _optional("transformers", "PreTrainedModel")
+_GenerationMixin = _optional("transformers", "GenerationMixin") or _optional(
+    "transformers.generation", "GenerationMixin")
+_DynamicCache = _optional("transformers.cache_utils", "DynamicCache")
+_CausalLMOutputWithPast = _optional("transformers.modeling_outputs", "CausalLMOutputWithPast")
+_BaseModelOutputWithPast = _optional("transformers.modeling_outputs", "BaseModelOutputWithPast")
+HAVE_TRANSFORMERS = _PreTrainedModel is not None
+
+
+# ---------------------------------------------------------------------------
+# safetensors, read with torch alone
+# ---------------------------------------------------------------------------
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+           "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def read_safetensors(path):
+    """{name: tensor} of a safetensors file: an 8-byte little-endian header
+    length N, N bytes of JSON {name: {dtype, shape, data_offsets}}, then the
+    little-endian row-major data (offsets relative to its start)."""
+    if sys.byteorder != "little":
+        raise RuntimeError("reading safetensors needs a little-endian machine")
+    out = {}
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        n = int.from_bytes(f.read(8), "little")
+        if n > size - 8:
+            raise ValueError(f"{path}: header length {n} exceeds the file")
+        header = json.loads(f.read(n).decode("utf-8"))
+        base = 8 + n
+        # Copy-on-write map: tensors are cloned out of it, the file is never written.
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as data:
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                dtype = _DTYPES.get(info["dtype"])
+                if dtype is None:
+                    raise ValueError(f"{path}: tensor {name}: unsupported dtype {info['dtype']}")
+                begin, end = info["data_offsets"]
+                shape = info["shape"]
+                count = math.prod(shape)
+                itemsize = torch.empty((), dtype=dtype).element_size()
+                if end - begin != count * itemsize or base + end > size:
+                    raise ValueError(f"{path}: tensor {name}: data_offsets {begin}..{end} do not "
+                                     f"hold {shape} of {info['dtype']}")
+                if count == 0:
+                    out[name] = torch.empty(shape, dtype=dtype)
+                else:
+                    out[name] = torch.frombuffer(data, dtype=dtype, count=count,
+                                                 offset=base + begin).reshape(shape).clone()
+    return out
+
+
+def read_weights(directory):
+    """Every tensor of an export: model.safetensors, or the shards that
+    model.safetensors.index.json lists."""
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        tensors.update(read_safetensors(os.path.join(directory, name)))
+    return tensors
+
+
+# ---------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------
+
+class AttnResRMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * self.weight.float()).to(x.dtype)
+
+
+class AttnResDepthQuery(nn.Module):
+    """The pseudo-query w of one depth Mix (`*.attn_res.query`, `*.mlp_res.query`,
+    `model.final_res.query`)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(dim))
+
+
+def depth_mix(query, sources, eps):
+    """Mix(w, [v_1..v_k]) = sum_j a_j v_j with a = softmax_j(w . RMSNorm(v_j)),
+    the key norm without gain; in float32."""
+    v = torch.stack(sources, dim=0).float()  # [k, B, T, d]
+    keys = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    a = torch.softmax((keys * query.float()).sum(-1), dim=0)  # [k, B, T]
+    return (a.unsqueeze(-1) * v).sum(0).to(sources[0].dtype)
+
+
+def rope_cos_sin(position_ids, head_dim, theta, dtype):
+    """cos/sin [B, 1, T, head_dim] of Hugging Face's rotate-half RoPE: angle
+    t * theta^(-2i/hd) for i < hd/2, in float64 and rounded once."""
+    half = head_dim // 2
+    inv_freq = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / head_dim)
+    angles = position_ids.to(torch.float64)[..., None] * inv_freq  # [B, T, half]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class AttnResKVCache:
+    """Keys and values [B, Hkv, T, hd] per layer, grown as tokens are fed
+    (transformers' Cache interface: update, get_seq_length)."""
+
+    def __init__(self):
+        self.key_cache, self.value_cache = [], []
+
+    def update(self, key, value, layer_idx, cache_kwargs=None):
+        if layer_idx == len(self.key_cache):
+            self.key_cache.append(key)
+            self.value_cache.append(value)
+        else:
+            self.key_cache[layer_idx] = torch.cat([self.key_cache[layer_idx], key], dim=2)
+            self.value_cache[layer_idx] = torch.cat([self.value_cache[layer_idx], value], dim=2)
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
+    def get_seq_length(self, layer_idx=0):
+        return self.key_cache[layer_idx].shape[2] if layer_idx < len(self.key_cache) else 0
+
+    def __len__(self):
+        return len(self.key_cache)
+
+
+def _as_cache(past_key_values, use_cache):
+    """A cache object to update: the one given, a legacy tuple of (k, v) per
+    layer converted, or a new one when use_cache."""
+    if past_key_values is None:
+        if not use_cache:
+            return None
+        return _DynamicCache() if _DynamicCache is not None else AttnResKVCache()
+    if hasattr(past_key_values, "update"):
+        return past_key_values
+    cache = AttnResKVCache()
+    for i, (k, v) in enumerate(past_key_values):
+        cache.update(k, v, i)
+    return cache
+
+
+def _cache_length(cache):
+    return 0 if cache is None else int(cache.get_seq_length())
+
+
+class AttnResAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        d, hd = config.hidden_size, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = (config.num_attention_heads,
+                                                        config.num_key_value_heads, hd)
+        self.layer_idx = layer_idx
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        group = self.n_heads // self.n_kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
+        probs = torch.softmax(scores + mask, dim=-1).to(v.dtype)
+        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class AttnResMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        d, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class AttnResDecoderLayer(nn.Module):
+    """Layer l: sublayers 2l (attention) and 2l+1 (MLP), each with its input
+    norm and, in AttnRes modes, its depth Mix query."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = AttnResRMSNorm(config.hidden_size, eps)
+        self.self_attn = AttnResAttention(config, layer_idx)
+        self.post_attention_layernorm = AttnResRMSNorm(config.hidden_size, eps)
+        self.mlp = AttnResMLP(config)
+        if config.residual_mode() != "baseline":
+            self.attn_res = AttnResDepthQuery(config.hidden_size)
+            self.mlp_res = AttnResDepthQuery(config.hidden_size)
+
+
+class _Output(dict):
+    """A minimal stand-in for transformers' ModelOutput: keys as attributes."""
+
+    __getattr__ = dict.get
+
+
+def _output(kind, **fields):
+    cls = _CausalLMOutputWithPast if kind == "lm" else _BaseModelOutputWithPast
+    return cls(**fields) if cls is not None else _Output(**fields)
+
+
+# ---------------------------------------------------------------------------
+# Base class: transformers' PreTrainedModel when importable, else torch alone
+# ---------------------------------------------------------------------------
+
+class _TorchPreTrainedModel(nn.Module):
+    """What this model needs of transformers' PreTrainedModel, with torch alone."""
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__()
+        self.config = config
+        self.generation_config = _Output(eos_token_id=getattr(config, "eos_token_id", None),
+                                         bos_token_id=getattr(config, "bos_token_id", None),
+                                         suppress_tokens=None)
+
+    def post_init(self):
+        self.apply(self._init_weights)
+        self.tie_weights()
+
+    def tie_weights(self):
+        out = self.get_output_embeddings() if hasattr(self, "get_output_embeddings") else None
+        if out is not None and getattr(self.config, "tie_word_embeddings", False):
+            out.weight = self.get_input_embeddings().weight
+
+    @property
+    def device(self):
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self):
+        return next(self.parameters()).dtype
+
+    @classmethod
+    def from_pretrained(cls, directory, torch_dtype=None, device=None, **config_overrides):
+        """Load an export directory with torch alone. torch_dtype: None (float32,
+        as transformers), "auto" (the stored dtype, config.torch_dtype) or a
+        torch.dtype."""
+        directory = str(directory)
+        config = AttnResConfig.from_pretrained(directory, **config_overrides)
+        model = cls(config)
+        tensors = read_weights(directory)
+        expected = model.state_dict()
+        tied = getattr(config, "tie_word_embeddings", False)
+        unexpected = sorted(set(tensors) - set(expected))
+        missing = sorted(set(expected) - set(tensors) - ({"lm_head.weight"} if tied else set()))
+        if unexpected or missing:
+            raise ValueError(f"{directory}: weights do not match the config: missing {missing}, "
+                             f"unexpected {unexpected}")
+        with torch.no_grad():
+            for name, t in tensors.items():
+                if tuple(t.shape) != tuple(expected[name].shape):
+                    raise ValueError(f"{directory}: {name} has shape {tuple(t.shape)}, the config "
+                                     f"needs {tuple(expected[name].shape)}")
+                expected[name].copy_(t)  # state_dict tensors share the parameters' storage
+        if torch_dtype == "auto":
+            torch_dtype = getattr(torch, getattr(config, "torch_dtype", None) or "float32")
+        model.to(dtype=torch_dtype or torch.float32)
+        model.tie_weights()
+        path = os.path.join(directory, "generation_config.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                model.generation_config.update(json.load(f))
+        if device is not None:
+            model.to(device)
+        return model.eval()
+
+
+_Base = _PreTrainedModel if HAVE_TRANSFORMERS else _TorchPreTrainedModel
+
+
+class AttnResPreTrainedModel(_Base):
+    config_class = AttnResConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["AttnResDecoderLayer"]
+
+    def _init_weights(self, module):
+        # The attnres trainer's initialisation (docs/model.md section 3), up
+        # to the output projections' smaller std; only for weights a
+        # checkpoint does not provide.
+        std = getattr(self.config, "initializer_range", 0.02)
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.data.normal_(0.0, std)
+        elif isinstance(module, AttnResRMSNorm):
+            module.weight.data.fill_(1.0)
+        elif isinstance(module, AttnResDepthQuery):
+            module.query.data.zero_()
+
+
+class AttnResModel(AttnResPreTrainedModel):
+    """Embedding, the 2L sublayers with their residual connections, the final
+    depth Mix (AttnRes modes) and norm; returns the normalised hidden states."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.mode = config.residual_mode()
+        self.block_size = config.residual_block_size()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(AttnResDecoderLayer(config, l)
+                                    for l in range(config.num_hidden_layers))
+        if self.mode != "baseline":
+            self.final_res = AttnResDepthQuery(config.hidden_size)
+        self.norm = AttnResRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                past_key_values=None, use_cache=None, inputs_embeds=None, **kwargs):
+        cfg = self.config
+        use_cache = cfg.use_cache if use_cache is None else use_cache
+        cache = _as_cache(past_key_values, use_cache)
+        past = _cache_length(cache)
+        e = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T, _ = e.shape
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=e.device).expand(B, T)
+        cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, e.dtype)
+        # Causal over absolute positions (query past + i sees keys <= past + i);
+        # padded keys (attention_mask 0) get the most negative float instead of
+        # -inf, so that a padding query's row stays finite.
+        keys = past + T
+        mask = torch.full((T, keys), float("-inf"), device=e.device)
+        mask = torch.triu(mask, diagonal=past + 1)[None, None]
+        if attention_mask is not None:
+            pad = attention_mask[:, None, None, -keys:].to(torch.bool).logical_not()
+            mask = mask.expand(B, 1, T, keys).masked_fill(pad, torch.finfo(torch.float32).min)
+        eps = cfg.rms_norm_eps
+
+        S = self.block_size
+        x = e                         # baseline: the stream
+        blocks, partial = [e], None   # AttnRes: completed sources, the block's partial sum
+        s = 0                         # the sublayer
+        for layer in self.layers:
+            attn = lambda u, layer=layer: layer.self_attn(u, cos, sin, mask, cache)
+            for norm, f, q in ((layer.input_layernorm, attn, getattr(layer, "attn_res", None)),
+                               (layer.post_attention_layernorm, layer.mlp,
+                                getattr(layer, "mlp_res", None))):
+                if self.mode == "baseline":
+                    x = x + f(norm(x))
+                else:
+                    i = s % S  # position in its block; i > 0 reads the partial sum too
+                    sources = blocks + ([partial] if i > 0 else [])
+                    y = f(norm(depth_mix(q.query, sources, eps)))
+                    partial = y if i == 0 else partial + y
+                    if i == S - 1:  # the block is complete: a source of its own
+                        blocks.append(partial)
+                        partial = None
+                s += 1
+        if self.mode == "baseline":
+            z = x
+        else:
+            z = depth_mix(self.final_res.query,
+                          blocks + ([partial] if partial is not None else []), eps)
+        hidden = self.norm(z)
+        return _output("base", last_hidden_state=hidden,
+                       past_key_values=cache if use_cache else None)
+
+
+class AttnResForCausalLM(AttnResPreTrainedModel, *([_GenerationMixin] if _GenerationMixin else [])):
+    _tied_weights_keys = ["lm_head.weight"]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = AttnResModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                past_key_values=None, use_cache=None, labels=None, inputs_embeds=None, **kwargs):
+        """logits [B, T, V] (float32 or the weights' dtype); with labels, the
+        mean token cross-entropy of predicting labels[:, t + 1] at t (-100 ignored)."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, past_key_values=past_key_values,
+                         use_cache=use_cache, inputs_embeds=inputs_embeds)
+        logits = self.lm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                   labels[:, 1:].reshape(-1), ignore_index=-100)
+        return _output("lm", loss=loss, logits=logits, past_key_values=out.past_key_values)
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
+                                      inputs_embeds=None, use_cache=True, **kwargs):
+        # transformers' generate(): feed only the tokens the cache lacks, at
+        # their positions (counted over the attention mask when one is given).
+        past = 0
+        if past_key_values is not None:
+            past = (int(past_key_values.get_seq_length()) if hasattr(past_key_values, "get_seq_length")
+                    else past_key_values[0][0].shape[2])
+        if past > 0:
+            input_ids = input_ids[:, past:]
+        position_ids = None
+        if attention_mask is not None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            position_ids = position_ids[:, -input_ids.shape[1]:]
+        return {"input_ids": input_ids, "past_key_values": past_key_values,
+                "attention_mask": attention_mask, "position_ids": position_ids,
+                "use_cache": use_cache}
+
+    @torch.no_grad()
+    def generate_tokens(self, input_ids, max_new_tokens=32, temperature=0.0, top_k=0,
+                        eos_token_id="config", suppress_tokens="config", generator=None):
+        """Continue input_ids ([B, n] or a list of ids) by up to max_new_tokens
+        tokens with the KV cache, as `attnres generate` does: temperature 0 is
+        greedy (the first maximum), else sampling from softmax(logits / T)
+        over the top_k largest (0: all). Generation stops at eos_token_id
+        (not included; a finished row is padded with it). Ids in
+        suppress_tokens (by default generation_config.suppress_tokens: a
+        vocabulary padded past the tokenizer's) are never produced. Returns
+        [B, n + new] ids."""
+        gc = self.generation_config
+        if eos_token_id == "config":
+            eos_token_id = getattr(gc, "eos_token_id", None)
+        if suppress_tokens == "config":
+            suppress_tokens = getattr(gc, "suppress_tokens", None)
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
+        if ids.dim() == 1:
+            ids = ids[None]
+        cache = AttnResKVCache()
+        logits = self(ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        new = []
+        for _ in range(max_new_tokens):
+            if suppress_tokens:
+                logits[:, list(suppress_tokens)] = float("-inf")
+            if temperature <= 0:
+                nxt = logits.argmax(dim=-1)
+            else:
+                z = logits / temperature
+                if top_k and top_k < z.shape[-1]:
+                    kth = torch.topk(z, top_k, dim=-1).values[:, -1:]
+                    z = z.masked_fill(z < kth, float("-inf"))
+                nxt = torch.multinomial(torch.softmax(z, dim=-1), 1, generator=generator)[:, 0]
+            if eos_token_id is not None:
+                done = done | (nxt == eos_token_id)
+                if bool(done.all()):
+                    break
+                nxt = nxt.masked_fill(done, eos_token_id)
+            new.append(nxt)
+            logits = self(nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1].float()
+        return torch.cat([ids] + [t[:, None] for t in new], dim=1)
+
+    @torch.no_grad()
+    def token_logprobs(self, input_ids):
+        """log p(input_ids[:, t + 1] | input_ids[:, :t + 1]) for every t: [B, n - 1], float32."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
+        if ids.dim() == 1:
+            ids = ids[None]
+        logits = self(ids, use_cache=False).logits.float()
+        lp = torch.log_softmax(logits[:, :-1], dim=-1)
+        return lp.gather(-1, ids[:, 1:, None])[..., 0]

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# `attnres export hf` checked against the binary under Debian's python3-torch
+# (tests/cli/hf_export_check.py): tiny models in every residual mode (block
+# with uneven blocks, given by block_size and by n_blocks), GQA and MHA, tied
+# and untied embeddings, a vocabulary padded past the tokenizer's. The
+# exported PyTorch model's per-token log-probabilities equal `attnres score`
+# within 1e-5 relative (fp32), its greedy 32-token KV-cache generation equals
+# `attnres generate --temperature 0`, the bf16 and sharded exports load, and
+# `attnres eval --task hellaswag` equals acc / acc_norm computed in Python.
+# Then the commands' rejections of bad input.
+source "$(dirname "$0")/lib.sh"
+PY=/usr/bin/python3
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "skipped: $PY cannot import torch (apt-get install python3-torch; scripts/install_deps.sh)"
+  exit 77
+fi
+make_corpus
+
+# HellaSwag-format questions (tests/cli/make_hellaswag.py): contexts longer
+# than a sequence, endings of different byte lengths, a non-ASCII ending.
+"$PY" "$SRC/tests/cli/make_hellaswag.py" hellaswag.jsonl 12 corpus/doc1.txt
+
+base='{"vocab_size": 320, "d_model": 32, "n_heads": 4, "d_ff": 64}'
+cat > cfg.json <<JSON
+{"model": $base,
+ "optimizer": {"lr": 1e-2},
+ "training": {"steps": 40, "micro_batch_size": 3, "seq_len": 32, "seed": 5},
+ "data": {"train": "shards/tiny_train_*.bin", "tokenizer": "tok.json"},
+ "run": {"dir": "run"}}
+JSON
+
+cases=()
+# run_case NAME OVERRIDES...: train, export three ways, score, generate, eval.
+run_case() {
+  local name="$1"; shift
+  "$BIN" train cfg.json --checkpoint.dir="ck_$name" --run.dir="run_$name" "$@" 2>"train_$name.log" \
+    || { cat "train_$name.log"; fail "$name: training"; }
+  local ck="ck_$name/step_00000040"
+  "$BIN" export hf --checkpoint "$ck" --out "hf_$name" 2>/dev/null || fail "$name: export fp32"
+  "$BIN" export hf --checkpoint "$ck" --out "hf16_$name" --dtype bf16 2>/dev/null || fail "$name: export bf16"
+  "$BIN" export hf --checkpoint "$ck" --out "hfs_$name" --max-shard-size 20KB 2>/dev/null \
+    || fail "$name: export sharded"
+  ls "hfs_$name"/model-00001-of-*.safetensors "hfs_$name"/model.safetensors.index.json >/dev/null \
+    || fail "$name: no shards"
+  for f in config.json configuration_attnres.py modeling_attnres.py generation_config.json \
+           tokenizer.json README.md model.safetensors; do
+    [[ -f "hf_$name/$f" ]] || fail "$name: export lacks $f"
+  done
+  grep -q '"model_type": "attnres"' "hf_$name/config.json" || fail "$name: model_type"
+  "$BIN" score --checkpoint "$ck" --text "The quick brown fox jumps over the lazy dog while the jury said that" \
+    > "score1_$name.json" 2>/dev/null || fail "$name: score"
+  "$BIN" score --checkpoint "$ck" --text "Document 3 line 17: the election was fair. \
+Document 4 line 1: the quick" > "score2_$name.json" 2>/dev/null || fail "$name: score 2"
+  "$BIN" generate --checkpoint "$ck" --prompt "The jury" --tokens 32 --temperature 0 --json \
+    > "gen1_$name.json" 2>/dev/null || fail "$name: generate"
+  "$BIN" generate --checkpoint "$ck" --prompt "Document 2 line" --tokens 32 --temperature 0 --json \
+    > "gen2_$name.json" 2>/dev/null || fail "$name: generate 2"
+  "$BIN" eval --checkpoint "$ck" --task hellaswag --data hellaswag.jsonl --per-example \
+    > "eval_$name.json" 2>/dev/null || fail "$name: eval --task"
+  cases+=("{\"name\": \"$name\", \"fp32\": \"hf_$name\", \"bf16\": \"hf16_$name\",
+    \"sharded\": \"hfs_$name\", \"checkpoint_tokenizer\": \"$ck/tokenizer.json\",
+    \"score\": [\"score1_$name.json\", \"score2_$name.json\"],
+    \"generate\": [\"gen1_$name.json\", \"gen2_$name.json\"], \"tokens\": 32,
+    \"eval\": \"eval_$name.json\", \"tasks\": \"hellaswag.jsonl\", \"seq_len\": 32}")
+  pass "$name: trained, exported (fp32, bf16, sharded), scored, generated, evaluated"
+}
+run_case baseline_tied_mha --model.n_layers=2 --model.tie_embeddings=true
+run_case full_gqa --model.n_layers=3 --model.n_kv_heads=2 --model.residual='{"mode": "full"}'
+# L = 3, S = 4: blocks of 4 and 2 sublayers; the final Mix reads a partial sum.
+run_case block_uneven_tied --model.n_layers=3 --model.n_kv_heads=2 --model.tie_embeddings=true \
+  --model.residual='{"mode": "block", "block_size": 4}'
+# L = 4, N = 3: S = ceil(8 / 3) = 3, blocks of 3, 3 and 2.
+run_case block_nblocks_gqa --model.n_layers=4 --model.n_kv_heads=1 \
+  --model.residual='{"mode": "block", "n_blocks": 3}'
+grep -q '"n_blocks": 3' hf_block_nblocks_gqa/config.json || fail "n_blocks missing from config.json"
+
+( IFS=,; echo "[${cases[*]}]" ) > cases.json
+"$PY" "$SRC/tests/cli/hf_export_check.py" cases.json || fail "the exported models disagree"
+
+# Rejections: exit 2 and a message naming the problem.
+ck=ck_full_gqa/step_00000040
+expect_error "export: unknown format" "unknown format 'onnx'" "$BIN" export onnx --checkpoint "$ck" --out x
+expect_error "export: bad dtype" "--dtype" "$BIN" export hf --checkpoint "$ck" --out x --dtype fp16
+expect_error "export: bad shard size" "--max-shard-size" "$BIN" export hf --checkpoint "$ck" --out x \
+  --max-shard-size lots
+expect_error "export: no --out" "--out" "$BIN" export hf --checkpoint "$ck"
+expect_error "export: into an earlier export" "not empty" "$BIN" export hf --checkpoint "$ck" --out hf_full_gqa
+expect_error "export: into the checkpoint" "checkpoint itself" "$BIN" export hf --checkpoint "$ck" \
+  --out "$ck" --force
+[[ ! -e x ]] || fail "a rejected export wrote files"
+"$BIN" export hf --checkpoint "$ck" --out hfs_full_gqa --force 2>/dev/null || fail "export --force"
+[[ -f hfs_full_gqa/model.safetensors && ! -e hfs_full_gqa/model.safetensors.index.json ]] \
+  || fail "--force left the earlier shards behind"
+pass "export --force replaced a sharded export by one file"
+expect_error "score: empty text" "--text is empty" "$BIN" score --checkpoint "$ck" --text ""
+expect_error "score: missing tokenizer" "nope.json" "$BIN" score --checkpoint "$ck" --text hi \
+  --tokenizer nope.json
+expect_error "eval: unknown task" "unknown --task 'piqa'" "$BIN" eval --checkpoint "$ck" --task piqa \
+  --data hellaswag.jsonl
+head -3 hellaswag.jsonl > bad.jsonl
+echo '{"ctx": "A man", "endings": ["runs.", "sits."], "label": 2}' >> bad.jsonl
+expect_error "eval: label outside the endings" "bad.jsonl:4" "$BIN" eval --checkpoint "$ck" \
+  --task hellaswag --data bad.jsonl
+echo '{"ctx": "A man", "endings": ["runs."' > bad2.jsonl
+expect_error "eval: a line that is not JSON" "bad2.jsonl:1" "$BIN" eval --checkpoint "$ck" \
+  --task hellaswag --data bad2.jsonl
+expect_error "eval: an ending longer than a sequence" "--seq-len" "$BIN" eval --checkpoint "$ck" \
+  --task hellaswag --data hellaswag.jsonl --seq-len 2
+expect_error "eval: --batches with --task" "--batches" "$BIN" eval --checkpoint "$ck" \
+  --task hellaswag --data hellaswag.jsonl --batches 3
+echo "all export checks passed"

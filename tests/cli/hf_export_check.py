@@ -1,0 +1,244 @@
+"""Checks Hugging Face exports (`attnres export hf`) against the attnres binary.
+
+Run by tests/cli/export_hf.sh under Debian's python3-torch, with one argument:
+a JSON file listing the cases the shell test prepared, each
+  {"name", "fp32": export dir, "bf16": export dir, "sharded": export dir,
+   "checkpoint_tokenizer": path, "score": [score JSON files],
+   "generate": [generate --json files], "tokens": N,
+   "eval": eval --task --per-example JSON, "tasks": the jsonl it read, "seq_len": T}.
+Every check prints its measured difference; any failure exits 1.
+"""
+import json
+import math
+import os
+import sys
+
+# "Loads with torch alone": the modeling code must not need transformers. It
+# is hidden for this whole check (None in sys.modules makes `import` fail);
+# the transformers path is checked in a child process when it is installed.
+REAL_TRANSFORMERS = None
+try:
+    import importlib.util
+    REAL_TRANSFORMERS = importlib.util.find_spec("transformers")
+except (ImportError, ValueError):
+    REAL_TRANSFORMERS = None
+sys.modules["transformers"] = None
+
+import torch  # noqa: E402
+
+RTOL = 1e-5
+failures = []
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def load_module(directory, tag):
+    """modeling_attnres of one export, imported from that directory."""
+    spec = importlib.util.spec_from_file_location(f"modeling_attnres_{tag}",
+                                                  os.path.join(directory, "modeling_attnres.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def close(a, b):
+    """|a - b| <= 1e-5 max(1, |b|): relative for log-probabilities of magnitude
+    >= 1, and 1e-5 absolute near 0, where a log-probability's rounding error is
+    set by the logits' magnitude, not its own."""
+    return abs(a - b) <= RTOL * max(1.0, abs(b))
+
+
+def compare(mine, theirs):
+    worst_abs = max((abs(a - b) for a, b in zip(mine, theirs)), default=0.0)
+    worst_rel = max((abs(a - b) / max(1.0, abs(b)) for a, b in zip(mine, theirs)), default=0.0)
+    ok = len(mine) == len(theirs) and all(close(a, b) for a, b in zip(mine, theirs))
+    return ok, worst_abs, worst_rel
+
+
+def decode(tokenizer_path, ids):
+    """Bytes of attnres-bpe ids: 0-255 the bytes, 256+i merge i, the last id EOT."""
+    with open(tokenizer_path, encoding="utf-8") as f:
+        tok = json.load(f)
+    pieces = [bytes([i]) for i in range(256)]
+    for a, b in tok["merges"]:
+        pieces.append(pieces[a] + pieces[b])
+    pieces.append(b"<|endoftext|>")
+    return b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def check_case(case):
+    name = case["name"]
+    mod = load_module(case["fp32"], name)
+    check(not mod.HAVE_TRANSFORMERS, f"{name}: modeling_attnres loaded with torch alone")
+    model = mod.AttnResForCausalLM.from_pretrained(case["fp32"])
+    cfg = model.config
+    check(next(model.parameters()).dtype == torch.float32, f"{name}: fp32 weights")
+    tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    check(tied == bool(cfg.tie_word_embeddings), f"{name}: lm_head tied = {tied}, as the config says")
+
+    # Per-token log-probabilities against `attnres score`, fp32.
+    for path in case["score"]:
+        with open(path) as f:
+            score = json.load(f)
+        mine = model.token_logprobs(score["tokens"])[0].double().tolist()
+        ok, worst_abs, worst_rel = compare(mine, score["logprobs"])
+        check(ok, f"{name}: {len(mine)} log-probs of {os.path.basename(path)} vs attnres score: "
+                  f"max abs diff {worst_abs:.3g}, max diff / max(1, |logp|) {worst_rel:.3g} "
+                  f"(bound {RTOL})")
+
+        # The KV cache: feeding the tokens one by one gives the full pass's logits.
+        ids = torch.tensor([score["tokens"]])
+        full = model(ids, use_cache=False).logits[0]
+        cache = mod.AttnResKVCache()
+        step = torch.cat([model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[0]
+                          for t in range(ids.shape[1])])
+        diff = (step - full).abs().max().item()
+        check(diff <= RTOL * max(1.0, full.abs().max().item()),
+              f"{name}: KV-cache decoding = full forward, max logit diff {diff:.3g}")
+
+    # A left-padded batch (attention_mask 0 on the pads, positions counted over
+    # the mask, as transformers' generate() feeds it) scores each sequence as alone.
+    with open(case["score"][0]) as f:
+        a = json.load(f)["tokens"]
+    b = a[: len(a) // 2]
+    pad = len(a) - len(b)
+    ids = torch.tensor([a, [0] * pad + b])
+    mask = torch.tensor([[1] * len(a), [0] * pad + [1] * len(b)])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+    alone = [model(torch.tensor([x]), use_cache=False).logits[0] for x in (a, b)]
+    diff = max((logits[0] - alone[0]).abs().max().item(), (logits[1, pad:] - alone[1]).abs().max().item())
+    check(diff <= RTOL * max(1.0, alone[0].abs().max().item()),
+          f"{name}: a left-padded batch gives each sequence's logits, max diff {diff:.3g}")
+
+    # Greedy generation (KV cache) against `attnres generate --temperature 0 --json`.
+    for path in case["generate"]:
+        with open(path) as f:
+            gen = json.load(f)
+        prompt = gen["prompt_tokens"]
+        out = model.generate_tokens(prompt, max_new_tokens=case["tokens"])[0, len(prompt):].tolist()
+        check(out == gen["tokens"], f"{name}: greedy {len(out)} tokens == attnres generate's "
+                                    f"{len(gen['tokens'])} ({out[:6]}...)")
+        text = decode(os.path.join(case["fp32"], "tokenizer.json"), prompt[1:] + out)
+        check(text == gen["text"], f"{name}: decoded text == attnres generate's: {text[:40]!r}...")
+
+    # bf16: exactly the fp32 weights rounded to nearest even; loads upcast
+    # (default) or as stored (torch_dtype="auto") and stays close.
+    t32 = mod.read_weights(case["fp32"])
+    t16 = mod.read_weights(case["bf16"])
+    exact = set(t32) == set(t16) and all(
+        t16[k].dtype == torch.bfloat16 and torch.equal(t32[k].to(torch.bfloat16), t16[k]) for k in t32)
+    check(exact, f"{name}: bf16 export = fp32 weights rounded to bf16 ({len(t16)} tensors)")
+    m16 = mod.AttnResForCausalLM.from_pretrained(case["bf16"], torch_dtype="auto")
+    check(next(m16.parameters()).dtype == torch.bfloat16, f"{name}: bf16 export loads as bf16")
+    m16up = mod.AttnResForCausalLM.from_pretrained(case["bf16"])
+    with open(case["score"][0]) as f:
+        tokens = json.load(f)["tokens"]
+    ref = model.token_logprobs(tokens)[0]
+    d_up = (m16up.token_logprobs(tokens)[0] - ref).abs().max().item()
+    d_bf = (m16.token_logprobs(tokens)[0] - ref).abs().max().item()
+    check(d_up < 0.05 and d_bf < 0.25 and math.isfinite(d_bf),
+          f"{name}: bf16 log-probs near fp32's: max diff {d_up:.3g} (upcast), {d_bf:.3g} (bf16)")
+
+    # The sharded form holds the same tensors and loads to the same function.
+    ts = mod.read_weights(case["sharded"])
+    check(set(ts) == set(t32) and all(torch.equal(ts[k], t32[k]) for k in t32),
+          f"{name}: sharded export holds the same {len(ts)} tensors")
+    ms = mod.AttnResForCausalLM.from_pretrained(case["sharded"])
+    check(torch.equal(ms.token_logprobs(tokens), model.token_logprobs(tokens)),
+          f"{name}: sharded export computes the same log-probs")
+
+    # The tokenizer file is the checkpoint's, byte for byte.
+    with open(case["checkpoint_tokenizer"], "rb") as a, \
+            open(os.path.join(case["fp32"], "tokenizer.json"), "rb") as b:
+        check(a.read() == b.read(), f"{name}: tokenizer.json copied as it is")
+
+    if case.get("eval"):
+        check_hellaswag(name, model, case)
+
+
+def check_hellaswag(name, model, case):
+    """acc / acc_norm computed here from the jsonl (labels, ending lengths in
+    bytes) and this model's log-probabilities, against `attnres eval --task`."""
+    with open(case["eval"]) as f:
+        ev = json.load(f)
+    with open(case["tasks"], encoding="utf-8") as f:
+        items = [json.loads(line) for line in f if line.strip()]
+    T = case["seq_len"]
+    right = right_norm = 0
+    worst = 0.0
+    all_close = True
+    for item, ex in zip(items, ev["per_example"]):
+        sums = []
+        for ending in ex["ending_tokens"]:
+            seq = (ex["context_tokens"] + ending)[-(T + 1):]  # the last T + 1 tokens
+            lp = model.token_logprobs(seq)[0].double()
+            sums.append(lp[-len(ending):].sum().item())
+        nbytes = [len(e.encode("utf-8")) for e in item["endings"]]
+        best = max(range(len(sums)), key=lambda j: (sums[j], -j))
+        best_norm = max(range(len(sums)), key=lambda j: (sums[j] / nbytes[j], -j))
+        right += best == int(item["label"])
+        right_norm += best_norm == int(item["label"])
+        ok, worst_abs, _ = compare(sums, ex["logprobs"])
+        all_close &= ok
+        worst = max(worst, worst_abs)
+    n = len(items)
+    check(ev["examples"] == n, f"{name}: hellaswag examples {ev['examples']} == {n}")
+    check(all_close, f"{name}: hellaswag ending sums match, max abs diff {worst:.3g}")
+    check(ev["acc"] == right / n and ev["acc_norm"] == right_norm / n,
+          f"{name}: hellaswag acc {ev['acc']:.4f} acc_norm {ev['acc_norm']:.4f} == "
+          f"{right / n:.4f} {right_norm / n:.4f} computed here")
+
+
+def check_transformers(cases):
+    """AutoModelForCausalLM with trust_remote_code, in a child process that
+    sees the real transformers."""
+    if REAL_TRANSFORMERS is None:
+        print("skipped: transformers is not installed: AutoModelForCausalLM.from_pretrained("
+              "dir, trust_remote_code=True) was not checked")
+        return
+    import subprocess
+    code = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+case = json.loads(sys.argv[1])
+m = AutoModelForCausalLM.from_pretrained(case["fp32"], trust_remote_code=True)
+score = json.load(open(case["score"][0]))
+lp = m.token_logprobs(score["tokens"])[0].double().tolist()
+worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(lp, score["logprobs"]))
+gen = json.load(open(case["generate"][0]))
+ids = torch.tensor([gen["prompt_tokens"]])
+out = m.generate(ids, max_new_tokens=len(gen["tokens"]), do_sample=False)[0, ids.shape[1]:].tolist()
+print(json.dumps({"worst": worst, "same": out[:len(gen["tokens"])] == gen["tokens"]}))
+"""
+    for case in cases:
+        res = subprocess.run([sys.executable, "-c", code, json.dumps(case)], capture_output=True,
+                             text=True)
+        if res.returncode != 0:
+            check(False, f"{case['name']}: transformers load failed:\n{res.stderr[-2000:]}")
+            continue
+        r = json.loads(res.stdout.strip().splitlines()[-1])
+        check(r["worst"] <= RTOL, f"{case['name']}: AutoModelForCausalLM log-probs, max rel diff "
+                                  f"{r['worst']:.3g}")
+        check(r["same"], f"{case['name']}: transformers generate() greedy == attnres generate")
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    torch.manual_seed(0)
+    for case in cases:
+        check_case(case)
+    check_transformers(cases)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        sys.exit(1)
+    print("all export checks passed")
+
+
+if __name__ == "__main__":
+    main()

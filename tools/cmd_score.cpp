@@ -1,0 +1,65 @@
+// attnres score --checkpoint DIR --text TEXT [--tokenizer FILE] [--device cpu|cuda]
+// Per-token log-probabilities of a text under the checkpoint's model, as
+// JSON on stdout: what the Hugging Face export (`attnres export hf`) is
+// checked against. The text is scored as generate reads a prompt: after the
+// EOT that starts every training document.
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "core/device.h"
+#include "data/tokenizer_file.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+#include "train/checkpoint.h"
+
+namespace attnres::tools {
+
+int cmd_score(const Args& args) {
+  Flags f(args, "score", {"checkpoint", "text", "tokenizer", "device"}, {"help"});
+  if (f.has("help")) {
+    std::puts("usage: attnres score --checkpoint DIR --text TEXT [--tokenizer FILE] [--device cpu|cuda]\n"
+              "  Prints {\"tokens\": [EOT, t1, ..., tn], \"logprobs\": [log p(t1 | EOT), ...,\n"
+              "  log p(tn | EOT t1 ... tn-1)], \"pieces\": [the text of t1 ... tn], \"sum\": ...}\n"
+              "  computed in fp32 (cpu by default). The tokenizer defaults to DIR/tokenizer.json.");
+    return 0;
+  }
+  const std::string dir = f.required("checkpoint", "score");
+  const std::string text = f.required("text", "score");
+  if (text.empty()) fail("score: --text is empty");
+  const Device device =
+      train::parse_device(f.get("device", "cpu"), "score: --device");
+  if (device == Device::CUDA && cuda::device_count() == 0)
+    fail("score: --device cuda, but no CUDA device is visible");
+  const auto tokenizer = data::open_tokenizer(
+      f.get("tokenizer", (std::filesystem::path(dir) / "tokenizer.json").string()),
+      "score: --tokenizer (default: the checkpoint's tokenizer.json)");
+
+  const train::Config cfg = train::config_from_checkpoint(dir);
+  model::Model model(cfg.model, DType::F32, {}, device);
+  train::load_weights(dir, model.params());
+
+  std::vector<int32_t> tokens{tokenizer.eot()};
+  const auto enc = tokenizer.encode(text);
+  tokens.insert(tokens.end(), enc.begin(), enc.end());
+  // One sequence of n inputs; position i predicts token i + 1.
+  const int64_t n = static_cast<int64_t>(tokens.size()) - 1;
+  std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  std::iota(rows.begin(), rows.end(), 0);
+  const auto lp = model.forward_logprobs(Tensor::from_vector(inputs, {n}), 1, n, rows, targets);
+
+  nlohmann::json pieces = nlohmann::json::array();
+  for (int32_t t : targets) pieces.push_back(tokenizer.decode(Span<const int32_t>(&t, 1)));
+  const nlohmann::json out = {{"tokens", tokens},
+                              {"logprobs", lp},
+                              {"pieces", pieces},
+                              {"sum", std::accumulate(lp.begin(), lp.end(), 0.0)}};
+  // A token can end inside a UTF-8 character: such bytes print as U+FFFD.
+  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  return 0;
+}
+
+}  // namespace attnres::tools
