@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -83,5 +84,18 @@ class Flags {
   std::map<std::string, std::vector<std::string>> values_;
   std::vector<std::string> positional_;
 };
+
+// A command's arguments that override config keys (--section.key=value) and
+// the rest (its own flags and positionals), in order.
+inline std::pair<std::vector<std::string>, std::vector<std::string>> split_config_overrides(
+    const std::vector<std::string>& args) {
+  std::vector<std::string> flags, overrides;
+  for (const auto& a : args)
+    (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos && a.find('=') != std::string::npos
+         ? overrides
+         : flags)
+        .push_back(a);
+  return {flags, overrides};
+}
 
 }  // namespace attnres::tools

@@ -54,12 +54,7 @@ int64_t largest_fitting(train::Config cfg, int64_t lo, int64_t step, int64_t bud
 
 int inspect_memory(const Args& args) {
   const char* cmd = "inspect memory";
-  Args flags, overrides;
-  for (const auto& a : args)
-    (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos && a.find('=') != std::string::npos
-         ? overrides
-         : flags)
-        .push_back(a);
+  const auto [flags, overrides] = split_config_overrides(args);
   Flags f(flags, cmd, {"gpu-memory"}, {"help", "json"});
   if (f.has("help") || f.positional().size() != 1) {
     std::puts(

@@ -29,12 +29,7 @@ void print_rank_detail(const train::Prediction& p) {
 
 int inspect_plan(const Args& args) {
   const char* cmd = "inspect plan";
-  Args flags, overrides;
-  for (const auto& a : args)
-    (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos && a.find('=') != std::string::npos
-         ? overrides
-         : flags)
-        .push_back(a);
+  const auto [flags, overrides] = split_config_overrides(args);
   Flags f(flags, cmd, {"profile", "gpus", "top", "steps"}, {"help"});
   if (f.has("help") || f.positional().size() != 1) {
     std::puts(

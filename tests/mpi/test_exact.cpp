@@ -171,9 +171,10 @@ void check_layout(const Layout& L) {
                                                     rt.zero_shard(v)));
       // ZeRO-1: this replica holds 1/D of the chunk's AdamW state (up to
       // the padding of the flat space to a multiple of D).
-      const int64_t whole = 8 * rt.model().chunk(v).params().numel();
-      const int64_t want = L.zero ? 8 * ((whole / 8 + L.D - 1) / L.D) : whole;
-      if (opts.back()->state_bytes() > want || opts.back()->state_bytes() < want - 8 * L.D)
+      const int64_t per = 2 * static_cast<int64_t>(dtype_size(L.dtype));  // two moments
+      const int64_t n = rt.model().chunk(v).params().numel();
+      const int64_t want = per * (L.zero ? (n + L.D - 1) / L.D : n);
+      if (opts.back()->state_bytes() > want || opts.back()->state_bytes() < want - per * L.D)
         ++state_wrong;
     }
     const int64_t d = grid.replica();
