@@ -69,11 +69,9 @@ int inspect_memory(const Args& args) {
   }
   const train::Config cfg = train::load_config(f.positional()[0], overrides);
   const auto ranks = train::plan_memory(cfg);
-  double budget_gib = 0;
-  if (f.has("gpu-memory")) {
-    budget_gib = std::stod(f.get("gpu-memory", "0"));
-    if (!(budget_gib > 0)) fail(cmd, ": --gpu-memory must be a positive number of GiB");
-  }
+  const double budget_gib = f.get_double("gpu-memory", 0, cmd);
+  if (f.has("gpu-memory") && !(budget_gib > 0))
+    fail(cmd, ": --gpu-memory must be a positive number of GiB");
   const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);
 
   if (f.has("json")) {
