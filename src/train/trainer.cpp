@@ -399,7 +399,10 @@ void Engine::checkpoint() {
   }
   if (root_)
     spdlog::info("checkpoint written: {} ({}, {:.2f} s; rank 0 peak RSS {:.1f} MiB during the save)",
-                 dir, cfg_.checkpoint.sharded ? "sharded" : "gathered",
+                 dir,
+                 !cfg_.checkpoint.sharded ? "gathered at rank 0"
+                 : grid_.P() > 1         ? fmt::format("{} shards", grid_.P())
+                                         : std::string("one file"),
                  std::chrono::duration<double>(Clock::now() - t0).count(), peak_rss_mib());
   last_checkpoint_ = dir;
 }
