@@ -236,11 +236,11 @@ std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor flat, Tens
 void MpiTransport::all_gather(const Tensor& mine, Tensor& flat) {
   const Tensor in = mine.is_cpu() ? mine : mine.to(Device::CPU);
   Tensor out = flat.is_cpu() ? flat : Tensor::empty(flat.shape(), flat.dtype(), Device::CPU);
-  ATTNRES_CHECK(in.dtype() == DType::F32 && out.dtype() == DType::F32 &&
-                    out.numel() == in.numel() * grid_.D(),
+  ATTNRES_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * grid_.D(),
                 "all-gather of ", in.describe(), " into ", out.describe());
   MPI_Request req;
-  mpi_check(MPI_Iallgather(in.raw(), mpi_count(in), MPI_FLOAT, out.raw(), mpi_count(in), MPI_FLOAT,
+  const MPI_Datatype type = mpi_type(in.dtype());
+  mpi_check(MPI_Iallgather(in.raw(), mpi_count(in), type, out.raw(), mpi_count(in), type,
                            raw(grid_.data()), &req),
             "MPI_Iallgather (ZeRO-1 weights)");
   wait_bounded(req, "the ZeRO-1 weight all-gather");

@@ -153,14 +153,14 @@ const ZeroShard* Runtime::zero_shard(int v) const {
   return zero_.empty() ? nullptr : &zero_.at(static_cast<size_t>(v));
 }
 
-std::vector<Tensor> Runtime::all_gather_owned(int v, const std::vector<Tensor>& owned_parts) {
+std::vector<Tensor> Runtime::all_gather_owned(int v, const std::vector<Tensor>& owned_parts,
+                                              DType dtype) {
   const ZeroShard& z = zero_.at(static_cast<size_t>(v));
-  Tensor flat = Tensor::empty({z.shard_elements() * grid_.D()}, DType::F32,
-                              model_->chunk(v).device());
-  transport_->all_gather(z.pack_owned(owned_parts), flat);
+  Tensor flat = Tensor::empty({z.shard_elements() * grid_.D()}, dtype, model_->chunk(v).device());
+  transport_->all_gather(z.pack_owned(owned_parts, dtype), flat);
   std::vector<Tensor> out;
   for (const auto& p : model_->chunk(v).params().all())
-    out.push_back(Tensor::empty(p.value.shape(), DType::F32, p.value.device()));
+    out.push_back(Tensor::empty(p.value.shape(), dtype, p.value.device()));
   z.unpack_all(flat, out);
   return out;
 }
@@ -168,9 +168,13 @@ std::vector<Tensor> Runtime::all_gather_owned(int v, const std::vector<Tensor>& 
 void Runtime::gather_updated_weights() {
   for (int v = 0; v < static_cast<int>(zero_.size()); ++v) {
     auto& ps = model_->chunk(v).params().all();
+    // The weights the optimizer updated: fp32 (a CPU or fp32 run), or in a
+    // bf16 run whose optimizer holds the owned fp32 masters (train/optimizer.h)
+    // the bf16 copies it wrote, all-gathered as they are.
+    const DType dtype = ps.front().weights().dtype();
     std::vector<Tensor> owned;
     for (size_t i = 0; i < ps.size(); ++i) owned.push_back(zero_[v].owned_view(i, ps[i].weights()));
-    const auto full = all_gather_owned(v, owned);
+    const auto full = all_gather_owned(v, owned, dtype);
     for (size_t i = 0; i < ps.size(); ++i) {
       ps[i].weights().copy_from(full[i]);
       if (ps[i].master.defined()) ps[i].sync_value();

@@ -65,9 +65,10 @@ class Runtime {
   // without ZeRO. Collective over the replicas.
   void gather_updated_weights();
   // Per-parameter owned parts of local chunk v (as ZeroShard::owned_view
-  // gives them) all-gathered into full tensors shaped like the parameters.
-  // Collective over the replicas.
-  std::vector<Tensor> all_gather_owned(int v, const std::vector<Tensor>& owned_parts);
+  // gives them, of `dtype`) all-gathered into full tensors shaped like the
+  // parameters. Collective over the replicas.
+  std::vector<Tensor> all_gather_owned(int v, const std::vector<Tensor>& owned_parts,
+                                       DType dtype = DType::F32);
 
   // Forward-only loss over this replica's M microbatches; returns the loss
   // summed over all replicas. Collective.

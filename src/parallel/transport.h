@@ -123,7 +123,8 @@ class Transport {
   // later, in the same order on every replica); F32 tensors on the
   // transport's device side.
   virtual std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) = 0;
-  // `flat` [D * n] = every replica's `mine` [n], in replica order (blocking).
+  // `flat` [D * n] = every replica's `mine` [n], in replica order (blocking;
+  // F32 or BF16).
   virtual void all_gather(const Tensor& mine, Tensor& flat) = 0;
   // t = t + (peer's t), with a pipeline peer that calls this at the same time
   // (tied embeddings: first and last stage). Both sides get identical bits.

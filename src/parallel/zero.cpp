@@ -52,10 +52,10 @@ void ZeroShard::unpack_owned_grads(const Tensor& mine) const {
   }
 }
 
-Tensor ZeroShard::pack_owned(const std::vector<Tensor>& owned_parts) const {
+Tensor ZeroShard::pack_owned(const std::vector<Tensor>& owned_parts, DType dtype) const {
   ATTNRES_CHECK(owned_parts.size() == params_.size(), "pack_owned: ", owned_parts.size(),
                 " tensors for ", params_.size(), " parameters");
-  Tensor mine = Tensor::zeros({n_}, DType::F32, device_);
+  Tensor mine = Tensor::zeros({n_}, dtype, device_);
   const int64_t begin = replica_ * n_;
   for (size_t i = 0; i < params_.size(); ++i) {
     const OwnedRange r = owned_[i];

@@ -38,10 +38,10 @@ class ZeroShard {
   // The summed slice [n] from the reduce-scatter, written into the owned
   // elements of the gradients (the rest of each gradient is stale).
   void unpack_owned_grads(const Tensor& mine) const;
-  // This replica's slice [n] of per-parameter owned tensors (as owned_view
-  // gives them), and the whole flat space back into full per-parameter
-  // tensors (`out[i]` shaped like parameter i).
-  Tensor pack_owned(const std::vector<Tensor>& owned_parts) const;
+  // This replica's slice [n] (of `dtype`) of per-parameter owned tensors (as
+  // owned_view gives them), and the whole flat space back into full
+  // per-parameter tensors (`out[i]` shaped like parameter i, of flat's dtype).
+  Tensor pack_owned(const std::vector<Tensor>& owned_parts, DType dtype = DType::F32) const;
   void unpack_all(const Tensor& flat, std::vector<Tensor>& out) const;
 
  private:

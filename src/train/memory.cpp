@@ -212,12 +212,13 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       parts.head = c == C - 1;
       int64_t n = 0;
       for (const auto& s : model::param_shapes(m, parts)) n += s.numel();
+      // ZeRO-1: the optimizer keeps the moments (and in a bf16 run the fp32
+      // masters) of its slice of the chunk's flat space only.
+      const int64_t D = cfg.parallel.zero == 1 ? cfg.parallel.data : 1, slice = (n + D - 1) / D;
       r.weights += n * (bf16 ? 2 : 4);
-      r.master += bf16 ? n * 4 : 0;
+      r.master += bf16 ? slice * 4 : 0;
       r.grads += n * 4;
-      // ZeRO-1: the moments of this replica's slice of the chunk's flat space.
-      const int64_t D = cfg.parallel.zero == 1 ? cfg.parallel.data : 1;
-      r.optimizer += (n + D - 1) / D * 8;
+      r.optimizer += slice * 8;
       replay[c] = chunk_model.replay(2 * parts.layer_begin, 2 * parts.layer_end, c == 0,
                                      c == C - 1);
       r.kept_per_microbatch.push_back(replay[c].kept);

@@ -1,5 +1,6 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -25,6 +26,18 @@ AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg,
     const Shape shape = shard_ ? Shape{shard_->owned()[i].size()} : w.shape();
     m_.push_back(Tensor::zeros(shape, w.dtype(), w.device()));
     v_.push_back(Tensor::zeros(shape, w.dtype(), w.device()));
+  }
+}
+
+void AdamW::take_master_slices() {
+  auto& ps = params_.all();
+  if (!shard_ || !master_.empty() ||
+      std::none_of(ps.begin(), ps.end(), [](const model::Param& p) { return p.master.defined(); }))
+    return;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    master_.push_back(shard_->owned()[i].size() > 0 ? shard_->owned_view(i, ps[i].master).clone()
+                                                    : Tensor());
+    ps[i].master = Tensor();
   }
 }
 
@@ -60,9 +73,10 @@ void AdamW::step(double lr, double norm) {
     Tensor* lowp = p.master.defined() ? &p.value : nullptr;
     if (shard_) {
       if (shard_->owned()[i].size() == 0) continue;
-      w = &views.emplace_back(shard_->owned_view(i, p.weights()));
+      const bool held = !master_.empty();  // the fp32 master slice is ours
+      w = held ? &master_[i] : &views.emplace_back(shard_->owned_view(i, p.weights()));
       g = &views.emplace_back(shard_->owned_view(i, p.grad));
-      if (lowp) lowp = &views.emplace_back(shard_->owned_view(i, p.value));
+      if (lowp || held) lowp = &views.emplace_back(shard_->owned_view(i, p.value));
     }
     // Mixed precision: update the fp32 master and write the bf16 copy in one pass.
     all.push_back({w, g, &m_[i], &v_[i], p.decay, lowp});

@@ -36,6 +36,15 @@ class AdamW {
   // makes them whole).
   std::vector<NamedTensor> state_tensors() const;
   bool sharded() const { return shard_ != nullptr; }
+  // ZeRO-1 in a bf16 run: once the weights are final (initialised, loaded,
+  // resumed), the optimizer takes over the fp32 master weights of its owned
+  // slices and frees the parameters' whole copies (their weights() are then
+  // the bf16 values, which the all-gather after each update refreshes). A
+  // no-op without a shard or without masters.
+  void take_master_slices();
+  // The owned master slices (flat; undefined where nothing is owned), or an
+  // empty vector when the optimizer holds none.
+  const std::vector<Tensor>& master_slices() const { return master_; }
   // Bytes of moments held (1/D of the whole with ZeRO-1, up to padding).
   int64_t state_bytes() const;
   static std::string first_moment_name(const std::string& param) { return "exp_avg." + param; }
@@ -50,6 +59,7 @@ class AdamW {
   OptimizerConfig cfg_;
   const parallel::ZeroShard* shard_;
   std::vector<Tensor> m_, v_;
+  std::vector<Tensor> master_;  // see master_slices()
   int64_t t_ = 0;
 };
 

@@ -302,6 +302,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
     state_ = load_checkpoint(resume_dir, cfg.model, tables, opt_ptrs, /*verify=*/false);
     if (root_) spdlog::info("resumed from {} at step {}", resume_dir, state_.step);
   }
+  for (auto& opt : opts_) opt->take_master_slices();  // ZeRO-1, bf16: the weights are final
   if (state_.step >= tc_.steps && root_)
     spdlog::warn("checkpoint is at step {} >= training.steps = {}: nothing to train", state_.step,
                  tc_.steps);
@@ -354,8 +355,12 @@ void Engine::checkpoint() {
   const auto owned = rm.owned_params();
   for (int v = 0; v < rm.size(); ++v) {
     const auto& all = rm.chunk(v).params().all();
-    auto state = opts_[static_cast<size_t>(v)]->state_tensors();
-    if (opts_[static_cast<size_t>(v)]->sharded()) {  // ZeRO-1: whole moments (collective)
+    const AdamW& opt = *opts_[static_cast<size_t>(v)];
+    auto state = opt.state_tensors();
+    // ZeRO-1 in a bf16 run: the fp32 masters live in the optimizers' slices.
+    std::vector<Tensor> masters;
+    if (!opt.master_slices().empty()) masters = rt_->all_gather_owned(v, opt.master_slices());
+    if (opt.sharded()) {  // ZeRO-1: whole moments (collective)
       const size_t n = all.size();
       for (size_t half : {size_t{0}, n}) {
         std::vector<Tensor> parts;
@@ -367,7 +372,7 @@ void Engine::checkpoint() {
     for (size_t i = 0; i < all.size(); ++i) {
       const auto& mine = owned[static_cast<size_t>(v)];
       if (std::find(mine.begin(), mine.end(), &all[i]) == mine.end()) continue;
-      weights.push_back({all[i].name, all[i].weights()});
+      weights.push_back({all[i].name, masters.empty() ? all[i].weights() : masters[i]});
       moments.push_back(state[i]);
       moments.push_back(state[all.size() + i]);
     }
