@@ -109,9 +109,13 @@ int inspect_memory(const Args& args) {
                 mib(r.weights), mib(r.master), mib(r.grads), mib(r.optimizer), chunks.c_str(),
                 mib(r.activations), mib(r.total()));
   }
-  std::printf("\nlargest buffers (per microbatch):");
-  for (const auto& b : ranks.front().largest) std::printf("  %s %.2f MiB;", b.what.c_str(), mib(b.bytes));
-  std::printf("\nactivations = the step's high-water above the resident state, from a replay of the\n"
+  std::printf("\nlargest single tensors (MiB):\n");
+  for (const auto& r : ranks) {
+    std::printf("stage %-7d", r.stage);
+    for (const auto& b : r.largest) std::printf("  %s %.2f;", b.what.c_str(), mib(b.bytes));
+    std::printf("\n");
+  }
+  std::printf("activations = the step's high-water above the resident state, from a replay of the\n"
               "tensors the model and the executor allocate (docs/memory.md).\n");
   if (budget > 0) {
     const int64_t worst = largest_total(cfg);

@@ -48,6 +48,16 @@ int64_t ModelConfig::mix_group_size() const {
   return G;
 }
 
+int64_t ModelConfig::phase1_sources(int64_t s) const {
+  const int64_t G = mix_group_size();
+  return 1 + (s / G * G) / resolved_block_size();
+}
+
+int64_t ModelConfig::recent_sources(int64_t s) const {
+  const int64_t S = resolved_block_size();
+  return 1 + s / S - phase1_sources(s) + (s % S > 0 ? 1 : 0);
+}
+
 int64_t ModelConfig::final_sources() const {
   if (!attnres()) return 0;
   int64_t S = resolved_block_size();

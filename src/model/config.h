@@ -56,6 +56,12 @@ struct ModelConfig {
   // for any grouping, the rounding is not, so it is fixed by the config rather
   // than by where a pipeline chunk starts.
   int64_t mix_group_size() const;
+  // AttnRes sublayer s's sources read by its Mix group's phase 1 (a prefix of
+  // the depth state's sources), and its recent sources, merged in phase 2:
+  // the completed blocks since the group started (Full only) and the partial
+  // sum of s's block.
+  int64_t phase1_sources(int64_t s) const;
+  int64_t recent_sources(int64_t s) const;
   // Number of sources the final Mix sees: embedding + completed blocks (+ partial).
   int64_t final_sources() const;
 

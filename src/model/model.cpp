@@ -215,25 +215,14 @@ Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
 // depend on how many queries share the pass, so the results do not depend on
 // where chunks are cut (see mix_forward).
 
-int64_t Model::phase1_sources(int64_t s) const {
-  const int64_t G = cfg_.mix_group_size();
-  return 1 + (s / G * G) / cfg_.resolved_block_size();
-}
-
-int64_t Model::recent_sources(int64_t s) const {
-  const int64_t S = cfg_.resolved_block_size();
-  // completed blocks since the group started (Full only), and the partial sum
-  return 1 + s / S - phase1_sources(s) + (s % S > 0 ? 1 : 0);
-}
-
 void Model::mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState& st) const {
   std::vector<Tensor> ws;
   std::vector<bool> merging;
   for (size_t q = 0; q < g.size(); ++q) {
     ws.push_back(mix_query(s + static_cast<int64_t>(q)).value);
-    merging.push_back(recent_sources(s + static_cast<int64_t>(q)) > 0);  // all but maybe the leader
+    merging.push_back(cfg_.recent_sources(s + static_cast<int64_t>(q)) > 0);  // all but maybe the leader
   }
-  const int64_t k = phase1_sources(s);
+  const int64_t k = cfg_.phase1_sources(s);
   ATTNRES_CHECK(static_cast<int64_t>(st.sources.size()) >= k, "sublayer ", s, ": ",
                 st.sources.size(), " sources, phase 1 needs ", k);
   phase1_forward(g, ws, k, merging, st);
@@ -296,9 +285,9 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   // The sublayer's input x and u = RMSNorm(x; g): the stream (baseline), the
   // phase-1 output (AttnRes, no recent sources: phase 1 saw them all), or its
   // merge with the recent sources.
-  const int64_t m = cfg_.attnres() ? recent_sources(s) : 0;
+  const int64_t m = cfg_.attnres() ? cfg_.recent_sources(s) : 0;
   if (m > 0) {
-    a.mix_recent = recent_of(st, phase1_sources(s));
+    a.mix_recent = recent_of(st, cfg_.phase1_sources(s));
     ATTNRES_CHECK(static_cast<int64_t>(a.mix_recent.size()) == m, "sublayer ", s, ": ",
                   a.mix_recent.size(), " recent sources, expected ", m);
   } else {
@@ -378,7 +367,7 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
   // The recent sources' gradients, as in the forward: sources past phase 1's,
   // then d p_before (the partial's, defined exactly when it merged).
   std::vector<Tensor> drecent;
-  if (a.mix_stats.defined()) drecent = recent_of(g, phase1_sources(s));
+  if (a.mix_stats.defined()) drecent = recent_of(g, cfg_.phase1_sources(s));
   norm_backward(a, du, &mix_query(s), norm_gain(s), drecent, nullptr);
 }
 

@@ -171,12 +171,8 @@ class Model {
   void sublayers_forward(int64_t s0, int64_t s1, DepthState& st, std::vector<SublayerActs>& subs,
                          int64_t B, int64_t T, DecodeCache* cache = nullptr) const;
   // Phase 1 of the group g[0..Q) (sublayers s, s + 1, ...) over the first
-  // phase1_sources(s) of st's sources.
+  // cfg_.phase1_sources(s) of st's sources.
   void mix_phase1_forward(int64_t s, Span<SublayerActs> g, const DepthState& st) const;
-  // Sublayer s's sources read by its Mix group's phase 1 (a prefix of the
-  // state's sources), and its recent sources, merged in phase 2.
-  int64_t phase1_sources(int64_t s) const;
-  int64_t recent_sources(int64_t s) const;
   void mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad);
   // Phase 1 of the group g[0..Q) of queries ws over the first k of st's
   // sources; merging[q]: whether g[q] merges recent sources afterwards (it

@@ -103,21 +103,10 @@ void maybe_die_in_save(int rank, int64_t step) {
 
 }  // namespace
 
-std::string save_checkpoint(const Config& cfg, const std::vector<NamedTensor>& weights,
+std::string save_checkpoint(const Config& cfg, const parallel::Comm& world, int shard,
+                            int n_shards, const std::vector<NamedTensor>& weights,
                             const std::vector<NamedTensor>& optimizer_state,
                             int64_t optimizer_steps, const TrainState& state) {
-  CheckpointWriter w(cfg.checkpoint.dir, state.step);
-  write_safetensors(w.path_for("model.safetensors"), on_host(weights), {{"format", "pt"}});
-  write_safetensors(w.path_for("optimizer.safetensors"), on_host(optimizer_state),
-                    {{"format", "pt"}});
-  write_run_files(w, cfg, optimizer_steps, state);
-  return w.commit();
-}
-
-std::string save_checkpoint_sharded(const Config& cfg, const parallel::Comm& world, int shard,
-                                    int n_shards, const std::vector<NamedTensor>& weights,
-                                    const std::vector<NamedTensor>& optimizer_state,
-                                    int64_t optimizer_steps, const TrainState& state) {
   const bool root = world.rank() == 0;
   std::unique_ptr<CheckpointWriter> w;
   std::string temp;

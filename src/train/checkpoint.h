@@ -32,26 +32,21 @@ struct TrainState {
 // Hugging Face LlamaConfig fields plus our residual settings.
 nlohmann::json hf_config(const model::ModelConfig& m);
 
-// Write a complete checkpoint for `state.step`; returns its directory. The
-// trainer gathers every rank's weights (docs/model.md names, in param_shapes
-// order) and optimizer moments (AdamW::state_tensors names and order) at rank
-// 0, so a checkpoint does not depend on the layout that wrote it.
-std::string save_checkpoint(const Config& cfg, const std::vector<NamedTensor>& weights,
+// Write a complete checkpoint for `state.step`, collective over `world`; no
+// tensor crosses ranks. Rank `shard` of `n_shards` writers (-1: this rank
+// writes no tensors) writes the weights (docs/model.md names) and AdamW
+// moments (AdamW::state_tensors names) of the parameters it owns into the
+// step's temporary directory (which must be on a file system every rank
+// sees), so a checkpoint does not depend on the layout that wrote it. Rank 0
+// writes the index files and the run's files, checks every shard against the
+// size and checksum its writer recorded, and publishes the directory by
+// rename. With one writer (e.g. world = Comm::solo(), shard 0 of 1, holding
+// everything) the files are model.safetensors / optimizer.safetensors.
+// Returns the directory on every rank.
+std::string save_checkpoint(const Config& cfg, const parallel::Comm& world, int shard,
+                            int n_shards, const std::vector<NamedTensor>& weights,
                             const std::vector<NamedTensor>& optimizer_state,
                             int64_t optimizer_steps, const TrainState& state);
-
-// The sharded save, collective over `world`: no tensor crosses ranks. Rank
-// `shard` of `n_shards` writers (-1: this rank writes no tensors) writes its
-// `weights` and `optimizer_state` into the step's temporary directory (which
-// must be on a file system every rank sees); rank 0 writes the index files
-// and the run's files, checks every shard against the size and checksum its
-// writer recorded, and publishes the directory by rename. With one writer
-// the files are model.safetensors / optimizer.safetensors. Returns the
-// directory (on every rank).
-std::string save_checkpoint_sharded(const Config& cfg, const parallel::Comm& world, int shard,
-                                    int n_shards, const std::vector<NamedTensor>& weights,
-                                    const std::vector<NamedTensor>& optimizer_state,
-                                    int64_t optimizer_steps, const TrainState& state);
 
 // Every tensor of a checkpoint's "model" or "optimizer" file set, from the
 // single file or from the shards its index names (an error names the index

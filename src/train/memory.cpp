@@ -58,16 +58,17 @@ class ChunkModel {
     const int64_t S = ar ? m_.resolved_block_size() : 0, G = ar ? m_.mix_group_size() : 1;
     const bool mix = r_ != model::Recompute::None, layer = r_ == model::Recompute::Layer;
     ChunkReplay out;
-    auto note = [&](const std::string& what, int64_t bytes) { out.buffers.push_back({what, bytes}); };
-    note("sublayer input/output [N, d]", Nd);
-    note("MLP gate/up/h [N, d_ff]", N_ * F * e_);
+    // The largest single tensors: a sublayer's input/output, an MLP
+    // intermediate, and (below) the largest Mix group's softmax weights.
+    out.buffers = {{"[N, d] activation", Nd}, {"[N, d_ff] MLP intermediate", N_ * F * e_}};
+    int64_t probs_max = 0;
     Tracker t;
 
     // What a sublayer's record holds after its forward, by recompute mode,
     // and what its f_s core allocates.
     const int64_t core_attn = 2 * Nd + 2 * N_ * kv * e_ + N_ * m_.n_heads * f_;  // q, att, k, v, lse
     const int64_t core_mlp = 3 * N_ * F * e_;                                     // gate, up, h
-    auto norm_stats = [&](int64_t s) { return ar && recent(s) > 0 ? N_ * (2 * recent(s) + 2) * f_ : Nf; };
+    auto norm_stats = [&](int64_t s) { return ar && m_.recent_sources(s) > 0 ? N_ * (2 * m_.recent_sources(s) + 2) * f_ : Nf; };
     auto dropped = [&](int64_t s) {  // what drop_recomputable frees
       if (!mix) return int64_t{0};
       int64_t b = Nd + norm_stats(s) + (ar ? Nd : 0);  // u, stats, phase-1 output
@@ -86,12 +87,13 @@ class ChunkModel {
       int64_t lse = 0;
       if (ar) {
         bool merges = false;
-        for (int64_t q = s; q < end; ++q) merges = merges || recent(q) > 0;
-        const int64_t k = phase1(s);
+        for (int64_t q = s; q < end; ++q) merges = merges || m_.recent_sources(q) > 0;
+        const int64_t k = m_.phase1_sources(s);
         const int64_t probs = Q * N_ * k * f_, dlse = merges ? Q * Nf : 0;
         lse = merges ? Q * Nf : 0;
         t.alloc(probs + dlse + lse + Q * Nd);  // weights, dlse, lse, the Q phase-1 outputs
         group_kept[static_cast<size_t>(s - s0)] = probs + dlse;
+        probs_max = std::max(probs_max, probs);
       }
       for (; s < end; ++s) {
         t.alloc(Nd + norm_stats(s));                  // u and its statistics
@@ -109,8 +111,8 @@ class ChunkModel {
       // Final Mix (one query over every source) + norm, LM head + loss and
       // its backward in the same call: dh, and the depth gradient it starts
       // (every source's, and the partial's), kept to the backward.
-      const int64_t k = ar ? m_.final_sources() - (partial_after(m_.n_sublayers()) ? 1 : 0) : 0;
-      const bool merge = ar && partial_after(m_.n_sublayers());
+      const int64_t k = plan_.sources_after(m_.n_layers);
+      const bool merge = plan_.partial_after(m_.n_layers);
       const int64_t acts = ar ? N_ * k * f_ + (merge ? 2 * Nf : 0) + Nd + Nd +
                                     (merge ? N_ * 4 * f_ : Nf)
                               : Nd + Nf;  // probs, lse+dlse, o, u, stats | u, rstd
@@ -124,7 +126,8 @@ class ChunkModel {
     }
     // Not the head's chunk: the last y leaves with the message (the
     // baseline's stream is the message; a partial sum is copied into it).
-    if (!head && (!ar || partial_after(s1))) t.free(Nd);
+    if (!head && (!ar || plan_.partial_after(s1 / 2))) t.free(Nd);
+    if (probs_max > 0) out.buffers.push_back({"[Q, N, k] Mix softmax weights", probs_max});
     out.fwd_peak = t.peak();
     out.kept = t.live();
 
@@ -135,9 +138,9 @@ class ChunkModel {
       const int64_t lead = ar ? std::max(s / G * G, s0) : s;
       if (mix) {  // recompute: phase 1 alone (transient weights), norm, core
         const int64_t again = dropped(s);
-        t.alloc(ar ? N_ * phase1(s) * f_ : 0);
+        t.alloc(ar ? N_ * m_.phase1_sources(s) * f_ : 0);
         t.alloc(again);
-        t.free(ar ? N_ * phase1(s) * f_ : 0);
+        t.free(ar ? N_ * m_.phase1_sources(s) * f_ : 0);
       }
       // Gradient temporaries of f_s, then du; the norm backward writes d_o.
       const int64_t tmp = s % 2 == 0 ? 2 * Nd + 2 * N_ * kv * e_ : 3 * N_ * F * e_;
@@ -160,24 +163,12 @@ class ChunkModel {
       }
     }
     out.bwd_peak = t.peak();
-    std::sort(out.buffers.begin(), out.buffers.end(),
-              [](const Buffer& a, const Buffer& b) { return a.bytes > b.bytes; });
     return out;
   }
 
  private:
-  int64_t phase1(int64_t s) const {
-    const int64_t G = m_.mix_group_size();
-    return 1 + (s / G * G) / m_.resolved_block_size();
-  }
-  int64_t recent(int64_t s) const {
-    const int64_t S = m_.resolved_block_size();
-    return 1 + s / S - phase1(s) + (s % S > 0 ? 1 : 0);
-  }
-  int64_t sources_after(int64_t s) const { return 1 + s / m_.resolved_block_size(); }
-  bool partial_after(int64_t s) const { return s % m_.resolved_block_size() != 0; }
-
   model::ModelConfig m_;
+  parallel::DepthPlan plan_ = parallel::DepthPlan::of(m_);
   model::Recompute r_;
   int64_t N_, e_, f_;
 };
@@ -328,7 +319,19 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       }
     }
     r.activations = t.peak();
-    r.largest = replay.begin()->second.buffers;
+    // The rank's largest single tensors: its chunks' and its largest message.
+    for (const auto& [c, rep] : replay) {
+      for (const Buffer& b : rep.buffers) {
+        auto it = std::find_if(r.largest.begin(), r.largest.end(),
+                               [&](const Buffer& x) { return x.what == b.what; });
+        if (it == r.largest.end()) r.largest.push_back(b);
+        else it->bytes = std::max(it->bytes, b.bytes);
+      }
+      if (c > 0) r.largest.push_back({"message into chunk " + std::to_string(c), msg(c)});
+    }
+    std::sort(r.largest.begin(), r.largest.end(),
+              [](const Buffer& a, const Buffer& b) { return a.bytes > b.bytes; });
+    r.largest.resize(std::min<size_t>(r.largest.size(), 4));
     out.push_back(std::move(r));
   }
   return out;

@@ -38,7 +38,7 @@ struct RankMemory {
   std::vector<int64_t> kept_per_microbatch;
   std::vector<int> in_flight;
   int64_t activations = 0;      // the step's high-water above the resident state
-  std::vector<Buffer> largest;  // the largest single tensors, largest first
+  std::vector<Buffer> largest;  // the largest single tensors (up to 4), largest first
   int64_t resident() const { return weights + master + grads + optimizer; }
   int64_t total() const { return resident() + activations; }
 };

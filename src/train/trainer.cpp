@@ -388,8 +388,8 @@ void Engine::checkpoint() {
     in_order(weights);
     in_order(moments);
     const int shard = grid_.replica() == 0 ? grid_.stage() : -1;
-    dir = save_checkpoint_sharded(cfg_, grid_.world(), shard, grid_.P(), weights, moments,
-                                  opt_steps, state_);
+    dir = save_checkpoint(cfg_, grid_.world(), shard, grid_.P(), weights, moments, opt_steps,
+                          state_);
     if (root_) prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
   } else {
     weights = rt_->gather_to_root(weights);
@@ -397,7 +397,8 @@ void Engine::checkpoint() {
     if (root_) {
       in_order(weights);
       in_order(moments);
-      dir = save_checkpoint(cfg_, weights, moments, opt_steps, state_);
+      dir = save_checkpoint(cfg_, parallel::Comm::solo(), 0, 1, weights, moments, opt_steps,
+                            state_);
       prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
     }
     grid_.world().bcast(dir, 0);
