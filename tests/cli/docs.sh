@@ -15,8 +15,6 @@
 # Skipped, and said so: the scripts that install packages and build (the
 # README's set-up, which this suite is part of), and GPU commands without a GPU.
 source "$(dirname "$0")/lib.sh"
-PY=/usr/bin/python3
-[[ -x $PY ]] || PY=$(command -v python3)
 
 # ---- the commands and links of the docs ----
 "$PY" - "$SRC" > commands.txt <<'PYEOF'

@@ -7,8 +7,6 @@
 # data.val) are something to evaluate; bad task settings are refused before
 # any training.
 source "$(dirname "$0")/lib.sh"
-PY=/usr/bin/python3
-[[ -x $PY ]] || PY=$(command -v python3)
 make_corpus
 write_config
 "$PY" "$SRC/tests/cli/make_hellaswag.py" hs.jsonl 11 corpus/doc2.txt

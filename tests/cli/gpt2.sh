@@ -10,8 +10,6 @@ GPT2="$SRC/data/gpt2"
 BROWN="$SRC/data/brown/raw"
 [[ -f $GPT2/encoder.json && -f $GPT2/vocab.bpe ]] || { echo "skipped: no $GPT2/encoder.json + vocab.bpe (scripts/fetch_gpt2.sh)"; exit 0; }
 [[ -f $BROWN/ca01 ]] || { echo "skipped: no Brown corpus in $BROWN (scripts/fetch_brown.sh)"; exit 0; }
-PY=/usr/bin/python3
-[[ -x $PY ]] || PY=$(command -v python3)
 
 # u16 tokens of an llm.c shard (after its 1024-byte header), space-separated.
 shard_tokens() { od -An -v -t u2 -j 1024 "$1" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'; }

@@ -7,6 +7,10 @@ WORK=$(mktemp -d /tmp/attnres_cli.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 
+# Debian's python3 (python3-torch, matplotlib), not a python3 earlier on PATH.
+PY=/usr/bin/python3
+[[ -x $PY ]] || PY=$(command -v python3)
+
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "ok: $*"; }
 

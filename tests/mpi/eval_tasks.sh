@@ -6,8 +6,6 @@
 # was, so every layout evaluates the same weights: the task records must be
 # identical, and equal `attnres eval --task` on that checkpoint.
 source "$(dirname "$0")/lib.sh"
-PY=/usr/bin/python3
-[[ -x $PY ]] || PY=$(command -v python3)
 make_corpus
 write_mpi_config
 # 13 questions, 51 rows: 17 microbatches of 3 rows, 9 on replica 0, 8 on replica 1.
