@@ -48,12 +48,30 @@ double comm_timeout_seconds() {
   return 1800.0;
 }
 
-std::string pin_local_gpu(int local_rank, int local_size) {
-  if (local_size <= 1) return "";
+GpuPin choose_local_gpu(int local_rank, int local_size, const std::vector<std::string>& visible) {
+  GpuPin pin;
+  if (local_size <= 1 || visible.empty()) return pin;
+  const int n = static_cast<int>(visible.size());
+  const int slot = local_rank % n;
+  pin.device = visible[static_cast<size_t>(slot)];
+  // Local ranks slot, slot + n, slot + 2n, ... below local_size share it.
+  pin.sharing = (local_size - 1 - slot) / n + 1;
+  if (n < local_size) {
+    const int most = (local_size + n - 1) / n;
+    pin.warning = fmt::format(
+        "{} processes of this job on this node share {} GPU{} (local rank modulo the visible "
+        "GPUs, up to {} per GPU): each has its own CUDA context, which works but is slower "
+        "than a GPU per process, and NCCL refuses it (the MPI transport is used)",
+        local_size, n, n == 1 ? "" : "s", most);
+  }
+  return pin;
+}
+
+std::vector<std::string> visible_gpus() {
   std::vector<std::string> devices;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    std::string list = v, item;
-    for (char ch : list + ",") {
+    std::string item;
+    for (char ch : std::string(v) + ",") {
       if (ch == ',') {
         if (!item.empty()) devices.push_back(item);
         item.clear();
@@ -61,21 +79,21 @@ std::string pin_local_gpu(int local_rank, int local_size) {
         item += ch;
       }
     }
-    if (static_cast<int>(devices.size()) < local_size) return "";
-  } else {
-    // Count the node's GPUs without initialising CUDA (which would freeze
-    // the device list before we restrict it): the driver lists them here.
-    int n = 0;
-    std::error_code ec;
-    for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
-         !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
-      ++n;
-    if (n < local_size) return "";
-    for (int i = 0; i < local_size; ++i) devices.push_back(std::to_string(i));
+    return devices;
   }
-  const std::string mine = devices.at(static_cast<size_t>(local_rank));
-  setenv("CUDA_VISIBLE_DEVICES", mine.c_str(), 1);
-  return mine;
+  int n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  for (int i = 0; i < n; ++i) devices.push_back(std::to_string(i));
+  return devices;
+}
+
+GpuPin pin_local_gpu(int local_rank, int local_size) {
+  GpuPin pin = choose_local_gpu(local_rank, local_size, visible_gpus());
+  if (!pin.device.empty()) setenv("CUDA_VISIBLE_DEVICES", pin.device.c_str(), 1);
+  return pin;
 }
 
 std::string share_node_cores(int local_size) {

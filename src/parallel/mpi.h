@@ -72,14 +72,29 @@ class MpiSession {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
-// One GPU per process on a multi-GPU node: restrict CUDA_VISIBLE_DEVICES to
-// entry local_rank of the node's list (or to device local_rank when unset),
-// so that device 0 of this process (the one core/cuda uses) is its own GPU.
-// Must run before the first CUDA call. Does nothing for one process per node
-// or when there are fewer visible GPUs than local processes (then several
-// ranks share a GPU and should use parallel.transport = "mpi"). Returns the
-// value it set, or "" when it changed nothing.
-std::string pin_local_gpu(int local_rank, int local_size);
+// Which GPU a process of the job uses, chosen from its local rank (its place
+// among the job's processes on this node) and the GPUs it can see.
+struct GpuPin {
+  std::string device;  // the CUDA_VISIBLE_DEVICES entry chosen, or "" when unchanged
+  int sharing = 1;     // this node's processes on that GPU (> 1: ranks share it)
+  std::string warning; // for the node's log when its GPUs are shared, else ""
+};
+
+// The choice alone (no environment): one process per node changes nothing;
+// otherwise local rank r gets visible[r mod visible.size()]. More processes
+// than GPUs is allowed (several ranks, each with its own CUDA context, on one
+// GPU) but slower, and NCCL refuses it, so it comes with a warning.
+GpuPin choose_local_gpu(int local_rank, int local_size, const std::vector<std::string>& visible);
+
+// The node's GPUs as this process sees them, without initialising CUDA (which
+// would freeze the device list before we restrict it): CUDA_VISIBLE_DEVICES's
+// entries when set, else one per GPU the driver lists.
+std::vector<std::string> visible_gpus();
+
+// choose_local_gpu on visible_gpus(), then CUDA_VISIBLE_DEVICES restricted to
+// the chosen entry, so that device 0 of this process (the one core/cuda uses)
+// is its GPU. Must run before the first CUDA call.
+GpuPin pin_local_gpu(int local_rank, int local_size);
 
 // This process's share of the node's cores for OpenMP: with local_size
 // processes of the job on this node, the online CPUs divided among them (at

@@ -183,7 +183,7 @@ class Engine {
   const Config& cfg_;
   const TrainingConfig& tc_;
   const int64_t B_, T_, A_;
-  const std::string gpu_;  // CUDA_VISIBLE_DEVICES pinned for this rank, or ""
+  const parallel::GpuPin gpu_;  // this rank's GPU (CUDA_VISIBLE_DEVICES entry), if pinned
   const parallel::ProcessGrid grid_;
   const bool root_;
   const int64_t replica_;
@@ -211,7 +211,8 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
       T_(tc_.seq_len),
       A_(tc_.grad_accum),
       // One GPU per process; before anything touches CUDA.
-      gpu_(tc_.device == Device::CUDA ? parallel::pin_local_gpu(local_rank, local_size) : ""),
+      gpu_(tc_.device == Device::CUDA ? parallel::pin_local_gpu(local_rank, local_size)
+                                      : parallel::GpuPin{}),
       grid_(world, static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.data)),
       root_(grid_.rank() == 0),
       replica_(grid_.replica()),
@@ -229,8 +230,8 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   if (tc_.device == Device::CUDA && cuda::device_count() == 0)
     fail("config key training.device is \"cuda\" but no CUDA device is visible",
          solo ? "" : " to rank " + std::to_string(grid_.rank()),
-         gpu_.empty() ? " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them)"
-                      : " (CUDA_VISIBLE_DEVICES=" + gpu_ + ")");
+         gpu_.device.empty() ? " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them)"
+                             : " (CUDA_VISIBLE_DEVICES=" + gpu_.device + ")");
   dev_ = choose_device(tc_);
   if (dev_.on_gpu && root_)
     spdlog::info("device: {} ({}; peak {:.0f} TFLOP/s for MFU{})", cuda::device_description(0),
@@ -242,8 +243,19 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   ro.recompute = tc_.recompute;
   ro.zero = cfg.parallel.zero == 1;
   ro.transport = cfg.parallel.transport;
+  // Ranks sharing a GPU (more processes than GPUs on some node) can only talk
+  // through MPI: NCCL refuses two ranks on one device. Every rank must pick
+  // the same transport, so the nodes agree first.
+  int64_t shared = gpu_.sharing > 1;
+  world.allreduce_max(&shared, 1);
+  if (local_rank == 0 && !gpu_.warning.empty()) spdlog::warn("{}", gpu_.warning);
+  if (shared && ro.transport == TransportKind::Nccl)
+    fail("config key parallel.transport is \"nccl\", but ranks of this job share a GPU (more "
+         "processes than GPUs on a node) and NCCL refuses two ranks on one device: use \"mpi\" "
+         "or \"auto\", or one process per GPU");
   if (ro.transport == TransportKind::Auto)
-    ro.transport = dev_.on_gpu && parallel::nccl_compiled() ? TransportKind::Nccl : TransportKind::Mpi;
+    ro.transport = dev_.on_gpu && parallel::nccl_compiled() && !shared ? TransportKind::Nccl
+                                                                       : TransportKind::Mpi;
   rt_ = std::make_unique<parallel::Runtime>(grid_, cfg.model, dev_.dtype, dev_.device, ro, B_, T_);
   auto& rm = rt_->model();
   std::vector<model::ParamTable*> tables;

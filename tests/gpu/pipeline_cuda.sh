@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The pipeline and data-parallel runtime with training.device = "cuda".
+#
+# ATTNRES_TEST_TRANSPORT unset ("auto"; CTest "gpu: pipeline on cuda"): up to
+# 4 ranks on however many GPUs there are (local rank modulo the visible GPUs;
+# ranks sharing a GPU each have their own CUDA context, and the trainer then
+# picks the MPI transport, which stages device tensors through host memory).
+# ATTNRES_TEST_TRANSPORT=nccl (CTest label gpu-multi): the NCCL transport, a GPU
+# per rank; needs 2 GPUs or more (layouts needing more ranks than GPUs are not
+# run, and say so), skipped with fewer.
+#
+# Every layout against the single-process CUDA run of the same precision:
+#   fp32: losses, val losses and grad norms within 1e-5 relative (the cached
+#         protocol and data parallelism reassociate sums; AdamW's eps is raised
+#         as in tests/mpi/train_exact.sh so that rounding in nearly cancelling
+#         gradients is not magnified), final checkpoints within 1e-5;
+#   bf16: within 2e-2 relative, the bound the GPU model tests put on bf16
+#         training against fp32 (here both sides round alike and only the sums'
+#         order differs; the measured difference is printed);
+#   pp_bytes: the fp32 run's equals the same layout's on the CPU; bf16 messages
+#         are half of it (every boundary tensor is in the model's dtype).
+# Usage: pipeline_cuda.sh BIN SRC TEST_MPI MPIEXEC NPFLAG [launcher flags...]
+export ATTNRES_TEST_DEVICE=cuda
+source "$2/tests/mpi/lib.sh"
+require_device
+
+layouts=("--parallel.pipeline=2 --parallel.virtual_stages=2"
+         "--parallel.pipeline=4 --parallel.virtual_stages=2"
+         "--parallel.pipeline=4 --parallel.virtual_stages=2 --parallel.cache_blocks=false"
+         "--parallel.data=2 --training.grad_accum=2"
+         "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2"
+         "--parallel.data=2 --training.grad_accum=2 --parallel.zero=1")
+ranks() {  # P x D of a layout's flags
+  local P=1 D=1
+  [[ "$1" =~ pipeline=([0-9]+) ]] && P=${BASH_REMATCH[1]}
+  [[ "$1" =~ data=([0-9]+) ]] && D=${BASH_REMATCH[1]}
+  echo $((P * D))
+}
+pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | head -1 | cut -d: -f2; }
+# The GPUs this job may use: CUDA_VISIBLE_DEVICES's entries when set.
+if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+  gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^ ]')
+else
+  gpus=$(nvidia-smi -L | grep -c '^GPU')
+fi
+transport="${ATTNRES_TEST_TRANSPORT:-auto}"
+if [[ $transport == nccl ]] && ((gpus < 2)); then
+  echo "skipped: the NCCL transport needs a GPU per rank, 2 or more; $gpus visible"
+  exit 0
+fi
+common=(--optimizer.eps=1e-4 --parallel.transport=$transport)
+make_corpus
+write_mpi_config
+
+declare -A cpu_bytes
+for i in "${!layouts[@]}"; do
+  args=${layouts[$i]}
+  [[ "$args" == *pipeline=* ]] || continue  # no pipeline traffic without stages
+  run_np "$(ranks "$args")" "$BIN" train base.json --optimizer.eps=1e-4 --training.device=cpu \
+    --checkpoint.dir=ck_cpu$i --run.dir=run_cpu$i $args 2>log_cpu.txt \
+    || { cat log_cpu.txt; fail "cpu: mpirun $args"; }
+  cpu_bytes[$i]=$(pp_bytes run_cpu$i/metrics.jsonl)
+done
+
+for prec in fp32 bf16; do
+  tol=1e-5; [[ $prec == bf16 ]] && tol=2e-2
+  dev=(--training.device=cuda --training.precision=$prec)
+  "$BIN" train base.json "${common[@]}" "${dev[@]}" --checkpoint.dir=ck_1$prec \
+    --run.dir=run_1$prec 2>log_1.txt || { cat log_1.txt; fail "$prec: single process"; }
+  for i in "${!layouts[@]}"; do
+    args=${layouts[$i]}
+    np=$(ranks "$args")
+    if [[ $transport == nccl ]] && ((np > gpus)); then
+      echo "not run: $prec $args (NCCL: $np ranks need $np GPUs, $gpus visible)"
+      continue
+    fi
+    rm -rf ck_p run_p
+    run_np "$np" "$BIN" train base.json "${common[@]}" "${dev[@]}" --checkpoint.dir=ck_p \
+      --run.dir=run_p $args 2>log_p.txt || { cat log_p.txt; fail "$prec: mpirun -np $np $args"; }
+    if ((np > gpus)); then
+      grep -q "share $gpus GPU" log_p.txt || { cat log_p.txt; fail "$prec $args: no warning that ranks share a GPU"; }
+      grep -q "mpi transport" log_p.txt || { cat log_p.txt; fail "$prec $args: shared GPUs must use the MPI transport"; }
+    fi
+    result=$(compare_losses run_1$prec/metrics.jsonl run_p/metrics.jsonl $tol) \
+      || { echo "$result"; fail "$prec $args: losses differ from the single process"; }
+    if [[ $prec == fp32 ]]; then
+      "$BIN" inspect compare ck_1$prec/step_00000008 ck_p/step_00000008 --rtol 1e-5 >/dev/null \
+        || fail "$prec $args: final checkpoint differs"
+    fi
+    bytes=""
+    if [[ -n "${cpu_bytes[$i]:-}" ]]; then
+      got=$(pp_bytes run_p/metrics.jsonl)
+      want=${cpu_bytes[$i]}; [[ $prec == bf16 ]] && want=$((want / 2))
+      [[ "$got" == "$want" ]] || fail "$prec $args: pp_bytes $got, expected $want (cpu fp32 ${cpu_bytes[$i]})"
+      bytes=", pp_bytes $got"
+    fi
+    grep -q "$transport transport" log_p.txt || [[ $transport == auto ]] \
+      || fail "$prec $args: the log does not name the $transport transport"
+    pass "$prec, $np ranks on $gpus GPU(s), $transport transport, $args: $result$bytes"
+  done
+done
+if [[ $transport == auto ]] && ((gpus < 4)); then
+  if run_np 4 "$BIN" train base.json --training.device=cuda --parallel.pipeline=4 \
+       --parallel.transport=nccl 2>log_n.txt; then
+    fail "NCCL with 4 ranks on $gpus GPU(s) was accepted"
+  fi
+  grep -q "parallel.transport is \"nccl\", but ranks of this job share a GPU" log_n.txt \
+    || { cat log_n.txt; fail "NCCL on a shared GPU: not the expected error"; }
+  pass "parallel.transport = nccl with ranks sharing a GPU is refused with a config error"
+fi
+echo "all pipeline_cuda checks passed"

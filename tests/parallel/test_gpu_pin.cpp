@@ -1,0 +1,67 @@
+// Rank-to-GPU pinning (parallel/mpi.h): a GPU per local rank when there are
+// enough, local rank modulo the visible GPUs (with a warning) when there are not.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "parallel/mpi.h"
+
+using attnres::parallel::choose_local_gpu;
+using attnres::parallel::visible_gpus;
+
+TEST_CASE("GPU pinning: one GPU per local rank when there are enough", "[gpu_pin]") {
+  const std::vector<std::string> visible = {"3", "5", "6", "7"};
+  for (int r = 0; r < 4; ++r) {
+    const auto pin = choose_local_gpu(r, 4, visible);
+    CHECK(pin.device == visible[static_cast<size_t>(r)]);
+    CHECK(pin.sharing == 1);
+    CHECK(pin.warning.empty());
+  }
+  // Fewer ranks than GPUs: the first ones.
+  CHECK(choose_local_gpu(1, 2, visible).device == "5");
+}
+
+TEST_CASE("GPU pinning: more ranks than GPUs share them modulo the count", "[gpu_pin]") {
+  const std::vector<std::string> one = {"0"};
+  for (int r = 0; r < 4; ++r) {
+    const auto pin = choose_local_gpu(r, 4, one);
+    CHECK(pin.device == "0");
+    CHECK(pin.sharing == 4);
+    CHECK(pin.warning.find("4 processes of this job on this node share 1 GPU ") !=
+          std::string::npos);
+    CHECK(pin.warning.find("NCCL refuses") != std::string::npos);
+  }
+  // 3 ranks on 2 GPUs: ranks 0 and 2 on the first, rank 1 alone on the second;
+  // every rank warns (the node shares), with the same text.
+  const std::vector<std::string> two = {"1", "0"};
+  const auto p0 = choose_local_gpu(0, 3, two), p1 = choose_local_gpu(1, 3, two),
+             p2 = choose_local_gpu(2, 3, two);
+  CHECK(p0.device == "1");
+  CHECK(p1.device == "0");
+  CHECK(p2.device == "1");
+  CHECK(p0.sharing == 2);
+  CHECK(p1.sharing == 1);
+  CHECK(p2.sharing == 2);
+  CHECK(!p1.warning.empty());
+  CHECK(p0.warning == p1.warning);
+  CHECK(p1.warning.find("up to 2 per GPU") != std::string::npos);
+}
+
+TEST_CASE("GPU pinning: one process, or no GPU, changes nothing", "[gpu_pin]") {
+  CHECK(choose_local_gpu(0, 1, {"0", "1"}).device.empty());
+  const auto none = choose_local_gpu(2, 4, {});
+  CHECK(none.device.empty());
+  CHECK(none.sharing == 1);
+  CHECK(none.warning.empty());
+}
+
+TEST_CASE("GPU pinning: CUDA_VISIBLE_DEVICES lists the visible GPUs", "[gpu_pin]") {
+  const char* old = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string saved = old ? old : "";
+  setenv("CUDA_VISIBLE_DEVICES", "2, 4,,GPU-1f2e", 1);
+  CHECK(visible_gpus() == std::vector<std::string>{"2", "4", "GPU-1f2e"});
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);  // set but empty: no GPU visible
+  CHECK(visible_gpus().empty());
+  if (old) setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
+  else unsetenv("CUDA_VISIBLE_DEVICES");
+}
