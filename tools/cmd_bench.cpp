@@ -210,8 +210,13 @@ int cmd_bench(const Args& args) {
       runners.back()->set_recompute(r);
     }
   }
-  for (int i = 0; i < warmup + steps; ++i)
+  // The timed steps are the region a profiler started with profiling off
+  // records (scripts/gpu_profile.sh: ncu --profile-from-start off).
+  for (int i = 0; i < warmup + steps; ++i) {
+    if (i == warmup && device == Device::CUDA) cuda::profiler_start();
     for (auto& r : runners) r->step(/*timed=*/i >= warmup);
+  }
+  if (device == Device::CUDA) cuda::profiler_stop();
 
   // "vs base": against the first row (the baseline with --mode all; the
   // mode without recomputation with --recompute all).

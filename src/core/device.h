@@ -48,4 +48,10 @@ MemoryStats memory_stats();
 // Starts a new high-water mark: peak = in_use.
 void reset_peak_memory();
 
+// Marks the region an external profiler records when it is started with
+// profiling off (`ncu --profile-from-start off`): cudaProfilerStart / Stop.
+// No effect otherwise, and none in a process without a CUDA device.
+void profiler_start();
+void profiler_stop();
+
 }  // namespace attnres::cuda

@@ -23,5 +23,7 @@ void fill_u32(void*, unsigned, size_t) { no_cuda("device fill"); }
 void synchronize() {}
 MemoryStats memory_stats() { return {}; }
 void reset_peak_memory() {}
+void profiler_start() {}
+void profiler_stop() {}
 
 }  // namespace attnres::cuda

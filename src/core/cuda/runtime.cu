@@ -7,6 +7,8 @@
 // would synchronise the device). Allocation and release are ordered on the
 // compute stream, so a block released by the host while a kernel still reads
 // it is only reused by work queued after that kernel.
+#include <cuda_profiler_api.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -186,5 +188,18 @@ void synchronize() {
 
 MemoryStats memory_stats() { return runtime().stats(); }
 void reset_peak_memory() { runtime().reset_peak(); }
+
+void profiler_start() {
+  if (device_count() == 0) return;
+  // Work queued before the region stays out of it.
+  synchronize();
+  ATTNRES_CUDA_CHECK(cudaProfilerStart());
+}
+
+void profiler_stop() {
+  if (device_count() == 0) return;
+  synchronize();
+  ATTNRES_CUDA_CHECK(cudaProfilerStop());
+}
 
 }  // namespace attnres::cuda

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Where a training step's GPU time goes, per kernel, for each residual mode:
+# Nsight Compute times every kernel of the benchmark's timed steps (the region
+# `attnres bench` marks with cudaProfilerStart/Stop), and scripts/ncu_summary.py
+# groups them and sets each AttnRes mode against the baseline, beside the step
+# time measured without the profiler (the difference is launch gaps and host
+# work). Needs a built build-gpu/attnres (scripts/gpu_check.sh) and ncu.
+#   scripts/gpu_profile.sh [--preset 124m|350m|1b3] [--modes "baseline block full"]
+#                          [--steps 2] [--bytes]
+# --bytes also reads each kernel's DRAM bytes (several replays per kernel:
+# slower). Writes ncu_<preset>_<mode>.csv, bench_<preset>_profiled.txt and
+# profile_<preset>.md to $OUT (or build-gpu/report) and prints the tables.
+# Clocks are left alone (--clock-control none) and caches are not flushed
+# between kernels (--cache-control none), as in a real step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-build-gpu/report}"
+preset=124m modes="baseline block full" steps=2 metrics=gpu__time_duration.sum
+usage() { sed -n '2,14p' "$0" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --preset) [[ $# -ge 2 ]] || usage; preset=$2; shift ;;
+    --modes) [[ $# -ge 2 ]] || usage; modes=$2; shift ;;
+    --steps) [[ $# -ge 2 ]] || usage; steps=$2; shift ;;
+    --bytes) metrics+=,dram__bytes.sum ;;
+    *) usage ;;
+  esac
+  shift
+done
+bin=build-gpu/attnres
+[[ -x $bin ]] || { echo "error: $bin is missing: run scripts/gpu_check.sh --quick first" >&2; exit 2; }
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
+[[ -n "$ncu" ]] || { echo "error: ncu (Nsight Compute) not found" >&2; exit 2; }
+mkdir -p "$out"
+
+echo "==> step times without the profiler ($preset, bf16)"
+"$bin" bench --device cuda --preset "$preset" --steps 10 --warmup 3 | tee "$out/bench_${preset}_profiled.txt"
+step_ms=()
+for m in $modes; do
+  # "block N=8" takes two columns before the step time.
+  ms=$(awk -v m="$m" '$1 == m { print (m == "block" ? $3 : $2); exit }' "$out/bench_${preset}_profiled.txt")
+  [[ -n "$ms" ]] && step_ms+=(--step-ms "$m=$ms")
+done
+
+profiles=()
+for m in $modes; do
+  echo "==> ncu: $preset $m, $steps step(s)"
+  t0=$(date +%s)
+  "$ncu" --profile-from-start off --clock-control none --cache-control none \
+    --metrics "$metrics" --csv --page raw --print-kernel-base function \
+    --log-file "$out/ncu_${preset}_${m}.csv" \
+    "$bin" bench --device cuda --preset "$preset" --mode "$m" --steps "$steps" --warmup 2 >/dev/null
+  echo "    $(grep -c '^"[0-9]' "$out/ncu_${preset}_${m}.csv" || true) kernels in $(( $(date +%s) - t0 )) s"
+  profiles+=("$m=$out/ncu_${preset}_${m}.csv")
+done
+python3 scripts/ncu_summary.py --steps "$steps" "${step_ms[@]}" "${profiles[@]}" \
+  | tee "$out/profile_${preset}.md"
