@@ -43,11 +43,12 @@ Tensor random_ids(int64_t n, int64_t vocab, uint64_t stream) {
 class ModeRunner {
  public:
   ModeRunner(std::string label, const model::ModelConfig& cfg, int64_t B, int64_t T, int64_t A,
-             Device device, DType dtype)
+             Device device, DType dtype, DType logits)
       : label_(std::move(label)), cfg_(cfg), B_(B), T_(T), A_(A), device_(device),
         model_(cfg, dtype, {}, device), opt_(model_.params(), {}),
         tokens_(random_ids(B * T, cfg.vocab_size, 1)), targets_(random_ids(B * T, cfg.vocab_size, 2)) {
     model_.params().init(1);  // (AdamW only took the shapes: its moments start at zero)
+    model_.set_logits(logits);
   }
 
   void step(bool timed) {
@@ -95,7 +96,7 @@ int cmd_bench(const Args& args) {
   Flags f(args, "bench",
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
-           "preset", "only", "recompute"},
+           "preset", "only", "recompute", "logits"},
           {"help", "kernels"});
   if (f.has("help")) {
     std::puts(
@@ -103,11 +104,12 @@ int cmd_bench(const Args& args) {
         "  [--mode baseline|full|block|all] [--steps 5] [--warmup 1] [--d-model 256]\n"
         "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
         "  [--batch 8] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
-        "  [--recompute none|mix|layer|all] [--kernels [--only TEXT]]\n"
+        "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--kernels [--only TEXT]]\n"
         "--kernels times each CUDA op at the model's shapes against its floors\n"
         "(bytes / bandwidth, FLOPs / peak) instead of whole training steps;\n"
         "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.\n"
         "--recompute all runs each mode with none, mix and layer (training.recompute);\n"
+        "--logits: the LM head's logits as training.logits (auto: bf16 in a bf16 run);\n"
         "the act MiB column is the step's tensor high-water above weights, gradients and\n"
         "AdamW state (activations and workspace), measured by the allocator.");
     return 0;
@@ -147,14 +149,18 @@ int cmd_bench(const Args& args) {
   const DType dtype = f.has("precision") ? train::parse_precision(f.get("precision", ""), "bench: --precision")
                       : device == Device::CUDA ? DType::BF16 : DType::F32;
   if (device == Device::CPU && dtype == DType::BF16) fail("bench: bf16 is a CUDA precision");
+  const train::Logits logits_arg = train::parse_logits(f.get("logits", "auto"), "bench: --logits");
+  if (logits_arg == train::Logits::BF16 && dtype != DType::BF16)
+    fail("bench: --logits bf16 needs --precision bf16 (an fp32 run keeps fp32 logits)");
+  const DType logits = train::logit_dtype(logits_arg, dtype);
   if (device == Device::CUDA && cuda::device_count() == 0)
     fail("bench: --device cuda, but no CUDA device is visible");
 
   double peak = 0;
   if (device == Device::CUDA) {
     peak = cuda::peak_dense_flops(0, dtype == DType::BF16);
-    std::printf("attnres GPU benchmark on %s, %s\n", cuda::device_description(0).c_str(),
-                train::precision_name(dtype));
+    std::printf("attnres GPU benchmark on %s, %s, %s logits\n", cuda::device_description(0).c_str(),
+                train::precision_name(dtype), train::precision_name(logits));
   } else {
     std::printf("attnres CPU benchmark, %d OpenMP threads; BLAS: %s\n", omp_get_max_threads(),
                 kernels::cpu::blas_description().c_str());
@@ -206,7 +212,7 @@ int cmd_bench(const Args& args) {
       const std::string l = recomputes.size() > 1 || r != model::Recompute::None
                                 ? label + " rc=" + model::recompute_name(r)
                                 : label;
-      runners.push_back(std::make_unique<ModeRunner>(l, mc, B, T, A, device, dtype));
+      runners.push_back(std::make_unique<ModeRunner>(l, mc, B, T, A, device, dtype, logits));
       runners.back()->set_recompute(r);
     }
   }

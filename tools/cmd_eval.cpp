@@ -70,6 +70,7 @@ int eval_loss(const Flags& f, const std::string& dir, const train::Config& cfg) 
                            false, cfg.training.seed);
   const auto [device, dtype] = choose_device(f, cfg);
   model::Model model(cfg.model, dtype, {}, device);
+  model.set_logits(train::logit_dtype(cfg.training.logits, dtype));  // the trainer's val loss
   train::load_weights(dir, model.params());
   auto [loss, tokens] = train::evaluate(model, loader, batches, B, T);
   std::printf("%s\n", nlohmann::json({{"loss", loss}, {"tokens", tokens}}).dump().c_str());

@@ -14,7 +14,7 @@
 namespace attnres::kernels {
 
 double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
-                             Tensor* dw, double grad_scale, Store dh_store) {
+                             Tensor* dw, double grad_scale, Store dh_store, DType logits) {
   const char* op = "lm_head_cross_entropy";
   check_2d(op, "h", h);
   check_2d(op, "w", w);
@@ -23,6 +23,12 @@ double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& tar
   if (dh) check_arg(op, "dh", *dh, h, {N, d});
   if (dw) check_arg(op, "dw", *dw, h.device(), grad_dtype(h.dtype()), {V, d});
   if (!std::isfinite(grad_scale)) fail(op, ": grad_scale must be finite, got ", grad_scale);
+  if (logits != DType::F32 && logits != DType::BF16)
+    fail(op, ": logits must be F32 or BF16, got ", dtype_name(logits));
+  // bf16 logits come out of a bf16 GEMM (the GEMMs write F32 or their input dtype).
+  if (logits == DType::BF16 && !(h.is_cuda() && h.dtype() == DType::BF16))
+    fail(op, ": bf16 logits need BF16 h and w on cuda, got ", dtype_name(h.dtype()), " on ",
+         device_name(h.device()));
 
   // Targets index the logit row; an id outside [0, V) would read out of
   // bounds, so name the first offender (a data / vocab_size mismatch).
@@ -34,7 +40,8 @@ double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& tar
   if (targets.shape() != Shape{N})
     fail(op, ": targets has shape ", shape_str(targets.shape()), ", expected ", shape_str({N}));
   // (The CUDA kernel checks the ids on the device and reports the same way.)
-  ATTNRES_CUDA_DISPATCH(h, op, cuda::lm_head_cross_entropy(h, w, targets, dh, dw, grad_scale, dh_store));
+  ATTNRES_CUDA_DISPATCH(h, op, cuda::lm_head_cross_entropy(h, w, targets, dh, dw, grad_scale, dh_store,
+                                                           logits));
   const int32_t* ids = targets.data<int32_t>();
   for (int64_t i = 0; i < N; ++i)
     if (ids[i] < 0 || ids[i] >= V)

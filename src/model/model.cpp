@@ -540,9 +540,19 @@ Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
   return a.u;
 }
 
+void Model::set_logits(DType logits) {
+  if (logits == DType::BF16 && dtype_ != DType::BF16)
+    fail("bf16 logits need a bf16 model (training.precision = bf16); this one computes in ",
+         dtype_name(dtype_));
+  ATTNRES_CHECK(logits == DType::F32 || logits == DType::BF16, "logits must be F32 or BF16, got ",
+                dtype_name(logits));
+  logits_ = logits;
+}
+
 double Model::head_loss(const DepthState& st, const Tensor& targets, Activations& acts) {
   const Tensor h = final_norm(st, acts);
-  return kern::lm_head_cross_entropy(h, w_.lm_head->value, on_device(targets), nullptr, nullptr, 0.0);
+  return kern::lm_head_cross_entropy(h, w_.lm_head->value, on_device(targets), nullptr, nullptr, 0.0,
+                                     kern::Store::Add, logits_);
 }
 
 double Model::head_forward_backward(const DepthState& st, const Tensor& targets, Activations& acts,
@@ -553,7 +563,7 @@ double Model::head_forward_backward(const DepthState& st, const Tensor& targets,
   const Tensor tgt = on_device(targets);
   Tensor dh = new_act(N, d);
   double loss = kern::lm_head_cross_entropy(h, w_out.value, tgt, &dh, &w_out.grad, grad_scale,
-                                         kern::Store::Set);
+                                            kern::Store::Set, logits_);
   grad = DepthGrad{};
   SublayerActs& a = acts.head;
   Param& g_final = *w_.final_norm;

@@ -165,6 +165,11 @@ class Model {
   // What layers_forward keeps for layers_backward (see Recompute).
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
+  // The dtype of the LM head's logits in the training loss (head_loss,
+  // head_forward_backward; training.logits): F32 (the default), or BF16 for a
+  // BF16 model (kernels/cross_entropy.h). Scoring (head_logprobs) keeps fp32.
+  void set_logits(DType logits);
+  DType logits() const { return logits_; }
 
  private:
   // Sublayers [s0, s1) on `st`; subs[s - s0] receives sublayer s's record.
@@ -229,6 +234,7 @@ class Model {
   ModelParams w_;  // typed handles into params_
   DepthStats* depth_stats_ = nullptr;  // not owned; see set_depth_stats
   Recompute recompute_ = Recompute::None;
+  DType logits_ = DType::F32;
 };
 
 }  // namespace attnres::model

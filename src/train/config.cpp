@@ -60,6 +60,11 @@ struct Names<TransportKind> {
       {TransportKind::Auto, "auto"}, {TransportKind::Mpi, "mpi"}, {TransportKind::Nccl, "nccl"}};
 };
 template <>
+struct Names<Logits> {
+  static constexpr EnumName<Logits> all[] = {
+      {Logits::Auto, "auto"}, {Logits::F32, "fp32"}, {Logits::BF16, "bf16"}};
+};
+template <>
 struct Names<Device> {
   static inline const EnumName<Device> all[] = {{Device::CPU, device_name(Device::CPU)},
                                                 {Device::CUDA, device_name(Device::CUDA)}};
@@ -92,6 +97,7 @@ E parse_name(const std::string& name, const std::string& where) {
 template <typename E>
 constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> || std::is_same_v<E, model::Recompute> ||
                                std::is_same_v<E, ScheduleType> || std::is_same_v<E, TransportKind> ||
+                               std::is_same_v<E, Logits> ||
                                std::is_same_v<E, Device> || std::is_same_v<E, DType>;
 
 // ---------------------------------------------------------------------------
@@ -158,6 +164,11 @@ void for_each_key(C& c, V&& v) {
   v("training.precision", t.precision,
     KeySpec{"`fp32`, or `bf16` on `cuda` (bf16 weights/activations, fp32 master weights, "
             "optimizer state and reductions)"});
+  v("training.logits", t.logits,
+    KeySpec{"the LM head's logits: `auto` (bf16 in a `bf16` run, fp32 in an `fp32` run), `fp32` "
+            "(the exact reference) or `bf16` (needs `precision` = `bf16`); the loss and softmax are "
+            "computed in fp32 either way, and scoring (`attnres score`, `eval.tasks`) always uses "
+            "fp32 logits ([cuda.md](cuda.md))"});
   v("training.recompute", t.recompute,
     KeySpec{"what the backward recomputes instead of keeping: `none`, `mix` (the Mix, norms and "
             "SwiGLU; GEMM and attention outputs kept) or `layer` (everything but each sublayer's "
@@ -361,6 +372,12 @@ DType parse_precision(const std::string& name, const std::string& where) {
 model::Recompute parse_recompute(const std::string& name, const std::string& where) {
   return parse_name<model::Recompute>(name, where);
 }
+Logits parse_logits(const std::string& name, const std::string& where) {
+  return parse_name<Logits>(name, where);
+}
+DType logit_dtype(Logits logits, DType compute) {
+  return logits == Logits::F32 ? DType::F32 : compute;
+}
 
 Config Config::from_json(const json& j, const std::string& source) {
   Config c;
@@ -415,6 +432,9 @@ void Config::validate() const {
          "found when it was configured); use \"cpu\" or rebuild with the CUDA toolkit");
   if (training.precision == DType::BF16 && training.device == Device::CPU)
     fail("config key training.precision: bf16 is a CUDA precision; the CPU trains in fp32");
+  if (training.logits == Logits::BF16 && training.precision != DType::BF16)
+    fail("config key training.logits: \"bf16\" needs training.precision = \"bf16\" (on cuda); an "
+         "fp32 run keeps fp32 logits (use \"auto\" or \"fp32\")");
   if (data.train.empty()) fail("config key data.train: missing (a shard file, directory or glob)");
   if (parallel.pipeline * parallel.virtual_stages > model.n_layers)
     fail("config key parallel.pipeline: pipeline * virtual_stages = ",

@@ -18,6 +18,11 @@ namespace attnres::train {
 using json = nlohmann::json;
 
 enum class ScheduleType { Constant, Cosine, Wsd };
+// training.logits: the dtype of the LM head's logits (kernels/cross_entropy.h).
+// Auto: bf16 in a bf16 run, fp32 in an fp32 run; F32: fp32 logits in any run
+// (the reference a bf16-logit run is compared with); BF16: bf16 logits, only
+// in a bf16 run (validate() rejects it otherwise).
+enum class Logits { Auto, F32, BF16 };
 // parallel.transport: parallel::TransportKind (Auto: NCCL for CUDA runs when
 // built with it, else MPI; Mpi: host memory, GPU tensors staged through the
 // host, e.g. several ranks sharing one GPU; Nccl).
@@ -36,6 +41,7 @@ struct TrainingConfig {
   uint64_t seed = 1;
   Device device = Device::CPU;
   DType precision = DType::F32;  // F32, or BF16 (mixed precision) on CUDA
+  Logits logits = Logits::Auto;
   model::Recompute recompute = model::Recompute::None;
   // Peak FLOP/s of the device for the MFU figure, in TFLOP/s; 0 = look it up
   // from the GPU's name (H100/H200: 989 bf16 dense, 67 fp32).
@@ -106,6 +112,12 @@ const char* precision_name(DType t);
 Device parse_device(const std::string& name, const std::string& where);
 DType parse_precision(const std::string& name, const std::string& where);
 model::Recompute parse_recompute(const std::string& name, const std::string& where);
+Logits parse_logits(const std::string& name, const std::string& where);
+// The logits' dtype for a model computing in `compute` (training.precision, or
+// the fp32 an evaluation on the cpu falls back to): fp32 when fp32 logits are
+// asked for or the model computes in fp32, else bf16. (A config asking for bf16
+// logits in an fp32 run never gets here: validate() rejects it.)
+DType logit_dtype(Logits logits, DType compute);
 
 // The table of every config key (key, default, meaning, check) as the
 // Markdown rows of docs/config.md, generated from the same declarations that

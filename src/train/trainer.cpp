@@ -233,9 +233,11 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
          gpu_.device.empty() ? " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them)"
                              : " (CUDA_VISIBLE_DEVICES=" + gpu_.device + ")");
   dev_ = choose_device(tc_);
+  const DType logits = logit_dtype(tc_.logits, dev_.dtype);
   if (dev_.on_gpu && root_)
-    spdlog::info("device: {} ({}; peak {:.0f} TFLOP/s for MFU{})", cuda::device_description(0),
-                 precision_name(tc_.precision), dev_.peak_flops * 1e-12,
+    spdlog::info("device: {} ({}, {} logits; peak {:.0f} TFLOP/s for MFU{})",
+                 cuda::device_description(0), precision_name(tc_.precision),
+                 precision_name(logits), dev_.peak_flops * 1e-12,
                  dev_.peak_flops == 0 ? ": unknown GPU, set training.peak_tflops" : "");
   parallel::RuntimeOptions ro;
   ro.V = static_cast<int>(cfg.parallel.virtual_stages);
@@ -261,6 +263,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   std::vector<model::ParamTable*> tables;
   std::vector<AdamW*> opt_ptrs;
   for (int v = 0; v < rm.size(); ++v) {
+    rm.chunk(v).set_logits(logits);
     model::ParamTable& t = rm.chunk(v).params();
     if (cfg.model.init_from.empty()) t.init(tc_.seed);
     else load_weights(cfg.model.init_from, t);

@@ -92,3 +92,14 @@ TEST_CASE("cross-entropy rejects targets outside the vocabulary", "[kernels]") {
   REQUIRE_THROWS_WITH(kern::lm_head_cross_entropy(h, w, neg, nullptr, nullptr, 0.0),
                       Catch::Contains("target id -1 at position 0"));
 }
+
+TEST_CASE("cross-entropy keeps bf16 logits to bf16 inputs on cuda", "[kernels]") {
+  Tensor h = randn({4, 3}, 14).to(DType::F32), w = randn({5, 3}, 15).to(DType::F32);
+  Tensor t = Tensor::from_vector(std::vector<int32_t>{0, 4, 2, 1}, {4});
+  REQUIRE_THROWS_WITH(
+      kern::lm_head_cross_entropy(h, w, t, nullptr, nullptr, 0.0, kern::Store::Add, DType::BF16),
+      Catch::Contains("bf16 logits need BF16 h and w on cuda, got F32 on cpu"));
+  REQUIRE_THROWS_WITH(
+      kern::lm_head_cross_entropy(h, w, t, nullptr, nullptr, 0.0, kern::Store::Add, DType::F64),
+      Catch::Contains("logits must be F32 or BF16, got F64"));
+}

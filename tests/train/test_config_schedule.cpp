@@ -175,3 +175,28 @@ TEST_CASE("enum-valued keys take exactly their names", "[train]") {
   CHECK(c.to_json()["training"]["precision"] == "bf16");
   CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
 }
+
+TEST_CASE("training.logits: auto follows the precision; bf16 only in a bf16 run", "[train]") {
+  json j = base();
+  Config c = Config::from_json(j, "cfg.json");
+  CHECK(c.training.logits == train::Logits::Auto);
+  CHECK(c.to_json()["training"]["logits"] == "auto");
+  CHECK(train::logit_dtype(train::Logits::Auto, DType::F32) == DType::F32);
+  CHECK(train::logit_dtype(train::Logits::Auto, DType::BF16) == DType::BF16);
+  CHECK(train::logit_dtype(train::Logits::F32, DType::BF16) == DType::F32);
+  CHECK(train::logit_dtype(train::Logits::BF16, DType::BF16) == DType::BF16);
+  j["training"]["logits"] = "fp32";
+  CHECK(error_of(j).empty());
+  CHECK(Config::from_json(j, "cfg.json").training.logits == train::Logits::F32);
+  j["training"]["logits"] = "bf16";  // on the cpu, in fp32
+  CHECK_THAT(error_of(j), Catch::Contains("config key training.logits") &&
+                              Catch::Contains("needs training.precision = \"bf16\""));
+  j["training"]["logits"] = "BF16";
+  CHECK_THAT(error_of(j), Catch::Contains("training.logits") && Catch::Contains("auto, fp32, bf16"));
+  j["training"]["logits"] = "bf16";
+  j["training"]["precision"] = "bf16";
+  j["training"]["device"] = "cuda";
+  c = Config::from_json(j, "cfg.json");  // (validate() needs a CUDA build: not called)
+  CHECK(c.training.logits == train::Logits::BF16);
+  CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
+}

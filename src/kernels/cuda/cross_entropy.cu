@@ -5,23 +5,29 @@
 // whole: rows are processed R at a time (R from a fixed memory budget, see
 // chunk_rows), each chunk in four steps on the compute stream:
 //
-//   1. GEMM      logits[R, V] = h_chunk w^T           fp32 output (cuBLASLt)
+//   1. GEMM      logits[R, V] = h_chunk w^T           fp32 or bf16 output (cuBLASLt,
+//                                                     fp32 accumulation either way)
 //   2. row pass  one block per row: max and sum of exp (online, one read), the
 //                row's loss (fp64, into a per-row buffer), then, in place,
 //                dlogits = grad_scale (softmax - onehot) (second read, one write)
 //   3. GEMM      dh_chunk += dlogits w                (beta = 1; 0 for Store::Set)
 //   4. GEMM      dw       += dlogits^T h_chunk        (beta = 1, fp32 dw)
 //
-// Logits stay fp32 so the loss and the softmax see the GEMM's fp32 result
-// (a bf16 logit near 30 would be off by up to 0.06). For BF16 h/w the GEMMs of
-// steps 3-4 need bf16 dlogits; the row pass writes them over the first half of
-// each fp32 logit row (a bf16 matrix with row stride 2V), so no second buffer.
+// Logits (the `logits` argument): fp32 by default, so the loss and the softmax
+// see the GEMM's fp32 result and an fp32 run matches the CPU; bf16 on request
+// (training.logits, a bf16 run only), which halves their bytes (a bf16 logit
+// near 30 is off by up to 0.06; the row pass still computes in fp32). For BF16
+// h/w the GEMMs of steps 3-4 need bf16 dlogits: over fp32 logits the row pass
+// writes them over the first half of each fp32 row (a bf16 matrix with row
+// stride 2V), over bf16 logits element for element; no second buffer either way.
 //
-// DRAM traffic per chunk (BF16): 4RV (GEMM 1 writes) + 4RV (the row pass
-// reads the row; its second read hits L2, see kRowThreads) + 2RV (dlogits) +
-// 2RV + 2RV (GEMMs 3, 4 read dlogits) + 8Vd (dw read and written) + small.
-// FLOPs: 6 R V d (three GEMMs). At V = 50304, d = 768 the GEMMs (~3.8 TFLOP
-// for N = 16384) and the logit traffic (~11.5 GB) are of the same order.
+// DRAM traffic per chunk (BF16 h/w), with E = 4 (fp32 logits) or 2 (bf16):
+// E RV (GEMM 1 writes) + E RV (the row pass reads the row; its second read
+// hits L2, see kRowThreads) + 2RV (dlogits) + 2RV + 2RV (GEMMs 3, 4 read
+// dlogits) + 8Vd (dw read and written) + small: 14 RV bytes of logit traffic
+// with fp32 logits, 10 RV with bf16. FLOPs: 6 R V d (three GEMMs). At V =
+// 50304, d = 768 the GEMMs (~3.8 TFLOP for N = 16384) and the logit traffic
+// (~11.5 GB fp32, ~8.2 GB bf16) are of the same order.
 //
 // Loss: each row's -log p[target] is written as a double; one block sums the
 // N values in a fixed order (deterministic), and one 16-byte copy brings the
@@ -47,8 +53,8 @@ namespace attnres::kernels::cuda {
 
 namespace {
 
-// Budget of the fp32 logits buffer of one chunk. At V = 50304 this is 5248
-// rows: large enough that the dw GEMM (K = R) amortises its read and write of
+// Budget of the logits buffer of one chunk. At V = 50304 this is 5248 rows of
+// fp32 logits or 10624 of bf16: large enough that the dw GEMM (K = R) amortises its read and write of
 // the fp32 dw (8 V d bytes per chunk: 0.3 GB at d = 768) over many rows, small
 // enough to leave the activations their memory. (At 512 MiB the dw traffic of
 // a 16K-token batch was ~2 GB, ~0.7 ms on an H100.)
@@ -57,7 +63,7 @@ constexpr int64_t kChunkBytes = int64_t(1) << 30;
 // re-reads the row that pass 1 just read; with several resident blocks per
 // SM the rows in flight (e.g. 4 x 132 rows x 200 KB at V = 50304) overflow
 // the L2 and pass 2 reads DRAM again, while one block per SM keeps ~27 MB in
-// flight and pass 2 mostly hits L2. Residency is held at one block by asking
+// flight (half that with bf16 logits) and pass 2 mostly hits L2. Residency is held at one block by asking
 // for more than half of an SM's shared memory (the kernel does not use it).
 constexpr int kRowThreads = 1024;
 
@@ -66,9 +72,9 @@ size_t residency_limiting_smem() {
   return std::min<size_t>(p.sharedMemPerMultiprocessor / 2 + 1024, p.sharedMemPerBlockOptin);
 }
 
-int64_t chunk_rows(int64_t N, int64_t V) {
+int64_t chunk_rows(int64_t N, int64_t V, int64_t logit_bytes) {
   if (V == 0) return N;
-  int64_t r = std::max<int64_t>(1, kChunkBytes / (V * int64_t(sizeof(float))));
+  int64_t r = std::max<int64_t>(1, kChunkBytes / (V * logit_bytes));
   if (r >= 128) r = r / 128 * 128;  // whole GEMM tiles
   return std::min(r, N);
 }
@@ -79,25 +85,27 @@ struct Status {
   unsigned long long bad_pos;  // first position with an invalid target; ~0 if none
 };
 
-// One block per logit row of the chunk. VEC = 4 reads float4 (needs V % 4 == 0
-// so every row starts 16-byte aligned), VEC = 1 reads scalars. OutT is the
-// dlogits dtype: float (overwrites the logits in place) or bf16 (written over
-// the first half of the row's bytes: element c of the bf16 row lies in fp32
-// element c / 2).
-template <typename OutT, int VEC>
+// One block per logit row of the chunk. LogitT is the logits' dtype (float or
+// bf16); every value is widened to fp32 as it is read, so the arithmetic is
+// the same for both. VEC = 16 / sizeof(LogitT) reads 16-byte packs (needs V a
+// multiple of VEC so every row starts 16-byte aligned), VEC = 1 reads scalars.
+// OutT is the dlogits dtype: LogitT (overwrites the logits element for
+// element) or, over fp32 logits, bf16 (written over the first half of the
+// row's bytes: element c of the bf16 row lies in fp32 element c / 2).
+template <typename LogitT, typename OutT, int VEC>
 __global__ void __launch_bounds__(kRowThreads)
-    ce_row_kernel(float* logits, int64_t V, const int32_t* targets, int64_t row0,
+    ce_row_kernel(LogitT* logits, int64_t V, const int32_t* targets, int64_t row0,
                   double* row_loss, Status* status, bool grads, double grad_scale) {
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x;  // row within the chunk
   const int64_t n = row0 + i;    // row within the batch
-  float* l = logits + i * V;
+  LogitT* l = logits + i * V;
   const int32_t t = targets[n];
   const bool valid = t >= 0 && t < V;
   // Read before pass 2 overwrites the row (the block reductions below order it).
   float target_logit = 0.0f;
   if (threadIdx.x == 0) {
-    if (valid) target_logit = l[t];
+    if (valid) target_logit = to_f32(l[t]);
     else atomicMin(&status->bad_pos, static_cast<unsigned long long>(n));
   }
 
@@ -105,8 +113,10 @@ __global__ void __launch_bounds__(kRowThreads)
   float m = -INFINITY, s = 0.0f;
 #pragma unroll 4
   for (int64_t c = int64_t(threadIdx.x) * VEC; c < V; c += int64_t(blockDim.x) * VEC) {
-    const Vec<float, VEC> q = load<VEC>(l + c);
-    const float* x = q.v;
+    const Vec<LogitT, VEC> q = load<VEC>(l + c);
+    float x[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) x[e] = to_f32(q.v[e]);
     float mx = x[0];
 #pragma unroll
     for (int e = 1; e < VEC; ++e) mx = fmaxf(mx, x[e]);
@@ -137,13 +147,13 @@ __global__ void __launch_bounds__(kRowThreads)
   constexpr int kUnroll = 4;
   const int64_t tile = int64_t(blockDim.x) * VEC * kUnroll;
   for (int64_t base = 0; base < V; base += tile) {
-    Vec<float, VEC> x[kUnroll];
+    Vec<LogitT, VEC> x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = base + (int64_t(u) * blockDim.x + threadIdx.x) * VEC;
       if (c < V) x[u] = load<VEC>(l + c);
     }
-    if constexpr (!std::is_same_v<OutT, float>) {
+    if constexpr (sizeof(OutT) < sizeof(LogitT)) {
       // The bf16 writes of tile j land in fp32 elements [j tile/2, (j+1) tile/2),
       // which other threads read in tiles <= j, and never in later tiles' reads
       // (those start at (j+1) tile). So all reads up to this tile must be done.
@@ -153,10 +163,10 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = base + (int64_t(u) * blockDim.x + threadIdx.x) * VEC;
       if (c >= V) continue;
-      Vec<OutT, VEC> o;  // 16 bytes of fp32 or 8 of bf16 per store
+      Vec<OutT, VEC> o;  // as many bytes as read, or half of them (fp32 -> bf16)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        float p = expf(x[u].v[e] - M) * scale;
+        float p = expf(to_f32(x[u].v[e]) - M) * scale;
         if (c + e == t) p -= gs;
         o.v[e] = from_f32<OutT>(p);
       }
@@ -176,7 +186,9 @@ __global__ void __launch_bounds__(1024) sum_loss_kernel(const double* row_loss, 
   if (threadIdx.x == 0) status->loss = s;
 }
 
-template <typename T>
+// T: the dtype of h, w and dh (and of the dlogits the GEMMs read); LogitT: of
+// the logits (float, or bf16 when T is bf16).
+template <typename T, typename LogitT>
 double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, Tensor* dw,
            double grad_scale, Store dh_store) {
   const int64_t N = h.dim(0), d = h.dim(1), V = w.dim(0);
@@ -186,8 +198,9 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
   const T* wp = dptr<T>(w);
   const int32_t* tp = dptr<int32_t>(targets);
 
-  const int64_t R = chunk_rows(N, V);
-  Tensor logits = Tensor::empty({R, V}, DType::F32, Device::CUDA);
+  const DType logit_dtype = dtype_of_device<LogitT>();
+  const int64_t R = chunk_rows(N, V, int64_t(sizeof(LogitT)));
+  Tensor logits = Tensor::empty({R, V}, logit_dtype, Device::CUDA);
   Tensor row_loss = Tensor::empty({N}, DType::F64, Device::CUDA);
   Tensor status_buf = Tensor::empty({2}, DType::F64, Device::CUDA);  // one Status
   static_assert(sizeof(Status) == 2 * sizeof(double), "Status is two 8-byte words");
@@ -195,18 +208,19 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
   // bad_pos = ~0 (no invalid target yet).
   ATTNRES_CUDA_CHECK(cudaMemsetAsync(&status->bad_pos, 0xff, sizeof status->bad_pos, stream()));
 
-  float* L = logits.data<float>();
-  // dlogits: in place, T elements, row stride = the fp32 row's bytes.
-  const int64_t ld_dl = V * int64_t(sizeof(float) / sizeof(T));
-  const bool vec4 = V % 4 == 0;
-  const auto row_kernel = vec4 ? ce_row_kernel<T, 4> : ce_row_kernel<T, 1>;
+  LogitT* L = dptr<LogitT>(logits);
+  // dlogits: in place, T elements, row stride = the logit row's bytes.
+  const int64_t ld_dl = V * int64_t(sizeof(LogitT) / sizeof(T));
+  constexpr int kVec = pack_of<LogitT>();
+  const auto row_kernel =
+      V % kVec == 0 ? ce_row_kernel<LogitT, T, kVec> : ce_row_kernel<LogitT, T, 1>;
   const size_t row_smem = residency_limiting_smem();
   allow_smem(row_kernel, row_smem);
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const T* hc = hp + r0 * d;
     // 1. logits[rows, V] = h_chunk w^T
-    gemm(false, true, rows, V, d, ab, hc, d, wp, d, 0.0f, DType::F32, L, V);
+    gemm(false, true, rows, V, d, ab, hc, d, wp, d, 0.0f, logit_dtype, L, V);
     // 2. loss per row; dlogits in place
     row_kernel<<<static_cast<unsigned>(rows), kRowThreads, row_smem, stream()>>>(
         L, V, tp, r0, row_loss.data<double>(), status, grads, grad_scale);
@@ -238,11 +252,18 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
 }  // namespace
 
 double lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh,
-                             Tensor* dw, double grad_scale, Store dh_store) {
+                             Tensor* dw, double grad_scale, Store dh_store, DType logits) {
   if (h.dim(0) == 0) return 0.0;
   double loss = 0.0;
   dispatch_float(h, "lm_head_cross_entropy", [&](auto tag) {
-    loss = run<decltype(tag)>(h, w, targets, dh, dw, grad_scale, dh_store);
+    using T = decltype(tag);
+    // BF16 logits come with BF16 h/w only (checked by the dispatcher).
+    if constexpr (std::is_same_v<T, bf16>)
+      if (logits == DType::BF16) {
+        loss = run<T, bf16>(h, w, targets, dh, dw, grad_scale, dh_store);
+        return;
+      }
+    loss = run<T, float>(h, w, targets, dh, dw, grad_scale, dh_store);
   });
   return loss;
 }
