@@ -47,5 +47,8 @@ struct MemoryStats {
 MemoryStats memory_stats();
 // Starts a new high-water mark: peak = in_use.
 void reset_peak_memory();
+// Bytes of device memory the driver can still give this process (what the
+// CUDA context, the pool and other processes hold is not free).
+size_t free_memory();
 
 }  // namespace attnres::cuda

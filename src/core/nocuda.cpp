@@ -23,5 +23,6 @@ void fill_u32(void*, unsigned, size_t) { no_cuda("device fill"); }
 void synchronize() {}
 MemoryStats memory_stats() { return {}; }
 void reset_peak_memory() {}
+size_t free_memory() { no_cuda("device memory"); }
 
 }  // namespace attnres::cuda
