@@ -1,8 +1,16 @@
 """Reference timings for causal attention on this GPU: PyTorch's
 scaled_dot_product_attention with each backend it has (flash, cuDNN,
 memory-efficient), forward and forward+backward, bf16, at the shapes of the
-124M and 350M benchmark models. `attnres bench --kernels` prints ours beside.
-Needs only torch (present on the GPU machines); not part of the build."""
+`attnres bench` reports given (their `model:` lines; (B, H, T, head dim), all
+heads as query heads), or of the 124M and 350M presets when none is given.
+`attnres bench --kernels` prints ours beside; scripts/gpu_targets.py takes
+cuDNN's time for the floor of a step. Needs only torch (present on the GPU
+machines); not part of the build.
+
+    python3 scripts/bench_attention_torch.py [BENCH_REPORT ...]"""
+import os
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -24,10 +32,27 @@ def timed(fn, reps=20):
     return times[len(times) // 2]
 
 
+def shapes(reports):
+    """(B, H, T, hd) of each report's model, in order, each once."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_targets import model_shape
+    out = []
+    for path in reports:
+        with open(path) as f:
+            m = model_shape(f.read())
+        if not m:
+            sys.exit(f"{path}: no `model:` line of an attnres bench report")
+        s = (m["B"], m["H"], m["T"], m["d"] // m["H"])
+        if s not in out:
+            out.append(s)
+    return out
+
+
 def main():
+    todo = shapes(sys.argv[1:]) if len(sys.argv) > 1 else [(16, 12, 1024, 64), (8, 16, 2048, 64)]
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     print(f"{'shape (B,H,T,hd)':>22} {'backend':>10} {'fwd ms':>8} {'fwd TF/s':>9} {'f+b ms':>8} {'bwd ms':>8} {'bwd TF/s':>9}")
-    for B, H, T, hd in [(16, 12, 1024, 64), (8, 16, 2048, 64)]:
+    for B, H, T, hd in todo:
         flops_fwd = 2.0 * B * H * T * T * hd  # causal
         for name, backend in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                               ("efficient", SDPBackend.EFFICIENT_ATTENTION)]:

@@ -1,34 +1,57 @@
 #!/usr/bin/env python3
 """Prints the GPU performance targets (docs/cuda.md) against a gpu_check.sh report.
 
-    scripts/gpu_targets.py REPORT_DIR
+    scripts/gpu_targets.py REPORT_DIR [--logits bf16|fp32] [--json]
 
-REPORT_DIR holds what scripts/gpu_check.sh writes: bench_124m.txt and
-bench_350m.txt (`attnres bench` tables), kernels_124m.txt and kernels_350m.txt
-(`--kernels`) and, when PyTorch was there, attention_torch.txt. Missing files give "not measured"
-rows. Standard library only.
+REPORT_DIR holds what scripts/gpu_check.sh --bench writes: per preset P (124m,
+350m, 1b3) bench_P.txt (`attnres bench --preset P`) and kernels_P.txt
+(`--kernels`), and, when PyTorch was there, attention_torch.txt. A missing file
+gives "not measured" rows, never an error. Standard library only.
 
-After the targets it prints, per model, the floor of a training step from the
-ceilings measured on the same machine (docs/cuda.md, "What the targets need"):
-the GEMMs at the measured GEMM rate, attention at cuDNN's measured speed, and
-an estimate of the memory-bound bytes (norms, SwiGLU, RoPE, the residual
-epilogues, the LM head's fp32 logits, AdamW) at the measured copy bandwidth.
-The bytes are counted from the shapes, so the floor is an estimate.
+The targets, per preset: the baseline's MFU (model/flops.cpp's FLOPs against
+989 TFLOP/s); the baseline step within 1.1x of its floor (below); and each
+AttnRes mode's step over the baseline's of the same run, where the goal is the
+larger of the owner's number and 1.3 x the overhead floor "dw fused, no zero
+fill" (below): the table says which applied.
 
-Then, per AttnRes mode measured, the floor of its overhead: the extra passes
-over a [B*T, d] bf16 tensor that its depth Mix makes beyond the baseline's
-residual add and RMSNorm (forward and backward, the schedule of model.cpp),
-at the measured copy bandwidth. Two counts: the traffic our kernels are
-designed to (each kernel reads its inputs from DRAM once), and the same
-schedule with the Mix's dw summed in its row passes and no zero-filled
-gradient buffers. Each is an estimate from the shapes, not a measurement.
+The floor of a baseline step, from the ceilings measured on the same machine
+(kernels_*.txt's `measured ceilings:` line): the GEMMs at the measured GEMM
+rate, attention at cuDNN's measured speed at the model's shape
+(attention_torch.txt), and the memory-bound bytes counted from the shapes
+(norms, SwiGLU, RoPE, the residual epilogues, the LM head's logit traffic,
+AdamW) at the measured copy bandwidth: an estimate. The logits are bf16 in a
+bf16 run (--logits fp32 for reports measured before that change) and fp32 in
+an fp32 run.
+
+The floor of an AttnRes overhead: the extra passes over a [B*T, d] bf16 tensor
+that its depth Mix makes beyond the baseline's residual add and RMSNorm
+(forward and backward, the schedule of model.cpp), at the measured copy
+bandwidth. Two counts: the traffic our kernels are designed to (each kernel
+reads its inputs from DRAM once), and the same schedule with the Mix's dw
+summed in its row passes and no zero-filled gradient buffers. Estimates from
+the shapes, not measurements.
+
+The attention rows (ours against cuDNN's SDPA) are information, not targets.
 """
+import argparse
+import json
 import math
 import os
 import re
-import sys
 
 PEAK_TFLOPS = 989  # the H100's dense bf16 peak, which train/config.h takes for MFU
+FLOOR_RATIO = 1.1  # the baseline step may be this much slower than its floor
+FLOOR_FACTOR = 1.3  # an overhead goal is at least this times its trimmed floor
+
+
+class Preset:
+    def __init__(self, name, label, mfu, block, full):
+        self.name, self.label = name, label
+        self.mfu, self.block, self.full = mfu, block, full  # the owner's targets, %
+
+
+PRESETS = (Preset("124m", "124M", 40, 8, 18), Preset("350m", "350M", 42, 5, 20),
+           Preset("1b3", "1.3B", 50, 3, 10))
 
 
 def read(path):
@@ -76,6 +99,12 @@ def model_shape(text):
     return None
 
 
+def precision(text):
+    """The run's precision from the bench header ('..., bf16'); None when absent."""
+    m = re.search(r"^attnres GPU benchmark on .*, (bf16|fp32)$", text or "", re.M)
+    return m and m.group(1)
+
+
 def attention_shape(shape):
     """A model_shape's attention shape as attention_torch.txt names it: (B, H, T, head dim)."""
     return f"({shape['B']}, {shape['H']}, {shape['T']}, {shape['d'] // shape['H']})"
@@ -87,7 +116,15 @@ def ceilings(text):
     return (float(m.group(1)), float(m.group(2))) if m else None
 
 
-def floor_step(shape, copy_gbs, gemm_tfs, attn_fb_ms):
+def lm_head_bytes_per_logit(logit_bytes):
+    """DRAM bytes per [N, V] logit of the LM head + cross-entropy (cuda/cross_entropy.cu):
+    the GEMM writes the logit and the row pass reads it once (its second read hits L2),
+    then the bf16 dlogit is written once and read by the dh and dw GEMMs. fp32 logits:
+    14 bytes; bf16 logits: 10 (the logits' own traffic halves, the dlogits were bf16)."""
+    return 2 * logit_bytes + 3 * 2
+
+
+def floor_step(shape, copy_gbs, gemm_tfs, attn_fb_ms, logit_bytes):
     """(floor ms, model TFLOP) of one bf16 training step; see the module doc."""
     d, L, H, Hkv, F, V, T, B = (shape[k] for k in ("d", "L", "H", "Hkv", "d_ff", "V", "T", "B"))
     hd, N = d // H, B * T
@@ -99,7 +136,7 @@ def floor_step(shape, copy_gbs, gemm_tfs, attn_fb_ms):
                          + 2 * 2 * d                # residual read by two GEMM epilogues, stream grad
                          + (3 + 5) * F              # SwiGLU forward 3, backward 5 passes
                          + 4 * (H + Hkv) * hd)      # RoPE on q and k, forward and backward
-    lm_head = 14.0 * N * V                          # fp32 logits: see cuda/cross_entropy.cu
+    lm_head = float(lm_head_bytes_per_logit(logit_bytes)) * N * V
     adamw = 34.0 * (matmul_params + V * d)          # master, grad, m, v, bf16 copy; grad norm
     mem_bytes = L * per_layer + lm_head + adamw
     ms = gemm_flops / (gemm_tfs * 1e9) + L * attn_fb_ms + mem_bytes / (copy_gbs * 1e6)
@@ -145,94 +182,156 @@ def depth_passes(L, S, lower_bound=False):
 
 
 def depth_floors(shape, bench, copy_gbs):
-    """Lines on each measured AttnRes mode's overhead against its traffic floor."""
+    """Per measured AttnRes mode: its overhead against the traffic floors of its depth Mix."""
     base = bench.get("baseline")
     if not base:
         return []
     d, L, N = shape["d"], shape["L"], shape["B"] * shape["T"]
     pass_ms = 2.0 * N * d / (copy_gbs * 1e6)
-    lines = []
+    out = []
     for mode in ("block", "full"):
         row = bench.get(mode)
         if not row or row[1] is None:
             continue
         S = 1 if mode == "full" else (2 * L + row[3] - 1) // row[3]
-        got = row[2] - base[2]
         ours, low = (depth_passes(L, S, lb) - depth_passes(L, None) for lb in (False, True))
-        label = "full" if mode == "full" else f"block N={row[3]}"
-        lines.append(f"{label:10} {got:+8.1f} ms {row[1]:+6.1f}%   {ours:5d} {ours * pass_ms:6.2f} ms "
-                     f"{got / (ours * pass_ms):4.1f}x   {low:5d} {low * pass_ms:6.2f} ms "
-                     f"{100 * low * pass_ms / base[2]:+6.1f}%")
-    return lines
+        out.append({"mode": mode, "label": "full" if mode == "full" else f"block N={row[3]}",
+                    "ms": row[2] - base[2], "pct": row[1],
+                    "ours_passes": ours, "ours_ms": ours * pass_ms,
+                    "low_passes": low, "low_ms": low * pass_ms,
+                    "low_pct": 100 * low * pass_ms / base[2]})
+    return out
+
+
+def evaluate(d, logits=None):
+    """Everything the report prints, as plain data (the --json output)."""
+    torch_text = read(os.path.join(d, "attention_torch.txt"))
+    texts = {p.name: (read(os.path.join(d, f"bench_{p.name}.txt")),
+                      read(os.path.join(d, f"kernels_{p.name}.txt"))) for p in PRESETS}
+    # One machine, one set of ceilings: the first kernel report's.
+    ceil = next((c for c in (ceilings(k) for _, k in texts.values()) if c), None)
+    out = {"ceilings": ceil and {"copy_gbs": ceil[0], "gemm_tflops": ceil[1]},
+           "targets": [], "floors": [], "overheads": [], "attention": []}
+
+    def target(name, measured, goal, goal_from, met):
+        out["targets"].append({"target": name, "measured": measured, "goal": goal,
+                               "goal_from": goal_from, "met": met})
+
+    for p in PRESETS:
+        text, ktext = texts[p.name]
+        bench, shape = bench_rows(text), model_shape(text)
+        base = bench.get("baseline")
+        mfu = base and base[0]
+        target(f"{p.label} baseline MFU", mfu and f"{mfu:.1f}%", f">= {p.mfu}%", "issue",
+               None if mfu is None else mfu >= p.mfu)
+
+        # The baseline's floor (needs the ceilings and cuDNN's time at this shape).
+        floor = None
+        attn = shape and cudnn_fb_ms(torch_text, attention_shape(shape))
+        if ceil and shape and attn is not None and precision(text) != "fp32":
+            lb = 4 if logits == "fp32" else 2
+            ms, tflop = floor_step(shape, ceil[0], ceil[1], attn, lb)
+            floor = {"preset": p.name, "label": p.label, "B": shape["B"], "T": shape["T"],
+                     "tflop": tflop, "floor_ms": ms,
+                     "floor_mfu": 100 * tflop / (PEAK_TFLOPS * ms * 1e-3),
+                     "target_mfu": p.mfu, "target_ms": tflop / (p.mfu / 100 * PEAK_TFLOPS) * 1e3,
+                     "baseline_ms": base and base[2]}
+            out["floors"].append(floor)
+        ratio = base and floor and base[2] / floor["floor_ms"]
+        target(f"{p.label} baseline step / floor",
+               ratio and f"{ratio:.2f}x ({base[2]:.1f} / {floor['floor_ms']:.1f} ms)",
+               f"<= {FLOOR_RATIO:.2f}x", "issue", None if not ratio else ratio <= FLOOR_RATIO)
+
+        # The overheads: goal max(the owner's, 1.3 x the trimmed floor).
+        floors = {f["mode"]: f for f in (depth_floors(shape, bench, ceil[0])
+                                         if ceil and shape else [])}
+        for f in floors.values():
+            out["overheads"].append(dict(f, preset=p.name, label_model=p.label))
+        for mode, issue in (("block", p.block), ("full", p.full)):
+            row = bench.get(mode)
+            label = f"block N={row[3]}" if mode == "block" and row else mode
+            f = floors.get(mode)
+            goal, goal_from = float(issue), "issue"
+            if f and FLOOR_FACTOR * f["low_pct"] > issue:
+                goal = FLOOR_FACTOR * f["low_pct"]
+                goal_from = f"{FLOOR_FACTOR} x floor {f['low_pct']:+.1f}%"
+            elif not f:
+                goal_from = "issue (floor not measured)"
+            vs = row and row[1]
+            target(f"{p.label} {label} step vs baseline", vs is not None and f"{vs:+.1f}%" or None,
+                   f"<= +{goal:.1f}%", goal_from, None if vs is None else vs <= goal)
+
+        # Information: our attention against cuDNN at the shape the kernels were timed at.
+        kshape = model_shape(ktext)
+        fwd, bwd = kernel_ms(ktext, "attention fwd"), kernel_ms(ktext, "attention bwd")
+        ref = kshape and cudnn_fb_ms(torch_text, attention_shape(kshape))
+        if fwd and bwd and ref:
+            out["attention"].append({"preset": p.name, "label": p.label,
+                                     "shape": attention_shape(kshape), "ours_ms": fwd + bwd,
+                                     "cudnn_ms": ref, "ratio": (fwd + bwd) / ref})
+    return out
+
+
+def markdown(r, logits):
+    """The report as Markdown, ready to paste."""
+    lines = ["**Targets** (docs/cuda.md; overhead goal = max(the issue's, "
+             f"{FLOOR_FACTOR} x the 'dw fused, no zero fill' floor); 'goal from' says which applied)",
+             "", "| target | measured | goal | goal from | met |", "|---|---|---|---|---|"]
+    for t in r["targets"]:
+        met = "-" if t["met"] is None else ("yes" if t["met"] else "no")
+        lines.append(f"| {t['target']} | {t['measured'] or 'not measured'} | {t['goal']} | "
+                     f"{t['goal_from']} | {met} |")
+    c = r["ceilings"]
+    if r["floors"]:
+        lb = 4 if logits == "fp32" else 2
+        lines += ["", f"**Floor of a bf16 baseline step** from the measured ceilings (copy "
+                  f"{c['copy_gbs']:.0f} GB/s, GEMM {c['gemm_tflops']:.0f} TFLOP/s, cuDNN attention); "
+                  f"logits assumed {logits or 'bf16'}"
+                  f"{'' if logits else ' (as bf16 runs have them; --logits fp32 for older runs)'}: "
+                  f"{lm_head_bytes_per_logit(lb)} bytes of LM-head traffic per logit; an estimate:",
+                  "",
+                  "| model | B x T | model TFLOP | floor step | MFU at floor | step for the MFU "
+                  "target | measured baseline | measured / floor |", "|---|---|---|---|---|---|---|---|"]
+        for f in r["floors"]:
+            got = f["baseline_ms"]
+            lines.append(f"| {f['label']} | {f['B']} x {f['T']} | {f['tflop']:.1f} | "
+                         f"{f['floor_ms']:.1f} ms | {f['floor_mfu']:.1f}% | "
+                         f"{f['target_ms']:.1f} ms ({f['target_mfu']}%) | "
+                         + (f"{got:.1f} ms | {got / f['floor_ms']:.2f}x |" if got else "- | - |"))
+    if r["overheads"]:
+        lines += ["", "**AttnRes overhead against the traffic of its depth Mix** beyond the "
+                  f"baseline's residual + norm: passes over a [B*T, d] bf16 tensor at "
+                  f"{c['copy_gbs']:.0f} GB/s, an estimate (x: measured / floor; %: of the "
+                  "baseline step):", "",
+                  "| model | mode | measured | our kernels' floor | measured / floor | "
+                  "dw fused, no zero fill | of the baseline step |", "|---|---|---|---|---|---|---|"]
+        for o in r["overheads"]:
+            lines.append(f"| {o['label_model']} | {o['label']} | {o['ms']:+.1f} ms ({o['pct']:+.1f}%) | "
+                         f"{o['ours_passes']} passes, {o['ours_ms']:.2f} ms | "
+                         f"{o['ms'] / o['ours_ms']:.1f}x | {o['low_passes']} passes, "
+                         f"{o['low_ms']:.2f} ms | {o['low_pct']:+.1f}% |")
+    if r["attention"]:
+        lines += ["", "**Attention** forward + backward against PyTorch's cuDNN SDPA at the "
+                  "kernel benchmark's shape (information, not a target):", "",
+                  "| model | shape (B, H, T, hd) | ours ms | cuDNN ms | ours / cuDNN |",
+                  "|---|---|---|---|---|"]
+        for a in r["attention"]:
+            lines.append(f"| {a['label']} | {a['shape']} | {a['ours_ms']:.3f} | "
+                         f"{a['cudnn_ms']:.3f} | {a['ratio']:.2f}x |")
+    return "\n".join(lines)
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    d = sys.argv[1]
-    rows = []  # (target, measured text, goal text, met or None)
-    for size in ("124m", "350m"):
-        b = bench_rows(read(os.path.join(d, f"bench_{size}.txt")))
-        label = size.upper()
-        mfu = b.get("baseline", (None,) * 4)[0]
-        rows.append((f"{label} baseline MFU", mfu and f"{mfu:.1f}%", ">= 50%",
-                     None if mfu is None else mfu >= 50))
-        for mode, goal in (("block", 2.0), ("full", 5.0)):
-            vs = b.get(mode, (None,) * 4)[1]
-            rows.append((f"{label} {mode} step vs baseline", vs is not None and f"{vs:+.1f}%" or None,
-                         f"<= +{goal:.0f}%", None if vs is None else vs <= goal))
-    torch_text = read(os.path.join(d, "attention_torch.txt"))
-    for size in ("124m", "350m"):
-        kt = read(os.path.join(d, f"kernels_{size}.txt"))
-        fwd, bwd = kernel_ms(kt, "attention fwd"), kernel_ms(kt, "attention bwd")
-        shape = model_shape(kt)  # the shape the kernels were timed at
-        ref = shape and cudnn_fb_ms(torch_text, attention_shape(shape))
-        ratio = fwd and bwd and ref and (fwd + bwd) / ref
-        rows.append((f"attention fwd+bwd vs cuDNN SDPA ({size.upper()} shape)",
-                     ratio and f"{ratio:.2f}x", "<= 1.30x", None if not ratio else ratio <= 1.3))
-    k = read(os.path.join(d, "kernels_124m.txt"))
-
-    print(f"{'target':46} {'measured':>10} {'goal':>9}  met")
-    for name, got, goal, met in rows:
-        print(f"{name:46} {got or 'not measured':>10} {goal:>9}  "
-              f"{'-' if met is None else ('yes' if met else 'no')}")
-
-    # Floors from this machine's ceilings (estimates; see the module doc).
-    ceil = ceilings(k)
-    printed = False
-    for size in ("124m", "350m"):
-        shape = model_shape(read(os.path.join(d, f"bench_{size}.txt")))
-        if not ceil or not shape:
-            continue
-        attn = cudnn_fb_ms(torch_text, attention_shape(shape))
-        if attn is None:
-            continue
-        ms, tflop = floor_step(shape, ceil[0], ceil[1], attn)
-        if not printed:
-            print(f"\nfloor of a step from the measured ceilings (copy {ceil[0]:.0f} GB/s, "
-                  f"GEMM {ceil[1]:.0f} TFLOP/s, cuDNN attention), an estimate:")
-            printed = True
-        print(f"  {size.upper()}: {ms:.1f} ms for {tflop:.1f} TFLOP, i.e. at most "
-              f"{100 * tflop / (PEAK_TFLOPS * ms * 1e-3):.1f}% MFU (50% needs "
-              f"{tflop / (0.5 * PEAK_TFLOPS) * 1e3:.1f} ms)")
-
-    # The AttnRes overheads against the traffic their depth Mix must move.
-    printed = False
-    for size in ("124m", "350m"):
-        text = read(os.path.join(d, f"bench_{size}.txt"))
-        shape = model_shape(text)
-        if not ceil or not shape:
-            continue
-        lines = depth_floors(shape, bench_rows(text), ceil[0])
-        if lines and not printed:
-            print(f"\nAttnRes overhead against the traffic of its depth Mix beyond the baseline's "
-                  f"residual + norm:\npasses over a [B*T, d] bf16 tensor at {ceil[0]:.0f} GB/s, "
-                  f"an estimate (x: measured / floor; %: of the baseline step)")
-            print(f"{'':5} {'mode':10} {'measured':>19}   {'our kernels floor':>20}   "
-                  f"{'dw fused, no zero fill':>22}")
-            printed = True
-        for line in lines:
-            print(f"{size.upper():5} {line}")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("report_dir")
+    ap.add_argument("--logits", choices=("bf16", "fp32"),
+                    help="the LM head's logit type in bf16 runs (default bf16; fp32 for "
+                         "reports measured before bf16 logits)")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    a = ap.parse_args()
+    r = evaluate(a.report_dir, a.logits)
+    print(json.dumps(r, indent=1) if a.json else markdown(r, a.logits))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 //
 // Defaults are the CPU reference model: d=256, L=6, H=8,
 // Hkv=4, d_ff=688, V=4096, T=256, B=8, Block AttnRes with S=4. The GPU
-// presets (--preset 124m | 350m) are configs/gpu_124m.json and gpu_350m.json's models.
+// presets (--preset 124m | 350m | 1b3) are configs/gpu_124m.json, gpu_350m.json
+// and gpu_1b3.json's models; 1b3's micro-batch is the largest the GPU holds
+// (--batch auto, sized by the memory planner).
 #include <omp.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/config.h"
+#include "train/memory.h"
 #include "train/optimizer.h"
 
 namespace attnres::tools {
@@ -37,17 +40,26 @@ Tensor random_ids(int64_t n, int64_t vocab, uint64_t stream) {
   return t;
 }
 
-// One residual mode's model and optimizer, stepping on fixed synthetic tokens
-// and recording how long each full training step (forward + backward of A
+// One row of the table: a residual mode, with a recomputation mode.
+struct RunSpec {
+  std::string label;
+  model::ModelConfig cfg;
+  model::Recompute recompute = model::Recompute::None;
+};
+
+// One run's model and optimizer, stepping on fixed synthetic tokens and
+// recording how long each full training step (forward + backward of A
 // microbatches + AdamW) took.
 class ModeRunner {
  public:
-  ModeRunner(std::string label, const model::ModelConfig& cfg, int64_t B, int64_t T, int64_t A,
-             Device device, DType dtype, DType logits)
-      : label_(std::move(label)), cfg_(cfg), B_(B), T_(T), A_(A), device_(device),
-        model_(cfg, dtype, {}, device), opt_(model_.params(), {}),
-        tokens_(random_ids(B * T, cfg.vocab_size, 1)), targets_(random_ids(B * T, cfg.vocab_size, 2)) {
+  ModeRunner(const RunSpec& run, int64_t B, int64_t T, int64_t A, Device device, DType dtype,
+             DType logits)
+      : label_(run.label), cfg_(run.cfg), B_(B), T_(T), A_(A), device_(device),
+        model_(run.cfg, dtype, {}, device), opt_(model_.params(), {}),
+        tokens_(random_ids(B * T, run.cfg.vocab_size, 1)),
+        targets_(random_ids(B * T, run.cfg.vocab_size, 2)) {
     model_.params().init(1);  // (AdamW only took the shapes: its moments start at zero)
+    model_.set_recompute(run.recompute);
     model_.set_logits(logits);
   }
 
@@ -65,7 +77,6 @@ class ModeRunner {
     act_peak_ = std::max(act_peak_, tensor_memory(device_).peak - resident);
     if (timed) times_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  void set_recompute(model::Recompute r) { model_.set_recompute(r); }
   size_t activation_peak_bytes() const { return act_peak_; }
   const std::string& label() const { return label_; }
   // Median step time in seconds: robust to a machine busy with something else
@@ -90,24 +101,65 @@ class ModeRunner {
   size_t act_peak_ = 0;
 };
 
+// Bytes of GPU memory the runs need at micro-batch B, by the memory planner
+// (train/memory.h), side by side (every run's resident state, plus the
+// largest step's activations: the runs step in turn and a step frees its
+// activations) and one at a time (the largest run's). The resident state is
+// exact; the activation replay was within 5.2% of the measured high-water
+// (docs/memory.md), so it gets 8%; and outside the replay are the
+// cross-entropy's 1 GiB chunk of logits, cuBLASLt's workspaces and the pool's
+// rounding, so 2 GiB more.
+constexpr double kActivationMargin = 1.08;
+constexpr double kOutsidePlan = 2.0 * 1073741824.0;
+struct BenchMemory {
+  double side_by_side = 0, one_at_a_time = 0;
+};
+BenchMemory plan_bench_memory(const std::vector<RunSpec>& runs, int64_t B, int64_t T, int64_t A,
+                              Device device, DType dtype) {
+  BenchMemory m;
+  double activations = 0;
+  for (const RunSpec& run : runs) {
+    train::Config c;
+    c.model = run.cfg;
+    c.training.micro_batch_size = B, c.training.seq_len = T, c.training.grad_accum = A;
+    c.training.device = device, c.training.precision = dtype, c.training.recompute = run.recompute;
+    const train::RankMemory r = train::plan_memory(c).at(0);  // one rank: no pipeline here
+    const double act = static_cast<double>(r.activations) * kActivationMargin;
+    m.side_by_side += static_cast<double>(r.resident());
+    activations = std::max(activations, act);
+    m.one_at_a_time = std::max(m.one_at_a_time, static_cast<double>(r.resident()) + act + kOutsidePlan);
+  }
+  m.side_by_side += activations + kOutsidePlan;
+  return m;
+}
+
+double gib(double bytes) { return bytes / 1073741824.0; }
+
 }  // namespace
 
 int cmd_bench(const Args& args) {
   Flags f(args, "bench",
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
-           "preset", "only", "recompute", "logits"},
-          {"help", "kernels"});
+           "preset", "only", "recompute", "logits", "gpu-memory"},
+          {"help", "kernels", "plan"});
   if (f.has("help")) {
     std::puts(
-        "usage: attnres bench [--device cpu|cuda] [--precision fp32|bf16] [--preset 124m|350m]\n"
+        "usage: attnres bench [--device cpu|cuda] [--precision fp32|bf16] [--preset 124m|350m|1b3]\n"
         "  [--mode baseline|full|block|all] [--steps 5] [--warmup 1] [--d-model 256]\n"
         "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
-        "  [--batch 8] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
+        "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
         "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--kernels [--only TEXT]]\n"
+        "  [--gpu-memory GiB] [--plan]\n"
         "--kernels times each CUDA op at the model's shapes against its floors\n"
         "(bytes / bandwidth, FLOPs / peak) instead of whole training steps;\n"
         "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.\n"
+        "--batch auto (--preset 1b3's default): the largest micro-batch whose step fits the GPU\n"
+        "with one mode in memory at a time, by the memory planner (attnres inspect memory),\n"
+        "with 8% + 2 GiB to spare. The modes run side by side (their steps in turn) when the\n"
+        "planner says they fit together, else one after another. --gpu-memory: plan for a GPU\n"
+        "with that many GiB free instead of asking the device; --plan: print the plan and exit\n"
+        "(no GPU needed with --gpu-memory).\n"
         "--recompute all runs each mode with none, mix and layer (training.recompute);\n"
         "--logits: the LM head's logits as training.logits (auto: bf16 in a bf16 run);\n"
         "the act MiB column is the step's tensor high-water above weights, gradients and\n"
@@ -123,8 +175,11 @@ int cmd_bench(const Args& args) {
   } else if (preset == "350m") {
     c.d_model = 1024, c.n_layers = 24, c.n_heads = 16, c.n_kv_heads = 16, c.d_ff = 2816;
     c.vocab_size = 50304, T = 2048, B = 8, NB = 8;
+  } else if (preset == "1b3") {  // B = 0: the largest the GPU holds (--batch auto)
+    c.d_model = 2048, c.n_layers = 24, c.n_heads = 16, c.n_kv_heads = 8, c.d_ff = 5504;
+    c.vocab_size = 50304, T = 2048, B = 0, NB = 8;
   } else if (!preset.empty()) {
-    fail("bench: unknown --preset '", preset, "' (124m or 350m)");
+    fail("bench: unknown --preset '", preset, "' (124m, 350m or 1b3)");
   } else {
     c.d_model = 256, c.n_layers = 6, c.n_heads = 8, c.n_kv_heads = 4, c.d_ff = 688;
     c.vocab_size = 4096;
@@ -136,7 +191,8 @@ int cmd_bench(const Args& args) {
   c.d_ff = f.get_int("d-ff", c.d_ff, "bench");
   c.vocab_size = f.get_int("vocab", c.vocab_size, "bench");
   T = f.get_int("seq-len", T, "bench");
-  B = f.get_int("batch", B, "bench");
+  const bool auto_batch = f.get("batch", B == 0 ? "auto" : "") == "auto";
+  if (!auto_batch) B = f.get_int("batch", B, "bench");
   const int64_t A = f.get_int("grad-accum", 1, "bench");
   const int steps = static_cast<int>(f.get_int("steps", 5, "bench"));
   const int warmup = static_cast<int>(f.get_int("warmup", 1, "bench"));
@@ -153,42 +209,26 @@ int cmd_bench(const Args& args) {
   if (logits_arg == train::Logits::BF16 && dtype != DType::BF16)
     fail("bench: --logits bf16 needs --precision bf16 (an fp32 run keeps fp32 logits)");
   const DType logits = train::logit_dtype(logits_arg, dtype);
-  if (device == Device::CUDA && cuda::device_count() == 0)
-    fail("bench: --device cuda, but no CUDA device is visible");
-
-  double peak = 0;
-  if (device == Device::CUDA) {
-    peak = cuda::peak_dense_flops(0, dtype == DType::BF16);
-    std::printf("attnres GPU benchmark on %s, %s, %s logits\n", cuda::device_description(0).c_str(),
-                train::precision_name(dtype), train::precision_name(logits));
-  } else {
-    std::printf("attnres CPU benchmark, %d OpenMP threads; BLAS: %s\n", omp_get_max_threads(),
-                kernels::cpu::blas_description().c_str());
-    if (const std::string w = kernels::cpu::blas_warning(); !w.empty())
-      std::printf("warning: %s\n", w.c_str());
-  }
-  std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld V=%lld | T=%lld B=%lld A=%lld | "
-              "median of %d timed steps after %d warm-up\n",
-              (long long)c.d_model, (long long)c.n_layers, (long long)c.n_heads,
-              (long long)c.n_kv_heads, (long long)c.d_ff, (long long)c.vocab_size, (long long)T,
-              (long long)B, (long long)A, steps, warmup);
-  if (f.has("kernels")) {
-    if (device != Device::CUDA) fail("bench --kernels times the CUDA ops: add --device cuda");
-    bench_kernels(c, B, T, dtype, NB > 0 ? NB : 8, f.get("only", ""));
-    return 0;
-  }
+  const double gpu_gib = f.get_double("gpu-memory", 0, "bench");
+  if (f.has("gpu-memory") && !(gpu_gib > 0)) fail("bench: --gpu-memory must be a positive number of GiB");
+  if (f.has("gpu-memory") && device != Device::CUDA) fail("bench: --gpu-memory plans for a GPU: add --device cuda");
+  const bool plan_only = f.has("plan");
+  if (device == Device::CUDA && cuda::device_count() == 0 && !(plan_only && f.has("gpu-memory")))
+    fail("bench: --device cuda, but no CUDA device is visible",
+         plan_only ? " (--plan --gpu-memory GiB plans without one)" : "");
+  // The memory the runs may take on a GPU: --gpu-memory, or what it has free now.
+  const double budget = device != Device::CUDA ? 0
+                        : f.has("gpu-memory")  ? gpu_gib * 1073741824.0
+                                               : static_cast<double>(cuda::free_memory());
+  if (auto_batch && budget == 0)
+    fail("bench: --batch auto fits the micro-batch to a GPU's memory: add --device cuda");
 
   std::vector<model::Recompute> recomputes;
   if (const std::string r = f.get("recompute", "none"); r == "all")
     recomputes = {model::Recompute::None, model::Recompute::Mix, model::Recompute::Layer};
   else
     recomputes = {train::parse_recompute(r, "bench: --recompute (or all)")};
-  std::printf("%-26s %10s %12s %12s %8s %10s %10s\n", "mode", "step ms", "tokens/s",
-              device == Device::CUDA ? "TFLOP/s" : "GFLOP/s", "MFU", "vs base", "act MiB");
-  // All modes live side by side and take their steps in turn (baseline, block,
-  // full, baseline, ...), so a slow phase of the machine hits every mode alike
-  // and the "vs base" column compares like with like.
-  std::vector<std::unique_ptr<ModeRunner>> runners;
+  std::vector<RunSpec> runs;
   const bool all = which == "all";
   const model::ResidualMode only = all ? model::ResidualMode::Baseline
                                        : model::parse_residual_mode(which, "bench: --mode (or all)");
@@ -208,35 +248,118 @@ int cmd_bench(const Args& args) {
       }
     }
     mc.validate();
-    for (model::Recompute r : recomputes) {
-      const std::string l = recomputes.size() > 1 || r != model::Recompute::None
-                                ? label + " rc=" + model::recompute_name(r)
-                                : label;
-      runners.push_back(std::make_unique<ModeRunner>(l, mc, B, T, A, device, dtype, logits));
-      runners.back()->set_recompute(r);
+    for (model::Recompute r : recomputes)
+      runs.push_back({recomputes.size() > 1 || r != model::Recompute::None
+                          ? label + " rc=" + model::recompute_name(r)
+                          : label,
+                      mc, r});
+  }
+  auto plan = [&](int64_t b) { return plan_bench_memory(runs, b, T, A, device, dtype); };
+  if (auto_batch) {
+    B = train::largest_fitting(1, 1, [&](int64_t b) { return plan(b).one_at_a_time <= budget; });
+    if (B < 1)
+      fail("bench: --batch auto: not even micro-batch 1 fits ", gib(budget), " GiB (one mode "
+           "needs ", gib(plan(1).one_at_a_time), " GiB by the planner, with its margins)");
+  }
+  const BenchMemory need = plan(B);
+  // Side by side unless the planner says the runs do not fit together.
+  const bool one_at_a_time = budget > 0 && need.side_by_side > budget;
+
+  double peak = 0;
+  if (device == Device::CUDA && plan_only) {
+    std::printf("attnres GPU benchmark plan, %s, %s logits\n", train::precision_name(dtype),
+                train::precision_name(logits));
+  } else if (device == Device::CUDA) {
+    peak = cuda::peak_dense_flops(0, dtype == DType::BF16);
+    std::printf("attnres GPU benchmark on %s, %s, %s logits\n", cuda::device_description(0).c_str(),
+                train::precision_name(dtype), train::precision_name(logits));
+  } else {
+    std::printf("attnres CPU benchmark, %d OpenMP threads; BLAS: %s\n", omp_get_max_threads(),
+                kernels::cpu::blas_description().c_str());
+    if (const std::string w = kernels::cpu::blas_warning(); !w.empty())
+      std::printf("warning: %s\n", w.c_str());
+  }
+  std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld V=%lld | T=%lld B=%lld A=%lld | "
+              "median of %d timed steps after %d warm-up\n",
+              (long long)c.d_model, (long long)c.n_layers, (long long)c.n_heads,
+              (long long)c.n_kv_heads, (long long)c.d_ff, (long long)c.vocab_size, (long long)T,
+              (long long)B, (long long)A, steps, warmup);
+  // GiB needed by the planner (activations + 8%, + 2 GiB) against what there is.
+  if (auto_batch)
+    std::printf("micro-batch B=%lld: the largest whose step fits %.1f GiB with one mode in memory "
+                "at a time (it needs %.1f GiB by the planner with its margins; B=%lld: %.1f GiB)\n",
+                (long long)B, gib(budget), gib(need.one_at_a_time), (long long)(B + 1),
+                gib(plan(B + 1).one_at_a_time));
+  if (budget > 0 && !f.has("kernels")) {
+    std::printf("modes %s (together they need %.1f GiB by the planner with its margins; %.1f GiB free)\n",
+                one_at_a_time ? "one after another" : "side by side", gib(need.side_by_side),
+                gib(budget));
+    if (need.one_at_a_time > budget)
+      std::printf("warning: the planner says one mode alone needs %.1f GiB: it may run out of "
+                  "memory\n", gib(need.one_at_a_time));
+  }
+  if (plan_only) return 0;
+  if (f.has("kernels")) {
+    if (device != Device::CUDA) fail("bench --kernels times the CUDA ops: add --device cuda");
+    bench_kernels(c, B, T, dtype, NB > 0 ? NB : 8, f.get("only", ""));
+    return 0;
+  }
+
+  std::printf("%-26s %10s %12s %12s %8s %10s %10s\n", "mode", "step ms", "tokens/s",
+              device == Device::CUDA ? "TFLOP/s" : "GFLOP/s", "MFU", "vs base", "act MiB");
+  struct Result {
+    std::string label;
+    double sec, tokens, flops_per_token;
+    size_t act_bytes;
+  };
+  std::vector<Result> results;
+  auto result = [](const ModeRunner& r) {
+    return Result{r.label(), r.median_sec(), r.tokens_per_step(), r.flops_per_token(),
+                  r.activation_peak_bytes()};
+  };
+  // Warm-up, then the timed steps of `rs`, each step of each in turn. The
+  // timed steps are the region a profiler started with profiling off records
+  // (scripts/gpu_profile.sh: ncu --profile-from-start off).
+  auto run_steps = [&](const std::vector<std::unique_ptr<ModeRunner>>& rs) {
+    for (int i = 0; i < warmup + steps; ++i) {
+      if (i == warmup && device == Device::CUDA) cuda::profiler_start();
+      for (const auto& r : rs) r->step(/*timed=*/i >= warmup);
     }
+    if (device == Device::CUDA) cuda::profiler_stop();
+    for (const auto& r : rs) results.push_back(result(*r));
+  };
+  auto runner = [&](const RunSpec& run) {
+    return std::make_unique<ModeRunner>(run, B, T, A, device, dtype, logits);
+  };
+  if (one_at_a_time) {
+    // Each run's model lives only for its own steps.
+    for (const RunSpec& run : runs) {
+      std::vector<std::unique_ptr<ModeRunner>> one;
+      one.push_back(runner(run));
+      run_steps(one);
+    }
+  } else {
+    // All runs live side by side and take their steps in turn (baseline,
+    // block, full, baseline, ...), so a slow phase of the machine hits every
+    // mode alike and the "vs base" column compares like with like.
+    std::vector<std::unique_ptr<ModeRunner>> runners;
+    for (const RunSpec& run : runs) runners.push_back(runner(run));
+    run_steps(runners);
   }
-  // The timed steps are the region a profiler started with profiling off
-  // records (scripts/gpu_profile.sh: ncu --profile-from-start off).
-  for (int i = 0; i < warmup + steps; ++i) {
-    if (i == warmup && device == Device::CUDA) cuda::profiler_start();
-    for (auto& r : runners) r->step(/*timed=*/i >= warmup);
-  }
-  if (device == Device::CUDA) cuda::profiler_stop();
 
   // "vs base": against the first row (the baseline with --mode all; the
   // mode without recomputation with --recompute all).
-  const double base_ms = runners.size() > 1 ? runners[0]->median_sec() * 1e3 : 0;
-  for (const auto& r : runners) {
-    const double ms = r->median_sec() * 1e3;
-    const double tps = r->tokens_per_step() / (ms * 1e-3), flops = tps * r->flops_per_token();
+  const double base_ms = results.size() > 1 ? results[0].sec * 1e3 : 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    const double ms = r.sec * 1e3;
+    const double tps = r.tokens / r.sec, flops = tps * r.flops_per_token;
     char rel[32] = "-", mfu[32] = "-";
-    if (base_ms > 0 && r != runners[0])
-      std::snprintf(rel, sizeof rel, "%+.1f%%", 100.0 * (ms / base_ms - 1));
+    if (base_ms > 0 && i > 0) std::snprintf(rel, sizeof rel, "%+.1f%%", 100.0 * (ms / base_ms - 1));
     if (peak > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * flops / peak);
-    std::printf("%-26s %10.1f %12.0f %12.1f %8s %10s %10.2f\n", r->label().c_str(), ms, tps,
+    std::printf("%-26s %10.1f %12.0f %12.1f %8s %10s %10.2f\n", r.label.c_str(), ms, tps,
                 device == Device::CUDA ? flops * 1e-12 : flops * 1e-9, mfu, rel,
-                r->activation_peak_bytes() / 1048576.0);
+                r.act_bytes / 1048576.0);
   }
   if (device == Device::CUDA) {
     auto ms = cuda::memory_stats();

@@ -6,7 +6,6 @@
 // --gpu-memory: whether the largest rank fits, and the largest n_layers (at
 // this width and layout) and micro_batch_size that would.
 #include <cstdio>
-#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -26,28 +25,6 @@ int64_t largest_total(const train::Config& cfg) {
   int64_t m = 0;
   for (const auto& r : train::plan_memory(cfg)) m = std::max(m, r.total());
   return m;
-}
-
-// The largest value of `key` (from `lo`, in steps of `step`) whose run fits
-// in `budget` bytes; lo - step when even `lo` does not fit. Memory grows with
-// both keys, so the search doubles, then bisects.
-int64_t largest_fitting(train::Config cfg, int64_t lo, int64_t step, int64_t budget,
-                        const std::function<void(train::Config&, int64_t)>& set) {
-  auto fits = [&](int64_t v) {
-    set(cfg, v);
-    return largest_total(cfg) <= budget;
-  };
-  if (!fits(lo)) return lo - step;
-  int64_t good = lo, bad = lo + step;
-  while (fits(bad) && bad < (int64_t{1} << 30)) {
-    good = bad;
-    bad = lo + 2 * (bad - lo);
-  }
-  while (bad - good > step) {
-    const int64_t mid = good + (bad - good) / 2 / step * step;
-    (fits(mid) ? good : bad) = mid;
-  }
-  return good;
 }
 
 }  // namespace
@@ -122,10 +99,15 @@ int inspect_memory(const Args& args) {
     std::printf("\n--gpu-memory %.1f GiB: the largest rank needs %.2f GiB: %s\n", budget_gib,
                 worst / 1073741824.0, worst <= budget ? "fits" : "does NOT fit");
     const int64_t min_layers = cfg.parallel.pipeline * cfg.parallel.virtual_stages;
-    const int64_t L = largest_fitting(cfg, min_layers, 1, budget,
-                                      [](train::Config& c, int64_t v) { c.model.n_layers = v; });
-    const int64_t B = largest_fitting(cfg, 1, 1, budget, [](train::Config& c, int64_t v) {
+    const int64_t L = train::largest_fitting(min_layers, 1, [&](int64_t v) {
+      train::Config c = cfg;
+      c.model.n_layers = v;
+      return largest_total(c) <= budget;
+    });
+    const int64_t B = train::largest_fitting(1, 1, [&](int64_t v) {
+      train::Config c = cfg;
       c.training.micro_batch_size = v;
+      return largest_total(c) <= budget;
     });
     if (L < min_layers)
       std::printf("  no n_layers fits at this width and layout\n");

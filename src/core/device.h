@@ -47,6 +47,9 @@ struct MemoryStats {
 MemoryStats memory_stats();
 // Starts a new high-water mark: peak = in_use.
 void reset_peak_memory();
+// Bytes of device memory the driver can still give this process (what the
+// CUDA context, the pool and other processes hold is not free).
+size_t free_memory();
 
 // Marks the region an external profiler records when it is started with
 // profiling off (`ncu --profile-from-start off`): cudaProfilerStart / Stop.

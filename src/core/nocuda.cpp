@@ -25,5 +25,6 @@ MemoryStats memory_stats() { return {}; }
 void reset_peak_memory() {}
 void profiler_start() {}
 void profiler_stop() {}
+size_t free_memory() { no_cuda("device memory"); }
 
 }  // namespace attnres::cuda

@@ -337,4 +337,18 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
   return out;
 }
 
+int64_t largest_fitting(int64_t lo, int64_t step, const std::function<bool(int64_t)>& fits) {
+  if (!fits(lo)) return lo - step;
+  int64_t good = lo, bad = lo + step;
+  while (fits(bad) && bad < (int64_t{1} << 30)) {
+    good = bad;
+    bad = lo + 2 * (bad - lo);
+  }
+  while (bad - good > step) {
+    const int64_t mid = good + (bad - good) / 2 / step * step;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
 }  // namespace attnres::train

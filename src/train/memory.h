@@ -15,6 +15,7 @@
 // (cuBLAS, the cross-entropy's logits tiles) are not in the replay.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,5 +48,10 @@ struct RankMemory {
 // virtual_stages, grad_accum microbatches; the data-parallel replicas are
 // copies of replica 0), with training.device / precision / recompute.
 std::vector<RankMemory> plan_memory(const Config& cfg);
+
+// The largest lo + k step (k >= 0) for which fits holds, where fits holds up
+// to some value and not beyond (memory grows with the key: n_layers,
+// micro_batch_size); lo - step when fits(lo) is false. Doubles, then bisects.
+int64_t largest_fitting(int64_t lo, int64_t step, const std::function<bool(int64_t)>& fits);
 
 }  // namespace attnres::train

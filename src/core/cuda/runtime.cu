@@ -188,6 +188,12 @@ void synchronize() {
 
 MemoryStats memory_stats() { return runtime().stats(); }
 void reset_peak_memory() { runtime().reset_peak(); }
+size_t free_memory() {
+  runtime();  // the context, streams and pool first: what they take is not free
+  size_t free = 0, total = 0;
+  ATTNRES_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
 
 void profiler_start() {
   if (device_count() == 0) return;
