@@ -38,10 +38,16 @@ def shapes(reports):
     from gpu_targets import model_shape
     out = []
     for path in reports:
-        with open(path) as f:
-            m = model_shape(f.read())
+        try:
+            with open(path) as f:
+                m = model_shape(f.read())
+        except OSError as e:
+            print(f"warning: {path}: {e.strerror}; skipped", file=sys.stderr)
+            continue
         if not m:
-            sys.exit(f"{path}: no `model:` line of an attnres bench report")
+            print(f"warning: {path}: no `model:` line of an attnres bench report; skipped",
+                  file=sys.stderr)
+            continue
         s = (m["B"], m["H"], m["T"], m["d"] // m["H"])
         if s not in out:
             out.append(s)
@@ -49,7 +55,7 @@ def shapes(reports):
 
 
 def main():
-    todo = shapes(sys.argv[1:]) if len(sys.argv) > 1 else [(16, 12, 1024, 64), (8, 16, 2048, 64)]
+    todo = (len(sys.argv) > 1 and shapes(sys.argv[1:])) or [(16, 12, 1024, 64), (8, 16, 2048, 64)]
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     print(f"{'shape (B,H,T,hd)':>22} {'backend':>10} {'fwd ms':>8} {'fwd TF/s':>9} {'f+b ms':>8} {'bwd ms':>8} {'bwd TF/s':>9}")
     for B, H, T, hd in todo:

@@ -3,15 +3,21 @@
 # sm_90, runs the GPU tests, then the benchmarks, and prints a short table.
 #   scripts/gpu_check.sh            everything
 #   scripts/gpu_check.sh --quick    build + GPU tests only
-#   scripts/gpu_check.sh --bench    build + benchmarks only (the whole script takes
-#                                   ~10.5 min on an H100: ~2 build, ~4 tests, ~5
-#                                   benchmarks; --quick then --bench fit a
-#                                   10-minute limit per command)
+#   scripts/gpu_check.sh --bench    build + benchmarks only (124M, 350M and 1b3
+#                                   steps, per-kernel tables at 124M and 350M,
+#                                   PyTorch's attention at the same shapes, then
+#                                   scripts/gpu_targets.py's table)
 #   scripts/gpu_check.sh --tests SPEC   only the GPU tests a Catch2 test spec
 #                                       selects, e.g. "[mix],[adamw]" (filters the
-#                                       test_gpu binary only: the resume and NCCL
-#                                       tests still run)
-# Logs and tables go to $OUT (if set, as on the device tool) or build-gpu/report.
+#                                       test_gpu binary only: the resume, NCCL and
+#                                       multi-rank tests still run)
+#   --report DIR   where logs and tables go (default build-gpu/report)
+# On an H100 (2026-11-22) the build took ~2 min, the GPU tests ~4, the 124M and
+# 350M benchmarks ~5; --quick and --bench are each meant to fit a 10-minute
+# command limit. When $OUT is set (the device tool's folder, which returns at
+# most 8 files), the report folder is also packed into $OUT/gpu_check_<what>.tgz
+# after every stage, so a command killed at its time limit still returns what
+# had finished.
 #
 # Dependencies: nvcc, CMake and the CUDA libraries must be there. The Debian
 # packages the CPU side needs (json, spdlog, Catch2, OpenBLAS) are used from the
@@ -19,28 +25,36 @@
 # (made on a Debian machine with `scripts/gpu_deps.sh`) into /tmp/attnres-deps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-build-gpu/report}"
-mkdir -p "$out"
+out=build-gpu/report
 quick=0
 bench_only=0
 tests=()
-usage() { echo "usage: scripts/gpu_check.sh [--quick | --bench] [--tests SPEC]" >&2; exit 2; }
+usage() { echo "usage: scripts/gpu_check.sh [--quick | --bench] [--tests SPEC] [--report DIR]" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
     --bench) bench_only=1 ;;
     --tests) [[ $# -ge 2 ]] || usage; tests=("$2"); shift ;;
+    --report) [[ $# -ge 2 ]] || usage; out=$2; shift ;;
     *) usage ;;
   esac
   shift
 done
 [[ $quick -eq 1 && $bench_only -eq 1 ]] && usage  # one or the other
+mkdir -p "$out"
+what=all; [[ $quick -eq 1 ]] && what=quick; [[ $bench_only -eq 1 ]] && what=bench
+# Packs the report so far into $OUT (see above); called after every stage.
+save() {
+  [[ -n "${OUT:-}" ]] || return 0
+  tar czf "$OUT/gpu_check_$what.tgz.part" -C "$out" . && mv "$OUT/gpu_check_$what.tgz.part" "$OUT/gpu_check_$what.tgz"
+}
 
 cmake_extra=()
 have_deps=1
-for h in nlohmann/json.hpp catch2/catch.hpp spdlog/spdlog.h; do
+for h in nlohmann/json.hpp catch2/catch.hpp spdlog/spdlog.h pcre2.h; do
   [[ -f /usr/include/$h ]] || have_deps=0
 done
+command -v pkg-config >/dev/null || have_deps=0
 if [[ $have_deps -eq 0 ]]; then
   if ! ls .deps/*.deb >/dev/null 2>&1; then
     echo "error: the CPU-side dependencies are missing and .deps/ holds no .deb files" >&2
@@ -53,8 +67,12 @@ if [[ $have_deps -eq 0 ]]; then
   lib="$prefix/usr/lib/x86_64-linux-gnu"
   export CMAKE_PREFIX_PATH="$prefix/usr"
   export LD_LIBRARY_PATH="$lib:$lib/openblas-openmp:${LD_LIBRARY_PATH:-}"
+  # PCRE2 is found through pkg-config: the unpacked pkgconf, reading only the
+  # unpacked .pc files, with their /usr paths moved under the prefix.
+  export PKG_CONFIG_LIBDIR="$lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$prefix"
   cmake_extra+=("-DOPENBLAS_INCLUDE_DIR=$prefix/usr/include/x86_64-linux-gnu/openblas-openmp"
-                "-DOPENBLAS_LIBRARY=$lib/openblas-openmp/libopenblas.so")
+                "-DOPENBLAS_LIBRARY=$lib/openblas-openmp/libopenblas.so"
+                "-DPKG_CONFIG_EXECUTABLE=$prefix/usr/bin/pkgconf")
 fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
@@ -64,6 +82,7 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
   "${cmake_extra[@]}" > "$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 2; }
 cmake --build build-gpu -j"$(nproc)" --target attnres test_gpu > "$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -60; exit 2; }
 echo "build: $(( $(date +%s) - t0 )) s"
+save
 
 status=0
 if [[ $bench_only -eq 0 ]]; then
@@ -73,6 +92,7 @@ if [[ $bench_only -eq 0 ]]; then
   if [[ $status -ne 0 ]]; then
     grep -B3 -A12 "FAILED" "$out/gpu_tests.log" | head -150
   fi
+  save
   echo "==> exact resume and eval on the GPU (bf16): tests/cli/resume.sh"
   if ATTNRES_TEST_DEVICE=cuda timeout 300 bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD" \
        > "$out/resume.log" 2>&1; then
@@ -81,6 +101,7 @@ if [[ $bench_only -eq 0 ]]; then
     status=1
     tail -30 "$out/resume.log"
   fi
+  save
   if command -v mpirun >/dev/null && cmake --build build-gpu -j"$(nproc)" --target test_mpi >> "$out/build.log" 2>&1; then
     echo "==> NCCL transport (1 rank: self-exchange, P = 1 with two chunks)"
     mpirun --allow-run-as-root -np 1 ./build-gpu/tests/test_mpi "[nccl]" -s > "$out/nccl.log" 2>&1 || status=1
@@ -98,31 +119,39 @@ if [[ $bench_only -eq 0 ]]; then
         status=1
         tail -30 "$out/$t.log"
       fi
+      save
     done
   else
     echo "==> NCCL transport test not run (no mpirun on this machine)"
   fi
 fi
-[[ $quick -eq 1 ]] && exit $status
+if [[ $quick -eq 1 ]]; then save; exit $status; fi
 
-echo "==> kernel benchmark (124M shapes, bf16)"
-./build-gpu/attnres bench --device cuda --preset 124m --kernels 2>&1 | tee "$out/kernels_124m.txt" | tail -30 \
-  || status=1
-echo "==> end-to-end training steps (bf16)"
-./build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3 2>&1 \
-  | tee "$out/bench_124m.txt" | tail -6 || status=1
-if python3 -c "import torch" 2>/dev/null; then
-  echo "==> reference attention (PyTorch SDPA, each backend) at the same shapes"
-  python3 scripts/bench_attention_torch.py 2>&1 | tee "$out/attention_torch.txt"
-fi
-./build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2 2>&1 \
-  | tee "$out/bench_350m.txt" | tail -6 || status=1
-echo "==> kernel benchmark (350M shapes, bf16; attention rows shown)"
-./build-gpu/attnres bench --device cuda --preset 350m --kernels > "$out/kernels_350m.txt" 2>&1 || {
-  status=1
-  tail -30 "$out/kernels_350m.txt"
+# run_bench NAME ARGS...: `attnres bench --device cuda ARGS` into $out/NAME.txt,
+# showing the lines that match the table or the ceilings.
+run_bench() {
+  local name=$1; shift
+  ./build-gpu/attnres bench --device cuda "$@" > "$out/$name.txt" 2>&1 || {
+    status=1
+    tail -30 "$out/$name.txt"
+  }
+  grep -E "^(model|micro-batch|modes|baseline|block|full|measured ceilings|attention|lm_head)" "$out/$name.txt"
+  save
 }
-grep -E "^(measured ceilings|attention)" "$out/kernels_350m.txt"
+echo "==> end-to-end training steps (bf16, bf16 logits): 124M, 350M, 1b3 (largest micro-batch)"
+run_bench bench_124m --preset 124m --steps 10 --warmup 3
+run_bench bench_350m --preset 350m --steps 5 --warmup 2
+run_bench bench_1b3 --preset 1b3 --steps 5 --warmup 2
+echo "==> kernel benchmarks (each op against its floors): 124M and 350M shapes"
+run_bench kernels_124m --preset 124m --kernels
+run_bench kernels_350m --preset 350m --kernels
+if python3 -c "import torch" 2>/dev/null; then
+  echo "==> reference attention (PyTorch SDPA, each backend) at the benchmarks' shapes"
+  python3 scripts/bench_attention_torch.py "$out"/bench_{124m,350m,1b3}.txt 2>&1 | tee "$out/attention_torch.txt"
+fi
 echo "==> the GPU performance targets (docs/cuda.md)"
 python3 scripts/gpu_targets.py "$out" | tee "$out/targets.txt"
+echo "==> kernel benchmark at the 1b3 shapes (information)"
+run_bench kernels_1b3 --preset 1b3 --kernels
+save
 exit $status

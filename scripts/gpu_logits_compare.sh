@@ -87,7 +87,7 @@ for i in 0 1 2; do
   echo "    $((SECONDS - start)) s"
 done
 
-/usr/bin/python3 - "$out" "$window" "$last" "${names[@]}" <<'PY' | tee "$out/logits_compare.txt"
+python3 - "$out" "$window" "$last" "${names[@]}" <<'PY' | tee "$out/logits_compare.txt"
 import json, sys
 
 out, window, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the GPU performance targets (docs/cuda.md) against a gpu_check.sh report.
 
-    scripts/gpu_targets.py REPORT_DIR [--logits bf16|fp32] [--json]
+    scripts/gpu_targets.py REPORT_DIR [--json]
 
 REPORT_DIR holds what scripts/gpu_check.sh --bench writes: per preset P (124m,
 350m, 1b3) bench_P.txt (`attnres bench --preset P`) and kernels_P.txt
@@ -19,9 +19,9 @@ The floor of a baseline step, from the ceilings measured on the same machine
 rate, attention at cuDNN's measured speed at the model's shape
 (attention_torch.txt), and the memory-bound bytes counted from the shapes
 (norms, SwiGLU, RoPE, the residual epilogues, the LM head's logit traffic,
-AdamW) at the measured copy bandwidth: an estimate. The logits are bf16 in a
-bf16 run (--logits fp32 for reports measured before that change) and fp32 in
-an fp32 run.
+AdamW) at the measured copy bandwidth: an estimate. The LM head's logits are
+counted in the dtype the report's header names ("..., bf16, bf16 logits";
+reports from before training.logits existed had fp32 logits and no such word).
 
 The floor of an AttnRes overhead: the extra passes over a [B*T, d] bf16 tensor
 that its depth Mix makes beyond the baseline's residual add and RMSNorm
@@ -100,9 +100,11 @@ def model_shape(text):
 
 
 def precision(text):
-    """The run's precision from the bench header ('..., bf16'); None when absent."""
-    m = re.search(r"^attnres GPU benchmark on .*, (bf16|fp32)$", text or "", re.M)
-    return m and m.group(1)
+    """(precision, logits) from the bench header ('... on GPU, bf16, bf16 logits');
+    logits fp32 where the header predates them; (None, None) when absent."""
+    m = re.search(r"^attnres GPU benchmark on .*?, (bf16|fp32)(?:, (bf16|fp32) logits)?$",
+                  text or "", re.M)
+    return (m.group(1), m.group(2) or "fp32") if m else (None, None)
 
 
 def attention_shape(shape):
@@ -203,7 +205,7 @@ def depth_floors(shape, bench, copy_gbs):
     return out
 
 
-def evaluate(d, logits=None):
+def evaluate(d):
     """Everything the report prints, as plain data (the --json output)."""
     torch_text = read(os.path.join(d, "attention_torch.txt"))
     texts = {p.name: (read(os.path.join(d, f"bench_{p.name}.txt")),
@@ -228,10 +230,11 @@ def evaluate(d, logits=None):
         # The baseline's floor (needs the ceilings and cuDNN's time at this shape).
         floor = None
         attn = shape and cudnn_fb_ms(torch_text, attention_shape(shape))
-        if ceil and shape and attn is not None and precision(text) != "fp32":
-            lb = 4 if logits == "fp32" else 2
-            ms, tflop = floor_step(shape, ceil[0], ceil[1], attn, lb)
+        prec, logits = precision(text)
+        if ceil and shape and attn is not None and prec == "bf16":
+            ms, tflop = floor_step(shape, ceil[0], ceil[1], attn, 4 if logits == "fp32" else 2)
             floor = {"preset": p.name, "label": p.label, "B": shape["B"], "T": shape["T"],
+                     "logits": logits,
                      "tflop": tflop, "floor_ms": ms,
                      "floor_mfu": 100 * tflop / (PEAK_TFLOPS * ms * 1e-3),
                      "target_mfu": p.mfu, "target_ms": tflop / (p.mfu / 100 * PEAK_TFLOPS) * 1e3,
@@ -272,7 +275,7 @@ def evaluate(d, logits=None):
     return out
 
 
-def markdown(r, logits):
+def markdown(r):
     """The report as Markdown, ready to paste."""
     lines = ["**Targets** (docs/cuda.md; overhead goal = max(the issue's, "
              f"{FLOOR_FACTOR} x the 'dw fused, no zero fill' floor); 'goal from' says which applied)",
@@ -283,18 +286,17 @@ def markdown(r, logits):
                      f"{t['goal_from']} | {met} |")
     c = r["ceilings"]
     if r["floors"]:
-        lb = 4 if logits == "fp32" else 2
         lines += ["", f"**Floor of a bf16 baseline step** from the measured ceilings (copy "
-                  f"{c['copy_gbs']:.0f} GB/s, GEMM {c['gemm_tflops']:.0f} TFLOP/s, cuDNN attention); "
-                  f"logits assumed {logits or 'bf16'}"
-                  f"{'' if logits else ' (as bf16 runs have them; --logits fp32 for older runs)'}: "
-                  f"{lm_head_bytes_per_logit(lb)} bytes of LM-head traffic per logit; an estimate:",
-                  "",
-                  "| model | B x T | model TFLOP | floor step | MFU at floor | step for the MFU "
-                  "target | measured baseline | measured / floor |", "|---|---|---|---|---|---|---|---|"]
+                  f"{c['copy_gbs']:.0f} GB/s, GEMM {c['gemm_tflops']:.0f} TFLOP/s, cuDNN attention), "
+                  "the LM head's logit traffic in the run's logit dtype (bf16: "
+                  f"{lm_head_bytes_per_logit(2)}, fp32: {lm_head_bytes_per_logit(4)} bytes per "
+                  "logit); an estimate:", "",
+                  "| model | B x T | logits | model TFLOP | floor step | MFU at floor | step for the "
+                  "MFU target | measured baseline | measured / floor |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for f in r["floors"]:
             got = f["baseline_ms"]
-            lines.append(f"| {f['label']} | {f['B']} x {f['T']} | {f['tflop']:.1f} | "
+            lines.append(f"| {f['label']} | {f['B']} x {f['T']} | {f['logits']} | {f['tflop']:.1f} | "
                          f"{f['floor_ms']:.1f} ms | {f['floor_mfu']:.1f}% | "
                          f"{f['target_ms']:.1f} ms ({f['target_mfu']}%) | "
                          + (f"{got:.1f} ms | {got / f['floor_ms']:.2f}x |" if got else "- | - |"))
@@ -325,13 +327,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("report_dir")
-    ap.add_argument("--logits", choices=("bf16", "fp32"),
-                    help="the LM head's logit type in bf16 runs (default bf16; fp32 for "
-                         "reports measured before bf16 logits)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     a = ap.parse_args()
-    r = evaluate(a.report_dir, a.logits)
-    print(json.dumps(r, indent=1) if a.json else markdown(r, a.logits))
+    r = evaluate(a.report_dir)
+    print(json.dumps(r, indent=1) if a.json else markdown(r))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ ranks() {  # P x D of a layout's flags
   echo $((P * D))
 }
 pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | head -1 | cut -d: -f2; }
+last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }
 # The GPUs this job may use: CUDA_VISIBLE_DEVICES's entries when set.
 if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
   gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^ ]')
@@ -96,7 +97,8 @@ for prec in fp32 bf16; do
     fi
     grep -q "$transport transport" log_p.txt || [[ $transport == auto ]] \
       || fail "$prec $args: the log does not name the $transport transport"
-    pass "$prec, $np ranks on $gpus GPU(s), $transport transport, $args: $result$bytes"
+    pass "$prec, $np ranks on $gpus GPU(s), $transport transport, $args: final loss" \
+      "$(last_loss run_p/metrics.jsonl) (one process $(last_loss run_1$prec/metrics.jsonl)), $result$bytes"
   done
 done
 if [[ $transport == auto ]] && ((gpus < 4)); then
