@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Writes the Markdown report of one GPU session from its logs.
+
+    scripts/gpu_report.py DIR [--commit SHA] [--date YYYY-MM-DD] > DIR/README.md
+
+DIR holds what the session's scripts wrote (unpack their $OUT archives into
+it): scripts/gpu_check.sh --quick and --bench (gpu.txt, gpu_tests.log,
+resume.log, nccl.log, pipeline_cuda.log, zero_bf16.log, bench_*.txt,
+kernels_*.txt, attention_torch.txt), scripts/gpu_logits_compare.sh
+(logits_compare.txt) and scripts/gpu_profile.sh (profile_*.md). A missing
+file is reported as "not run", a test log without its success line as
+FAILED: the report never says more than the logs do. Standard library only.
+"""
+import argparse
+import glob
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_targets  # noqa: E402  (the target table, from the same files)
+
+
+def read(d, name):
+    try:
+        with open(os.path.join(d, name)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def catch2_result(text):
+    """(passed, summary) of a Catch2 run's log."""
+    m = re.search(r"^All tests passed \(.*\)$", text, re.M)
+    if m:
+        return True, m.group(0)
+    m = re.search(r"^test cases:.*$", text, re.M)
+    return False, m.group(0) if m else "no summary line (the run did not finish)"
+
+
+def script_result(text, success):
+    """(passed, the ok/skipped/not run lines) of a tests/cli or tests/gpu script's log."""
+    lines = [l for l in text.splitlines() if re.match(r"^(ok|skipped|not run)\b", l)]
+    failed = [l for l in text.splitlines() if l.startswith("FAIL")]
+    return (not failed and success in text), lines + failed
+
+
+def tests_section(d):
+    out = ["## Tests", "", "| test | result | summary |", "|---|---|---|"]
+    details = []
+    text = read(d, "gpu_tests.log")
+    if text is None:
+        out.append("| GPU tests (`test_gpu`) | not run | |")
+    else:
+        ok, summary = catch2_result(text)
+        head = re.search(r"^GPU tests on .*$", text, re.M)
+        out.append(f"| GPU tests (`test_gpu`) | {'passed' if ok else 'FAILED'} | {summary}"
+                   f"{' (' + head.group(0) + ')' if head else ''} |")
+    text = read(d, "nccl.log")
+    if text is None:
+        out.append("| NCCL transport, 1 rank (`test_mpi [nccl]`) | not run | |")
+    else:
+        ok, summary = catch2_result(text)
+        out.append(f"| NCCL transport, 1 rank (`test_mpi [nccl]`) | {'passed' if ok else 'FAILED'} "
+                   f"| {summary} |")
+    for name, title, success in (
+            ("resume.log", "exact resume and eval, bf16 (`tests/cli/resume.sh`)",
+             "all resume checks passed"),
+            ("pipeline_cuda.log", "pipeline and data parallelism on cuda (`tests/gpu/pipeline_cuda.sh`)",
+             "all pipeline_cuda checks passed"),
+            ("zero_bf16.log", "ZeRO-1 in bf16, 2 ranks (`tests/gpu/zero_bf16.sh`)",
+             "all zero_bf16 checks passed")):
+        text = read(d, name)
+        if text is None:
+            out.append(f"| {title} | not run | |")
+            continue
+        ok, lines = script_result(text, success)
+        out.append(f"| {title} | {'passed' if ok else 'FAILED'} | {len(lines)} line{'' if len(lines) == 1 else 's'} below |")
+        details += ["", f"`{name}`:", "", "```"] + lines + ["```"]
+    return out + details
+
+
+def verbatim(title, texts):
+    out = [f"## {title}", ""]
+    if not texts:
+        return out + ["not run"]
+    for name, text in texts:
+        out += [f"`{name}`:", "", "```", text.rstrip("\n"), "```", ""]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--commit", default="(not given)")
+    ap.add_argument("--date", default="(not given)")
+    a = ap.parse_args()
+    d = a.dir
+    gpu = (read(d, "gpu.txt") or "").strip().splitlines()
+    lines = [f"# GPU session {a.date}", "",
+             f"Commit {a.commit}; GPU: {gpu[-1] if gpu else 'gpu.txt missing'}. Written by "
+             "`scripts/gpu_report.py` from the logs in this folder.", ""]
+    lines += tests_section(d) + [""]
+    lines += ["## Targets (`scripts/gpu_targets.py`)", "",
+              gpu_targets.markdown(gpu_targets.evaluate(d)), ""]
+    benches = [(os.path.basename(p), read(d, os.path.basename(p)))
+               for p in sorted(glob.glob(os.path.join(d, "bench_*.txt")))]
+    lines += verbatim("Training steps (`attnres bench`)", benches)
+    logits = read(d, "logits_compare.txt")
+    lines += verbatim("bf16 against fp32 logits (`scripts/gpu_logits_compare.sh`)",
+                      logits and [("logits_compare.txt", logits)])
+    profiles = [(os.path.basename(p), read(d, os.path.basename(p)))
+                for p in sorted(glob.glob(os.path.join(d, "profile_*.md")))]
+    lines += ["## Profiles (`scripts/gpu_profile.sh`, Nsight Compute)", ""]
+    if not profiles:
+        lines.append("not run")
+    for name, text in profiles:
+        lines += [f"### {name}", "", text.rstrip("\n"), ""]
+    kernels = [(os.path.basename(p), read(d, os.path.basename(p)))
+               for p in sorted(glob.glob(os.path.join(d, "kernels_*.txt")))]
+    lines += verbatim("Per-kernel benchmarks (`attnres bench --kernels`)", kernels)
+    print("\n".join(lines).rstrip("\n"))
+
+
+if __name__ == "__main__":
+    main()

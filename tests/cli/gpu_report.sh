@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# scripts/gpu_report.py on a made-up session folder: a test log with its
+# success line is "passed", one with a FAIL line or without its last line
+# "FAILED", a missing log "not run"; the ok / FAIL lines of the multi-rank
+# scripts are quoted; the target table comes from the bench reports (here the
+# H100 run kept in docs/measurements).
+# Usage: gpu_report.sh BIN SRC (BIN unused: the script is Python)
+source "$(dirname "$0")/lib.sh"
+expect() { grep -qF -- "$1" <<<"$out" || fail "output lacks: $1"; }
+
+mkdir s
+cp "$SRC"/docs/measurements/2026-11-22-h100-2/{gpu.txt,bench_124m.txt,kernels_124m.txt,attention_torch.txt} s/
+printf 'GPU tests on NVIDIA H100\nAll tests passed (12 assertions in 3 test cases)\n' > s/gpu_tests.log
+printf 'test cases: 2 | 1 passed | 1 failed\n' > s/nccl.log
+printf 'ok: one\nok: two\nall resume checks passed\n' > s/resume.log
+printf 'ok: fp32, 2 ranks, final loss 7.1\nFAIL: bf16 --parallel.data=2: losses differ\n' > s/pipeline_cuda.log
+printf 'ok: zero = 1 = zero = 0\n' > s/zero_bf16.log  # cut off before its last line
+printf 'final val loss (step 400): fp32_s1 5.0\n' > s/logits_compare.txt
+out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
+echo "$out"
+expect "Commit abc1234; GPU: NVIDIA H100 80GB HBM3"
+expect "| GPU tests (\`test_gpu\`) | passed | All tests passed (12 assertions in 3 test cases) (GPU tests on NVIDIA H100) |"
+expect "| NCCL transport, 1 rank (\`test_mpi [nccl]\`) | FAILED | test cases: 2 | 1 passed | 1 failed |"
+expect "| exact resume and eval, bf16 (\`tests/cli/resume.sh\`) | passed | 2 lines below |"
+expect "| pipeline and data parallelism on cuda (\`tests/gpu/pipeline_cuda.sh\`) | FAILED | 2 lines below |"
+expect "| ZeRO-1 in bf16, 2 ranks (\`tests/gpu/zero_bf16.sh\`) | FAILED | 1 line below |"
+expect "FAIL: bf16 --parallel.data=2: losses differ"
+expect "| 124M baseline MFU | 34.0% | >= 40% | issue | no |"
+expect "final val loss (step 400): fp32_s1 5.0"
+[[ $(grep -c "^not run$" <<<"$out") -eq 1 ]] || fail "the profiles should be 'not run'"
+pass "gpu_report.py"
