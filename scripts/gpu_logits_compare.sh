@@ -8,12 +8,13 @@
 #   fp32_s2   fp32 logits, training.seed = 2   (the seed-to-seed yardstick)
 # training.seed sets the weight initialisation and, with data.shuffle = true
 # (set here), the order of the training sequences; the validation batches are
-# the same for every run. Prints (and writes to OUT/logits_compare.txt) the
+# the same for every run. Prints (and writes to the output folder's logits_compare.txt) the
 # train loss (mean of each 25-step window) and the val loss at every 25 steps
 # with |bf16 - fp32| beside |seed 2 - seed 1|, then a summary: the mean
 # absolute difference of the per-step train loss over the last 100 steps and
 # the final val loss of each run. Each run's metrics.jsonl and log are kept
-# under OUT/<run>/.
+# under <out>/<run>/; with $OUT set (the device tool) all of it is packed into
+# $OUT/gpu_logits_compare.tgz.
 #
 # Text: the Brown corpus encoded with GPT-2's vocabulary (ids < 50257 <= V),
 # prepared on a machine that has data/brown/raw and data/gpt2 (scripts/
@@ -27,7 +28,7 @@
 #
 # Usage (on the GPU machine, after scripts/gpu_check.sh --quick built build-gpu/):
 #   scripts/gpu_logits_compare.sh [--bin build-gpu/attnres] [--data .shards/brown_gpt2]
-#                                 [--out DIR (default $OUT, else build-gpu/logits)]
+#                                 [--out DIR (default build-gpu/report/logits)]
 #                                 [--steps 400]
 #   scripts/gpu_logits_compare.sh --cpu-smoke [--bin build/attnres]
 # --cpu-smoke checks this script's mechanics without a GPU: a tiny model on the
@@ -58,7 +59,7 @@ if [[ $smoke -eq 1 ]]; then
          --training.seq_len=64 --schedule.warmup_steps=2 --eval.every=2 --eval.batches=2)
   logits=(fp32 fp32 fp32)
 else
-  bin="${bin:-build-gpu/attnres}" out="${out:-${OUT:-build-gpu/logits}}" steps="${steps:-400}"
+  bin="${bin:-build-gpu/attnres}" out="${out:-build-gpu/report/logits}" steps="${steps:-400}"
   window=25 last=100
   setup=(--training.micro_batch_size=8 --schedule.warmup_steps=40 --eval.every=25
          --eval.batches=8)
@@ -146,3 +147,8 @@ if vals:
           ", ".join(f"{n} {r[1][s]:.4f}" for n, r in zip(names, runs)) +
           f"; |bf16-fp32| {abs(low[1][s] - ref[1][s]):.4f}, |s2-s1| {abs(seed2[1][s] - ref[1][s]):.4f}")
 PY
+# The device tool returns at most 8 files: the runs' folders travel packed.
+if [[ -n "${OUT:-}" && $smoke -eq 0 ]]; then
+  cp "$out/logits_compare.txt" "$OUT/"
+  tar czf "$OUT/gpu_logits_compare.tgz" -C "$out" .
+fi

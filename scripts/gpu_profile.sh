@@ -9,12 +9,13 @@
 #                          [--steps 2] [--bytes]
 # --bytes also reads each kernel's DRAM bytes (several replays per kernel:
 # slower). Writes ncu_<preset>_<mode>.csv, bench_<preset>_profiled.txt and
-# profile_<preset>.md to $OUT (or build-gpu/report) and prints the tables.
+# profile_<preset>.md to build-gpu/report and prints the tables; when $OUT is
+# set (the device tool), packs them into $OUT/gpu_profile_<preset>.tgz.
 # Clocks are left alone (--clock-control none) and caches are not flushed
 # between kernels (--cache-control none), as in a real step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-build-gpu/report}"
+out=build-gpu/report
 preset=124m modes="baseline block full" steps=2 metrics=gpu__time_duration.sum
 usage() { sed -n '2,14p' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -42,6 +43,10 @@ for m in $modes; do
   [[ -n "$ms" ]] && step_ms+=(--step-ms "$m=$ms")
 done
 
+# Every mode at the micro-batch of the run above (with --batch auto, as for
+# 1b3, one mode alone could fit a larger one).
+batch=$(grep -o ' B=[0-9]*' "$out/bench_${preset}_profiled.txt" | head -1 | cut -d= -f2)
+[[ -n "$batch" ]] || { echo "error: no B= in $out/bench_${preset}_profiled.txt" >&2; exit 1; }
 profiles=()
 for m in $modes; do
   echo "==> ncu: $preset $m, $steps step(s)"
@@ -49,9 +54,14 @@ for m in $modes; do
   "$ncu" --profile-from-start off --clock-control none --cache-control none \
     --metrics "$metrics" --csv --page raw --print-kernel-base function \
     --log-file "$out/ncu_${preset}_${m}.csv" \
-    "$bin" bench --device cuda --preset "$preset" --mode "$m" --steps "$steps" --warmup 2 >/dev/null
+    "$bin" bench --device cuda --preset "$preset" --batch "$batch" --mode "$m" --steps "$steps" \
+    --warmup 2 >/dev/null
   echo "    $(grep -c '^"[0-9]' "$out/ncu_${preset}_${m}.csv" || true) kernels in $(( $(date +%s) - t0 )) s"
   profiles+=("$m=$out/ncu_${preset}_${m}.csv")
 done
 python3 scripts/ncu_summary.py --steps "$steps" "${step_ms[@]}" "${profiles[@]}" \
   | tee "$out/profile_${preset}.md"
+if [[ -n "${OUT:-}" ]]; then
+  tar czf "$OUT/gpu_profile_$preset.tgz" -C "$out" "bench_${preset}_profiled.txt" "profile_${preset}.md" \
+    $(cd "$out" && ls ncu_"${preset}"_*.csv)
+fi
