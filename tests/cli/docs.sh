@@ -142,7 +142,8 @@ while IFS=$'\t' read -r doc cmd; do
     scripts/test.sh*) reason="the test suite itself" ;;
     scripts/quickstart.sh*|scripts/sweep_cpu.sh*|scripts/gpu_deps.sh*)
       reason="installs packages and builds (the README's set-up, run from a fresh clone)" ;;
-    *gpu_check.sh*|*"--device cuda"*|*nccl*) has_gpu || reason="needs a GPU" ;;
+    *gpu_check.sh*|*gpu_profile.sh*|*gpu_logits_compare.sh*|*"--device cuda"*|*nccl*)
+      has_gpu || reason="needs a GPU" ;;
   esac
   if [[ "$cmd" == mpirun* ]] && ! command -v mpirun > /dev/null; then reason="mpirun not installed"; fi
   if [[ -n "$reason" ]]; then
