@@ -1,23 +1,20 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (H100/H200; no network needed): builds for
-# sm_90, runs the GPU tests, then the benchmarks, and prints a short table.
-#   scripts/gpu_check.sh            everything
-#   scripts/gpu_check.sh --quick    build + GPU tests only
-#   scripts/gpu_check.sh --bench    build + benchmarks only (124M, 350M and 1b3
-#                                   steps, per-kernel tables at 124M and 350M,
-#                                   PyTorch's attention at the same shapes, then
-#                                   scripts/gpu_targets.py's table)
-#   scripts/gpu_check.sh --tests SPEC   only the GPU tests a Catch2 test spec
-#                                       selects, e.g. "[mix],[adamw]" (filters the
-#                                       test_gpu binary only: the resume, NCCL and
-#                                       multi-rank tests still run)
+# sm_90, then runs any of three stages (all three without a flag):
+#   --quick   the GPU tests (test_gpu) and exact resume + eval on the GPU in bf16
+#   --multi   the NCCL transport test (1 rank) and, on the visible GPUs, the
+#             multi-rank scripts tests/gpu/pipeline_cuda.sh (every pipeline and
+#             data-parallel layout against the single-GPU run) and zero_bf16.sh
+#   --bench   124M, 350M and 1b3 training steps, per-kernel tables, PyTorch's
+#             attention at the same shapes, then scripts/gpu_targets.py's table
+#   --tests SPEC   only the GPU tests a Catch2 spec selects, e.g. "[mix],[adamw]"
 #   --report DIR   where logs and tables go (default build-gpu/report)
 # On an H100 (2026-11-22) the build took ~2 min, the GPU tests ~4, the 124M and
-# 350M benchmarks ~5; --quick and --bench are each meant to fit a 10-minute
-# command limit. When $OUT is set (the device tool's folder, which returns at
-# most 8 files), the report folder is also packed into $OUT/gpu_check_<what>.tgz
-# after every stage, so a command killed at its time limit still returns what
-# had finished.
+# 350M benchmarks ~5: each stage is meant to fit a 10-minute command limit
+# (--quick --multi together may not). When $OUT is set (the device tool's
+# folder, which returns at most 8 files), the report folder is also packed into
+# $OUT/gpu_check_<stages>.tgz after every step, so a command killed at its time
+# limit still returns what had finished.
 #
 # Dependencies: nvcc, CMake and the CUDA libraries must be there. The Debian
 # packages the CPU side needs (json, spdlog, Catch2, OpenBLAS) are used from the
@@ -26,23 +23,24 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=build-gpu/report
-quick=0
-bench_only=0
+stages=()
 tests=()
-usage() { echo "usage: scripts/gpu_check.sh [--quick | --bench] [--tests SPEC] [--report DIR]" >&2; exit 2; }
+usage() { echo "usage: scripts/gpu_check.sh [--quick] [--multi] [--bench] [--tests SPEC] [--report DIR]" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --quick) quick=1 ;;
-    --bench) bench_only=1 ;;
+    --quick) stages+=(quick) ;;
+    --multi) stages+=(multi) ;;
+    --bench) stages+=(bench) ;;
     --tests) [[ $# -ge 2 ]] || usage; tests=("$2"); shift ;;
     --report) [[ $# -ge 2 ]] || usage; out=$2; shift ;;
     *) usage ;;
   esac
   shift
 done
-[[ $quick -eq 1 && $bench_only -eq 1 ]] && usage  # one or the other
+[[ ${#stages[@]} -eq 0 ]] && stages=(quick multi bench)
+stage() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 mkdir -p "$out"
-what=all; [[ $quick -eq 1 ]] && what=quick; [[ $bench_only -eq 1 ]] && what=bench
+what=$(IFS=_; echo "${stages[*]}")
 # Packs the report so far into $OUT (see above); called after every stage.
 save() {
   [[ -n "${OUT:-}" ]] || return 0
@@ -79,13 +77,17 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 echo "==> configure + build (sm_90)"
 t0=$(date +%s)
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  "${cmake_extra[@]}" > "$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 2; }
-cmake --build build-gpu -j"$(nproc)" --target attnres test_gpu > "$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -60; exit 2; }
+  "${cmake_extra[@]}" > "$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; save; exit 2; }
+cmake --build build-gpu -j"$(nproc)" --target attnres test_gpu > "$out/build.log" 2>&1 || {
+  grep -E "error" -A3 "$out/build.log" | head -60
+  save
+  exit 2
+}
 echo "build: $(( $(date +%s) - t0 )) s"
 save
 
 status=0
-if [[ $bench_only -eq 0 ]]; then
+if stage quick; then
   echo "==> GPU tests"
   ./build-gpu/tests/test_gpu "${tests[@]}" --durations yes > "$out/gpu_tests.log" 2>&1 || status=1
   grep -E "^(GPU tests on|All tests passed|test cases:)" "$out/gpu_tests.log"
@@ -102,10 +104,13 @@ if [[ $bench_only -eq 0 ]]; then
     tail -30 "$out/resume.log"
   fi
   save
+fi
+if stage multi; then
   if command -v mpirun >/dev/null && cmake --build build-gpu -j"$(nproc)" --target test_mpi >> "$out/build.log" 2>&1; then
     echo "==> NCCL transport (1 rank: self-exchange, P = 1 with two chunks)"
     mpirun --allow-run-as-root -np 1 ./build-gpu/tests/test_mpi "[nccl]" -s > "$out/nccl.log" 2>&1 || status=1
     grep -E "skipped|All tests passed|test cases:|FAILED" "$out/nccl.log" | head -20
+    save
     # Several ranks on the GPU(s) through the trainer (tests/gpu/*.sh take the
     # binary, the source dir, test_mpi, then the launcher and its flags).
     launcher=(mpirun -np --oversubscribe)
@@ -122,10 +127,11 @@ if [[ $bench_only -eq 0 ]]; then
       save
     done
   else
-    echo "==> NCCL transport test not run (no mpirun on this machine)"
+    status=1
+    echo "==> the multi-rank tests were NOT run (no mpirun, or test_mpi did not build: $out/build.log)"
   fi
 fi
-if [[ $quick -eq 1 ]]; then save; exit $status; fi
+if ! stage bench; then save; exit $status; fi
 
 # run_bench NAME ARGS...: `attnres bench --device cuda ARGS` into $out/NAME.txt,
 # showing the lines that match the table or the ceilings.
