@@ -67,7 +67,7 @@ GpuPin choose_local_gpu(int local_rank, int local_size, const std::vector<std::s
   return pin;
 }
 
-std::vector<std::string> visible_gpus() {
+std::vector<std::string> visible_gpus(const std::string& driver_dir, const std::string& dev_dir) {
   std::vector<std::string> devices;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
     std::string item;
@@ -81,11 +81,21 @@ std::vector<std::string> visible_gpus() {
     }
     return devices;
   }
-  int n = 0;
-  std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
-    ++n;
+  // The GPU device files are nvidia0, nvidia1, ... (not nvidiactl, nvidia-uvm).
+  auto count = [](const std::string& dir, bool device_files) {
+    int n = 0;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(dir, ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (!device_files || (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+                            name.find_first_not_of("0123456789", 6) == std::string::npos))
+        ++n;
+    }
+    return n;
+  };
+  int n = count(driver_dir, false);
+  if (n == 0) n = count(dev_dir, true);
   for (int i = 0; i < n; ++i) devices.push_back(std::to_string(i));
   return devices;
 }

@@ -88,8 +88,11 @@ GpuPin choose_local_gpu(int local_rank, int local_size, const std::vector<std::s
 
 // The node's GPUs as this process sees them, without initialising CUDA (which
 // would freeze the device list before we restrict it): CUDA_VISIBLE_DEVICES's
-// entries when set, else one per GPU the driver lists.
-std::vector<std::string> visible_gpus();
+// entries when set, else one per GPU the driver lists (a folder per GPU in
+// `driver_dir`, or, where that is missing or empty as in some containers, the
+// device files nvidia0, nvidia1, ... in `dev_dir`; parameters for the tests).
+std::vector<std::string> visible_gpus(const std::string& driver_dir = "/proc/driver/nvidia/gpus",
+                                      const std::string& dev_dir = "/dev");
 
 // choose_local_gpu on visible_gpus(), then CUDA_VISIBLE_DEVICES restricted to
 // the chosen entry, so that device 0 of this process (the one core/cuda uses)

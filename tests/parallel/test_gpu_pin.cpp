@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "parallel/mpi.h"
 
@@ -64,4 +66,29 @@ TEST_CASE("GPU pinning: CUDA_VISIBLE_DEVICES lists the visible GPUs", "[gpu_pin]
   CHECK(visible_gpus().empty());
   if (old) setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
   else unsetenv("CUDA_VISIBLE_DEVICES");
+}
+
+TEST_CASE("GPU pinning: without CUDA_VISIBLE_DEVICES, the driver's GPUs", "[gpu_pin]") {
+  namespace fs = std::filesystem;
+  const char* old = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string saved = old ? old : "";
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  const fs::path root = fs::temp_directory_path() / "attnres_gpu_pin_test";
+  fs::remove_all(root);
+  const fs::path driver = root / "gpus", dev = root / "dev";
+  fs::create_directories(driver / "0000:18:00.0");
+  fs::create_directories(driver / "0000:2a:00.0");
+  fs::create_directories(dev);
+  for (const char* f : {"nvidia0", "nvidia3", "nvidia7", "nvidiactl", "nvidia-uvm", "nvidia-modeset",
+                        "null"})
+    std::ofstream(dev / f).put('x');
+  // A folder per GPU in the driver's list: two GPUs, CUDA's ordinals 0 and 1.
+  CHECK(visible_gpus(driver.string(), dev.string()) == std::vector<std::string>{"0", "1"});
+  // No driver list (a container): the device files nvidiaN, three here.
+  CHECK(visible_gpus((root / "missing").string(), dev.string()) ==
+        std::vector<std::string>{"0", "1", "2"});
+  // Neither: no GPU.
+  CHECK(visible_gpus((root / "missing").string(), (root / "missing").string()).empty());
+  fs::remove_all(root);
+  if (old) setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
 }
