@@ -108,16 +108,19 @@ fi
 if stage multi; then
   if command -v mpirun >/dev/null && cmake --build build-gpu -j"$(nproc)" --target test_mpi >> "$out/build.log" 2>&1; then
     echo "==> NCCL transport (1 rank: self-exchange, P = 1 with two chunks)"
-    mpirun --allow-run-as-root -np 1 ./build-gpu/tests/test_mpi "[nccl]" -s > "$out/nccl.log" 2>&1 || status=1
+    timeout 180 mpirun --allow-run-as-root -np 1 ./build-gpu/tests/test_mpi "[nccl]" -s > "$out/nccl.log" 2>&1 || status=1
     grep -E "skipped|All tests passed|test cases:|FAILED" "$out/nccl.log" | head -20
     save
     # Several ranks on the GPU(s) through the trainer (tests/gpu/*.sh take the
     # binary, the source dir, test_mpi, then the launcher and its flags).
     launcher=(mpirun -np --oversubscribe)
     [[ $(id -u) == 0 ]] && launcher+=(--allow-run-as-root)
+    # A hung exchange fails in a minute (ATTNRES_COMM_TIMEOUT_S) rather than
+    # eating the command's time limit; each script gets at most 6 minutes.
     for t in pipeline_cuda zero_bf16; do
       echo "==> tests/gpu/$t.sh (2 and 4 ranks on the visible GPUs)"
-      if OMP_NUM_THREADS=1 timeout 600 bash "tests/gpu/$t.sh" "$PWD/build-gpu/attnres" "$PWD" \
+      if OMP_NUM_THREADS=1 ATTNRES_COMM_TIMEOUT_S=60 timeout 360 bash "tests/gpu/$t.sh" \
+           "$PWD/build-gpu/attnres" "$PWD" \
            "$PWD/build-gpu/tests/test_mpi" "${launcher[@]}" > "$out/$t.log" 2>&1; then
         grep -E "^(ok|skipped|not run)" "$out/$t.log"
       else
