@@ -6,23 +6,27 @@
 # time measured without the profiler (the difference is launch gaps and host
 # work). Needs a built build-gpu/attnres (scripts/gpu_check.sh) and ncu.
 #   scripts/gpu_profile.sh [--preset 124m|350m|1b3] [--modes "baseline block full"]
-#                          [--steps 2] [--bytes]
+#                          [--steps 1] [--bytes] [--limit 150]
 # --bytes also reads each kernel's DRAM bytes (several replays per kernel:
-# slower). Writes ncu_<preset>_<mode>.csv, bench_<preset>_profiled.txt and
+# slower). Profiling serialises the kernels and costs time per kernel (a step
+# has thousands), so each mode gets --limit seconds at most (a mode cut off is
+# left out of the summary, and said so). Writes ncu_<preset>_<mode>.csv, bench_<preset>_profiled.txt and
 # profile_<preset>.md to build-gpu/report and prints the tables; when $OUT is
-# set (the device tool), packs them into $OUT/gpu_profile_<preset>.tgz.
+# set (the device tool), packs them into $OUT/gpu_profile_<preset>.tgz after
+# every mode.
 # Clocks are left alone (--clock-control none) and caches are not flushed
 # between kernels (--cache-control none), as in a real step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build-gpu/report
-preset=124m modes="baseline block full" steps=2 metrics=gpu__time_duration.sum
+preset=124m modes="baseline block full" steps=1 limit=150 metrics=gpu__time_duration.sum
 usage() { sed -n '2,14p' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --preset) [[ $# -ge 2 ]] || usage; preset=$2; shift ;;
     --modes) [[ $# -ge 2 ]] || usage; modes=$2; shift ;;
     --steps) [[ $# -ge 2 ]] || usage; steps=$2; shift ;;
+    --limit) [[ $# -ge 2 ]] || usage; limit=$2; shift ;;
     --bytes) metrics+=,dram__bytes.sum ;;
     *) usage ;;
   esac
@@ -33,6 +37,11 @@ bin=build-gpu/attnres
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
 [[ -n "$ncu" ]] || { echo "error: ncu (Nsight Compute) not found" >&2; exit 2; }
 mkdir -p "$out"
+save() {  # the files so far into $OUT (the device tool returns at most 8 files)
+  [[ -n "${OUT:-}" ]] || return 0
+  (cd "$out" && tar czf "$OUT/gpu_profile_$preset.tgz" "bench_${preset}_profiled.txt" \
+     $(ls "profile_${preset}.md" ncu_"${preset}"_*.csv 2>/dev/null))
+}
 
 echo "==> step times without the profiler ($preset, bf16)"
 "$bin" bench --device cuda --preset "$preset" --steps 10 --warmup 3 | tee "$out/bench_${preset}_profiled.txt"
@@ -51,17 +60,19 @@ profiles=()
 for m in $modes; do
   echo "==> ncu: $preset $m, $steps step(s)"
   t0=$(date +%s)
-  "$ncu" --profile-from-start off --clock-control none --cache-control none \
-    --metrics "$metrics" --csv --page raw --print-kernel-base function \
-    --log-file "$out/ncu_${preset}_${m}.csv" \
-    "$bin" bench --device cuda --preset "$preset" --batch "$batch" --mode "$m" --steps "$steps" \
-    --warmup 2 >/dev/null
-  echo "    $(grep -c '^"[0-9]' "$out/ncu_${preset}_${m}.csv" || true) kernels in $(( $(date +%s) - t0 )) s"
-  profiles+=("$m=$out/ncu_${preset}_${m}.csv")
+  if timeout "$limit" "$ncu" --profile-from-start off --clock-control none --cache-control none \
+       --metrics "$metrics" --csv --page raw --print-kernel-base function \
+       --log-file "$out/ncu_${preset}_${m}.csv" \
+       "$bin" bench --device cuda --preset "$preset" --batch "$batch" --mode "$m" --steps "$steps" \
+       --warmup 2 >/dev/null; then
+    echo "    $(grep -c '^"[0-9]' "$out/ncu_${preset}_${m}.csv" || true) kernels in $(( $(date +%s) - t0 )) s"
+    profiles+=("$m=$out/ncu_${preset}_${m}.csv")
+  else
+    echo "    $m: not profiled (ncu failed or passed --limit $limit s; see $out/ncu_${preset}_${m}.csv)"
+  fi
+  save
 done
+[[ ${#profiles[@]} -gt 0 ]] || { echo "error: no mode was profiled" >&2; exit 1; }
 python3 scripts/ncu_summary.py --steps "$steps" "${step_ms[@]}" "${profiles[@]}" \
   | tee "$out/profile_${preset}.md"
-if [[ -n "${OUT:-}" ]]; then
-  tar czf "$OUT/gpu_profile_$preset.tgz" -C "$out" "bench_${preset}_profiled.txt" "profile_${preset}.md" \
-    $(cd "$out" && ls ncu_"${preset}"_*.csv)
-fi
+save
