@@ -107,8 +107,9 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
   const int reps = 20;
 
   // ---- linear layers ----
+  // (gate_up: the MLP's gate and up projections as one GEMM, as the model runs them.)
   for (auto [name, in, out] : {std::tuple<const char*, int64_t, int64_t>{"q_proj", d, H * hd},
-                               {"gate_proj", d, F}, {"down_proj", F, d}}) {
+                               {"gate_up_proj", d, 2 * F}, {"down_proj", F, d}}) {
     Tensor x = rand_dev({N, in}, dt, 4), w = rand_dev({out, in}, dt, 5, 0.02);
     Tensor y = Tensor::empty({N, out}, dt, Device::CUDA), dy = rand_dev({N, out}, dt, 6);
     Tensor dx = Tensor::zeros({N, in}, dt, Device::CUDA), dw = Tensor::zeros({out, in}, gt, Device::CUDA);
@@ -153,10 +154,10 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     add("rope fwd (q)", [&] { kern::rope_forward(q, B, T, H, hd, 10000.f); }, reps, e * 2.0 * N * H * hd, 0);
   }
   {
-    Tensor g = rand_dev({N, F}, dt, 15), u = rand_dev({N, F}, dt, 16), h = Tensor::empty({N, F}, dt, Device::CUDA);
-    Tensor dh = rand_dev({N, F}, dt, 17), dg = Tensor::zeros({N, F}, dt, Device::CUDA), du = Tensor::zeros({N, F}, dt, Device::CUDA);
-    add("swiglu fwd", [&] { kern::swiglu_forward(h, g, u); }, reps, e * 3.0 * N * F, 0);
-    add("swiglu bwd", [&] { kern::swiglu_backward(dg, du, dh, g, u, kern::Store::Set); }, reps,
+    Tensor gu = rand_dev({N, 2 * F}, dt, 15), h = Tensor::empty({N, F}, dt, Device::CUDA);
+    Tensor dh = rand_dev({N, F}, dt, 17), dgu = Tensor::zeros({N, 2 * F}, dt, Device::CUDA);
+    add("swiglu fwd", [&] { kern::swiglu_forward(h, gu); }, reps, e * 3.0 * N * F, 0);
+    add("swiglu bwd", [&] { kern::swiglu_backward(dgu, dh, gu, kern::Store::Set); }, reps,
         e * 5.0 * N * F, 0);  // read dh, gate, up; write dgate, dup
   }
   // Phase 1 of a Mix group: Q queries over k sources, forward and backward

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -164,6 +165,18 @@ Tensor Tensor::rows(int64_t begin, int64_t count) const {
   t.shape_[0] = count;
   t.numel_ = count * row_elems;
   t.offset_bytes_ += static_cast<size_t>(begin * row_elems) * dtype_size(dtype_);
+  return t;
+}
+
+Tensor Tensor::joined_rows(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.storage_ != b.storage_ || a.dtype_ != b.dtype_ ||
+      a.ndim() < 1 || a.ndim() != b.ndim() ||
+      !std::equal(a.shape_.begin() + 1, a.shape_.end(), b.shape_.begin() + 1) ||
+      b.offset_bytes_ != a.offset_bytes_ + a.nbytes())
+    return Tensor();
+  Tensor t = a;
+  t.shape_[0] += b.shape_[0];
+  t.numel_ += b.numel_;
   return t;
 }
 

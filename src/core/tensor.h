@@ -94,6 +94,11 @@ class Tensor {
 
   Tensor reshape(const Shape& shape) const;           // same numel, shares storage
   Tensor rows(int64_t begin, int64_t count) const;    // slice of dim 0, shares storage
+  // One view of a's rows followed by b's, when b's elements start where a's
+  // end in the same allocation with the same dtype and row shape (e.g. two
+  // rows() slices of one tensor, model/params.h's joined weights); an
+  // undefined tensor otherwise.
+  static Tensor joined_rows(const Tensor& a, const Tensor& b);
   Tensor clone() const;                               // deep copy
   Tensor to(DType dtype) const;                       // host conversion (copy)
   Tensor to(Device device) const;                     // copy to device (or clone if same)

@@ -9,31 +9,36 @@
 
 namespace attnres::kernels {
 
-void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up) {
+namespace {
+// gu must be [N, 2F]; returns F.
+int64_t half_width(const char* op, const Tensor& gu) {
+  check_2d(op, "gu", gu);
+  if (gu.dim(1) % 2 != 0)
+    fail(op, ": gu has shape ", shape_str(gu.shape()), ", expected [N, 2F] (gate | up)");
+  return gu.dim(1) / 2;
+}
+}  // namespace
+
+void swiglu_forward(Tensor& h, const Tensor& gu) {
   const char* op = "swiglu_forward";
-  if (!gate.defined()) fail(op, ": gate is undefined");
-  check_arg(op, "up", up, gate, gate.shape());
-  check_arg(op, "h", h, gate, gate.shape());
-  ATTNRES_CUDA_DISPATCH(gate, op, cuda::swiglu_forward(h, gate, up));
-  dispatch_cpu_float(gate, op, [&](auto tag) {
+  const int64_t N = gu.defined() ? gu.dim(0) : 0, F = half_width(op, gu);
+  check_arg(op, "h", h, gu, {N, F});
+  ATTNRES_CUDA_DISPATCH(gu, op, cuda::swiglu_forward(h, gu));
+  dispatch_cpu_float(gu, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::swiglu_forward<T>(h.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
+    cpu::swiglu_forward<T>(h.data<T>(), gu.data<T>(), N, F);
   });
 }
 
-void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor& gate,
-                     const Tensor& up, Store store) {
+void swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, Store store) {
   const char* op = "swiglu_backward";
-  if (!gate.defined()) fail(op, ": gate is undefined");
-  check_arg(op, "up", up, gate, gate.shape());
-  check_arg(op, "dh", dh, gate, gate.shape());
-  check_arg(op, "dgate", dgate, gate, gate.shape());
-  check_arg(op, "dup", dup, gate, gate.shape());
-  ATTNRES_CUDA_DISPATCH(gate, op, cuda::swiglu_backward(dgate, dup, dh, gate, up, store));
-  dispatch_cpu_float(gate, op, [&](auto tag) {
+  const int64_t N = gu.defined() ? gu.dim(0) : 0, F = half_width(op, gu);
+  check_arg(op, "dh", dh, gu, {N, F});
+  check_arg(op, "dgu", dgu, gu, gu.shape());
+  ATTNRES_CUDA_DISPATCH(gu, op, cuda::swiglu_backward(dgu, dh, gu, store));
+  dispatch_cpu_float(gu, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::swiglu_backward<T>(dgate.data<T>(), dup.data<T>(), dh.data<T>(), gate.data<T>(),
-                            up.data<T>(), gate.numel(), store == Store::Add);
+    cpu::swiglu_backward<T>(dgu.data<T>(), dh.data<T>(), gu.data<T>(), N, F, store == Store::Add);
   });
 }
 

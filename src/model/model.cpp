@@ -167,31 +167,41 @@ void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* res
   kern::matmul_forward(y, a.h, layer(l).down->value, residual);
 }
 
+namespace {
+// The gate and up projections' tensors (values or gradients) as one [2F, d]
+// matrix, gate's rows first: make_params keeps them in one allocation.
+Tensor gate_up(const Tensor& gate, const Tensor& up, int64_t l) {
+  Tensor both = Tensor::joined_rows(gate, up);
+  ATTNRES_CHECK(both.defined(), "layer ", l, ": the gate and up projections are not in one "
+                "allocation (ParamTable::join_rows)");
+  return both;
+}
+}  // namespace
+
+// Gate and up in one GEMM: gu = u [W_gate; W_up]^T is [N, 2F], gate | up.
 void Model::mlp_core(int64_t l, SublayerActs& a) const {
   const int64_t N = a.u.dim(0), F = cfg_.d_ff;
-  if (!a.gate.defined()) {  // (recompute = mix keeps them)
-    a.gate = new_act(N, F);
-    a.up = new_act(N, F);
-    kern::matmul_forward(a.gate, a.u, layer(l).gate->value);
-    kern::matmul_forward(a.up, a.u, layer(l).up->value);
+  const LayerParams& L = layer(l);
+  if (!a.gu.defined()) {  // (recompute = mix keeps it)
+    a.gu = new_act(N, 2 * F);
+    kern::matmul_forward(a.gu, a.u, gate_up(L.gate->value, L.up->value, l));
   }
   a.h = new_act(N, F);
-  kern::swiglu_forward(a.h, a.gate, a.up);
+  kern::swiglu_forward(a.h, a.gu);
 }
 
 Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
   const int64_t N = a.u.dim(0), F = cfg_.d_ff;
-  Param& wg = *layer(l).gate;
-  Param& wu = *layer(l).up;
-  Param& wd = *layer(l).down;
+  const LayerParams& L = layer(l);
+  Param& wd = *L.down;
   Tensor dh = new_act(N, F);
   kern::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value, kern::Store::Set);
-  Tensor dgate = new_act(N, F);
-  Tensor dup = new_act(N, F);
-  kern::swiglu_backward(dgate, dup, dh, a.gate, a.up, kern::Store::Set);
+  Tensor dgu = new_act(N, 2 * F);
+  kern::swiglu_backward(dgu, dh, a.gu, kern::Store::Set);
   Tensor du = new_act(N, cfg_.d_model);
-  kern::matmul_backward(&du, &wg.grad, dgate, a.u, wg.value, kern::Store::Set);
-  kern::matmul_backward(&du, &wu.grad, dup, a.u, wu.value);
+  Tensor dw = gate_up(L.gate->grad, L.up->grad, l);
+  kern::matmul_backward(&du, &dw, dgu, a.u, gate_up(L.gate->value, L.up->value, l),
+                        kern::Store::Set);
   return du;
 }
 
@@ -447,7 +457,7 @@ void Model::drop_recomputable(SublayerActs& a) const {
   if (cfg_.attnres()) a.x = Tensor();
   a.mix_stats = a.norm_rstd = a.u = Tensor();
   a.h = Tensor();
-  if (recompute_ == Recompute::Layer) a.q = a.k = a.v = a.att = a.lse = a.gate = a.up = Tensor();
+  if (recompute_ == Recompute::Layer) a.q = a.k = a.v = a.att = a.lse = a.gu = Tensor();
 }
 
 void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,

@@ -46,8 +46,8 @@ struct SublayerActs {
   Tensor u;           // RMSNorm(x; g)
   // attention: q, k (after RoPE), v, attention output and its log-sum-exp
   Tensor q, k, v, att, lse;
-  // MLP: gate/up projections and SwiGLU output
-  Tensor gate, up, h;
+  // MLP: the joint gate/up projection [N, 2F] (gate | up) and SwiGLU output
+  Tensor gu, h;
 };
 
 // Everything one microbatch's forward through a chunk saved for backward.

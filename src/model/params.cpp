@@ -28,6 +28,30 @@ Param& ParamTable::add(const std::string& name, const Shape& shape, DType dtype,
   return params_.back();
 }
 
+void ParamTable::join_rows(const std::string& first, const std::string& second) {
+  Param& a = get(first);
+  Param& b = get(second);
+  auto join = [&](Tensor& x, Tensor& y, const char* what) {
+    if (!x.defined() && !y.defined()) return;
+    ATTNRES_CHECK(x.defined() && y.defined() && x.dtype() == y.dtype() &&
+                      x.device() == y.device() && x.ndim() == y.ndim() && x.ndim() >= 1 &&
+                      std::equal(x.shape().begin() + 1, x.shape().end(), y.shape().begin() + 1),
+                  "cannot join the ", what, " of ", first, " (", x.describe(), ") and ", second,
+                  " (", y.describe(), ")");
+    Shape shape = x.shape();
+    shape[0] += y.dim(0);
+    const Tensor both = Tensor::empty(shape, x.dtype(), x.device());
+    Tensor top = both.rows(0, x.dim(0)), bottom = both.rows(x.dim(0), y.dim(0));
+    top.copy_from(x);
+    bottom.copy_from(y);
+    x = top;
+    y = bottom;
+  };
+  join(a.value, b.value, "values");
+  join(a.master, b.master, "master weights");
+  join(a.grad, b.grad, "gradients");
+}
+
 Param& ParamTable::get(const std::string& name) {
   auto it = index_.find(name);
   if (it == index_.end()) fail("no parameter named '", name, "'");
@@ -129,8 +153,13 @@ ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& pa
   if (device == Device::CUDA && dtype != DType::F32 && dtype != DType::BF16)
     fail("parameters on cuda are F32 or BF16, not ", dtype_name(dtype));
   ParamTable t;
-  for (const auto& s : param_shapes(cfg, parts))
-    t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value);
+  const auto shapes = param_shapes(cfg, parts);
+  for (const auto& s : shapes) t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value);
+  // Each layer's gate and up projections (declared one after the other) share
+  // an allocation, so the MLP computes both with one GEMM (Model::mlp_core).
+  for (size_t i = 0; i + 1 < shapes.size(); ++i)
+    if (shapes[i].slot == Slot::Gate && shapes[i + 1].slot == Slot::Up)
+      t.join_rows(shapes[i].name, shapes[i + 1].name);
   return t;
 }
 

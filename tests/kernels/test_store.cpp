@@ -69,11 +69,11 @@ TEST_CASE("Store::Set writes what Store::Add adds to zeros: matmul", "[kernels]"
 }
 
 TEST_CASE("Store::Set writes what Store::Add adds to zeros: swiglu", "[kernels]") {
-  const int64_t n = 37;
+  const int64_t N = 3, F = 37;
   for (DType dt : kDtypes) {
-    const Tensor gate = randn({n}, 4, dt), up = randn({n}, 5, dt), dh = randn({n}, 6, dt);
-    check_set_equals_add({{n}, {n}}, dt, [&](std::vector<Tensor>& g, kern::Store st) {
-      kern::swiglu_backward(g[0], g[1], dh, gate, up, st);
+    const Tensor gu = randn({N, 2 * F}, 4, dt), dh = randn({N, F}, 6, dt);
+    check_set_equals_add({{N, 2 * F}}, dt, [&](std::vector<Tensor>& g, kern::Store st) {
+      kern::swiglu_backward(g[0], dh, gu, st);
     });
   }
 }

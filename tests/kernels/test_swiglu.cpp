@@ -1,5 +1,5 @@
-// SwiGLU h = silu(gate) * up: forward vs formula, gradients vs finite
-// differences, accumulation, precision, errors.
+// SwiGLU h = silu(gate) * up on the joint gate | up rows: forward vs formula,
+// gradients vs finite differences, accumulation, precision, errors.
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -10,65 +10,77 @@ using namespace attnres;
 using namespace attnres::testing;
 namespace kern = attnres::kernels;
 
-TEST_CASE("swiglu forward matches the formula", "[kernels]") {
+namespace {
+// gu [N, 2F] with gate values of scale 3 (both sides of silu's bend) and up of scale 1.
+Tensor gate_up(int64_t N, int64_t F, uint64_t seed) {
+  Tensor g = randn({N, F}, seed, DType::F64, 3.0), u = randn({N, F}, seed + 1);
+  Tensor gu = Tensor::empty({N, 2 * F}, DType::F64);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t f = 0; f < F; ++f) {
+      set(gu, n * 2 * F + f, at(g, n * F + f));
+      set(gu, n * 2 * F + F + f, at(u, n * F + f));
+    }
+  return gu;
+}
+}  // namespace
+
+TEST_CASE("swiglu forward matches the formula on gate | up rows", "[kernels]") {
   const int64_t N = 7, F = 12;
-  Tensor g = randn({N, F}, 1, DType::F64, 3.0), u = randn({N, F}, 2);
+  const Tensor gu = gate_up(N, F, 1);
   Tensor h = Tensor::empty({N, F}, DType::F64);
-  kern::swiglu_forward(h, g, u);
-  for (int64_t i = 0; i < h.numel(); ++i) {
-    const double x = at(g, i);
-    REQUIRE(at(h, i) == Approx(x / (1.0 + std::exp(-x)) * at(u, i)).epsilon(1e-14));
-  }
+  kern::swiglu_forward(h, gu);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t f = 0; f < F; ++f) {
+      const double x = at(gu, n * 2 * F + f), up = at(gu, n * 2 * F + F + f);
+      REQUIRE(at(h, n * F + f) == Approx(x / (1.0 + std::exp(-x)) * up).epsilon(1e-14));
+    }
 }
 
 TEST_CASE("swiglu backward matches finite differences and accumulates", "[kernels]") {
   const int64_t N = 7, F = 12;
-  Tensor g = randn({N, F}, 3, DType::F64, 3.0), u = randn({N, F}, 4), w = randn({N, F}, 5);
+  Tensor gu = gate_up(N, F, 3), w = randn({N, F}, 5);
   auto loss = [&] {
     Tensor h = Tensor::empty({N, F}, DType::F64);
-    kern::swiglu_forward(h, g, u);
+    kern::swiglu_forward(h, gu);
     return weighted_sum(h, w);
   };
-  Tensor dg = Tensor::zeros({N, F}, DType::F64), du = Tensor::zeros({N, F}, DType::F64);
-  kern::swiglu_backward(dg, du, w, g, u);
+  Tensor dgu = Tensor::zeros({N, 2 * F}, DType::F64);
+  kern::swiglu_backward(dgu, w, gu);
   // silu' crosses zero near gate = -1.28, where the gradient is tiny and the
   // central difference is mostly rounding noise (~1e-15 |loss| / h): a larger
   // step and an absolute floor keep the check about the formula, not the noise.
-  REQUIRE(fd_check(g, dg, loss, 1e-5, 1e-4) < 1e-6);
-  REQUIRE(fd_check(u, du, loss) < 1e-6);
+  REQUIRE(fd_check(gu, dgu, loss, 1e-5, 1e-4) < 1e-6);
 
-  Tensor dg1 = dg.clone(), du1 = du.clone();
-  kern::swiglu_backward(dg, du, w, g, u);
-  for (int64_t i = 0; i < dg.numel(); ++i) {
-    REQUIRE(at(dg, i) == Approx(2 * at(dg1, i)).epsilon(1e-14));
-    REQUIRE(at(du, i) == Approx(2 * at(du1, i)).epsilon(1e-14));
-  }
+  Tensor dgu1 = dgu.clone();
+  kern::swiglu_backward(dgu, w, gu);
+  for (int64_t i = 0; i < dgu.numel(); ++i) REQUIRE(at(dgu, i) == Approx(2 * at(dgu1, i)).epsilon(1e-14));
 }
 
 TEST_CASE("swiglu float32 agrees with float64", "[kernels]") {
-  const int64_t N = 33, F = 37;  // 1221 elements: vector tails
-  Tensor g = randn({N, F}, 6, DType::F64, 3.0), u = randn({N, F}, 7), dh = randn({N, F}, 8);
+  const int64_t N = 33, F = 37;  // odd widths
+  Tensor gu = gate_up(N, F, 6), dh = randn({N, F}, 8);
   Tensor h = Tensor::empty({N, F}, DType::F64), h32 = Tensor::empty({N, F}, DType::F32);
-  Tensor g32 = g.to(DType::F32), u32 = u.to(DType::F32), dh32 = dh.to(DType::F32);
-  kern::swiglu_forward(h, g, u);
-  kern::swiglu_forward(h32, g32, u32);
+  Tensor gu32 = gu.to(DType::F32), dh32 = dh.to(DType::F32);
+  kern::swiglu_forward(h, gu);
+  kern::swiglu_forward(h32, gu32);
   REQUIRE(max_rel_diff(h32, h, 1e-3) < 1e-5);
-  Tensor dg = Tensor::zeros({N, F}, DType::F64), du = Tensor::zeros({N, F}, DType::F64);
-  Tensor dg32 = Tensor::zeros({N, F}, DType::F32), du32 = Tensor::zeros({N, F}, DType::F32);
-  kern::swiglu_backward(dg, du, dh, g, u);
-  kern::swiglu_backward(dg32, du32, dh32, g32, u32);
-  REQUIRE(max_rel_diff(dg32, dg, 1e-3) < 1e-5);
-  REQUIRE(max_rel_diff(du32, du, 1e-3) < 1e-5);
+  Tensor dgu = Tensor::zeros({N, 2 * F}, DType::F64), dgu32 = Tensor::zeros({N, 2 * F}, DType::F32);
+  kern::swiglu_backward(dgu, dh, gu);
+  kern::swiglu_backward(dgu32, dh32, gu32);
+  REQUIRE(max_rel_diff(dgu32, dgu, 1e-3) < 1e-5);
 }
 
 TEST_CASE("swiglu rejects mismatched shapes and dtypes", "[kernels]") {
-  Tensor g = randn({3, 4}, 9), u = randn({3, 5}, 10), h = Tensor::empty({3, 4}, DType::F64);
-  REQUIRE_THROWS_AS(kern::swiglu_forward(h, g, u), Error);
-  REQUIRE_THROWS_WITH(kern::swiglu_forward(h, g, u),
-                      Catch::Contains("swiglu_forward: up has shape [3, 5], expected [3, 4]"));
-  Tensor u_ok = randn({3, 4}, 11), h32 = Tensor::empty({3, 4}, DType::F32);
-  REQUIRE_THROWS_WITH(kern::swiglu_forward(h32, g, u_ok), Catch::Contains("h is F32, expected F64"));
-  Tensor dg = Tensor::zeros({3, 4}, DType::F64), du = Tensor::zeros({4, 3}, DType::F64);
-  REQUIRE_THROWS_WITH(kern::swiglu_backward(dg, du, h, g, u_ok),
-                      Catch::Contains("swiglu_backward: dup has shape [4, 3]"));
+  Tensor gu = randn({3, 8}, 9), h = Tensor::empty({3, 4}, DType::F64);
+  Tensor odd = randn({3, 7}, 10);
+  REQUIRE_THROWS_AS(kern::swiglu_forward(h, odd), Error);
+  REQUIRE_THROWS_WITH(kern::swiglu_forward(h, odd),
+                      Catch::Contains("swiglu_forward: gu has shape [3, 7], expected [N, 2F]"));
+  Tensor h5 = Tensor::empty({3, 5}, DType::F64), h32 = Tensor::empty({3, 4}, DType::F32);
+  REQUIRE_THROWS_WITH(kern::swiglu_forward(h5, gu),
+                      Catch::Contains("swiglu_forward: h has shape [3, 5], expected [3, 4]"));
+  REQUIRE_THROWS_WITH(kern::swiglu_forward(h32, gu), Catch::Contains("h is F32, expected F64"));
+  Tensor dgu = Tensor::zeros({4, 8}, DType::F64);
+  REQUIRE_THROWS_WITH(kern::swiglu_backward(dgu, h, gu),
+                      Catch::Contains("swiglu_backward: dgu has shape [4, 8]"));
 }

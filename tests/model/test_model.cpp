@@ -326,3 +326,43 @@ TEST_CASE("initialisation follows docs/model.md section 3 and depends only on th
   CHECK(testing::max_rel_diff(part.params().get("model.layers.1.mlp.up_proj.weight").value,
                               m.params().get("model.layers.1.mlp.up_proj.weight").value) == 0);
 }
+
+TEST_CASE("each layer's gate and up projections are one matrix, as two named parameters", "[model]") {
+  const ModelConfig c = tiny(ResidualMode::Block, 2);
+  // Joined: one allocation each for values and gradients, gate's rows first.
+  model::ParamTable joined = model::make_params(c, DType::F64);
+  // The same declarations, each parameter on its own.
+  model::ParamTable apart;
+  for (const auto& s : model::param_shapes(c, {}))
+    apart.add(s.name, s.shape, DType::F64, Device::CPU, s.init_std, s.init_value);
+  joined.init(11);
+  apart.init(11);
+  REQUIRE(joined.all().size() == apart.all().size());
+  for (size_t i = 0; i < joined.all().size(); ++i) {
+    INFO(joined.all()[i].name);
+    CHECK(joined.all()[i].name == apart.all()[i].name);
+    CHECK(testing::same_bits(joined.all()[i].value, apart.all()[i].value));  // init per name
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".mlp.";
+    const model::Param& g = joined.get(pre + "gate_proj.weight");
+    const model::Param& u = joined.get(pre + "up_proj.weight");
+    const Tensor w = Tensor::joined_rows(g.value, u.value);
+    REQUIRE(w.defined());
+    CHECK(w.shape() == Shape{2 * c.d_ff, c.d_model});
+    CHECK(w.rows(c.d_ff, 1).raw() == u.value.raw());
+    CHECK(Tensor::joined_rows(g.grad, u.grad).defined());
+    // Not joined: the other order, or two separate allocations.
+    CHECK_FALSE(Tensor::joined_rows(u.value, g.value).defined());
+    const model::Param& ga = apart.get(pre + "gate_proj.weight");
+    const model::Param& ua = apart.get(pre + "up_proj.weight");
+    CHECK_FALSE(Tensor::joined_rows(ga.value, ua.value).defined());
+  }
+  // Joining keeps the contents; mismatched rows are refused by name.
+  const Tensor before = apart.get("model.layers.0.mlp.up_proj.weight").value.clone();
+  apart.join_rows("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight");
+  CHECK(testing::same_bits(apart.get("model.layers.0.mlp.up_proj.weight").value, before));
+  REQUIRE_THROWS_WITH(
+      apart.join_rows("model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.down_proj.weight"),
+      Catch::Contains("cannot join the values of model.layers.1.mlp.gate_proj.weight"));
+}

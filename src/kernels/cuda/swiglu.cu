@@ -1,6 +1,10 @@
-// CUDA SwiGLU (see kernels/swiglu.h): elementwise, fp32 arithmetic through
-// math::silu / math::silu_grad (the CPU's functions), 16-byte packs when every
-// pointer allows them, element by element otherwise (launch_elementwise).
+// CUDA SwiGLU (see kernels/swiglu.h): elementwise over h's N x F values, fp32
+// arithmetic through math::silu / math::silu_grad (the CPU's functions).
+// Element i of h (row i / F, column i % F) reads gate at row * 2F + column and
+// up F further on. 16-byte packs when F is a multiple of the pack (a pack then
+// never straddles two rows, and gate's and up's packs are aligned like gu's
+// start) and every pointer allows them; element by element otherwise
+// (launch_elementwise).
 #include "kernels/cuda/swiglu.h"
 
 #include <cstdint>
@@ -12,78 +16,81 @@ namespace attnres::kernels::cuda {
 
 namespace {
 
+// Index of the gate value of h's element i in gu (up is F further on).
+__device__ __forceinline__ int64_t gate_index(int64_t i, int64_t F) { return i + (i / F) * F; }
+
 template <typename T>
 struct ForwardOp {  // h = silu(gate) * up
   T* h;
-  const T* gate;
-  const T* up;
+  const T* gu;
+  int64_t F;
   template <int N>
   __device__ void apply(int64_t i) const {
-    const Vec<T, N> g = load<N>(gate + i), u = load<N>(up + i);
+    const int64_t g = gate_index(i, F);
+    const Vec<T, N> gv = load<N>(gu + g), uv = load<N>(gu + g + F);
     Vec<T, N> out;
 #pragma unroll
     for (int j = 0; j < N; ++j)
-      out.v[j] = from_f32<T>(math::silu<float>(to_f32(g.v[j])) * to_f32(u.v[j]));
+      out.v[j] = from_f32<T>(math::silu<float>(to_f32(gv.v[j])) * to_f32(uv.v[j]));
     store<N>(h + i, out);
   }
 };
 
-// kAcc: dgate/dup += (read, add in fp32, round once); else = (never read).
+// kAcc: dgu += (read, add in fp32, round once); else = (never read).
 template <typename T, bool kAcc>
 struct BackwardOp {
-  T* dgate;
-  T* dup;
+  T* dgu;
   const T* dh;
-  const T* gate;
-  const T* up;
+  const T* gu;
+  int64_t F;
   template <int N>
   __device__ void apply(int64_t i) const {
-    const Vec<T, N> g = load<N>(gate + i), u = load<N>(up + i), d = load<N>(dh + i);
+    const int64_t g = gate_index(i, F);
+    const Vec<T, N> gv = load<N>(gu + g), uv = load<N>(gu + g + F), d = load<N>(dh + i);
     Vec<T, N> dg, du;
-    if constexpr (kAcc) dg = load<N>(dgate + i), du = load<N>(dup + i);
+    if constexpr (kAcc) dg = load<N>(dgu + g), du = load<N>(dgu + g + F);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const float gj = to_f32(g.v[j]), dj = to_f32(d.v[j]);
-      float vg = dj * to_f32(u.v[j]) * math::silu_grad<float>(gj);
+      const float gj = to_f32(gv.v[j]), dj = to_f32(d.v[j]);
+      float vg = dj * to_f32(uv.v[j]) * math::silu_grad<float>(gj);
       float vu = dj * math::silu<float>(gj);
       if constexpr (kAcc) vg += to_f32(dg.v[j]), vu += to_f32(du.v[j]);
       dg.v[j] = from_f32<T>(vg);
       du.v[j] = from_f32<T>(vu);
     }
-    store<N>(dgate + i, dg);
-    store<N>(dup + i, du);
+    store<N>(dgu + g, dg);
+    store<N>(dgu + g + F, du);
   }
 };
 
 }  // namespace
 
-void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up) {
-  if (gate.numel() == 0) return;
-  dispatch_float(gate, "swiglu_forward", [&](auto tag) {
+void swiglu_forward(Tensor& h, const Tensor& gu) {
+  if (h.numel() == 0) return;
+  const int64_t F = h.dim(1);
+  dispatch_float(gu, "swiglu_forward", [&](auto tag) {
     using T = decltype(tag);
-    const ForwardOp<T> op{dptr<T>(h), dptr<T>(gate), dptr<T>(up)};
-    const bool vec = aligned(op.h, 16) && aligned(op.gate, 16) && aligned(op.up, 16);
-    launch_elementwise<pack_of<T>()>(gate.numel(), vec, op);
+    constexpr int W = pack_of<T>();
+    const ForwardOp<T> op{dptr<T>(h), dptr<T>(gu), F};
+    const bool vec = F % W == 0 && aligned(op.h, 16) && aligned(op.gu, 16);
+    launch_elementwise<W>(h.numel(), vec, op);
   });
 }
 
-void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor& gate,
-                     const Tensor& up, Store store) {
-  if (gate.numel() == 0) return;
-  dispatch_float(gate, "swiglu_backward", [&](auto tag) {
+void swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, Store store) {
+  if (dh.numel() == 0) return;
+  const int64_t F = dh.dim(1);
+  dispatch_float(gu, "swiglu_backward", [&](auto tag) {
     using T = decltype(tag);
-    T* pdg = dptr<T>(dgate);
-    T* pdu = dptr<T>(dup);
-    const T* pdh = dptr<T>(dh);
-    const T* pg = dptr<T>(gate);
-    const T* pu = dptr<T>(up);
-    const bool vec = aligned(pdg, 16) && aligned(pdu, 16) && aligned(pdh, 16) && aligned(pg, 16) &&
-                     aligned(pu, 16);
     constexpr int W = pack_of<T>();
+    T* pdgu = dptr<T>(dgu);
+    const T* pdh = dptr<T>(dh);
+    const T* pgu = dptr<T>(gu);
+    const bool vec = F % W == 0 && aligned(pdgu, 16) && aligned(pdh, 16) && aligned(pgu, 16);
     if (store == Store::Add)
-      launch_elementwise<W>(gate.numel(), vec, BackwardOp<T, true>{pdg, pdu, pdh, pg, pu});
+      launch_elementwise<W>(dh.numel(), vec, BackwardOp<T, true>{pdgu, pdh, pgu, F});
     else
-      launch_elementwise<W>(gate.numel(), vec, BackwardOp<T, false>{pdg, pdu, pdh, pg, pu});
+      launch_elementwise<W>(dh.numel(), vec, BackwardOp<T, false>{pdgu, pdh, pgu, F});
   });
 }
 

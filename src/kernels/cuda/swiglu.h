@@ -4,7 +4,6 @@
 #include "kernels/store.h"
 
 namespace attnres::kernels::cuda {
-void swiglu_forward(Tensor& h, const Tensor& gate, const Tensor& up);
-void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dh, const Tensor& gate,
-                     const Tensor& up, Store store);
+void swiglu_forward(Tensor& h, const Tensor& gu);
+void swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, Store store);
 }  // namespace attnres::kernels::cuda
