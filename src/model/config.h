@@ -16,7 +16,7 @@ ResidualMode parse_residual_mode(const std::string& name, const std::string& whe
 // bit for bit in every mode; only memory and time differ.
 //   None   keep everything.
 //   Mix    keep the GEMM and attention outputs (q, k, v, attention output,
-//          gate, up); recompute the cheap rest: the Mix's phase-1 output,
+//          gate | up); recompute the cheap rest: the Mix's phase-1 output,
 //          the merge + RMSNorm output u and its statistics, SwiGLU's h.
 //   Layer  keep only each sublayer's input (the depth state it reads: the
 //          sources and partial sums, or the baseline's stream, which the

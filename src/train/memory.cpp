@@ -67,7 +67,7 @@ class ChunkModel {
     // What a sublayer's record holds after its forward, by recompute mode,
     // and what its f_s core allocates.
     const int64_t core_attn = 2 * Nd + 2 * N_ * kv * e_ + N_ * m_.n_heads * f_;  // q, att, k, v, lse
-    const int64_t core_mlp = 3 * N_ * F * e_;                                     // gate, up, h
+    const int64_t core_mlp = 3 * N_ * F * e_;                               // gu (gate | up), h
     auto norm_stats = [&](int64_t s) { return ar && m_.recent_sources(s) > 0 ? N_ * (2 * m_.recent_sources(s) + 2) * f_ : Nf; };
     auto dropped = [&](int64_t s) {  // what drop_recomputable frees
       if (!mix) return int64_t{0};
