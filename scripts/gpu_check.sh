@@ -41,11 +41,9 @@ done
 stage() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 mkdir -p "$out"
 what=$(IFS=_; echo "${stages[*]}")
+source scripts/gpu_lib.sh
 # Packs the report so far into $OUT (see above); called after every stage.
-save() {
-  [[ -n "${OUT:-}" ]] || return 0
-  tar czf "$OUT/gpu_check_$what.tgz.part" -C "$out" . && mv "$OUT/gpu_check_$what.tgz.part" "$OUT/gpu_check_$what.tgz"
-}
+save() { pack_to_out "gpu_check_$what" "$out"; }
 
 cmake_extra=()
 have_deps=1

@@ -28,7 +28,7 @@
 #
 # Usage (on the GPU machine, after scripts/gpu_check.sh --quick built build-gpu/):
 #   scripts/gpu_logits_compare.sh [--bin build-gpu/attnres] [--data .shards/brown_gpt2]
-#                                 [--out DIR (default build-gpu/report/logits)]
+#                                 [--out DIR (default build-gpu/logits)]
 #                                 [--steps 400]
 #   scripts/gpu_logits_compare.sh --cpu-smoke [--bin build/attnres]
 # --cpu-smoke checks this script's mechanics without a GPU: a tiny model on the
@@ -59,7 +59,7 @@ if [[ $smoke -eq 1 ]]; then
          --training.seq_len=64 --schedule.warmup_steps=2 --eval.every=2 --eval.batches=2)
   logits=(fp32 fp32 fp32)
 else
-  bin="${bin:-build-gpu/attnres}" out="${out:-build-gpu/report/logits}" steps="${steps:-400}"
+  bin="${bin:-build-gpu/attnres}" out="${out:-build-gpu/logits}" steps="${steps:-400}"
   window=25 last=100
   setup=(--training.micro_batch_size=8 --schedule.warmup_steps=40 --eval.every=25
          --eval.batches=8)
@@ -148,7 +148,5 @@ if vals:
           f"; |bf16-fp32| {abs(low[1][s] - ref[1][s]):.4f}, |s2-s1| {abs(seed2[1][s] - ref[1][s]):.4f}")
 PY
 # The device tool returns at most 8 files: the runs' folders travel packed.
-if [[ -n "${OUT:-}" && $smoke -eq 0 ]]; then
-  cp "$out/logits_compare.txt" "$OUT/"
-  tar czf "$OUT/gpu_logits_compare.tgz" -C "$out" .
-fi
+source scripts/gpu_lib.sh
+[[ $smoke -eq 1 ]] || pack_to_out gpu_logits_compare "$out"

@@ -11,14 +11,13 @@
 # slower). Profiling serialises the kernels and costs time per kernel (a step
 # has thousands), so each mode gets --limit seconds at most (a mode cut off is
 # left out of the summary, and said so). Writes ncu_<preset>_<mode>.csv, bench_<preset>_profiled.txt and
-# profile_<preset>.md to build-gpu/report and prints the tables; when $OUT is
-# set (the device tool), packs them into $OUT/gpu_profile_<preset>.tgz after
-# every mode.
+# profile_<preset>.md to build-gpu/profile_<preset> and prints the tables;
+# when $OUT is set (the device tool), packs them into
+# $OUT/gpu_profile_<preset>.tgz after every mode.
 # Clocks are left alone (--clock-control none) and caches are not flushed
 # between kernels (--cache-control none), as in a real step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=build-gpu/report
 preset=124m modes="baseline block full" steps=1 limit=150 metrics=gpu__time_duration.sum
 usage() { sed -n '2,14p' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -36,12 +35,10 @@ bin=build-gpu/attnres
 [[ -x $bin ]] || { echo "error: $bin is missing: run scripts/gpu_check.sh --quick first" >&2; exit 2; }
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
 [[ -n "$ncu" ]] || { echo "error: ncu (Nsight Compute) not found" >&2; exit 2; }
+out=build-gpu/profile_$preset
 mkdir -p "$out"
-save() {  # the files so far into $OUT (the device tool returns at most 8 files)
-  [[ -n "${OUT:-}" ]] || return 0
-  (cd "$out" && tar czf "$OUT/gpu_profile_$preset.tgz" "bench_${preset}_profiled.txt" \
-     $(ls "profile_${preset}.md" ncu_"${preset}"_*.csv 2>/dev/null))
-}
+source scripts/gpu_lib.sh
+save() { pack_to_out "gpu_profile_$preset" "$out"; }
 
 echo "==> step times without the profiler ($preset, bf16)"
 "$bin" bench --device cuda --preset "$preset" --steps 10 --warmup 3 | tee "$out/bench_${preset}_profiled.txt"

@@ -110,7 +110,8 @@ class ModeRunner {
 // cross-entropy's 1 GiB chunk of logits, cuBLASLt's workspaces and the pool's
 // rounding, so 2 GiB more.
 constexpr double kActivationMargin = 1.08;
-constexpr double kOutsidePlan = 2.0 * 1073741824.0;
+constexpr double kGiB = 1073741824.0;
+constexpr double kOutsidePlan = 2.0 * kGiB;
 struct BenchMemory {
   double side_by_side = 0, one_at_a_time = 0;
 };
@@ -133,7 +134,7 @@ BenchMemory plan_bench_memory(const std::vector<RunSpec>& runs, int64_t B, int64
   return m;
 }
 
-double gib(double bytes) { return bytes / 1073741824.0; }
+double gib(double bytes) { return bytes / kGiB; }
 
 }  // namespace
 
@@ -218,7 +219,7 @@ int cmd_bench(const Args& args) {
          plan_only ? " (--plan --gpu-memory GiB plans without one)" : "");
   // The memory the runs may take on a GPU: --gpu-memory, or what it has free now.
   const double budget = device != Device::CUDA ? 0
-                        : f.has("gpu-memory")  ? gpu_gib * 1073741824.0
+                        : f.has("gpu-memory")  ? gpu_gib * kGiB
                                                : static_cast<double>(cuda::free_memory());
   if (auto_batch && budget == 0)
     fail("bench: --batch auto fits the micro-batch to a GPU's memory: add --device cuda");
@@ -363,8 +364,8 @@ int cmd_bench(const Args& args) {
   }
   if (device == Device::CUDA) {
     auto ms = cuda::memory_stats();
-    std::printf("GPU memory: peak %.2f GiB in tensors, pool %.2f GiB\n", ms.peak / 1073741824.0,
-                ms.reserved / 1073741824.0);
+    std::printf("GPU memory: peak %.2f GiB in tensors, pool %.2f GiB\n", gib(double(ms.peak)),
+                gib(double(ms.reserved)));
   }
   return 0;
 }

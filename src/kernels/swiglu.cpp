@@ -21,7 +21,7 @@ int64_t half_width(const char* op, const Tensor& gu) {
 
 void swiglu_forward(Tensor& h, const Tensor& gu) {
   const char* op = "swiglu_forward";
-  const int64_t N = gu.defined() ? gu.dim(0) : 0, F = half_width(op, gu);
+  const int64_t F = half_width(op, gu), N = gu.dim(0);
   check_arg(op, "h", h, gu, {N, F});
   ATTNRES_CUDA_DISPATCH(gu, op, cuda::swiglu_forward(h, gu));
   dispatch_cpu_float(gu, op, [&](auto tag) {
@@ -32,7 +32,7 @@ void swiglu_forward(Tensor& h, const Tensor& gu) {
 
 void swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, Store store) {
   const char* op = "swiglu_backward";
-  const int64_t N = gu.defined() ? gu.dim(0) : 0, F = half_width(op, gu);
+  const int64_t F = half_width(op, gu), N = gu.dim(0);
   check_arg(op, "dh", dh, gu, {N, F});
   check_arg(op, "dgu", dgu, gu, gu.shape());
   ATTNRES_CUDA_DISPATCH(gu, op, cuda::swiglu_backward(dgu, dh, gu, store));

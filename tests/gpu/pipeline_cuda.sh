@@ -36,8 +36,6 @@ ranks() {  # P x D of a layout's flags
   [[ "$1" =~ data=([0-9]+) ]] && D=${BASH_REMATCH[1]}
   echo $((P * D))
 }
-pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | head -1 | cut -d: -f2; }
-last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }
 # The GPUs this job may use: CUDA_VISIBLE_DEVICES's entries when set.
 if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
   gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^ ]')

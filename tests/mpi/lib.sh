@@ -26,6 +26,10 @@ write_mpi_config() {
 JSON
 }
 
+# A metrics.jsonl's first step's pipeline bytes, and its last train loss.
+pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | head -1 | cut -d: -f2; }
+last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }
+
 # The per-step records without timing and parallel-only fields.
 strip_metrics() { sed -E 's/,?"(tokens_per_sec|elapsed_sec|bubble|pp_bytes)":[^,}]*//g; s/\{,/{/' "$1"; }
 

@@ -56,7 +56,7 @@ done
 tensors=$("$BIN" inspect schedule --pipeline 2 --virtual 2 --microbatches 2 --layers 8 \
           --block-size 3 | sed -nE 's/^  cached ([0-9]+) .*/\1/p')
 want=$((2 * 2 * 2 * tensors * 32 * 32 * 4))  # directions x M x D x tensors x B*T x d x 4 bytes
-got=$(grep -o '"pp_bytes":[0-9]*' run_p/metrics.jsonl | head -1 | cut -d: -f2)
+got=$(pp_bytes run_p/metrics.jsonl)
 [[ "$got" == "$want" ]] || fail "pp_bytes $got, exact count $want"
 pass "pp_bytes = $got = 2 x M x D x $tensors tensors x B*T*d*4"
 grep -q '"bubble":' run_p/metrics.jsonl || fail "no bubble in metrics.jsonl"
