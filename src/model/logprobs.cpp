@@ -39,8 +39,16 @@ std::vector<double> Model::head_logprobs(const DepthState& st, const std::vector
     idx[i] = static_cast<int32_t>(rows[i]);
   }
   // The selected rows of h (a row gather is an embedding lookup with h as
-  // the table), in the dtype of the full-precision output weights.
-  const Tensor& w_out = w_.lm_head->weights();
+  // the table), in the dtype of the full-precision output weights. A ZeRO-1
+  // bf16 run keeps only its slice of the fp32 masters (AdamW::
+  // take_master_slices): there the bf16 weights the forward used are widened
+  // to fp32 for this pass, so the logits are fp32 in every run.
+  Tensor w_out = w_.lm_head->weights();
+  if (w_out.dtype() == DType::BF16) {
+    Tensor wide = Tensor::empty(w_out.shape(), DType::F32, device_);
+    kern::convert(wide, w_out);
+    w_out = wide;
+  }
   Tensor picked = new_act(n, d);
   kern::embedding_forward(picked, h, on_device(Tensor::from_vector(idx, {n})));
   if (picked.dtype() != w_out.dtype()) {

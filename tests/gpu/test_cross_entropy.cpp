@@ -118,8 +118,10 @@ void check_ce(const CeCase& c, DType dt, DType ref, uint64_t seed) {
 
 TEST_CASE("cuda lm_head_cross_entropy matches the CPU on small and odd sizes", "[gpu][cross_entropy]") {
   uint64_t seed = 500;
+  // V = 1004 is a multiple of 4, not of 8: fp32 logits take 16-byte packs,
+  // bf16 logits the scalar row pass.
   for (const CeCase& c : {CeCase{13, 97, 36}, CeCase{1, 5, 3}, CeCase{64, 1000, 128},
-                          CeCase{200, 4099, 768}})
+                          CeCase{64, 1004, 128}, CeCase{200, 4099, 768}})
     for (DType dt : {DType::F32, DType::BF16}) check_ce(c, dt, DType::F64, seed += 10);
 }
 
@@ -133,8 +135,8 @@ TEST_CASE("cuda lm_head_cross_entropy with bf16 logits of a trained model's size
 }
 
 TEST_CASE("cuda lm_head_cross_entropy over several row chunks", "[gpu][cross_entropy]") {
-  // A 512 MiB fp32 logits chunk holds 512 rows at V = 2^18: N = 1100 gives
-  // chunks of 512, 512 and 76 rows. V odd takes the scalar row pass.
+  // A 1 GiB fp32 logits chunk holds 1024 rows at V = 2^18: N = 1100 gives
+  // chunks of 1024 and 76 rows. V odd takes the scalar row pass.
   uint64_t seed = 600;
   for (const CeCase& c : {CeCase{1100, 262144, 16}, CeCase{1100, 262139, 20}})
     for (DType dt : {DType::F32, DType::BF16}) check_ce(c, dt, DType::F64, seed += 10);
@@ -218,6 +220,12 @@ TEST_CASE("cuda lm_head_cross_entropy names the first target outside the vocabul
   REQUIRE_THROWS_AS(kern::lm_head_cross_entropy(hd, wd, tgd, nullptr, nullptr, 0.0), Error);
   tg.data<int32_t>()[5] = 0;
   REQUIRE_THROWS_WITH(kern::lm_head_cross_entropy(hd, wd, tg.to(Device::CUDA), nullptr, nullptr, 0.0),
+                      Catch::Contains("target id -3 at position 9"));
+  // The same check with bf16 logits (the row kernel's other instantiation).
+  Tensor h = gt::randn_f32({N, d}, 900), w = gt::randn_f32({V, d}, 901);
+  Tensor h16 = gt::to_device(h, DType::BF16), w16 = gt::to_device(w, DType::BF16);
+  REQUIRE_THROWS_WITH(kern::lm_head_cross_entropy(h16, w16, tg.to(Device::CUDA), nullptr, nullptr, 0.0,
+                                                  kern::Store::Add, DType::BF16),
                       Catch::Contains("target id -3 at position 9"));
   // The device is still usable after the error.
   tg.data<int32_t>()[9] = 1;

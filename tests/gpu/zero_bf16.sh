@@ -6,7 +6,7 @@
 # the fp32 masters of half the parameters (the resident bytes the trainer
 # logs after step 1 against `inspect memory`, within 2%); checkpoints do not
 # depend on it (zero = 1 -> zero = 0 -> zero = 1 resume matches the
-# uninterrupted run). Skipped without a GPU.
+# uninterrupted run); eval.tasks scores with zero = 1. Skipped without a GPU.
 # Usage: zero_bf16.sh BIN SRC TEST_MPI MPIEXEC NPFLAG [launcher flags...]
 export ATTNRES_TEST_DEVICE=cuda
 source "$2/tests/mpi/lib.sh"
@@ -45,4 +45,12 @@ run_np 2 "$BIN" train base.json "${common[@]}" --parallel.zero=1 --checkpoint.di
   --checkpoint.resume=auto 2>>logz.txt || { cat logz.txt; fail "zero = 1, last part"; }
 compare_losses run1/metrics.jsonl runz/metrics.jsonl 1e-3 || fail "resume across zero differs"
 pass "zero = 1 -> zero = 0 -> zero = 1 resume matches the uninterrupted run"
+
+# Scoring during training: with zero = 1 a rank keeps only a slice of the
+# fp32 masters, so the LM head scores with its bf16 weights widened to fp32.
+"$PY" "$SRC/tests/cli/make_hellaswag.py" hs.jsonl 7 corpus/doc2.txt
+run_np 2 "$BIN" train base.json "${common[@]}" --parallel.zero=1 --checkpoint.dir=ckt --run.dir=runt \
+  --training.seq_len=32 --eval.tasks=hellaswag:hs.jsonl 2>logt.txt || { cat logt.txt; fail "zero = 1 with eval.tasks"; }
+[[ $(grep -c '"task":"hellaswag"' runt/metrics.jsonl) -eq 2 ]] || { cat runt/metrics.jsonl; fail "expected 2 task records"; }
+pass "zero = 1 in bf16 scores eval.tasks ($(grep -m1 'hellaswag acc' logt.txt | sed 's/.*info //'))"
 echo "all zero_bf16 checks passed"
