@@ -14,7 +14,7 @@
 # absolute difference of the per-step train loss over the last 100 steps and
 # the final val loss of each run. Each run's metrics.jsonl and log are kept
 # under <out>/<run>/; with $OUT set (the device tool) all of it is packed into
-# $OUT/gpu_logits_compare.tgz.
+# $OUT/gpu_logits_compare.tgz (after every run, and on exit).
 #
 # Text: the Brown corpus encoded with GPT-2's vocabulary (ids < 50257 <= V),
 # prepared on a machine that has data/brown/raw and data/gpt2 (scripts/
@@ -66,6 +66,13 @@ else
   logits=(fp32 bf16 fp32)
 fi
 [[ -x $bin ]] || { echo "error: no $bin (build it, or pass --bin)" >&2; exit 2; }
+source scripts/gpu_lib.sh
+if [[ $smoke -eq 0 ]]; then
+  use_deps || exit 2  # the libraries build-gpu/attnres was linked against
+  # The device tool returns at most 8 files: the runs' folders travel packed,
+  # after every run and on any exit, so a stopped command returns what ran.
+  trap 'pack_to_out gpu_logits_compare "$out"' EXIT
+fi
 ls "$data"/brown_train_*.bin "$data"/brown_val_*.bin >/dev/null 2>&1 ||
   { echo "error: no brown_train_*.bin / brown_val_*.bin in $data (see the top of $0)" >&2; exit 2; }
 [[ $steps -gt $last ]] || { echo "error: --steps must exceed $last" >&2; exit 2; }
@@ -86,6 +93,7 @@ for i in 0 1 2; do
     > "$out/${names[$i]}.log" 2>&1 || { tail -20 "$out/${names[$i]}.log"; exit 1; }
   grep -m1 "device:" "$out/${names[$i]}.log" || true
   echo "    $((SECONDS - start)) s"
+  [[ $smoke -eq 1 ]] || pack_to_out gpu_logits_compare "$out"
 done
 
 python3 - "$out" "$window" "$last" "${names[@]}" <<'PY' | tee "$out/logits_compare.txt"
@@ -147,6 +155,3 @@ if vals:
           ", ".join(f"{n} {r[1][s]:.4f}" for n, r in zip(names, runs)) +
           f"; |bf16-fp32| {abs(low[1][s] - ref[1][s]):.4f}, |s2-s1| {abs(seed2[1][s] - ref[1][s]):.4f}")
 PY
-# The device tool returns at most 8 files: the runs' folders travel packed.
-source scripts/gpu_lib.sh
-[[ $smoke -eq 1 ]] || pack_to_out gpu_logits_compare "$out"

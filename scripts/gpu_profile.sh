@@ -38,6 +38,7 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/
 out=build-gpu/profile_$preset
 mkdir -p "$out"
 source scripts/gpu_lib.sh
+use_deps || exit 2  # the libraries build-gpu/attnres was linked against
 save() { pack_to_out "gpu_profile_$preset" "$out"; }
 
 echo "==> step times without the profiler ($preset, bf16)"

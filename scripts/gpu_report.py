@@ -30,19 +30,26 @@ def read(d, name):
 
 
 def catch2_result(text):
-    """(passed, summary) of a Catch2 run's log."""
+    """(verdict, summary) of a Catch2 run's log: a test that found no device or
+    no NCCL says "skipped: ..." and asserts nothing, which Catch2 counts as passed."""
     m = re.search(r"^All tests passed \(.*\)$", text, re.M)
     if m:
-        return True, m.group(0)
+        skip = re.search(r"skipped: .*$", text, re.M)
+        return ("skipped", skip.group(0)) if skip else ("passed", m.group(0))
     m = re.search(r"^test cases:.*$", text, re.M)
-    return False, m.group(0) if m else "no summary line (the run did not finish)"
+    return "FAILED", m.group(0) if m else "no summary line (the run did not finish)"
 
 
 def script_result(text, success):
-    """(passed, the ok/skipped/not run lines) of a tests/cli or tests/gpu script's log."""
+    """(verdict, the ok/skipped/not run/FAIL lines) of a tests/cli or tests/gpu script's log."""
     lines = [l for l in text.splitlines() if re.match(r"^(ok|skipped|not run)\b", l)]
     failed = [l for l in text.splitlines() if l.startswith("FAIL")]
-    return (not failed and success in text), lines + failed
+    if failed:
+        return "FAILED", lines + failed
+    if success in text:
+        return "passed", lines
+    skipped = lines and all(l.startswith("skipped") for l in lines)
+    return ("skipped" if skipped else "FAILED"), lines
 
 
 def tests_section(d):
@@ -52,16 +59,16 @@ def tests_section(d):
     if text is None:
         out.append("| GPU tests (`test_gpu`) | not run | |")
     else:
-        ok, summary = catch2_result(text)
+        verdict, summary = catch2_result(text)
         head = re.search(r"^GPU tests on .*$", text, re.M)
-        out.append(f"| GPU tests (`test_gpu`) | {'passed' if ok else 'FAILED'} | {summary}"
+        out.append(f"| GPU tests (`test_gpu`) | {verdict} | {summary}"
                    f"{' (' + head.group(0) + ')' if head else ''} |")
     text = read(d, "nccl.log")
     if text is None:
         out.append("| NCCL transport, 1 rank (`test_mpi [nccl]`) | not run | |")
     else:
-        ok, summary = catch2_result(text)
-        out.append(f"| NCCL transport, 1 rank (`test_mpi [nccl]`) | {'passed' if ok else 'FAILED'} "
+        verdict, summary = catch2_result(text)
+        out.append(f"| NCCL transport, 1 rank (`test_mpi [nccl]`) | {verdict} "
                    f"| {summary} |")
     for name, title, success in (
             ("resume.log", "exact resume and eval, bf16 (`tests/cli/resume.sh`)",
@@ -74,8 +81,8 @@ def tests_section(d):
         if text is None:
             out.append(f"| {title} | not run | |")
             continue
-        ok, lines = script_result(text, success)
-        out.append(f"| {title} | {'passed' if ok else 'FAILED'} | {len(lines)} line{'' if len(lines) == 1 else 's'} below |")
+        verdict, lines = script_result(text, success)
+        out.append(f"| {title} | {verdict} | {len(lines)} line{'' if len(lines) == 1 else 's'} below |")
         details += ["", f"`{name}`:", "", "```"] + lines + ["```"]
     return out + details
 

@@ -100,9 +100,10 @@ std::vector<std::string> visible_gpus(const std::string& driver_dir, const std::
   return devices;
 }
 
-GpuPin pin_local_gpu(int local_rank, int local_size) {
+GpuPin pin_local_gpu(int local_rank, int local_size, bool nccl) {
   GpuPin pin = choose_local_gpu(local_rank, local_size, visible_gpus());
   if (!pin.device.empty()) setenv("CUDA_VISIBLE_DEVICES", pin.device.c_str(), 1);
+  if (nccl && pin.sharing <= 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   return pin;
 }
 

@@ -96,8 +96,14 @@ std::vector<std::string> visible_gpus(const std::string& driver_dir = "/proc/dri
 
 // choose_local_gpu on visible_gpus(), then CUDA_VISIBLE_DEVICES restricted to
 // the chosen entry, so that device 0 of this process (the one core/cuda uses)
-// is its GPU. Must run before the first CUDA call.
-GpuPin pin_local_gpu(int local_rank, int local_size);
+// is its GPU. With `nccl` (a job of several ranks that may talk over NCCL)
+// and a GPU of its own, also CUDA_MODULE_LOADING=EAGER unless it is set:
+// under CUDA's default lazy loading the first launch of a kernel may wait for
+// the device's running work (CUDA programming guide, "Lazy Loading",
+// potential hazards), and that work can be an NCCL receive spinning until a
+// peer sends what it computes after this very launch. Must run before the
+// first CUDA call.
+GpuPin pin_local_gpu(int local_rank, int local_size, bool nccl);
 
 // This process's share of the node's cores for OpenMP: with local_size
 // processes of the job on this node, the online CPUs divided among them (at

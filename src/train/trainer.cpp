@@ -211,8 +211,11 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
       T_(tc_.seq_len),
       A_(tc_.grad_accum),
       // One GPU per process; before anything touches CUDA.
-      gpu_(tc_.device == Device::CUDA ? parallel::pin_local_gpu(local_rank, local_size)
-                                      : parallel::GpuPin{}),
+      gpu_(tc_.device == Device::CUDA
+               ? parallel::pin_local_gpu(local_rank, local_size,
+                                         /*nccl=*/!world.is_solo() &&
+                                             cfg.parallel.transport != TransportKind::Mpi)
+               : parallel::GpuPin{}),
       grid_(world, static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.data)),
       root_(grid_.rank() == 0),
       replica_(grid_.replica()),

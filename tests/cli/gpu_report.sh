@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu_report.py on a made-up session folder: a test log with its
 # success line is "passed", one with a FAIL line or without its last line
-# "FAILED", a missing log "not run"; the ok / FAIL lines of the multi-rank
+# "FAILED", a missing log "not run", a run that found no device or no NCCL
+# "skipped" (not "passed"); the ok / FAIL lines of the multi-rank
 # scripts are quoted; the target table comes from the bench reports (here the
 # H100 run kept in docs/measurements).
 # Usage: gpu_report.sh BIN SRC (BIN unused: the script is Python)
@@ -28,4 +29,11 @@ expect "FAIL: bf16 --parallel.data=2: losses differ"
 expect "| 124M baseline MFU | 34.0% | >= 40% | issue | no |"
 expect "final val loss (step 400): fp32_s1 5.0"
 [[ $(grep -c "^not run$" <<<"$out") -eq 1 ]] || fail "the profiles should be 'not run'"
+
+# Skips: Catch2 passes a test case that only warned; a script that skipped.
+printf 'warning:\n  skipped: this build has no NCCL transport (needs CUDA + NCCL + MPI)\n\nAll tests passed (0 assertions in 1 test case)\n' > s/nccl.log
+printf 'skipped: no CUDA device visible\n' > s/zero_bf16.log
+out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
+expect "| NCCL transport, 1 rank (\`test_mpi [nccl]\`) | skipped | skipped: this build has no NCCL transport (needs CUDA + NCCL + MPI) |"
+expect "| ZeRO-1 in bf16, 2 ranks (\`tests/gpu/zero_bf16.sh\`) | skipped | 1 line below |"
 pass "gpu_report.py"

@@ -27,7 +27,7 @@ pass "zero = 1 = zero = 0 in bf16 (losses within 1e-3)"
 resident() { sed -nE 's/.*\(largest\): ([0-9.]+) MiB resident.*/\1/p' "$1" | head -1; }
 r0=$(resident log0.txt); r1=$(resident log1.txt)
 "$BIN" inspect memory base.json "${common[@]}" --parallel.zero=1 --json > plan.json
-/usr/bin/python3 - "$r0" "$r1" <<'PY' || fail "resident memory with zero = 1 is not what the planner says"
+"$PY" - "$r0" "$r1" <<'PY' || fail "resident memory with zero = 1 is not what the planner says"
 import json, sys
 r0, r1 = float(sys.argv[1]), float(sys.argv[2])
 plan = max(r["weights"] + r["master"] + r["grads"] + r["optimizer"] for r in json.load(open("plan.json"))) / 2**20

@@ -5,11 +5,41 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "parallel/mpi.h"
 
 using attnres::parallel::choose_local_gpu;
+using attnres::parallel::pin_local_gpu;
 using attnres::parallel::visible_gpus;
+
+namespace {
+// Puts an environment variable back as it was when the scope ends.
+class SavedEnv {
+ public:
+  explicit SavedEnv(const char* name) : name_(name) {
+    const char* v = std::getenv(name);
+    had_ = v != nullptr;
+    if (had_) value_ = v;
+  }
+  ~SavedEnv() {
+    if (had_) setenv(name_, value_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  SavedEnv(const SavedEnv&) = delete;
+  SavedEnv& operator=(const SavedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string value_;
+};
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "(unset)";
+}
+}  // namespace
 
 TEST_CASE("GPU pinning: one GPU per local rank when there are enough", "[gpu_pin]") {
   const std::vector<std::string> visible = {"3", "5", "6", "7"};
@@ -58,20 +88,16 @@ TEST_CASE("GPU pinning: one process, or no GPU, changes nothing", "[gpu_pin]") {
 }
 
 TEST_CASE("GPU pinning: CUDA_VISIBLE_DEVICES lists the visible GPUs", "[gpu_pin]") {
-  const char* old = std::getenv("CUDA_VISIBLE_DEVICES");
-  const std::string saved = old ? old : "";
+  SavedEnv saved("CUDA_VISIBLE_DEVICES");
   setenv("CUDA_VISIBLE_DEVICES", "2, 4,,GPU-1f2e", 1);
   CHECK(visible_gpus() == std::vector<std::string>{"2", "4", "GPU-1f2e"});
   setenv("CUDA_VISIBLE_DEVICES", "", 1);  // set but empty: no GPU visible
   CHECK(visible_gpus().empty());
-  if (old) setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
-  else unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
 TEST_CASE("GPU pinning: without CUDA_VISIBLE_DEVICES, the driver's GPUs", "[gpu_pin]") {
   namespace fs = std::filesystem;
-  const char* old = std::getenv("CUDA_VISIBLE_DEVICES");
-  const std::string saved = old ? old : "";
+  SavedEnv saved("CUDA_VISIBLE_DEVICES");
   unsetenv("CUDA_VISIBLE_DEVICES");
   const fs::path root = fs::temp_directory_path() / "attnres_gpu_pin_test";
   fs::remove_all(root);
@@ -90,5 +116,28 @@ TEST_CASE("GPU pinning: without CUDA_VISIBLE_DEVICES, the driver's GPUs", "[gpu_
   // Neither: no GPU.
   CHECK(visible_gpus((root / "missing").string(), (root / "missing").string()).empty());
   fs::remove_all(root);
-  if (old) setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
+}
+
+TEST_CASE("GPU pinning: eager kernel loading where NCCL may run", "[gpu_pin]") {
+  SavedEnv devices("CUDA_VISIBLE_DEVICES"), loading("CUDA_MODULE_LOADING");
+  setenv("CUDA_VISIBLE_DEVICES", "3,5", 1);
+  unsetenv("CUDA_MODULE_LOADING");
+  // The MPI transport (or one rank): lazy loading, CUDA's default, stays.
+  CHECK(pin_local_gpu(1, 2, /*nccl=*/false).device == "5");
+  CHECK(env("CUDA_VISIBLE_DEVICES") == "5");
+  CHECK(env("CUDA_MODULE_LOADING") == "(unset)");
+  // Several ranks, a GPU each, NCCL possible: every kernel loaded up front.
+  setenv("CUDA_VISIBLE_DEVICES", "3,5", 1);
+  CHECK(pin_local_gpu(0, 2, /*nccl=*/true).device == "3");
+  CHECK(env("CUDA_MODULE_LOADING") == "EAGER");
+  // A user's own setting wins.
+  setenv("CUDA_VISIBLE_DEVICES", "3,5", 1);
+  setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+  pin_local_gpu(0, 2, /*nccl=*/true);
+  CHECK(env("CUDA_MODULE_LOADING") == "LAZY");
+  // Ranks sharing a GPU cannot use NCCL: nothing to guard against.
+  setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+  unsetenv("CUDA_MODULE_LOADING");
+  CHECK(pin_local_gpu(0, 2, /*nccl=*/true).sharing == 2);
+  CHECK(env("CUDA_MODULE_LOADING") == "(unset)");
 }

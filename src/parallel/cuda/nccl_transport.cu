@@ -24,6 +24,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -93,15 +94,26 @@ class NcclComm {
   NcclComm& operator=(const NcclComm&) = delete;
   // Collective over the members of `group`: member 0 creates the unique id,
   // MPI broadcasts it, every member joins.
-  void init(const Comm& group, const char* what) {
+  void init(const Comm& group, const std::string& what) {
     ncclUniqueId id;
     if (group.rank() == 0) ATTNRES_NCCL_CHECK(ncclGetUniqueId(&id));
     group.bcast(&id, sizeof id, 0);
-    ncclResult_t r = ncclCommInitRank(&c_, group.size(), id, group.rank());
+    join(id, group.size(), group.rank(), what);
+  }
+  // Collective over the `size` processes that were given `id`.
+  void join(const ncclUniqueId& id, int size, int rank, const std::string& what) {
+    const ncclResult_t r = ncclCommInitRank(&c_, size, id, rank);
     if (r != ncclSuccess)
-      fail("NCCL: creating the ", what, " communicator (", group.size(),
-           " ranks) failed: ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr),
+      fail("NCCL: creating the ", what, " communicator (", size, " ranks) failed: ",
+           ncclGetErrorString(r), " (", ncclGetLastError(nullptr),
            "). Two ranks on one GPU are refused by NCCL < 2.30: use parallel.transport = \"mpi\"");
+  }
+  // Error path: ends this member's operations still running on the device
+  // and frees the communicator without waiting for the peers (which may
+  // never answer); ncclCommDestroy may wait for them.
+  void abort() noexcept {
+    if (c_) ncclCommAbort(c_);
+    c_ = nullptr;
   }
   ncclComm_t get() const { return c_; }
 
@@ -111,27 +123,39 @@ class NcclComm {
 
 class NcclRequest : public RequestImpl {
  public:
-  NcclRequest(Tensor buffer, cudaStream_t link) : buffer_(std::move(buffer)) {
+  NcclRequest(Tensor buffer, cudaStream_t link, bool recv) : buffer_(std::move(buffer)), recv_(recv) {
     ATTNRES_CUDA_CHECK(cudaEventRecord(done_.get(), link));
   }
   void wait() override {
     ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), done_.get(), 0));
   }
   bool test() override {
-    // Done once the link stream passed the transfer: the buffer's release
-    // (ordered on the compute stream) can no longer overtake it.
+    // A send is done once the link stream passed the transfer: the buffer's
+    // release (ordered on the compute stream) can no longer overtake it. A
+    // receive answers false (transport.h): only wait() orders the compute
+    // stream after it.
+    if (recv_) return false;
     const cudaError_t e = cudaEventQuery(done_.get());
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is an answer, not an error to report later
+      return false;
+    }
     ATTNRES_CUDA_CHECK(e);
     return true;
   }
   void abandon() noexcept override {
-    // Error path: make sure the buffer outlives the communication kernel.
-    cudaEventSynchronize(done_.get());
+    // Error path (the job is about to end): never block here, since the peer
+    // may never send. Unless the transfer is done, deliberately keep the
+    // buffer alive in case the communication kernel still uses it.
+    const cudaError_t e = cudaEventQuery(done_.get());
+    if (e == cudaSuccess) return;
+    (void)cudaGetLastError();
+    new Tensor(buffer_);  // intentional leak, see above
   }
 
  private:
   Tensor buffer_;  // kept alive until the compute stream has waited for the transfer
+  bool recv_;
   Event done_;
 };
 
@@ -151,13 +175,11 @@ class Stream {
 };
 
 // One direction between two pipeline ranks: a two-rank communicator (the
-// sender is its rank 0) and this side's stream for it.
+// sender is its rank 0) and this side's stream for it (destroyed after the
+// communicator: members go in reverse order).
 struct Link {
-  ncclComm_t comm = nullptr;
   Stream stream;
-  ~Link() {
-    if (comm) ncclCommDestroy(comm);
-  }
+  NcclComm comm;
 };
 
 // finish(): the compute stream waits for the all-reduce (the host does not).
@@ -179,6 +201,25 @@ class NcclTransport : public Transport {
     data_.init(grid.data(), "data-parallel");
     init_links();
   }
+  // Destroying a communicator can wait for its peer to destroy it too, so
+  // every rank destroys its links in the reverse of the global order they
+  // were made in (the last link not yet destroyed has both members waiting
+  // in it, as in init_links), then the data and pipeline communicators (the
+  // same order on every rank, by member order; a std::vector's own
+  // destructor does not promise an order). On an error path (an exception
+  // unwinding the engine) a peer may never answer: every communicator is
+  // aborted instead, so that the job reaches MpiSession::abort.
+  ~NcclTransport() override {
+    const bool failing = std::uncaught_exceptions() > 0;
+    while (!links_.empty()) {
+      if (failing) links_.back()->comm.abort();
+      links_.pop_back();
+    }
+    if (failing) {
+      data_.abort();
+      pipeline_.abort();
+    }
+  }
   std::string name() const override { return "nccl"; }
 
   Request send_to(const Tensor& buffer, int peer) override {
@@ -186,9 +227,9 @@ class NcclTransport : public Transport {
     Link& l = link(out_, peer, "send to");
     after_compute(l.stream.get());
     ATTNRES_NCCL_CHECK(ncclSend(buffer.raw(), static_cast<size_t>(buffer.numel()),
-                                nccl_type(buffer.dtype()), 1, l.comm, l.stream.get()));
+                                nccl_type(buffer.dtype()), 1, l.comm.get(), l.stream.get()));
     count_sent(peer, static_cast<int64_t>(buffer.nbytes()));
-    return Request(std::make_unique<NcclRequest>(buffer, l.stream.get()));
+    return Request(std::make_unique<NcclRequest>(buffer, l.stream.get(), /*recv=*/false));
   }
 
   Request recv_from(const Tensor& buffer, int peer) override {
@@ -196,9 +237,9 @@ class NcclTransport : public Transport {
     Link& l = link(in_, peer, "receive from");
     after_compute(l.stream.get());
     ATTNRES_NCCL_CHECK(ncclRecv(buffer.raw(), static_cast<size_t>(buffer.numel()),
-                                nccl_type(buffer.dtype()), 0, l.comm, l.stream.get()));
+                                nccl_type(buffer.dtype()), 0, l.comm.get(), l.stream.get()));
     count_received(peer, static_cast<int64_t>(buffer.nbytes()));
-    return Request(std::make_unique<NcclRequest>(buffer, l.stream.get()));
+    return Request(std::make_unique<NcclRequest>(buffer, l.stream.get(), /*recv=*/true));
   }
 
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override {
@@ -301,15 +342,14 @@ class NcclTransport : public Transport {
       if (from != me && to != me) continue;
       auto& table = from == me ? out_ : in_;
       auto l = std::make_unique<Link>();
-      const ncclResult_t r = ncclCommInitRank(&l->comm, 2, ids[i], from == me ? 0 : 1);
-      if (r != ncclSuccess)
-        fail("NCCL: creating the link communicator ", from, " -> ", to, " failed: ",
-             ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")");
-      table[from == me ? to : from] = std::move(l);
+      l->comm.join(ids[i], 2, from == me ? 0 : 1,
+                   "link " + std::to_string(from) + " -> " + std::to_string(to));
+      table[from == me ? to : from] = l.get();
+      links_.push_back(std::move(l));
     }
   }
 
-  static Link& link(std::map<int, std::unique_ptr<Link>>& table, int peer, const char* what) {
+  static Link& link(const std::map<int, Link*>& table, int peer, const char* what) {
     auto it = table.find(peer);
     ATTNRES_CHECK(it != table.end(), "NCCL: no link to ", what, " pipeline rank ", peer);
     return *it->second;
@@ -324,7 +364,8 @@ class NcclTransport : public Transport {
 
   const ProcessGrid& grid_;
   NcclComm pipeline_, data_;
-  std::map<int, std::unique_ptr<Link>> out_, in_;  // by peer: links this rank sends / receives on
+  std::vector<std::unique_ptr<Link>> links_;  // this rank's links, in the global order made
+  std::map<int, Link*> out_, in_;             // by peer: links this rank sends / receives on
   Event ready_, joined_;
 };
 
