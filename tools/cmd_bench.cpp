@@ -197,6 +197,8 @@ int cmd_bench(const Args& args) {
   const int64_t A = f.get_int("grad-accum", 1, "bench");
   const int steps = static_cast<int>(f.get_int("steps", 5, "bench"));
   const int warmup = static_cast<int>(f.get_int("warmup", 1, "bench"));
+  if (steps < 1) fail("bench: --steps must be at least 1 (the median of the timed steps), got ", steps);
+  if (warmup < 0) fail("bench: --warmup must be 0 or more, got ", warmup);
   NB = f.get_int("n-blocks", f.has("block-size") ? 0 : NB, "bench");
   S = f.get_int("block-size", S, "bench");
   const std::string which = f.get("mode", "all");

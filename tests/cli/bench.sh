@@ -30,5 +30,6 @@ pass "bench --recompute all: activation MiB none ${act[0]} > mix ${act[1]} > lay
 expect_error "bf16 on the cpu" "bf16 is a CUDA precision" "$BIN" bench "${small[@]}" --precision bf16
 expect_error "unknown preset" "unknown --preset" "$BIN" bench --preset 7b
 expect_error "--only without --kernels" "--only selects rows of --kernels" "$BIN" bench "${small[@]}" --only mix
+expect_error "--steps 0" "--steps must be at least 1" "$BIN" bench "${small[@]}" --steps 0
 expect_error "unknown recompute" "unknown" "$BIN" bench "${small[@]}" --recompute some
 echo "all bench checks passed"

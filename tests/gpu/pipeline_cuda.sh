@@ -9,7 +9,8 @@
 # per rank; needs 2 GPUs or more (layouts needing more ranks than GPUs are not
 # run, and say so), skipped with fewer.
 #
-# Every layout against the single-process CUDA run of the same precision:
+# The single-process CUDA run in fp32 against the CPU's (1e-4 relative), then
+# every layout against the single-process CUDA run of the same precision:
 #   fp32: losses, val losses and grad norms within 1e-5 relative (the cached
 #         protocol and data parallelism reassociate sums; AdamW's eps is raised
 #         as in tests/mpi/train_exact.sh so that rounding in nearly cancelling
@@ -61,11 +62,22 @@ for i in "${!layouts[@]}"; do
   cpu_bytes[$i]=$(pp_bytes run_cpu$i/metrics.jsonl)
 done
 
+# The single-process CPU run: the reference of the single-process GPU run in
+# fp32, so that a fault in the executor's GPU path, which every run below
+# shares, cannot cancel out (1e-4: other kernels, other rounding, 8 steps).
+"$BIN" train base.json --optimizer.eps=1e-4 --training.device=cpu --checkpoint.dir=ck_cpu \
+  --run.dir=run_cpu 2>log_cpu.txt || { cat log_cpu.txt; fail "cpu: single process"; }
+
 for prec in fp32 bf16; do
   tol=1e-5; [[ $prec == bf16 ]] && tol=2e-2
   dev=(--training.device=cuda --training.precision=$prec)
   "$BIN" train base.json "${common[@]}" "${dev[@]}" --checkpoint.dir=ck_1$prec \
     --run.dir=run_1$prec 2>log_1.txt || { cat log_1.txt; fail "$prec: single process"; }
+  if [[ $prec == fp32 ]]; then
+    result=$(compare_losses run_cpu/metrics.jsonl run_1fp32/metrics.jsonl 1e-4) \
+      || { echo "$result"; fail "fp32: the single-process cuda run differs from the cpu run"; }
+    pass "fp32, 1 process: cuda = cpu within 1e-4 (final loss $(last_loss run_1fp32/metrics.jsonl) vs $(last_loss run_cpu/metrics.jsonl))"
+  fi
   for i in "${!layouts[@]}"; do
     args=${layouts[$i]}
     np=$(ranks "$args")

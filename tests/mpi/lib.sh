@@ -30,8 +30,8 @@ JSON
 pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | head -1 | cut -d: -f2; }
 last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }
 
-# The per-step records without timing and parallel-only fields.
-strip_metrics() { sed -E 's/,?"(tokens_per_sec|elapsed_sec|bubble|pp_bytes)":[^,}]*//g; s/\{,/{/' "$1"; }
+# The per-step records without timing (mfu: GPU runs) and parallel-only fields.
+strip_metrics() { sed -E 's/,?"(tokens_per_sec|elapsed_sec|mfu|bubble|pp_bytes)":[^,}]*//g; s/\{,/{/' "$1"; }
 
 # compare_losses A B TOL: the same records; "loss", "val_loss" and "grad_norm"
 # within relative TOL, every other field (step, lr, tokens) identical.
