@@ -18,6 +18,14 @@ namespace kern = attnres::kernels;
 namespace {
 // Logit rows per GEMM: bounds the [rows, V] fp32 block to about 64 MiB.
 int64_t logit_rows_per_pass(int64_t V) { return std::max<int64_t>(1, (int64_t{1} << 24) / V); }
+
+// t itself when it has `dtype`, else a converted copy on t's device.
+Tensor in_dtype(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
+  kern::convert(out, t);
+  return out;
+}
 }  // namespace
 
 std::vector<double> Model::head_logprobs(const DepthState& st, const std::vector<int64_t>& rows,
@@ -43,19 +51,11 @@ std::vector<double> Model::head_logprobs(const DepthState& st, const std::vector
   // bf16 run keeps only its slice of the fp32 masters (AdamW::
   // take_master_slices): there the bf16 weights the forward used are widened
   // to fp32 for this pass, so the logits are fp32 in every run.
-  Tensor w_out = w_.lm_head->weights();
-  if (w_out.dtype() == DType::BF16) {
-    Tensor wide = Tensor::empty(w_out.shape(), DType::F32, device_);
-    kern::convert(wide, w_out);
-    w_out = wide;
-  }
-  Tensor picked = new_act(n, d);
-  kern::embedding_forward(picked, h, on_device(Tensor::from_vector(idx, {n})));
-  if (picked.dtype() != w_out.dtype()) {
-    Tensor wide = Tensor::empty({n, d}, w_out.dtype(), device_);
-    kern::convert(wide, picked);
-    picked = wide;
-  }
+  const Tensor& w = w_.lm_head->weights();
+  const Tensor w_out = in_dtype(w, w.dtype() == DType::BF16 ? DType::F32 : w.dtype());
+  Tensor rows_of_h = new_act(n, d);
+  kern::embedding_forward(rows_of_h, h, on_device(Tensor::from_vector(idx, {n})));
+  const Tensor picked = in_dtype(rows_of_h, w_out.dtype());
   const int64_t chunk = logit_rows_per_pass(V);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t m = std::min(chunk, n - r0);
