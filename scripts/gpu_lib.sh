@@ -3,11 +3,19 @@
 # use_deps: the Debian packages the CPU side needs (json, spdlog, Catch2,
 # OpenBLAS, PCRE2, pkg-config) from the system when present; otherwise the
 # .deb files of .deps/ (made on a Debian machine by scripts/gpu_deps.sh and
-# carried to the GPU machine) unpacked into /tmp/attnres-deps, with the
+# carried to the GPU machine) unpacked into a fresh /tmp/attnres-deps, with the
 # environment to build against them and to run what was built (OpenBLAS's
 # own libgfortran is found only through LD_LIBRARY_PATH, not the binary's
-# RUNPATH). Sets deps_cmake_args for CMake's configure; returns 1 with a
-# message when neither is there.
+# RUNPATH). Before anything is built, every unpacked library the build and
+# the binaries load (OpenBLAS, spdlog, fmt, PCRE2, libgfortran, and the
+# pkgconf program) must resolve all its dependencies with that
+# LD_LIBRARY_PATH: a .deps/ made for another Debian release or missing a
+# package fails here, naming the library, not later in the link or at start.
+# Sets deps_cmake_args for CMake's configure; returns 1 with a message when
+# neither is there or a library does not load.
+# For testing on a machine that has the packages: ATTNRES_DEPS_FORCE=1 skips
+# the system check (uses .deps/ anyway); ATTNRES_DEPS_PREFIX=DIR unpacks
+# there instead of /tmp/attnres-deps (no spaces; the folder is emptied first).
 use_deps() {
   deps_cmake_args=()
   local h have=1
@@ -15,24 +23,96 @@ use_deps() {
     [[ -f /usr/include/$h ]] || have=0
   done
   command -v pkg-config >/dev/null || have=0
+  [[ ${ATTNRES_DEPS_FORCE:-0} == 1 ]] && have=0
   [[ $have -eq 1 ]] && return 0
   if ! ls .deps/*.deb >/dev/null 2>&1; then
     echo "error: the CPU-side dependencies are missing and .deps/ holds no .deb files" >&2
     echo "       (run scripts/gpu_deps.sh on a Debian machine and carry .deps/)" >&2
     return 1
   fi
-  local prefix=/tmp/attnres-deps f
+  local prefix=${ATTNRES_DEPS_PREFIX:-/tmp/attnres-deps} f
+  [[ -n "$prefix" && "$prefix" != / ]] || { echo "error: ATTNRES_DEPS_PREFIX='$prefix'" >&2; return 1; }
+  rm -rf "$prefix"  # a fresh folder: nothing left over from another .deps/
   mkdir -p "$prefix"
-  for f in .deps/*.deb; do dpkg-deb -x "$f" "$prefix"; done
+  for f in .deps/*.deb; do
+    dpkg-deb -x "$f" "$prefix" || { echo "error: could not unpack $f" >&2; return 1; }
+  done
   local lib="$prefix/usr/lib/x86_64-linux-gnu"
   export CMAKE_PREFIX_PATH="$prefix/usr"
   export LD_LIBRARY_PATH="$lib:$lib/openblas-openmp:${LD_LIBRARY_PATH:-}"
   # PCRE2 is found through pkg-config: the unpacked pkgconf, reading only the
   # unpacked .pc files, with their /usr paths moved under the prefix.
   export PKG_CONFIG_LIBDIR="$lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$prefix"
+  deps_check_libs "$prefix" || return 1
   deps_cmake_args=("-DATTNRES_BLAS_INCLUDE_DIR=$prefix/usr/include/x86_64-linux-gnu/openblas-openmp"
                    "-DATTNRES_BLAS_LIBRARY=$lib/openblas-openmp/libopenblas.so"
                    "-DPKG_CONFIG_EXECUTABLE=$prefix/usr/bin/pkgconf")
+}
+
+# deps_check_libs PREFIX: each library of .deps/ unpacked under PREFIX that
+# the build and the binaries need is there and resolves every dependency
+# (`ldd` with the current LD_LIBRARY_PATH shows no "not found", which also
+# catches a missing GLIBC_x.y version; without ldd, python3's ctypes loads
+# it). libfmt is checked when it was unpacked (spdlog may bundle it). Returns
+# 1 with a message naming the library otherwise.
+deps_check_libs() {
+  local lib="$1/usr/lib/x86_64-linux-gnu" name f out bad=0 load=0
+  local required=(openblas-openmp/libopenblas.so libspdlog.so libpcre2-8.so libgfortran.so.5
+                  ../../bin/pkgconf)
+  local names=("${required[@]}")
+  [[ -e "$lib/libfmt.so" ]] && names+=(libfmt.so)
+  for name in "${names[@]}"; do
+    f="$lib/$name"
+    if [[ ! -e "$f" ]]; then
+      echo "error: ${name##*/} is not in .deps/ (unpacked into $1): rerun scripts/gpu_deps.sh" >&2
+      bad=1
+      continue
+    fi
+    if command -v ldd >/dev/null; then
+      out=$(ldd "$f" 2>&1) && ! grep -q "not found" <<<"$out" && continue
+      echo "error: ${name##*/} from .deps/ does not load here (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):" >&2
+      grep -E "not found|not a dynamic|error" <<<"$out" | sed 's/^/       /' >&2
+    elif [[ $name == *.so* ]] && command -v python3 >/dev/null; then
+      out=$(python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$f" 2>&1) && continue
+      echo "error: ${name##*/} from .deps/ does not load here: ${out##*$'\n'}" >&2
+    else
+      continue  # neither ldd nor python3: the build will tell
+    fi
+    bad=1 load=1
+  done
+  [[ $load -eq 0 ]] || echo "       (make .deps/ with scripts/gpu_deps.sh on a Debian release whose glibc is not newer than this machine's)" >&2
+  return $bad
+}
+
+# mpi_launcher_flags [MPIRUN]: the launcher flags of the multi-rank tests,
+# printed on one line: --oversubscribe (more ranks than cores or GPUs) and,
+# as root, --allow-run-as-root, both only when MPIRUN (default mpirun) is
+# Open MPI (`--version` names "Open MPI" or "OpenRTE"); MPICH and others take
+# neither, and get nothing. tests/CMakeLists.txt does the same for CTest.
+mpi_launcher_flags() {
+  local v flags=()
+  v=$("${1:-mpirun}" --version 2>&1) || true
+  if grep -qE "Open MPI|OpenRTE" <<<"$v"; then
+    flags+=(--oversubscribe)
+    [[ $(id -u) == 0 ]] && flags+=(--allow-run-as-root)
+  fi
+  echo "${flags[*]}"
+}
+
+# build_targets DIR: the targets scripts/gpu_check.sh's stages run, for a
+# configured build folder DIR: attnres and test_gpu, and test_mpi when mpirun
+# is on PATH and CMake found MPI (DIR registered the mpi tests); says on
+# stderr why test_mpi is left out.
+build_targets() {
+  local t="attnres test_gpu"
+  if ! command -v mpirun >/dev/null; then
+    echo "note: no mpirun on PATH: test_mpi is not built (--multi cannot run)" >&2
+  elif grep -q "test_mpi" "$1/tests/CTestTestfile.cmake" 2>/dev/null; then
+    t+=" test_mpi"
+  else
+    echo "note: CMake found no MPI: test_mpi is not built (--multi cannot run)" >&2
+  fi
+  echo "$t"
 }
 
 # pack_to_out NAME DIR: when $OUT is set (the device tool's folder, which

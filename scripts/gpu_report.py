@@ -4,12 +4,14 @@
     scripts/gpu_report.py DIR [--commit SHA] [--date YYYY-MM-DD] > DIR/README.md
 
 DIR holds what the session's scripts wrote (unpack their $OUT archives into
-it): scripts/gpu_check.sh --quick and --bench (gpu.txt, gpu_tests.log,
-resume.log, nccl.log, pipeline_cuda.log, zero_bf16.log, bench_*.txt,
-kernels_*.txt, attention_torch.txt), scripts/gpu_logits_compare.sh
-(logits_compare.txt) and scripts/gpu_profile.sh (profile_*.md). A missing
-file is reported as "not run", a test log without its success line as
-FAILED: the report never says more than the logs do. Standard library only.
+it, in stage order): scripts/gpu_check.sh's stages (gpu.txt, steps.txt, the
+GPU tests' gpu_tests_{ce_swiglu_store,model,rest,recompute}.log, or
+gpu_tests.log of an earlier session or of --only, resume.log, nccl.log,
+pipeline_cuda.log, zero_bf16.log, bench_*.txt, kernels_*.txt,
+attention_torch.txt), scripts/gpu_logits_compare.sh (logits_compare.txt) and
+scripts/gpu_profile.sh (profile_*.md). A missing file is reported as "not
+run", a test log without its success line as FAILED: the report never says
+more than the logs do. Standard library only.
 """
 import argparse
 import glob
@@ -32,6 +34,12 @@ def read(d, name):
 def catch2_result(text):
     """(verdict, summary) of a Catch2 run's log: a test that found no device or
     no NCCL says "skipped: ..." and asserts nothing, which Catch2 counts as passed."""
+    m = re.search(r"^(SKIPPED: .*)$", text, re.M)  # test_gpu without a device
+    if m:
+        return "skipped", m.group(1)
+    m = re.search(r"^No test cases matched .*$", text, re.M)  # -w NoTests: exit 2
+    if m:
+        return "FAILED", m.group(0)
     m = re.search(r"^All tests passed \(.*\)$", text, re.M)
     if m:
         skip = re.search(r"skipped: .*$", text, re.M)
@@ -55,13 +63,23 @@ def script_result(text, success):
 def tests_section(d):
     out = ["## Tests", "", "| test | result | summary |", "|---|---|---|"]
     details = []
-    text = read(d, "gpu_tests.log")
-    if text is None:
-        out.append("| GPU tests (`test_gpu`) | not run | |")
-    else:
+    # The GPU tests: one log (gpu_tests.log: earlier sessions, --only) or the
+    # runs of gpu_check.sh --tests and --engine, each its own row.
+    split = [("gpu_tests_ce_swiglu_store.log", 'GPU tests `"[cross_entropy],[swiglu],[store]"`'),
+             ("gpu_tests_model.log", 'GPU tests `"[model]"`'),
+             ("gpu_tests_rest.log", 'GPU tests `"~[cross_entropy]~[swiglu]~[store]~[model]"`'),
+             ("gpu_tests_recompute.log", 'GPU tests `"[recompute]"` (recomputation bit for bit)')]
+    runs = [("gpu_tests.log", "GPU tests (`test_gpu`)")]
+    if read(d, "gpu_tests.log") is None or any(read(d, n) is not None for n, _ in split):
+        runs = [r for r in runs if read(d, r[0]) is not None] + split
+    for name, title in runs:
+        text = read(d, name)
+        if text is None:
+            out.append(f"| {title} | not run | |")
+            continue
         verdict, summary = catch2_result(text)
         head = re.search(r"^GPU tests on .*$", text, re.M)
-        out.append(f"| GPU tests (`test_gpu`) | {verdict} | {summary}"
+        out.append(f"| {title} | {verdict} | {summary}"
                    f"{' (' + head.group(0) + ')' if head else ''} |")
     text = read(d, "nccl.log")
     if text is None:
@@ -108,6 +126,10 @@ def main():
              f"Commit {a.commit}; GPU: {gpu[-1] if gpu else 'gpu.txt missing'}. Written by "
              "`scripts/gpu_report.py` from the logs in this folder.", ""]
     lines += tests_section(d) + [""]
+    steps = read(d, "steps.txt")
+    if steps:
+        lines += ["## Steps and their times (`steps.txt`: result, seconds, the plan's minutes)", "",
+                  "```", steps.rstrip("\n"), "```", ""]
     lines += ["## Targets (`scripts/gpu_targets.py`)", "",
               gpu_targets.markdown(gpu_targets.evaluate(d)), ""]
     benches = [(os.path.basename(p), read(d, os.path.basename(p)))

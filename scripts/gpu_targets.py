@@ -3,7 +3,7 @@
 
     scripts/gpu_targets.py REPORT_DIR [--json]
 
-REPORT_DIR holds what scripts/gpu_check.sh --bench writes: per preset P (124m,
+REPORT_DIR holds what scripts/gpu_check.sh --bench and --1b3 write: per preset P (124m,
 350m, 1b3) bench_P.txt (`attnres bench --preset P`) and kernels_P.txt
 (`--kernels`), and, when PyTorch was there, attention_torch.txt. A missing file
 gives "not measured" rows, never an error. Standard library only.

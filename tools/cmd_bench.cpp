@@ -27,7 +27,7 @@
 #include "tools/flags.h"
 #include "train/config.h"
 #include "train/memory.h"
-#include "train/optimizer.h"
+#include "train/stepper.h"
 
 namespace attnres::tools {
 
@@ -47,32 +47,31 @@ struct RunSpec {
   model::Recompute recompute = model::Recompute::None;
 };
 
-// One run's model and optimizer, stepping on fixed synthetic tokens and
-// recording how long each full training step (forward + backward of A
-// microbatches + AdamW) took.
+// One run's optimizer steps on fixed synthetic tokens, through the engine
+// `attnres train` uses (train::Stepper on a single-process grid: the
+// pipeline executor, runtime and AdamW), recording how long each whole step
+// took: forward + backward of A microbatches, the gradient norm, AdamW.
 class ModeRunner {
  public:
   ModeRunner(const RunSpec& run, int64_t B, int64_t T, int64_t A, Device device, DType dtype,
-             DType logits)
+             train::Logits logits)
       : label_(run.label), cfg_(run.cfg), B_(B), T_(T), A_(A), device_(device),
-        model_(run.cfg, dtype, {}, device), opt_(model_.params(), {}),
-        tokens_(random_ids(B * T, run.cfg.vocab_size, 1)),
-        targets_(random_ids(B * T, run.cfg.vocab_size, 2)) {
-    model_.params().init(1);  // (AdamW only took the shapes: its moments start at zero)
-    model_.set_recompute(run.recompute);
-    model_.set_logits(logits);
+        grid_(solo_, 1, 1), stepper_(grid_, config(run, B, T, A, device, dtype, logits),
+                                     options(run)) {
+    batch_.inputs = random_ids(B * T, run.cfg.vocab_size, 1);
+    batch_.targets = random_ids(B * T, run.cfg.vocab_size, 2);
+    stepper_.init_weights(1);
   }
 
   void step(bool timed) {
     const auto t0 = std::chrono::steady_clock::now();
-    model_.params().zero_grads();
     // The step's tensor high-water above what lives between steps (weights,
     // gradients, AdamW state): activations and workspace.
     const size_t resident = tensor_memory(device_).in_use;
     reset_tensor_peak(device_);
-    for (int64_t a = 0; a < A_; ++a)
-      model_.forward_backward(tokens_, targets_, B_, T_, 1.0 / static_cast<double>(A_ * B_ * T_));
-    opt_.step(1e-4, opt_.grad_norm());  // grad_norm returns to the host: the step is done
+    stepper_.forward_backward(static_cast<int>(A_), [&](int) { return batch_; },
+                              1.0 / static_cast<double>(A_ * B_ * T_));
+    stepper_.update(1e-4, stepper_.grad_norm());  // the norm returns to the host
     if (device_ == Device::CUDA) cuda::synchronize();
     act_peak_ = std::max(act_peak_, tensor_memory(device_).peak - resident);
     if (timed) times_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -90,13 +89,29 @@ class ModeRunner {
   double flops_per_token() const { return model::training_flops_per_token(cfg_, T_); }
 
  private:
+  static train::Config config(const RunSpec& run, int64_t B, int64_t T, int64_t A, Device device,
+                              DType dtype, train::Logits logits) {
+    train::Config c;
+    c.model = run.cfg;
+    c.training.micro_batch_size = B, c.training.seq_len = T, c.training.grad_accum = A;
+    c.training.device = device, c.training.precision = dtype, c.training.recompute = run.recompute;
+    c.training.logits = logits;
+    return c;
+  }
+  static parallel::RuntimeOptions options(const RunSpec& run) {
+    parallel::RuntimeOptions ro;
+    ro.recompute = run.recompute;
+    return ro;
+  }
+
   std::string label_;
   model::ModelConfig cfg_;
   int64_t B_, T_, A_;
   Device device_;
-  model::Model model_;
-  train::AdamW opt_;
-  Tensor tokens_, targets_;
+  const parallel::Comm solo_ = parallel::Comm::solo();
+  const parallel::ProcessGrid grid_;
+  train::Stepper stepper_;
+  data::TokenLoader::Batch batch_;
   std::vector<double> times_;
   size_t act_peak_ = 0;
 };
@@ -273,8 +288,8 @@ int cmd_bench(const Args& args) {
     std::printf("attnres GPU benchmark plan, %s, %s logits\n", train::precision_name(dtype),
                 train::precision_name(logits));
   } else if (device == Device::CUDA) {
-    peak = cuda::peak_dense_flops(0, dtype == DType::BF16);
-    std::printf("attnres GPU benchmark on %s, %s, %s logits\n", cuda::device_description(0).c_str(),
+    peak = cuda::peak_dense_flops(dtype == DType::BF16);
+    std::printf("attnres GPU benchmark on %s, %s, %s logits\n", cuda::device_description().c_str(),
                 train::precision_name(dtype), train::precision_name(logits));
   } else {
     std::printf("attnres CPU benchmark, %d OpenMP threads; BLAS: %s\n", omp_get_max_threads(),
@@ -332,7 +347,7 @@ int cmd_bench(const Args& args) {
     for (const auto& r : rs) results.push_back(result(*r));
   };
   auto runner = [&](const RunSpec& run) {
-    return std::make_unique<ModeRunner>(run, B, T, A, device, dtype, logits);
+    return std::make_unique<ModeRunner>(run, B, T, A, device, dtype, logits_arg);
   };
   if (one_at_a_time) {
     // Each run's model lives only for its own steps.

@@ -8,6 +8,7 @@
 // synchronisation: the allocator is stream-ordered on that stream.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace attnres::cuda {
@@ -16,11 +17,22 @@ namespace attnres::cuda {
 bool compiled();
 // Number of visible CUDA devices; 0 without a driver, a GPU or a CUDA build.
 int device_count();
-// "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB, 132 SMs)" for device i.
-std::string device_description(int i);
-// Datasheet peak dense FLOP/s of device i for bf16 tensor-core math (bf16 =
-// true) or plain fp32, looked up from its name; 0 when unknown. For MFU.
-double peak_dense_flops(int i, bool bf16);
+// Makes visible device `index` this process's GPU: every stream, allocation
+// and kernel of the process then uses it (device 0 when never called). Call
+// before any other device work; once the runtime has started on a device,
+// choosing another one throws InternalError. Choosing by index (not by
+// restricting CUDA_VISIBLE_DEVICES) also works after a CUDA-aware MPI has
+// initialised CUDA inside MPI_Init.
+void select_device(int index);
+// The PCI bus id of this process's GPU ("0000:18:00.0"): the same physical
+// GPU has the same id in every process, whatever devices each one sees.
+std::string pci_bus_id();
+// "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB, 132 SMs)" for this process's GPU.
+std::string device_description();
+// Datasheet peak dense FLOP/s of this process's GPU for bf16 tensor-core
+// math (bf16 = true) or plain fp32, looked up from its name; 0 when unknown.
+// For MFU.
+double peak_dense_flops(bool bf16);
 
 // Device memory from the caching allocator (stream-ordered on the compute
 // stream; freed blocks stay cached in the pool for reuse).
@@ -31,6 +43,11 @@ enum class Side { Host, Device };
 // Copies `bytes` and waits for them (and for all earlier work on the compute
 // stream) when the destination is host memory.
 void copy(void* dst, Side dst_side, const void* src, Side src_side, size_t bytes);
+// The same without waiting: queued on the compute stream. A host side must
+// be pinned (HostBuffer) for the copy to overlap anything, and must not be
+// touched until synchronize() (device -> host) or until later work on the
+// compute stream is known to have run (host -> device).
+void copy_async(void* dst, Side dst_side, const void* src, Side src_side, size_t bytes);
 // Sets `bytes` bytes to 0 on the compute stream.
 void zero(void* p, size_t bytes);
 // Fills `count` 4-byte words with `pattern` (tests poison outputs with NaN bits).
@@ -50,6 +67,49 @@ void reset_peak_memory();
 // Bytes of device memory the driver can still give this process (what the
 // CUDA context, the pool and other processes hold is not free).
 size_t free_memory();
+
+// Host memory for staging device data through the host. `pinned`: page-
+// locked (cudaHostAlloc), so that copies to and from it run at full bandwidth
+// and asynchronously (copy_async), where pageable memory goes through the
+// driver's own bounce buffer a chunk at a time; pinning is slow, so keep and
+// reuse such buffers. Not pinned (or in a process without a CUDA device):
+// plain host memory, and no CUDA call.
+class HostBuffer {
+ public:
+  HostBuffer(size_t bytes, bool pinned);
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
+// Points in time on the compute stream (CUDA events), to time device work
+// without synchronising it: mark() records a point after everything queued
+// so far; seconds(a, b) waits until point b has passed and returns the GPU
+// time between points a and b. The host's clock would time the queueing of
+// kernels, which runs ahead of the GPU. Only where there is a CUDA device.
+class StreamClock {
+ public:
+  StreamClock();
+  ~StreamClock();
+  StreamClock(const StreamClock&) = delete;
+  StreamClock& operator=(const StreamClock&) = delete;
+  // Forgets the points (their events are reused).
+  void reset();
+  int mark();
+  double seconds(int a, int b) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Marks the region an external profiler records when it is started with
 // profiling off (`ncu --profile-from-start off`): cudaProfilerStart / Stop.

@@ -1,4 +1,6 @@
 // core/device.h for builds without the CUDA backend (compiled only then).
+#include <cstdlib>
+
 #include "core/device.h"
 #include "core/error.h"
 
@@ -13,11 +15,14 @@ namespace {
 
 bool compiled() { return false; }
 int device_count() { return 0; }
-std::string device_description(int) { no_cuda("device_description"); }
-double peak_dense_flops(int, bool) { return 0; }
+void select_device(int) { no_cuda("select_device"); }
+std::string pci_bus_id() { no_cuda("pci_bus_id"); }
+std::string device_description() { no_cuda("device_description"); }
+double peak_dense_flops(bool) { return 0; }
 void* alloc(size_t) { no_cuda("device memory"); }
 void release(void*) {}
 void copy(void*, Side, const void*, Side, size_t) { no_cuda("device copy"); }
+void copy_async(void*, Side, const void*, Side, size_t) { no_cuda("device copy"); }
 void zero(void*, size_t) { no_cuda("device memset"); }
 void fill_u32(void*, unsigned, size_t) { no_cuda("device fill"); }
 void synchronize() {}
@@ -26,5 +31,19 @@ void reset_peak_memory() {}
 void profiler_start() {}
 void profiler_stop() {}
 size_t free_memory() { no_cuda("device memory"); }
+
+HostBuffer::HostBuffer(size_t bytes, bool) : bytes_(bytes) {
+  if (bytes == 0) return;
+  data_ = std::malloc(bytes);  // nothing to pin for: no device
+  if (!data_) fail("out of host memory allocating ", bytes, " bytes");
+}
+HostBuffer::~HostBuffer() { std::free(data_); }
+
+struct StreamClock::Impl {};
+StreamClock::StreamClock() { no_cuda("StreamClock"); }
+StreamClock::~StreamClock() = default;
+void StreamClock::reset() {}
+int StreamClock::mark() { no_cuda("StreamClock"); }
+double StreamClock::seconds(int, int) const { no_cuda("StreamClock"); }
 
 }  // namespace attnres::cuda

@@ -76,11 +76,15 @@ void ParamTable::init(uint64_t seed) {
   for (auto& p : params_) {
     const uint64_t stream = fnv1a64(p.name);
     Tensor& w = p.weights();
-    // Generated on the host in the weights' precision, then copied where they live.
+    // Generated on the host in the weights' precision, then copied where they
+    // live. Element i is a pure function of (seed, stream, i), so the host's
+    // threads split the elements without changing a bit (~27 ns a value on
+    // one thread: a 1.3B model took ~1.5 minutes before its first step).
     Tensor host = Tensor::empty(w.shape(), w.dtype());
     const int64_t n = host.numel();
     auto fill = [&](auto* x) {
       using T = std::remove_pointer_t<decltype(x)>;
+#pragma omp parallel for schedule(static) if (n >= 65536)
       for (int64_t i = 0; i < n; ++i)
         x[i] = p.init_std == 0 ? static_cast<T>(p.init_value)
                                : static_cast<T>(p.init_std * random_normal(seed, stream, i));

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <tuple>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "kernels/common.h"
 #include "kernels/mix.h"
@@ -63,6 +64,32 @@ model::Param* RankModel::embedding() {
 }
 
 // ---------------------------------------------------------------------------
+// StepTimer
+// ---------------------------------------------------------------------------
+
+StepTimer::StepTimer(Device device) {
+  if (device == Device::CUDA) gpu_ = std::make_unique<cuda::StreamClock>();
+}
+StepTimer::~StepTimer() = default;
+
+void StepTimer::reset() {
+  if (gpu_) gpu_->reset();
+  cpu_.clear();
+}
+
+int StepTimer::mark() {
+  if (gpu_) return gpu_->mark();
+  cpu_.push_back(Clock::now());
+  return static_cast<int>(cpu_.size() - 1);
+}
+
+double StepTimer::seconds(int a, int b) const {
+  if (gpu_) return gpu_->seconds(a, b);
+  return std::chrono::duration<double>(cpu_.at(static_cast<size_t>(b)) -
+                                       cpu_.at(static_cast<size_t>(a))).count();
+}
+
+// ---------------------------------------------------------------------------
 // Executor state of one run of an action list
 // ---------------------------------------------------------------------------
 
@@ -113,6 +140,7 @@ PipelineExecutor::PipelineExecutor(const model::ModelConfig& cfg, RankModel& mod
       layout_(model.layout()),
       plan_(DepthPlan::of(cfg)),
       cache_(cache_blocks),
+      timer_(model.chunk(0).device()),
       B_(B),
       T_(T) {}
 
@@ -178,7 +206,9 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
                                 const std::function<void(int)>& grads_ready, const HeadFn* head) {
   const auto& list = schedule(spec);
   Run r{spec, data, grad_scale, grads_ready, {}, {}, {}, {}, {}, {}, {}, {}, head};
-  const auto t0 = Clock::now();
+  timer_.reset();
+  const int t0 = timer_.mark();
+  std::vector<std::pair<int, int>> computes;  // timer points around each compute
   const int64_t sent0 = transport_.traffic().total_sent();
   const Device dev = model_.chunk(0).device();
   const size_t resident = tensor_memory(dev).in_use;
@@ -219,16 +249,13 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
         }
         continue;
       }
-      const auto c0 = Clock::now();
+      const int c0 = timer_.mark();
       if (list[i].op == Op::Forward)
         forward(r, list[i]);
       else
         backward(r, list[i]);
-      const auto c1 = Clock::now();
-      r.stats.busy_sec += std::chrono::duration<double>(c1 - c0).count();
-      if (trace_)
-        r.stats.trace.push_back({list[i], std::chrono::duration<double>(c0 - t0).count(),
-                                 std::chrono::duration<double>(c1 - t0).count()});
+      computes.emplace_back(c0, timer_.mark());
+      if (trace_) r.stats.trace.push_back({list[i], 0, 0});  // times below
       ++i;
     }
     for (Request& s : r.sends) s.wait();
@@ -246,7 +273,16 @@ StepStats PipelineExecutor::run(const ScheduleSpec& spec, const DataFn& data, do
   r.stats.pp_bytes = transport_.traffic().total_sent() - sent0;
   r.stats.resident_bytes = static_cast<int64_t>(resident);
   r.stats.peak_step_bytes = static_cast<int64_t>(tensor_memory(dev).peak - resident);
-  r.stats.wall_sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int end = timer_.mark();
+  r.stats.wall_sec = timer_.seconds(t0, end);
+  for (size_t k = 0; k < computes.size(); ++k) {
+    const auto [c0, c1] = computes[k];
+    r.stats.busy_sec += timer_.seconds(c0, c1);
+    if (trace_) {
+      r.stats.trace[k].start = timer_.seconds(t0, c0);
+      r.stats.trace[k].end = timer_.seconds(t0, c1);
+    }
+  }
   return r.stats;
 }
 

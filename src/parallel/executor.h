@@ -18,12 +18,14 @@
 // chunk that produced it runs its backward. Stores and accumulators of a
 // microbatch are freed after its last backward on the rank.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "core/device.h"
 #include "data/loader.h"
 #include "model/model.h"
 #include "parallel/layout.h"
@@ -67,6 +69,25 @@ class RankModel {
   std::vector<std::unique_ptr<model::Model>> chunks_;
 };
 
+// Times the computes of a step: on the host's clock for CPU chunks; for GPU
+// chunks with CUDA events on the compute stream (cuda::StreamClock), since
+// there the host only queues the kernels and runs ahead of the device, and
+// its clock would time the queueing. mark() makes a point (now, or after the
+// work queued so far); seconds(a, b) is the time between two points (on the
+// GPU it waits for b).
+class StepTimer {
+ public:
+  explicit StepTimer(Device device);
+  ~StepTimer();
+  void reset();
+  int mark();
+  double seconds(int a, int b) const;
+
+ private:
+  std::unique_ptr<cuda::StreamClock> gpu_;
+  std::vector<std::chrono::steady_clock::time_point> cpu_;
+};
+
 using DataFn = std::function<data::TokenLoader::Batch(int mb)>;
 // In place of the loss, on the rank that holds the last chunk: what a
 // forward-only pass does with microbatch mb's head input `st` (e.g. per-token
@@ -75,14 +96,16 @@ using DataFn = std::function<data::TokenLoader::Batch(int mb)>;
 using HeadFn = std::function<void(int mb, model::Model& head, const model::DepthState& st,
                                   model::Activations& acts)>;
 
-// What a step did: the executor fills in this rank's share, the runtime
-// (Runtime::train_step) reduces it over the ranks; the trainer logs it.
-// One compute action's wall-clock span, in seconds since the step began.
+// One compute action's span, in seconds since the step began (on the GPU:
+// the device's time, StepTimer).
 struct ComputeTime {
   Action action;
   double start = 0, end = 0;
 };
 
+// What a step did: the executor fills in this rank's share, the runtime
+// (Runtime::train_step) reduces it over the ranks; the trainer logs it.
+// Times are the device's (StepTimer).
 struct StepStats {
   double loss_sum = 0;   // summed token loss of the microbatches whose last chunk ran here,
                          // then over all replicas
@@ -137,6 +160,7 @@ class PipelineExecutor {
   const PipelineLayout& layout_;
   DepthPlan plan_;
   bool cache_;
+  StepTimer timer_;
   bool trace_ = false;
   int64_t B_, T_;
   std::map<std::pair<int, bool>, std::vector<Action>> schedules_;  // (M, forward_only)

@@ -10,9 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <thread>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "parallel/mpi_internal.h"
 
@@ -48,62 +48,83 @@ double comm_timeout_seconds() {
   return 1800.0;
 }
 
-GpuPin choose_local_gpu(int local_rank, int local_size, const std::vector<std::string>& visible) {
+int launcher_local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID",
+                          "MV2_COMM_WORLD_LOCAL_RANK"}) {
+    const char* v = std::getenv(var);
+    char* end = nullptr;
+    if (!v || !*v) continue;
+    const long r = std::strtol(v, &end, 10);
+    if (*end == '\0' && r >= 0 && r < INT_MAX) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+int gpu_index_for(int local_rank, int visible) {
+  if (visible <= 0) return -1;
+  return local_rank % visible;
+}
+
+GpuPin gpu_sharing(int local_rank, const std::vector<std::string>& node_bus_ids) {
   GpuPin pin;
-  if (local_size <= 1 || visible.empty()) return pin;
-  const int n = static_cast<int>(visible.size());
-  const int slot = local_rank % n;
-  pin.device = visible[static_cast<size_t>(slot)];
-  // Local ranks slot, slot + n, slot + 2n, ... below local_size share it.
-  pin.sharing = (local_size - 1 - slot) / n + 1;
-  if (n < local_size) {
-    const int most = (local_size + n - 1) / n;
+  pin.local_rank = local_rank;
+  pin.bus_id = node_bus_ids.at(static_cast<size_t>(local_rank));
+  pin.sharing = static_cast<int>(std::count(node_bus_ids.begin(), node_bus_ids.end(), pin.bus_id));
+  std::vector<std::string> gpus = node_bus_ids;
+  std::sort(gpus.begin(), gpus.end());
+  gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
+  const int n = static_cast<int>(gpus.size()), ranks = static_cast<int>(node_bus_ids.size());
+  if (n < ranks) {
+    int most = 0;
+    for (const std::string& g : gpus)
+      most = std::max(most, static_cast<int>(std::count(node_bus_ids.begin(), node_bus_ids.end(), g)));
     pin.warning = fmt::format(
-        "{} processes of this job on this node share {} GPU{} (local rank modulo the visible "
-        "GPUs, up to {} per GPU): each has its own CUDA context, which works but is slower "
-        "than a GPU per process, and NCCL refuses it (the MPI transport is used)",
-        local_size, n, n == 1 ? "" : "s", most);
+        "{} processes of this job on this node share {} GPU{} (up to {} per GPU, by their PCI "
+        "bus ids): each has its own CUDA context, which works but is slower than a GPU per "
+        "process, and NCCL refuses it (the MPI transport is used)",
+        ranks, n, n == 1 ? "" : "s", most);
   }
   return pin;
 }
 
-std::vector<std::string> visible_gpus(const std::string& driver_dir, const std::string& dev_dir) {
-  std::vector<std::string> devices;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    std::string item;
-    for (char ch : std::string(v) + ",") {
-      if (ch == ',') {
-        if (!item.empty()) devices.push_back(item);
-        item.clear();
-      } else if (ch != ' ') {
-        item += ch;
-      }
-    }
-    return devices;
+std::vector<GpuPin> plan_node_gpus(const std::vector<std::vector<std::string>>& visible_bus_ids) {
+  const int ranks = static_cast<int>(visible_bus_ids.size());
+  std::vector<int> index(static_cast<size_t>(ranks));
+  std::vector<std::string> chosen(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    const auto& visible = visible_bus_ids[static_cast<size_t>(r)];
+    index[static_cast<size_t>(r)] = gpu_index_for(r, static_cast<int>(visible.size()));
+    if (index[static_cast<size_t>(r)] >= 0)
+      chosen[static_cast<size_t>(r)] = visible[static_cast<size_t>(index[static_cast<size_t>(r)])];
   }
-  // The GPU device files are nvidia0, nvidia1, ... (not nvidiactl, nvidia-uvm).
-  auto count = [](const std::string& dir, bool device_files) {
-    int n = 0;
-    std::error_code ec;
-    for (auto it = std::filesystem::directory_iterator(dir, ec);
-         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (!device_files || (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
-                            name.find_first_not_of("0123456789", 6) == std::string::npos))
-        ++n;
-    }
-    return n;
-  };
-  int n = count(driver_dir, false);
-  if (n == 0) n = count(dev_dir, true);
-  for (int i = 0; i < n; ++i) devices.push_back(std::to_string(i));
-  return devices;
+  std::vector<GpuPin> pins;
+  for (int r = 0; r < ranks; ++r) {
+    GpuPin pin = gpu_sharing(r, chosen);
+    pin.index = index[static_cast<size_t>(r)];
+    pins.push_back(pin);
+  }
+  return pins;
 }
 
-GpuPin pin_local_gpu(int local_rank, int local_size, bool nccl) {
-  GpuPin pin = choose_local_gpu(local_rank, local_size, visible_gpus());
-  if (!pin.device.empty()) setenv("CUDA_VISIBLE_DEVICES", pin.device.c_str(), 1);
-  if (nccl && pin.sharing <= 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+int pin_gpu_before_mpi(bool nccl) {
+  if (nccl) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  const int local = launcher_local_rank();
+  if (local < 0) return -1;
+  const int index = gpu_index_for(local, cuda::device_count());
+  if (index >= 0) cuda::select_device(index);
+  return index;
+}
+
+GpuPin pin_gpu(const MpiSession& session, int chosen_before_mpi) {
+  int index = chosen_before_mpi;
+  if (index < 0) {
+    index = gpu_index_for(session.local_rank(), cuda::device_count());
+    if (index >= 0) cuda::select_device(index);
+  }
+  // A rank without a GPU still takes part in the gather (the others wait for it).
+  const std::string mine = index >= 0 ? cuda::pci_bus_id() : "(none)";
+  GpuPin pin = gpu_sharing(session.local_rank(), session.node().allgather(mine));
+  pin.index = index;
   return pin;
 }
 
@@ -168,15 +189,18 @@ MpiSession::MpiSession() {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  MPI_Comm local;
-  mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+  auto local = std::make_unique<Comm::Impl>();
+  mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
+                                &local->comm),
             "MPI_Comm_split_type");
-  MPI_Comm_rank(local, &local_rank_);
-  MPI_Comm_size(local, &local_size_);
-  MPI_Comm_free(&local);
+  local->owned = true;
+  node_ = Comm(std::move(local));
+  local_rank_ = node_.rank();
+  local_size_ = node_.size();
 }
 
 MpiSession::~MpiSession() {
+  node_ = Comm();  // freed while MPI is still up
   if (!owner_) return;
   int fin = 0;
   MPI_Finalized(&fin);
@@ -295,26 +319,76 @@ void Comm::allreduce_max(int64_t* x, int n) const {
   allreduce(*this, x, n, MPI_INT64_T, MPI_MAX, "a maximum over ranks");
 }
 
-std::vector<std::vector<double>> Comm::allgather(const std::vector<double>& mine) const {
-  if (solo_) return {mine};
-  const int n = size();
-  int count = static_cast<int>(mine.size());
-  std::vector<int> counts(n), displs(n);
+namespace {
+// Every member's `count` elements of `type` (counts may differ), concatenated
+// in member order, with each member's count.
+template <typename T>
+std::vector<T> allgather_v(const Comm& c, const T* mine, int count, MPI_Datatype type,
+                           std::vector<int>& counts) {
+  const int n = c.size();
+  counts.assign(static_cast<size_t>(n), 0);
+  std::vector<int> displs(static_cast<size_t>(n));
   MPI_Request req;
-  mpi_check(MPI_Iallgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, raw(*this), &req),
+  mpi_check(MPI_Iallgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, raw(c), &req),
             "MPI_Iallgather");
   wait_bounded(req, "an allgather of sizes");
   int total = 0;
   for (int i = 0; i < n; ++i) displs[i] = total, total += counts[i];
-  std::vector<double> all(static_cast<size_t>(total));
-  mpi_check(MPI_Iallgatherv(mine.data(), count, MPI_DOUBLE, all.data(), counts.data(),
-                            displs.data(), MPI_DOUBLE, raw(*this), &req),
+  std::vector<T> all(static_cast<size_t>(total));
+  mpi_check(MPI_Iallgatherv(mine, count, type, all.data(), counts.data(), displs.data(), type,
+                            raw(c), &req),
             "MPI_Iallgatherv");
   wait_bounded(req, "an allgather");
-  std::vector<std::vector<double>> out(n);
-  for (int i = 0; i < n; ++i)
-    out[i].assign(all.begin() + displs[i], all.begin() + displs[i] + counts[i]);
+  return all;
+}
+}  // namespace
+
+std::vector<std::vector<double>> Comm::allgather(const std::vector<double>& mine) const {
+  if (solo_) return {mine};
+  std::vector<int> counts;
+  const auto all = allgather_v(*this, mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, counts);
+  std::vector<std::vector<double>> out;
+  size_t at = 0;
+  for (int k : counts) {
+    out.emplace_back(all.begin() + at, all.begin() + at + k);
+    at += static_cast<size_t>(k);
+  }
   return out;
+}
+
+std::vector<std::string> Comm::allgather(const std::string& mine) const {
+  if (solo_) return {mine};
+  std::vector<int> counts;
+  const auto all = allgather_v(*this, mine.data(), static_cast<int>(mine.size()), MPI_CHAR, counts);
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (int k : counts) {
+    out.emplace_back(all.data() + at, static_cast<size_t>(k));
+    at += static_cast<size_t>(k);
+  }
+  return out;
+}
+
+void Comm::allgather_bytes(const void* mine, size_t bytes, void* all) const {
+  if (solo_) {
+    std::memcpy(all, mine, bytes);
+    return;
+  }
+  // Pieces of at most 64 MiB per member: MPI counts are int, and each piece
+  // lands in a temporary [size() * piece] before going to its place.
+  constexpr size_t kPiece = size_t(64) << 20;
+  const size_t n = static_cast<size_t>(size());
+  std::vector<char> tmp(n * std::min(bytes, kPiece));
+  for (size_t at = 0; at < bytes; at += kPiece) {
+    const size_t k = std::min(kPiece, bytes - at);
+    MPI_Request req;
+    mpi_check(MPI_Iallgather(static_cast<const char*>(mine) + at, static_cast<int>(k), MPI_BYTE,
+                             tmp.data(), static_cast<int>(k), MPI_BYTE, raw(*this), &req),
+              "MPI_Iallgather");
+    wait_bounded(req, "an allgather");
+    for (size_t d = 0; d < n; ++d)
+      std::memcpy(static_cast<char*>(all) + d * bytes + at, tmp.data() + d * k, k);
+  }
 }
 
 std::vector<std::string> Comm::gather(const std::string& mine, int root) const {
@@ -422,6 +496,14 @@ void Comm::allreduce_max(int64_t*, int) const { if (!solo_) no_mpi(); }
 std::vector<std::vector<double>> Comm::allgather(const std::vector<double>& mine) const {
   if (!solo_) no_mpi();
   return {mine};
+}
+std::vector<std::string> Comm::allgather(const std::string& mine) const {
+  if (!solo_) no_mpi();
+  return {mine};
+}
+void Comm::allgather_bytes(const void* mine, size_t bytes, void* all) const {
+  if (!solo_) no_mpi();
+  std::memcpy(all, mine, bytes);
 }
 std::vector<std::string> Comm::gather(const std::string& mine, int) const {
   if (!solo_) no_mpi();

@@ -45,65 +45,56 @@ void let_rank0_report_first(int rank);
 // others wait).
 double comm_timeout_seconds();
 
-// MPI_Init_thread (FUNNELED: only the main thread calls MPI; OpenMP threads
-// don't) for the lifetime of the object; MPI_Finalize at the end. If MPI is
-// already initialised (a test harness did it), the session adopts it and
-// leaves finalisation to the owner.
-class MpiSession {
- public:
-  MpiSession();
-  ~MpiSession();
-  MpiSession(const MpiSession&) = delete;
-  MpiSession& operator=(const MpiSession&) = delete;
+// This process's local rank (its place among the job's processes on its
+// node) as the launcher's environment gives it before MPI_Init:
+// OMPI_COMM_WORLD_LOCAL_RANK (Open MPI), SLURM_LOCALID (srun), MPI_LOCALRANKID
+// (MPICH's hydra, Intel MPI), MV2_COMM_WORLD_LOCAL_RANK (MVAPICH); -1 when none
+// is set.
+int launcher_local_rank();
 
-  int world_rank() const { return rank_; }
-  int world_size() const { return size_; }
-  // Rank and count of the processes of this job on this node (for picking a GPU).
-  int local_rank() const { return local_rank_; }
-  int local_size() const { return local_size_; }
-
-  // Report `message` as this rank's error on stderr and end the whole job
-  // with exit code `code` (MPI_Abort): the other ranks may be blocked waiting
-  // for this one, so unwinding normally would hang them.
-  [[noreturn]] static void abort(int code, const std::string& message);
-
- private:
-  bool owner_ = false;
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
-};
-
-// Which GPU a process of the job uses, chosen from its local rank (its place
-// among the job's processes on this node) and the GPUs it can see.
+// Which GPU a process of the job uses, and whether the node's processes
+// share GPUs.
 struct GpuPin {
-  std::string device;  // the CUDA_VISIBLE_DEVICES entry chosen, or "" when unchanged
-  int sharing = 1;     // this node's processes on that GPU (> 1: ranks share it)
-  std::string warning; // for the node's log when its GPUs are shared, else ""
+  int local_rank = 0;   // this process's place on its node
+  int index = -1;       // the CUDA device index among the GPUs this process sees
+  std::string bus_id;   // that GPU's PCI bus id
+  int sharing = 1;      // this node's processes on that GPU (> 1: ranks share it)
+  std::string warning;  // for the node's log when its GPUs are shared, else ""
 };
 
-// The choice alone (no environment): one process per node changes nothing;
-// otherwise local rank r gets visible[r mod visible.size()]. More processes
-// than GPUs is allowed (several ranks, each with its own CUDA context, on one
-// GPU) but slower, and NCCL refuses it, so it comes with a warning.
-GpuPin choose_local_gpu(int local_rank, int local_size, const std::vector<std::string>& visible);
+// The choice, as pure functions (tests/parallel/test_gpu_pin.cpp runs them
+// on the common launch set-ups):
+// - before MPI_Init, local rank r of a process that sees `visible` GPUs takes
+//   device r mod visible (-1 when it sees none). With one GPU per rank (Slurm's
+//   --gpus-per-task, many Kubernetes set-ups) that is device 0 of each rank's
+//   own; with all GPUs visible, GPU r;
+// - after it, the node's ranks compare the PCI bus ids of the GPUs they took:
+//   ranks with the same id share one physical GPU, whatever each one was
+//   shown. Sharing works (each rank has its own CUDA context) but is slower,
+//   and NCCL refuses it, so it comes with a warning.
+int gpu_index_for(int local_rank, int visible);
+// `node_bus_ids[r]`: the bus id of local rank r's GPU. Fills bus_id, sharing
+// and warning (the same text on every rank of the node) and local_rank; not
+// index.
+GpuPin gpu_sharing(int local_rank, const std::vector<std::string>& node_bus_ids);
+// Both steps for a whole node: every local rank's visible GPUs by bus id, in
+// its device order; returns every local rank's pin.
+std::vector<GpuPin> plan_node_gpus(const std::vector<std::vector<std::string>>& visible_bus_ids);
 
-// The node's GPUs as this process sees them, without initialising CUDA (which
-// would freeze the device list before we restrict it): CUDA_VISIBLE_DEVICES's
-// entries when set, else one per GPU the driver lists (a folder per GPU in
-// `driver_dir`, or, where that is missing or empty as in some containers, the
-// device files nvidia0, nvidia1, ... in `dev_dir`; parameters for the tests).
-std::vector<std::string> visible_gpus(const std::string& driver_dir = "/proc/driver/nvidia/gpus",
-                                      const std::string& dev_dir = "/dev");
-
-// choose_local_gpu on visible_gpus(), then CUDA_VISIBLE_DEVICES restricted to
-// the chosen entry, so that device 0 of this process (the one core/cuda uses)
-// is its GPU. With `nccl` (a job of several ranks that may talk over NCCL)
-// and a GPU of its own, also CUDA_MODULE_LOADING=EAGER unless it is set:
-// under CUDA's default lazy loading the first launch of a kernel may wait for
-// the device's running work (CUDA programming guide, "Lazy Loading",
-// potential hazards), and that work can be an NCCL receive spinning until a
-// peer sends what it computes after this very launch. Must run before the
-// first CUDA call.
-GpuPin pin_local_gpu(int local_rank, int local_size, bool nccl);
+// What a process of a multi-rank CUDA job does, in two calls around
+// MPI_Init. Before (pin_gpu_before_mpi): with `nccl` (the job may talk over
+// NCCL) CUDA_MODULE_LOADING=EAGER unless set, since under CUDA's lazy loading
+// the first launch of a kernel may wait for the device's running work (CUDA
+// programming guide, "Lazy Loading", potential hazards), and that work can be
+// an NCCL receive spinning until a peer sends what it computes after this
+// very launch; then, when the launcher names the local rank, the device is
+// selected by index (cuda::select_device), so a CUDA-aware MPI that
+// initialises CUDA inside MPI_Init (UCX, HPC-X) finds it current. Returns the
+// index chosen, or -1. After (pin_gpu): the index from the session's local
+// rank if none was chosen before, then the node's bus ids gathered.
+int pin_gpu_before_mpi(bool nccl);
+class MpiSession;
+GpuPin pin_gpu(const MpiSession& session, int chosen_before_mpi);
 
 // This process's share of the node's cores for OpenMP: with local_size
 // processes of the job on this node, the online CPUs divided among them (at
@@ -142,8 +133,12 @@ class Comm {
   void allreduce_sum(int64_t* x, int n) const;
   void allreduce_max(double* x, int n) const;
   void allreduce_max(int64_t* x, int n) const;
-  // Every member's vector, indexed by member rank, on every member.
+  // Every member's vector (string), indexed by member rank, on every member.
   std::vector<std::vector<double>> allgather(const std::vector<double>& mine) const;
+  std::vector<std::string> allgather(const std::string& mine) const;
+  // Every member's `bytes` bytes (the same count on every member) into `all`
+  // [size() * bytes], in member order; any size (moved in pieces).
+  void allgather_bytes(const void* mine, size_t bytes, void* all) const;
   // Every member's blob on `root` (empty vector elsewhere).
   std::vector<std::string> gather(const std::string& mine, int root) const;
   // In-place sum of float/double buffers over all members, with bit-identical
@@ -155,9 +150,40 @@ class Comm {
   Impl* impl() const { return impl_.get(); }
 
  private:
+  friend class MpiSession;  // makes the node communicator
   explicit Comm(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   bool solo_ = false;
+};
+
+// MPI_Init_thread (FUNNELED: only the main thread calls MPI; OpenMP threads
+// don't) for the lifetime of the object; MPI_Finalize at the end. If MPI is
+// already initialised (a test harness did it), the session adopts it and
+// leaves finalisation to the owner.
+class MpiSession {
+ public:
+  MpiSession();
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int world_rank() const { return rank_; }
+  int world_size() const { return size_; }
+  // Rank and count of the processes of this job on this node (for picking a GPU).
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  // The job's processes on this node (MPI_COMM_TYPE_SHARED), by local rank.
+  const Comm& node() const { return node_; }
+
+  // Report `message` as this rank's error on stderr and end the whole job
+  // with exit code `code` (MPI_Abort): the other ranks may be blocked waiting
+  // for this one, so unwinding normally would hang them.
+  [[noreturn]] static void abort(int code, const std::string& message);
+
+ private:
+  bool owner_ = false;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  Comm node_;
 };
 
 // The P x D grid over a communicator of P*D processes (normally the world).

@@ -1,5 +1,8 @@
 #include "parallel/mpi_transport.h"
 
+#include <cstring>
+
+#include "core/device.h"
 #include "core/error.h"
 #include "kernels/reduce.h"
 #include "parallel/mpi_internal.h"
@@ -112,75 +115,93 @@ Request MpiTransport::recv_from(const Tensor& buffer, int peer) {
 
 namespace {
 
-// Reduce at replica 0, then broadcast its bits (so replicas never drift
-// apart), on one flat host buffer per dtype: two collectives instead of
-// hundreds. The reduce is posted at start; finish() waits for it, then broadcasts.
+// The data-parallel sum: reduce at replica 0, then broadcast its bits (so
+// replicas never drift apart), in buckets. The tensors, in order, are packed
+// into host buffers of at most kBucketBytes each (one dtype per bucket; a
+// larger tensor gets a bucket of its own): a few large collectives instead of
+// hundreds of small ones. Device tensors go into pinned buffers with one
+// asynchronous copy per tensor and one synchronisation per bucket, where
+// copying each through pageable memory blocked on every tensor. Each
+// bucket's reduce is posted as soon as it is packed; finish() waits for them
+// in order, broadcasts, and copies back.
 class MpiPendingSum : public PendingSum {
  public:
-  MpiPendingSum(const Comm& comm, std::vector<Tensor> tensors)
-      : comm_(comm), tensors_(std::move(tensors)) {
+  static constexpr size_t kBucketBytes = size_t(64) << 20;
+
+  MpiPendingSum(const Comm& comm, StagingPool& pool, std::vector<Tensor> tensors)
+      : comm_(comm), pool_(pool), tensors_(std::move(tensors)) {
     for (const Tensor& t : tensors_)
       if (t.dtype() != DType::F32 && t.dtype() != DType::F64)
         fail("data-parallel sum: ", t.describe(), " is not F32 or F64");
-    const bool root = comm_.rank() == 0;
-    for (DType dt : {DType::F32, DType::F64}) {
-      int64_t total = 0;
-      for (const Tensor& t : tensors_)
-        if (t.dtype() == dt) total += t.numel();
-      if (total == 0) continue;
-      if (total > 2147483647)
-        fail("data-parallel sum of ", total, " elements exceeds MPI's int count");
-      Tensor flat = Tensor::empty({total}, dt, Device::CPU);
-      int64_t at = 0;
-      for (const Tensor& t : tensors_)
-        if (t.dtype() == dt) {
-          flat.rows(at, t.numel()).copy_from(t.reshape({t.numel()}));
-          at += t.numel();
-        }
-      Part part{dt, flat, MPI_REQUEST_NULL};
-      const MPI_Datatype type = dt == DType::F32 ? MPI_FLOAT : MPI_DOUBLE;
-      mpi_check(MPI_Ireduce(root ? MPI_IN_PLACE : flat.raw(), root ? flat.raw() : nullptr,
-                            static_cast<int>(total), type, MPI_SUM, 0, raw(comm_), &part.req),
+    for (size_t i = 0; i < tensors_.size();) {
+      Bucket b{tensors_[i].dtype(), i, i, nullptr, 0, MPI_REQUEST_NULL};
+      bool device = false;
+      for (; b.end < tensors_.size() && tensors_[b.end].dtype() == b.dtype &&
+             (b.end == b.begin || b.bytes + tensors_[b.end].nbytes() <= kBucketBytes);
+           ++b.end) {
+        b.bytes += tensors_[b.end].nbytes();
+        device = device || tensors_[b.end].is_cuda();
+      }
+      i = b.end;
+      if (b.bytes / dtype_size(b.dtype) > 2147483647)
+        fail("data-parallel sum of a ", tensors_[b.begin].describe(),
+             " tensor exceeds MPI's int count");
+      b.host = pool_.take(b.bytes, device);
+      char* at = static_cast<char*>(b.host->data());
+      for (size_t k = b.begin; k < b.end; at += tensors_[k].nbytes(), ++k) {
+        const Tensor& t = tensors_[k];
+        if (t.is_cuda()) cuda::copy_async(at, cuda::Side::Host, t.raw(), cuda::Side::Device, t.nbytes());
+        else std::memcpy(at, t.raw(), t.nbytes());
+      }
+      if (device) cuda::synchronize();  // the copies (and the gradients they read) are done
+      const bool root = comm_.rank() == 0;
+      mpi_check(MPI_Ireduce(root ? MPI_IN_PLACE : b.host->data(), root ? b.host->data() : nullptr,
+                            count(b), mpi_type(b.dtype), MPI_SUM, 0, raw(comm_), &b.req),
                 "MPI_Ireduce (data-parallel gradients)");
-      parts_.push_back(std::move(part));
+      buckets_.push_back(std::move(b));
     }
   }
   ~MpiPendingSum() override {
-    for (Part& p : parts_)
-      if (p.req != MPI_REQUEST_NULL) {  // error path: don't block, keep the buffer
-        MPI_Request_free(&p.req);
-        new Tensor(p.flat);  // intentional leak: MPI may still use it
+    for (Bucket& b : buckets_)
+      if (b.req != MPI_REQUEST_NULL) {  // error path: don't block, keep the buffer
+        MPI_Request_free(&b.req);
+        b.host.release();  // intentional leak: MPI may still use it
       }
   }
   void finish() override {
-    for (Part& p : parts_) {
-      wait_bounded(p.req, "the data-parallel gradient sum");
-      p.req = MPI_REQUEST_NULL;
+    for (Bucket& b : buckets_) {
+      wait_bounded(b.req, "the data-parallel gradient sum");
+      b.req = MPI_REQUEST_NULL;
       MPI_Request req;
-      mpi_check(MPI_Ibcast(p.flat.raw(), static_cast<int>(p.flat.numel()),
-                           p.dtype == DType::F32 ? MPI_FLOAT : MPI_DOUBLE, 0, raw(comm_), &req),
+      mpi_check(MPI_Ibcast(b.host->data(), count(b), mpi_type(b.dtype), 0, raw(comm_), &req),
                 "MPI_Ibcast (data-parallel gradients)");
       wait_bounded(req, "the data-parallel gradient broadcast");
-      int64_t at = 0;
-      for (Tensor& t : tensors_)
-        if (t.dtype() == p.dtype) {
-          Tensor view = t.reshape({t.numel()});
-          view.copy_from(p.flat.rows(at, t.numel()));
-          at += t.numel();
-        }
+      const char* at = static_cast<const char*>(b.host->data());
+      for (size_t k = b.begin; k < b.end; at += tensors_[k].nbytes(), ++k) {
+        Tensor& t = tensors_[k];
+        // Queued on the compute stream: later kernels read the sums, and the
+        // buffer's next user queues its copies after these (StagingPool).
+        if (t.is_cuda()) cuda::copy_async(t.raw(), cuda::Side::Device, at, cuda::Side::Host, t.nbytes());
+        else std::memcpy(t.raw(), at, t.nbytes());
+      }
+      pool_.give(std::move(b.host));
     }
-    parts_.clear();
+    buckets_.clear();
   }
 
  private:
-  struct Part {
+  struct Bucket {
     DType dtype;
-    Tensor flat;
+    size_t begin, end;  // tensors_[begin, end)
+    std::unique_ptr<cuda::HostBuffer> host;
+    size_t bytes;
     MPI_Request req;
   };
+  static int count(const Bucket& b) { return static_cast<int>(b.bytes / dtype_size(b.dtype)); }
   const Comm& comm_;
+  StagingPool& pool_;
   std::vector<Tensor> tensors_;
-  std::vector<Part> parts_;
+  std::vector<Bucket> buckets_;
 };
 
 class DonePendingSum : public PendingSum {
@@ -226,7 +247,25 @@ class MpiPendingScatter : public PendingSum {
 
 std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor> tensors) {
   if (grid_.D() == 1 || tensors.empty()) return std::make_unique<DonePendingSum>();
-  return std::make_unique<MpiPendingSum>(grid_.data(), std::move(tensors));
+  return std::make_unique<MpiPendingSum>(grid_.data(), staging_, std::move(tensors));
+}
+
+std::unique_ptr<cuda::HostBuffer> StagingPool::take(size_t bytes, bool pinned) {
+  // The smallest free buffer that is large enough; step after step the same
+  // sizes come back, so after the first step nothing new is allocated.
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it)
+    if ((*it)->pinned() == pinned && (*it)->bytes() >= bytes &&
+        (best == free_.end() || (*it)->bytes() < (*best)->bytes()))
+      best = it;
+  if (best == free_.end()) return std::make_unique<cuda::HostBuffer>(bytes, pinned);
+  std::unique_ptr<cuda::HostBuffer> b = std::move(*best);
+  free_.erase(best);
+  return b;
+}
+
+void StagingPool::give(std::unique_ptr<cuda::HostBuffer> buffer) {
+  free_.push_back(std::move(buffer));
 }
 
 std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor flat, Tensor mine) {

@@ -3,10 +3,27 @@
 // sums as reduce + broadcast on the data communicator. Host memory; CUDA
 // tensors are staged through host copies.
 #pragma once
+#include <memory>
+#include <vector>
+
+#include "core/device.h"
 #include "parallel/mpi.h"
 #include "parallel/transport.h"
 
 namespace attnres::parallel {
+
+// Host buffers for staging, reused from one step to the next. A pinned
+// buffer is only ever filled by copies queued on the compute stream and read
+// by the host after a synchronisation, and given back once its last copies
+// are queued: its next user's copies run after those, in stream order.
+class StagingPool {
+ public:
+  std::unique_ptr<cuda::HostBuffer> take(size_t bytes, bool pinned);
+  void give(std::unique_ptr<cuda::HostBuffer> buffer);
+
+ private:
+  std::vector<std::unique_ptr<cuda::HostBuffer>> free_;
+};
 
 class MpiTransport : public Transport {
  public:
@@ -23,6 +40,7 @@ class MpiTransport : public Transport {
 
  private:
   const ProcessGrid& grid_;
+  StagingPool staging_;  // the data-parallel sums' buffers
 };
 
 }  // namespace attnres::parallel

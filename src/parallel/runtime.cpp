@@ -165,6 +165,14 @@ std::vector<Tensor> Runtime::all_gather_owned(int v, const std::vector<Tensor>& 
   return out;
 }
 
+std::vector<Tensor> Runtime::gather_owned_to_host(int v, const std::vector<Tensor>& owned_parts) {
+  const ZeroShard& z = zero_.at(static_cast<size_t>(v));
+  const Tensor mine = z.pack_owned(owned_parts, DType::F32).to(Device::CPU);
+  Tensor flat = Tensor::empty({z.shard_elements() * grid_.D()}, DType::F32, Device::CPU);
+  grid_.data().allgather_bytes(mine.raw(), mine.nbytes(), flat.raw());
+  return z.views(flat);
+}
+
 void Runtime::gather_updated_weights() {
   for (int v = 0; v < static_cast<int>(zero_.size()); ++v) {
     auto& ps = model_->chunk(v).params().all();

@@ -69,6 +69,12 @@ class Runtime {
   // parameters. Collective over the replicas.
   std::vector<Tensor> all_gather_owned(int v, const std::vector<Tensor>& owned_parts,
                                        DType dtype = DType::F32);
+  // The same for F32 parts, assembled in host memory (checkpoints): only this
+  // replica's packed slice (1/D of the chunk) is on its device, so a save
+  // needs no device memory of the whole chunk's size (a run that fits a GPU
+  // only thanks to ZeRO-1 fits at its saves too). The tensors returned are
+  // views into one host buffer. Collective over the replicas.
+  std::vector<Tensor> gather_owned_to_host(int v, const std::vector<Tensor>& owned_parts);
 
   // Forward-only loss over this replica's M microbatches; returns the loss
   // summed over all replicas. Collective.

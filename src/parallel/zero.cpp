@@ -72,4 +72,15 @@ void ZeroShard::unpack_all(const Tensor& flat, std::vector<Tensor>& out) const {
     flat_view(out[i]).copy_from(flat.rows(offset_[i], out[i].numel()));
 }
 
+std::vector<Tensor> ZeroShard::views(const Tensor& flat) const {
+  ATTNRES_CHECK(flat.numel() == n_ * D_, "views of ", flat.describe(), ": expected ", n_ * D_,
+                " elements");
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i]->value;
+    out.push_back(flat.rows(offset_[i], p.numel()).reshape(p.shape()));
+  }
+  return out;
+}
+
 }  // namespace attnres::parallel

@@ -43,6 +43,9 @@ class ZeroShard {
   // per-parameter tensors (`out[i]` shaped like parameter i, of flat's dtype).
   Tensor pack_owned(const std::vector<Tensor>& owned_parts, DType dtype = DType::F32) const;
   void unpack_all(const Tensor& flat, std::vector<Tensor>& out) const;
+  // Per-parameter views of the whole flat space [D * n], shaped like the
+  // parameters (no copy).
+  std::vector<Tensor> views(const Tensor& flat) const;
 
  private:
   std::vector<model::Param*> params_;

@@ -28,6 +28,7 @@
 #include "train/metrics.h"
 #include "train/multiple_choice.h"
 #include "train/optimizer.h"
+#include "train/stepper.h"
 
 namespace attnres::train {
 
@@ -101,7 +102,7 @@ DeviceChoice choose_device(const TrainingConfig& tc) {
   c.dtype = tc.precision;
   c.peak_flops = tc.peak_tflops * 1e12;
   if (c.on_gpu && c.peak_flops == 0 && cuda::device_count() > 0)
-    c.peak_flops = cuda::peak_dense_flops(0, c.dtype == DType::BF16);
+    c.peak_flops = cuda::peak_dense_flops(c.dtype == DType::BF16);
   return c;
 }
 
@@ -167,7 +168,9 @@ std::string depth_stats_path(const Config& cfg) {
 // ---------------------------------------------------------------------------
 class Engine {
  public:
-  Engine(const Config& cfg, const parallel::Comm& world, int local_rank, int local_size);
+  // `gpu`: this rank's GPU in a CUDA run (parallel::pin_gpu; index -1 in a
+  // single process, which uses device 0).
+  Engine(const Config& cfg, const parallel::Comm& world, const parallel::GpuPin& gpu);
   int run();
 
  private:
@@ -183,7 +186,7 @@ class Engine {
   const Config& cfg_;
   const TrainingConfig& tc_;
   const int64_t B_, T_, A_;
-  const parallel::GpuPin gpu_;  // this rank's GPU (CUDA_VISIBLE_DEVICES entry), if pinned
+  const parallel::GpuPin gpu_;  // this rank's GPU, if pinned
   const parallel::ProcessGrid grid_;
   const bool root_;
   const int64_t replica_;
@@ -191,8 +194,8 @@ class Engine {
   std::unique_ptr<data::TokenLoader> val_data_;
   TaskEvaluator tasks_;  // eval.tasks
   DeviceChoice dev_;
-  std::unique_ptr<parallel::Runtime> rt_;
-  std::vector<std::unique_ptr<AdamW>> opts_;  // one per local chunk
+  std::unique_ptr<Stepper> stepper_;  // the model, runtime and optimizers
+  parallel::Runtime& rt() { return stepper_->runtime(); }
   TrainState state_;
   std::string last_checkpoint_;
   std::unique_ptr<MetricsWriter> metrics_;    // rank 0
@@ -204,18 +207,13 @@ class Engine {
   std::unordered_map<std::string, size_t> ckpt_order_;
 };
 
-Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, int local_size)
+Engine::Engine(const Config& cfg, const parallel::Comm& world, const parallel::GpuPin& gpu)
     : cfg_(cfg),
       tc_(cfg.training),
       B_(tc_.micro_batch_size),
       T_(tc_.seq_len),
       A_(tc_.grad_accum),
-      // One GPU per process; before anything touches CUDA.
-      gpu_(tc_.device == Device::CUDA
-               ? parallel::pin_local_gpu(local_rank, local_size,
-                                         /*nccl=*/!world.is_solo() &&
-                                             cfg.parallel.transport != TransportKind::Mpi)
-               : parallel::GpuPin{}),
+      gpu_(gpu),
       grid_(world, static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.data)),
       root_(grid_.rank() == 0),
       replica_(grid_.replica()),
@@ -233,13 +231,12 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   if (tc_.device == Device::CUDA && cuda::device_count() == 0)
     fail("config key training.device is \"cuda\" but no CUDA device is visible",
          solo ? "" : " to rank " + std::to_string(grid_.rank()),
-         gpu_.device.empty() ? " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them)"
-                             : " (CUDA_VISIBLE_DEVICES=" + gpu_.device + ")");
+         " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them)");
   dev_ = choose_device(tc_);
   const DType logits = logit_dtype(tc_.logits, dev_.dtype);
   if (dev_.on_gpu && root_)
     spdlog::info("device: {} ({}, {} logits; peak {:.0f} TFLOP/s for MFU{})",
-                 cuda::device_description(0), precision_name(tc_.precision),
+                 cuda::device_description(), precision_name(tc_.precision),
                  precision_name(logits), dev_.peak_flops * 1e-12,
                  dev_.peak_flops == 0 ? ": unknown GPU, set training.peak_tflops" : "");
   parallel::RuntimeOptions ro;
@@ -253,7 +250,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   // the same transport, so the nodes agree first.
   int64_t shared = gpu_.sharing > 1;
   world.allreduce_max(&shared, 1);
-  if (local_rank == 0 && !gpu_.warning.empty()) spdlog::warn("{}", gpu_.warning);
+  if (gpu_.local_rank == 0 && !gpu_.warning.empty()) spdlog::warn("{}", gpu_.warning);
   if (shared && ro.transport == TransportKind::Nccl)
     fail("config key parallel.transport is \"nccl\", but ranks of this job share a GPU (more "
          "processes than GPUs on a node) and NCCL refuses two ranks on one device: use \"mpi\" "
@@ -261,21 +258,16 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   if (ro.transport == TransportKind::Auto)
     ro.transport = dev_.on_gpu && parallel::nccl_compiled() && !shared ? TransportKind::Nccl
                                                                        : TransportKind::Mpi;
-  rt_ = std::make_unique<parallel::Runtime>(grid_, cfg.model, dev_.dtype, dev_.device, ro, B_, T_);
-  auto& rm = rt_->model();
-  std::vector<model::ParamTable*> tables;
-  std::vector<AdamW*> opt_ptrs;
-  for (int v = 0; v < rm.size(); ++v) {
-    rm.chunk(v).set_logits(logits);
-    model::ParamTable& t = rm.chunk(v).params();
-    if (cfg.model.init_from.empty()) t.init(tc_.seed);
-    else load_weights(cfg.model.init_from, t);
-    tables.push_back(&t);
-    opts_.push_back(std::make_unique<AdamW>(t, cfg.optimizer, rt_->zero_shard(v)));
-    opt_ptrs.push_back(opts_.back().get());
+  stepper_ = std::make_unique<Stepper>(grid_, cfg, ro);
+  auto& rm = rt().model();
+  const std::vector<model::ParamTable*> tables = stepper_->tables();
+  const std::vector<AdamW*> opts = stepper_->optimizers();
+  if (cfg.model.init_from.empty()) {
+    stepper_->init_weights(tc_.seed);
+  } else {
+    for (model::ParamTable* t : tables) load_weights(cfg.model.init_from, *t);
+    if (root_) spdlog::info("initialised weights from {}", cfg.model.init_from);
   }
-  if (!cfg.model.init_from.empty() && root_)
-    spdlog::info("initialised weights from {}", cfg.model.init_from);
   {
     int64_t n = 0;
     for (const auto& chunk : rm.owned_params())
@@ -289,7 +281,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
     if (!solo) {
       std::string chunks;
       for (int v = 0; v < rm.size(); ++v) {
-        const auto lr = rt_->layout().layers(rm.chunk_id(v));
+        const auto lr = rt().layout().layers(rm.chunk_id(v));
         chunks += fmt::format("{}chunk {} = layers [{}, {})", v ? ", " : "", rm.chunk_id(v),
                               lr.begin, lr.end);
       }
@@ -317,10 +309,10 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
   world.bcast(resume_dir, 0);
   if (!resume_dir.empty()) {
     // Checkpoints hold global tensor names: any layout loads any checkpoint.
-    state_ = load_checkpoint(resume_dir, cfg.model, tables, opt_ptrs, /*verify=*/false);
+    state_ = load_checkpoint(resume_dir, cfg.model, tables, opts, /*verify=*/false);
     if (root_) spdlog::info("resumed from {} at step {}", resume_dir, state_.step);
   }
-  for (auto& opt : opts_) opt->take_master_slices();  // ZeRO-1, bf16: the weights are final
+  for (AdamW* opt : opts) opt->take_master_slices();  // ZeRO-1, bf16: the weights are final
   if (state_.step >= tc_.steps && root_)
     spdlog::warn("checkpoint is at step {} >= training.steps = {}: nothing to train", state_.step,
                  tc_.steps);
@@ -337,7 +329,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, int local_rank, i
 
 parallel::StepStats Engine::step(int64_t k, double grad_scale) {
   const int64_t D = grid_.D();
-  return rt_->train_step(static_cast<int>(A_), [&](int mb) {
+  return stepper_->forward_backward(static_cast<int>(A_), [&](int mb) {
     return train_data_.unit((k * A_ + mb) * D + replica_);  // docs/model.md section 5
   }, grad_scale);
 }
@@ -369,21 +361,22 @@ void Engine::checkpoint() {
   // the single-process order. Sharded: replica 0 of every stage writes them
   // as its own shard; gathered: rank 0 collects everything and writes one file.
   std::vector<NamedTensor> weights, moments;
-  auto& rm = rt_->model();
+  auto& rm = rt().model();
   const auto owned = rm.owned_params();
   for (int v = 0; v < rm.size(); ++v) {
     const auto& all = rm.chunk(v).params().all();
-    const AdamW& opt = *opts_[static_cast<size_t>(v)];
+    const AdamW& opt = *stepper_->optimizers()[static_cast<size_t>(v)];
     auto state = opt.state_tensors();
     // ZeRO-1 in a bf16 run: the fp32 masters live in the optimizers' slices.
     std::vector<Tensor> masters;
-    if (!opt.master_slices().empty()) masters = rt_->all_gather_owned(v, opt.master_slices());
+    // ZeRO-1 gathers in host memory, a replica's slice at a time on the device.
+    if (!opt.master_slices().empty()) masters = rt().gather_owned_to_host(v, opt.master_slices());
     if (opt.sharded()) {  // ZeRO-1: whole moments (collective)
       const size_t n = all.size();
       for (size_t half : {size_t{0}, n}) {
         std::vector<Tensor> parts;
         for (size_t i = 0; i < n; ++i) parts.push_back(state[half + i].tensor);
-        const auto whole = rt_->all_gather_owned(v, parts);
+        const auto whole = rt().gather_owned_to_host(v, parts);
         for (size_t i = 0; i < n; ++i) state[half + i].tensor = whole[i];
       }
     }
@@ -401,7 +394,7 @@ void Engine::checkpoint() {
     });
   };
   std::string dir;
-  const int64_t opt_steps = opts_[0]->steps_taken();
+  const int64_t opt_steps = stepper_->optimizers()[0]->steps_taken();
   if (cfg_.checkpoint.sharded) {
     in_order(weights);
     in_order(moments);
@@ -410,8 +403,8 @@ void Engine::checkpoint() {
                           state_);
     if (root_) prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
   } else {
-    weights = rt_->gather_to_root(weights);
-    moments = rt_->gather_to_root(moments);
+    weights = rt().gather_to_root(weights);
+    moments = rt().gather_to_root(moments);
     if (root_) {
       in_order(weights);
       in_order(moments);
@@ -432,7 +425,7 @@ void Engine::checkpoint() {
 }
 
 void Engine::evaluate() {
-  for (const auto& r : tasks_.evaluate(*rt_))
+  for (const auto& r : tasks_.evaluate(rt()))
     if (root_) {
       metrics_->write(TaskEvaluator::record(state_.step, r));
       spdlog::info("{}", TaskEvaluator::progress(state_.step, r));
@@ -442,7 +435,7 @@ void Engine::evaluate() {
   const int64_t n = std::min(cfg_.eval.batches, val_data_->units_per_epoch());
   const int M = static_cast<int>(n > replica_ ? (n - replica_ + D - 1) / D : 0);
   const double sum =
-      rt_->eval_loss_sum(M, [&](int mb) { return val_data_->unit(replica_ + int64_t(mb) * D); });
+      rt().eval_loss_sum(M, [&](int mb) { return val_data_->unit(replica_ + int64_t(mb) * D); });
   const double loss = sum / static_cast<double>(n * B_ * T_);
   if (root_) {
     metrics_->write({{"step", state_.step}, {"val_loss", loss}});
@@ -461,7 +454,7 @@ void Engine::attach_depth_stats(bool attach) {
   // replica's microbatches; summing over all ranks gives the single
   // process's numbers for the global batch.
   if (attach) depth_stats_.reset(cfg_.model.n_sublayers());
-  auto& rm = rt_->model();
+  auto& rm = rt().model();
   for (int v = 0; v < rm.size(); ++v) rm.chunk(v).set_depth_stats(attach ? &depth_stats_ : nullptr);
 }
 
@@ -525,7 +518,7 @@ int Engine::run() {
     const parallel::StepStats st = step(k, grad_scale);
     if (depth_stats) attach_depth_stats(false);
     const double loss = st.loss_sum * grad_scale;
-    const double norm = rt_->grad_norm();
+    const double norm = stepper_->grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {  // global values: every rank stops
       spdlog::error("step {}: non-finite {} (loss {}, grad norm {}); stopping without an update. "
                     "Last good checkpoint: {}", k + 1, std::isfinite(loss) ? "gradient" : "loss",
@@ -533,8 +526,7 @@ int Engine::run() {
       return kExitNonFinite;
     }
     const double lr = learning_rate(cfg_.schedule, cfg_.optimizer.lr, k, tc_.steps);
-    for (auto& opt : opts_) opt->step(lr, norm);
-    rt_->gather_updated_weights();  // ZeRO-1: every replica gets the others' slices
+    stepper_->update(lr, norm);
     state_.step = k + 1;
     state_.tokens += tokens_per_step;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -552,7 +544,7 @@ int Engine::run() {
       return 0;
     }
     // A signal may reach only some ranks: stop when any rank got one.
-    if (const int sig = static_cast<int>(rt_->max(signals.pending()))) {
+    if (const int sig = static_cast<int>(rt().max(signals.pending()))) {
       if (root_)
         spdlog::warn("received {}: stopping after step {}", sig == SIGINT ? "SIGINT" : "SIGTERM",
                      state_.step);
@@ -568,13 +560,20 @@ int Engine::run() {
 // Under mpirun: every rank runs the engine; any exception ends the whole job
 // (MpiSession::abort), since the other ranks may be blocked on this one.
 int train_under_mpi(const Config& cfg) {
+  // One GPU per process, chosen before MPI_Init where the launcher says the
+  // local rank (a CUDA-aware MPI may initialise CUDA inside it).
+  const bool cuda = cfg.training.device == Device::CUDA;
+  const int chosen = cuda ? parallel::pin_gpu_before_mpi(
+                                /*nccl=*/cfg.parallel.transport != TransportKind::Mpi)
+                          : -1;
   parallel::MpiSession mpi;
   init_logging(mpi.world_rank());
   try {
     const std::string threads = parallel::share_node_cores(mpi.local_size());
-    if (mpi.world_rank() == 0 && cfg.training.device == Device::CPU) log_cpu_setup(threads);
+    if (mpi.world_rank() == 0 && !cuda) log_cpu_setup(threads);
+    const parallel::GpuPin gpu = cuda ? parallel::pin_gpu(mpi, chosen) : parallel::GpuPin{};
     const parallel::Comm world = parallel::Comm::world();
-    const int rc = Engine(cfg, world, mpi.local_rank(), mpi.local_size()).run();
+    const int rc = Engine(cfg, world, gpu).run();
     // Nobody leaves while a peer may still need it (e.g. rank 0 still writing).
     world.barrier();
     return rc;
@@ -613,7 +612,7 @@ int train(const Config& cfg) {
   if (cfg.training.device == Device::CPU)
     log_cpu_setup(std::to_string(omp_get_max_threads()) + " OpenMP threads");
   const parallel::Comm solo = parallel::Comm::solo();
-  return Engine(cfg, solo, 0, 1).run();
+  return Engine(cfg, solo, parallel::GpuPin{}).run();
 }
 
 }  // namespace attnres::train

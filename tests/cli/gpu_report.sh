@@ -2,7 +2,8 @@
 # scripts/gpu_report.py on a made-up session folder: a test log with its
 # success line is "passed", one with a FAIL line or without its last line
 # "FAILED", a missing log "not run", a run that found no device or no NCCL
-# "skipped" (not "passed"); the ok / FAIL lines of the multi-rank
+# "skipped" (not "passed"); the GPU tests split into runs by
+# scripts/gpu_check.sh a row each; the ok / FAIL lines of the multi-rank
 # scripts are quoted; the target table comes from the bench reports (here the
 # H100 run kept in docs/measurements).
 # Usage: gpu_report.sh BIN SRC (BIN unused: the script is Python)
@@ -36,4 +37,24 @@ printf 'skipped: no CUDA device visible\n' > s/zero_bf16.log
 out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
 expect "| NCCL transport, 1 rank (\`test_mpi [nccl]\`) | skipped | skipped: this build has no NCCL transport (needs CUDA + NCCL + MPI) |"
 expect "| ZeRO-1 in bf16, 2 ranks (\`tests/gpu/zero_bf16.sh\`) | skipped | 1 line below |"
+# scripts/gpu_check.sh's stages: the GPU tests in runs of their own, each a
+# row (gpu_tests.log, kept beside them from an earlier run, a row too); a spec
+# that matched nothing (-w NoTests) FAILED; steps.txt quoted.
+printf 'GPU tests on NVIDIA H100\nAll tests passed (40 assertions in 9 test cases)\n' > s/gpu_tests_ce_swiglu_store.log
+printf 'GPU tests on NVIDIA H100\ntest cases: 6 | 5 passed | 1 failed\n' > s/gpu_tests_model.log
+printf 'GPU tests on NVIDIA H100\nNo test cases matched '"'"'[recompute]'"'"'\n' > s/gpu_tests_recompute.log
+printf 'tests   gpu_tests_model.log            FAILED       41 s  (expected 0.5 min)\n' > s/steps.txt
+out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
+expect '| GPU tests `"[cross_entropy],[swiglu],[store]"` | passed | All tests passed (40 assertions in 9 test cases) (GPU tests on NVIDIA H100) |'
+expect '| GPU tests `"[model]"` | FAILED | test cases: 6 | 5 passed | 1 failed (GPU tests on NVIDIA H100) |'
+expect '| GPU tests `"~[cross_entropy]~[swiglu]~[store]~[model]"` | not run | |'
+expect '| GPU tests `"[recompute]"` (recomputation bit for bit) | FAILED | No test cases matched '"'"'[recompute]'"'"' (GPU tests on NVIDIA H100) |'
+expect "| GPU tests (\`test_gpu\`) | passed |"
+expect "tests   gpu_tests_model.log            FAILED       41 s  (expected 0.5 min)"
+rm s/gpu_tests.log
+out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
+grep -qF "| GPU tests (\`test_gpu\`)" <<<"$out" && fail "a missing gpu_tests.log beside the split logs should have no row"
+printf 'SKIPPED: no CUDA device found; GPU tests were NOT run.\n' > s/gpu_tests_rest.log
+out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
+expect '| GPU tests `"~[cross_entropy]~[swiglu]~[store]~[model]"` | skipped | SKIPPED: no CUDA device found; GPU tests were NOT run. |'
 pass "gpu_report.py"

@@ -42,11 +42,34 @@ make_corpus() {
 DEVICE="${ATTNRES_TEST_DEVICE:-cpu}"
 PRECISION=$([[ "$DEVICE" == cuda ]] && echo bf16 || echo fp32)
 
-# On a machine without a GPU a CUDA variant says so and stops (CTest reports
-# it skipped).
+# visible_gpus: how many GPUs this job may use: nvidia-smi's, cut to the
+# entries of CUDA_VISIBLE_DEVICES when it is set (CUDA takes them up to the
+# first that names no device, so "", "-1" or "NoDevFiles" leave none).
+visible_gpus() {
+  local n k=0 e list=()
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+    IFS=',' read -r -a list <<<"$CUDA_VISIBLE_DEVICES"
+    for e in "${list[@]}"; do
+      e=${e// /}
+      [[ $e =~ ^([0-9]+|GPU-.+|MIG-.+)$ ]] || break
+      k=$((k + 1))
+    done
+    ((k < n)) && n=$k
+  fi
+  echo "${n:-0}"
+}
+
+# On a machine without a GPU, or in a job that may use none, a CUDA variant
+# says so and stops (CTest reports it skipped).
 require_device() {
-  if [[ "$DEVICE" == cuda ]] && ! nvidia-smi -L >/dev/null 2>&1; then
+  [[ "$DEVICE" == cuda ]] || return 0
+  if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "skipped: no CUDA device visible"
+    exit 0
+  fi
+  if [[ $(visible_gpus) -eq 0 ]]; then
+    echo "skipped: no CUDA device visible to this job (CUDA_VISIBLE_DEVICES='${CUDA_VISIBLE_DEVICES-}')"
     exit 0
   fi
 }

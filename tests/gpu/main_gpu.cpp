@@ -13,6 +13,6 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: no CUDA device found; GPU tests were NOT run.\n");
     return 77;
   }
-  std::printf("GPU tests on %s\n", attnres::cuda::device_description(0).c_str());
+  std::printf("GPU tests on %s\n", attnres::cuda::device_description().c_str());
   return Catch::Session().run(argc, argv);
 }

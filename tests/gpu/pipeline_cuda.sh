@@ -37,12 +37,9 @@ ranks() {  # P x D of a layout's flags
   [[ "$1" =~ data=([0-9]+) ]] && D=${BASH_REMATCH[1]}
   echo $((P * D))
 }
-# The GPUs this job may use: CUDA_VISIBLE_DEVICES's entries when set.
-if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
-  gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^ ]')
-else
-  gpus=$(nvidia-smi -L | grep -c '^GPU')
-fi
+# The GPUs this job may use (tests/cli/lib.sh; require_device has skipped
+# the test when there are none).
+gpus=$(visible_gpus)
 transport="${ATTNRES_TEST_TRANSPORT:-auto}"
 if [[ $transport == nccl ]] && ((gpus < 2)); then
   echo "skipped: the NCCL transport needs a GPU per rank, 2 or more; $gpus visible"

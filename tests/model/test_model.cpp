@@ -3,8 +3,11 @@
 // differences in float64), layers cut into chunks anywhere give the same bits
 // as one chunk, and decoding with a KV cache agrees with training.
 #include <catch2/catch.hpp>
+#include <omp.h>
+
 #include <cmath>
 
+#include "core/rng.h"
 #include "model/depth_attention.h"
 #include "model/flops.h"
 #include "model/model.h"
@@ -325,6 +328,35 @@ TEST_CASE("initialisation follows docs/model.md section 3 and depends only on th
   part.params().init(1);
   CHECK(testing::max_rel_diff(part.params().get("model.layers.1.mlp.up_proj.weight").value,
                               m.params().get("model.layers.1.mlp.up_proj.weight").value) == 0);
+}
+
+TEST_CASE("initialisation gives the same bits on any number of threads: the formula's", "[model]") {
+  // Tensors above the threshold where the host's threads split the elements
+  // (65536): the embedding and the MLP matrices here.
+  ModelConfig c = tiny(ResidualMode::Block, 2);
+  c.vocab_size = 700, c.d_model = 128, c.d_ff = 544, c.n_heads = 4, c.n_kv_heads = 2;
+  const int threads = omp_get_max_threads();
+  model::Model one(c), many(c);
+  omp_set_num_threads(1);
+  one.params().init(7);
+  omp_set_num_threads(3);  // an uneven split on any machine
+  many.params().init(7);
+  omp_set_num_threads(threads);
+  int64_t big = 0;
+  for (size_t i = 0; i < one.params().all().size(); ++i) {
+    const model::Param& p = one.params().all()[i];
+    INFO(p.name);
+    CHECK(testing::same_bits(p.value, many.params().all()[i].value));
+    big += p.value.numel() >= 65536;
+    if (p.init_std == 0) continue;
+    // Element k is init_std * normal(seed, fnv1a(name), k), as docs/model.md says.
+    const int64_t n = p.value.numel();
+    for (int64_t k : {int64_t{0}, n / 3, n - 1}) {
+      const float want = static_cast<float>(p.init_std * random_normal(7, fnv1a64(p.name), k));
+      CHECK(p.value.data<float>()[k] == want);
+    }
+  }
+  CHECK(big >= 3);  // the threaded path ran
 }
 
 TEST_CASE("each layer's gate and up projections are one matrix, as two named parameters", "[model]") {

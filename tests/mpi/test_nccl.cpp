@@ -2,10 +2,13 @@
 // on a GPU machine; skipped with a message elsewhere). NCCL < 2.30 refuses two
 // ranks on one GPU, so one process exercises it: a message to itself (handed
 // over by the transport's base class: NCCL's point-to-point needs two ranks
-// per link), the tied-embedding exchange with itself and the data-parallel
-// sum (NCCL collectives), and a pipeline of two chunks on one rank (P = 1,
-// V = 2); the same through the MPI transport staging device tensors through
-// host memory. The per-link point-to-point path needs two GPUs (gpu-multi).
+// per link), the tied-embedding exchange with itself, the data-parallel
+// all-reduce and ZeRO-1's reduce-scatter and all-gather (real NCCL calls on
+// one-rank communicators), and a pipeline of two chunks on one rank (P = 1,
+// V = 2), with and without ZeRO-1; the same through the MPI transport staging
+// device tensors through host memory. What one GPU cannot run: the per-link
+// point-to-point path, and NcclRequest::test across ranks (docs/cuda.md; the
+// gpu-multi tests on 2+ GPUs).
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -15,6 +18,7 @@
 #include "mpi_testing.h"
 #include "parallel/nccl_transport.h"
 #include "parallel/runtime.h"
+#include "testing.h"
 
 using namespace attnres;
 using namespace attnres::testing;
@@ -43,7 +47,7 @@ Tensor host_iota(int64_t n, float scale) {
 
 TEST_CASE("NCCL transport on one rank: a message to itself, byte counters, collectives", "[.nccl]") {
   if (!have_gpu_and_nccl()) return;
-  INFO("NCCL " << parallel::nccl_version() << ", " << cuda::device_description(0));
+  INFO("NCCL " << parallel::nccl_version() << ", " << cuda::device_description());
   parallel::Comm self = group_of(1);
   parallel::ProcessGrid grid(self, 1, 1);
   auto tr = parallel::make_nccl_transport(grid);
@@ -60,13 +64,54 @@ TEST_CASE("NCCL transport on one rank: a message to itself, byte counters, colle
   CHECK(wrong == 0);
   CHECK(tr->traffic().sent[0] == n * 4);
   CHECK(tr->traffic().received[0] == n * 4);
-  // sum_with_peer with itself doubles; a data-parallel sum over one replica is the identity.
+  // sum_with_peer with itself doubles (ncclSend/ncclRecv in a group on the
+  // pipeline communicator).
   Tensor t = host_iota(1000, 1.0f).to(Device::CUDA);
   tr->sum_with_peer(t, 0);
-  std::vector<Tensor> one = {t};
-  tr->sum_across_replicas(one);
-  Tensor h = t.to(Device::CPU);
-  CHECK(h.data<float>()[999] == 2000.0f);
+  CHECK(t.to(Device::CPU).data<float>()[999] == 2000.0f);
+}
+
+// The data-parallel collectives with D = 1 are real NCCL calls on a one-rank
+// communicator (ncclAllReduce, ncclReduceScatter, ncclAllGather), so one GPU
+// runs the same calls as D > 1, on the communication stream, ordered against
+// the compute stream by events; every element is checked.
+TEST_CASE("NCCL transport on one rank: data-parallel sum, ZeRO-1 reduce-scatter and all-gather",
+          "[.nccl]") {
+  if (!have_gpu_and_nccl()) return;
+  parallel::Comm self = group_of(1);
+  parallel::ProcessGrid grid(self, 1, 1);
+  auto tr = parallel::make_nccl_transport(grid);
+  auto wrong_elements = [](const Tensor& dev, const Tensor& want) {
+    const Tensor got = dev.to(Device::CPU).to(DType::F32), w = want.to(DType::F32);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < w.numel(); ++i)
+      wrong += !(got.data<float>()[i] == w.data<float>()[i]);  // NaN counts as wrong
+    return wrong;
+  };
+  // The all-reduce over one replica is the identity, on tensors of several
+  // sizes in one group (as a chunk's gradients are).
+  const Tensor a = host_iota(3001, 0.25f), b = host_iota(7, -1.5f);
+  std::vector<Tensor> grads = {a.to(Device::CUDA), b.to(Device::CUDA)};
+  auto pending = tr->start_sum_across_replicas(grads);
+  pending->finish();
+  CHECK(wrong_elements(grads[0], a) == 0);
+  CHECK(wrong_elements(grads[1], b) == 0);
+  // Reduce-scatter: this replica's slice of the flat space is all of it.
+  const int64_t n = 4099;
+  const Tensor flat = host_iota(n, 0.75f);
+  Tensor mine = Tensor::empty({n}, DType::F32, Device::CUDA);
+  cuda::fill_u32(mine.raw(), 0x7fc00000u, static_cast<size_t>(n));  // NaN until written
+  tr->start_reduce_scatter(flat.to(Device::CUDA), mine)->finish();
+  CHECK(wrong_elements(mine, flat) == 0);
+  // All-gather, F32 (weights) and BF16 (a bf16 run's ZeRO-1 weights).
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor part = host_iota(n, 0.5f).to(dt);
+    Tensor whole = Tensor::empty({n}, dt, Device::CUDA);
+    cuda::fill_u32(whole.raw(), 0x7fc07fc0u, whole.nbytes() / 4);
+    tr->all_gather(part.to(Device::CUDA), whole);
+    INFO(dtype_name(dt));
+    CHECK(wrong_elements(whole, part) == 0);
+  }
 }
 
 TEST_CASE("pipeline chunks on one GPU through NCCL and through staged MPI", "[.nccl]") {
@@ -94,14 +139,21 @@ TEST_CASE("pipeline chunks on one GPU through NCCL and through staged MPI", "[.n
     auto b = unit(u);
     want += ref.forward_backward(b.inputs, b.targets, B, T, scale);
   }
-  const std::pair<parallel::TransportKind, const char*> transports[] = {
-      {parallel::TransportKind::Nccl, "nccl"}, {parallel::TransportKind::Mpi, "mpi"}};
-  for (const auto& [transport, name] : transports) {
+  struct Variant {
+    parallel::TransportKind transport;
+    bool zero;
+    const char* name;
+  };
+  const Variant variants[] = {{parallel::TransportKind::Nccl, false, "nccl"},
+                              {parallel::TransportKind::Nccl, true, "nccl, zero = 1"},
+                              {parallel::TransportKind::Mpi, false, "mpi"}};
+  for (const auto& [transport, zero, name] : variants) {
     parallel::Comm self = group_of(1);
     parallel::ProcessGrid grid(self, 1, 1);
     parallel::RuntimeOptions ro;
     ro.V = 2;  // two chunks on this rank: messages to itself
     ro.transport = transport;
+    ro.zero = zero;  // the step's gradients through ncclReduceScatter
     parallel::Runtime rt(grid, cfg, DType::F32, Device::CUDA, ro, B, T);
     for (int v = 0; v < 2; ++v) rt.model().chunk(v).params().init(9);
     auto st = rt.train_step(
@@ -126,5 +178,14 @@ TEST_CASE("pipeline chunks on one GPU through NCCL and through staged MPI", "[.n
     }
     INFO(name << ": largest relative gradient difference to the CPU " << worst);
     CHECK(worst <= 1e-3);
+    if (zero) {
+      // ZeRO-1's all-gather of the (not updated) weights gives them back bit for bit.
+      std::vector<Tensor> before;
+      for (model::Param* p : rt.model().params()) before.push_back(p->weights().clone());
+      rt.gather_updated_weights();
+      size_t i = 0;
+      for (model::Param* p : rt.model().params())
+        CHECK(testing::same_bits(p->weights(), before[i++]));
+    }
   }
 }

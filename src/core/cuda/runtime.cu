@@ -9,11 +9,15 @@
 // it is only reused by work queued after that kernel.
 #include <cuda_profiler_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <string>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cuda/runtime.cuh"
 #include "core/device.h"
@@ -24,15 +28,17 @@ namespace {
 
 class Runtime {
  public:
-  Runtime() {
+  explicit Runtime(int device) : device_(device) {
     int n = 0;
     ATTNRES_CUDA_CHECK(cudaGetDeviceCount(&n));
     if (n == 0) fail("no CUDA device found");
-    ATTNRES_CUDA_CHECK(cudaSetDevice(0));
-    ATTNRES_CUDA_CHECK(cudaGetDeviceProperties(&props_, 0));
+    if (device >= n)
+      fail("CUDA device ", device, " was chosen but only ", n, " are visible");
+    ATTNRES_CUDA_CHECK(cudaSetDevice(device));
+    ATTNRES_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
     ATTNRES_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     ATTNRES_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
-    ATTNRES_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, 0));
+    ATTNRES_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
     uint64_t keep_all = UINT64_MAX;
     ATTNRES_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all));
   }
@@ -45,15 +51,23 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
+  int device() const { return device_; }
   cudaStream_t compute() const { return compute_; }
   cudaStream_t comm() const { return comm_; }
   const cudaDeviceProp& props() const { return props_; }
 
   void* alloc(size_t bytes) {
     void* p = nullptr;
-    cudaError_t err = cudaMallocAsync(&p, bytes, compute_);
+    const cudaError_t err = cudaMallocAsync(&p, bytes, compute_);
     if (err != cudaSuccess) {
-      cudaGetLastError();
+      (void)cudaGetLastError();  // clears a non-sticky error; a sticky one stays
+      // Only cudaErrorMemoryAllocation is "out of memory" (bad input: exit 2).
+      // Anything else, e.g. a sticky illegal address left by an earlier
+      // kernel and reported here by the next call, is an internal error.
+      if (err != cudaErrorMemoryAllocation)
+        fail_internal("cudaMallocAsync of ", bytes, " bytes failed: ", cudaGetErrorName(err), " (",
+                      cudaGetErrorString(err), "); an error left by earlier device work may be "
+                      "reported here: CUDA_LAUNCH_BLOCKING=1 finds the kernel that caused it");
       MemoryStats s = stats();
       fail("out of GPU memory allocating ", bytes / 1048576.0, " MiB (", s.in_use / 1073741824.0,
            " GiB in use by tensors, peak ", s.peak / 1073741824.0, " GiB, pool ",
@@ -96,6 +110,7 @@ class Runtime {
   }
 
  private:
+  int device_ = 0;
   cudaDeviceProp props_{};
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
@@ -104,8 +119,15 @@ class Runtime {
   std::unordered_map<void*, size_t> sizes_bytes_;
 };
 
+// The device select_device() chose, read once when the runtime starts, and
+// whether it has started (select_device refuses to switch after that). Part
+// of the process-wide runtime, like the runtime object itself.
+std::atomic<int> g_chosen_device{0};
+std::atomic<bool> g_started{false};
+
 Runtime& runtime() {
-  static Runtime rt;  // see runtime.cuh for why this is process-wide
+  static Runtime rt(g_chosen_device.load());  // see runtime.cuh for why this is process-wide
+  g_started.store(true);
   return rt;
 }
 
@@ -134,19 +156,36 @@ int device_count() {
   return n;
 }
 
-std::string device_description(int i) {
-  cudaDeviceProp p{};
-  ATTNRES_CUDA_CHECK(cudaGetDeviceProperties(&p, i));
+void select_device(int index) {
+  if (g_started.load()) {
+    ATTNRES_CHECK(runtime().device() == index, "select_device(", index,
+                  ") after the CUDA runtime started on device ", runtime().device());
+    return;
+  }
+  const int n = device_count();
+  if (index < 0 || index >= n) fail("CUDA device ", index, " was chosen but ", n, " are visible");
+  // Current for this thread now (a CUDA-aware MPI initialised after this
+  // sees it), and for the runtime when it starts.
+  ATTNRES_CUDA_CHECK(cudaSetDevice(index));
+  g_chosen_device.store(index);
+}
+
+std::string pci_bus_id() {
+  char buf[64] = {};
+  ATTNRES_CUDA_CHECK(cudaDeviceGetPCIBusId(buf, sizeof buf, runtime().device()));
+  return buf;
+}
+
+std::string device_description() {
+  const cudaDeviceProp& p = runtime().props();
   char buf[320];
   std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB, %d SMs)", p.name, p.major, p.minor,
                 p.totalGlobalMem / 1073741824.0, p.multiProcessorCount);
   return buf;
 }
 
-double peak_dense_flops(int i, bool bf16) {
-  cudaDeviceProp p{};
-  ATTNRES_CUDA_CHECK(cudaGetDeviceProperties(&p, i));
-  const std::string name = p.name;
+double peak_dense_flops(bool bf16) {
+  const std::string name = runtime().props().name;
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
   // SXM parts (the PCIe H100 is slower: 756 / 51 TFLOP/s).
   if (has("H100") && has("PCIe")) return bf16 ? 756e12 : 51e12;
@@ -171,6 +210,11 @@ void copy(void* dst, Side dst_side, const void* src, Side src_side, size_t bytes
   if (dst_side == Side::Host || src_side == Side::Host) ATTNRES_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+void copy_async(void* dst, Side dst_side, const void* src, Side src_side, size_t bytes) {
+  if (bytes == 0) return;
+  ATTNRES_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind(dst_side, src_side), runtime().compute()));
+}
+
 void zero(void* p, size_t bytes) {
   if (bytes) ATTNRES_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, runtime().compute()));
 }
@@ -193,6 +237,57 @@ size_t free_memory() {
   size_t free = 0, total = 0;
   ATTNRES_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return free;
+}
+
+HostBuffer::HostBuffer(size_t bytes, bool pinned) : bytes_(bytes) {
+  if (bytes == 0) return;
+  if (pinned && device_count() > 0) {
+    runtime();  // on this process's device
+    ATTNRES_CUDA_CHECK(cudaHostAlloc(&data_, bytes, cudaHostAllocDefault));
+    pinned_ = true;
+  } else {
+    data_ = std::malloc(bytes);
+    if (!data_) fail("out of host memory allocating ", bytes, " bytes");
+  }
+}
+
+HostBuffer::~HostBuffer() {
+  if (pinned_) cudaFreeHost(data_);  // no throw: a destructor
+  else std::free(data_);
+}
+
+struct StreamClock::Impl {
+  std::vector<cudaEvent_t> events;  // created on demand, reused after reset()
+  size_t used = 0;
+  ~Impl() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+};
+
+StreamClock::StreamClock() : impl_(std::make_unique<Impl>()) { runtime(); }
+StreamClock::~StreamClock() = default;
+
+void StreamClock::reset() { impl_->used = 0; }
+
+int StreamClock::mark() {
+  if (impl_->used == impl_->events.size()) {
+    cudaEvent_t e = nullptr;
+    ATTNRES_CUDA_CHECK(cudaEventCreate(&e));  // with timing
+    impl_->events.push_back(e);
+  }
+  ATTNRES_CUDA_CHECK(cudaEventRecord(impl_->events[impl_->used], runtime().compute()));
+  return static_cast<int>(impl_->used++);
+}
+
+double StreamClock::seconds(int a, int b) const {
+  ATTNRES_CHECK(a >= 0 && b >= 0 && static_cast<size_t>(std::max(a, b)) < impl_->used,
+                "StreamClock: no point ", std::max(a, b));
+  cudaEvent_t from = impl_->events[static_cast<size_t>(a)];
+  cudaEvent_t to = impl_->events[static_cast<size_t>(b)];
+  ATTNRES_CUDA_CHECK(cudaEventSynchronize(to));
+  float ms = 0;
+  ATTNRES_CUDA_CHECK(cudaEventElapsedTime(&ms, from, to));
+  return ms * 1e-3;
 }
 
 void profiler_start() {

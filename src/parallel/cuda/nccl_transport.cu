@@ -24,7 +24,9 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
+#include <thread>
 #include <map>
 #include <memory>
 #include <string>
@@ -83,12 +85,35 @@ class Event {
   cudaEvent_t e_ = nullptr;
 };
 
-// RAII for a communicator.
+// Waits (bounded: comm_timeout_seconds()) until everything queued on
+// `stream` has run; throws naming `what` when it does not finish in time (a
+// peer that never makes its side of an exchange).
+void wait_stream_bounded(cudaStream_t stream, const std::string& what) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const double limit = comm_timeout_seconds();
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) ATTNRES_CUDA_CHECK(e);
+    (void)cudaGetLastError();  // "not ready" is an answer, not an error to report later
+    if (std::chrono::duration<double>(Clock::now() - start).count() > limit)
+      fail("timed out after ", limit, " s waiting for ", what,
+           " (a peer did not make its side; ATTNRES_COMM_TIMEOUT_S sets the limit)");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// RAII for a communicator. Destroying one can wait for its peers; while an
+// exception unwinds (a peer may never answer) it is aborted instead, which
+// ends this member's operations on the device without waiting.
 class NcclComm {
  public:
   NcclComm() = default;
   ~NcclComm() {
-    if (c_) ncclCommDestroy(c_);
+    if (!c_) return;
+    if (std::uncaught_exceptions() > 0) ncclCommAbort(c_);
+    else ncclCommDestroy(c_);
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -107,13 +132,6 @@ class NcclComm {
       fail("NCCL: creating the ", what, " communicator (", size, " ranks) failed: ",
            ncclGetErrorString(r), " (", ncclGetLastError(nullptr),
            "). Two ranks on one GPU are refused by NCCL < 2.30: use parallel.transport = \"mpi\"");
-  }
-  // Error path: ends this member's operations still running on the device
-  // and frees the communicator without waiting for the peers (which may
-  // never answer); ncclCommDestroy may wait for them.
-  void abort() noexcept {
-    if (c_) ncclCommAbort(c_);
-    c_ = nullptr;
   }
   ncclComm_t get() const { return c_; }
 
@@ -195,10 +213,21 @@ struct NcclPendingSum : PendingSum {
 
 class NcclTransport : public Transport {
  public:
-  explicit NcclTransport(const ProcessGrid& grid) : Transport(grid.P(), grid.stage()), grid_(grid) {
-    cuda::compute_stream();  // selects the device before NCCL looks at it
+  // NCCL connects lazily: the first operation on a communicator blocks the
+  // host until its peers make theirs. Left to training step 1, that happens
+  // inside the pipeline schedule, where a set-up step that synchronises the
+  // device while another link's kernel spins can hang. So every
+  // communicator makes one 1-element exchange right after it is created, in
+  // the same global order on every rank, and waits for it (bounded): after
+  // the constructor every connection is up, and step 1's time is compute.
+  explicit NcclTransport(const ProcessGrid& grid)
+      : Transport(grid.P(), grid.stage()),
+        grid_(grid),
+        probe_(Tensor::zeros({1}, DType::F32, Device::CUDA)) {
     pipeline_.init(grid.pipeline(), "pipeline");
+    connect_collective(pipeline_, "the pipeline communicator");
     data_.init(grid.data(), "data-parallel");
+    connect_collective(data_, "the data-parallel communicator");
     init_links();
   }
   // Destroying a communicator can wait for its peer to destroy it too, so
@@ -207,18 +236,10 @@ class NcclTransport : public Transport {
   // in it, as in init_links), then the data and pipeline communicators (the
   // same order on every rank, by member order; a std::vector's own
   // destructor does not promise an order). On an error path (an exception
-  // unwinding the engine) a peer may never answer: every communicator is
-  // aborted instead, so that the job reaches MpiSession::abort.
+  // unwinding the engine) NcclComm aborts instead of destroying, so that the
+  // job reaches MpiSession::abort.
   ~NcclTransport() override {
-    const bool failing = std::uncaught_exceptions() > 0;
-    while (!links_.empty()) {
-      if (failing) links_.back()->comm.abort();
-      links_.pop_back();
-    }
-    if (failing) {
-      data_.abort();
-      pipeline_.abort();
-    }
+    while (!links_.empty()) links_.pop_back();
   }
   std::string name() const override { return "nccl"; }
 
@@ -243,8 +264,10 @@ class NcclTransport : public Transport {
   }
 
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override {
+    // (The runtime does not call this with one replica; the one-GPU NCCL
+    // test does, to run the same NCCL calls as D > 1.)
     auto pending = std::make_unique<NcclPendingSum>(std::move(tensors));
-    if (grid_.D() == 1 || pending->tensors.empty()) return pending;
+    if (pending->tensors.empty()) return pending;
     // Enqueued on the communication stream now (after the gradients are
     // computed); runs while the compute stream goes on with other chunks.
     ATTNRES_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::compute_stream()));
@@ -342,11 +365,26 @@ class NcclTransport : public Transport {
       if (from != me && to != me) continue;
       auto& table = from == me ? out_ : in_;
       auto l = std::make_unique<Link>();
-      l->comm.join(ids[i], 2, from == me ? 0 : 1,
-                   "link " + std::to_string(from) + " -> " + std::to_string(to));
+      const std::string name = "link " + std::to_string(from) + " -> " + std::to_string(to);
+      l->comm.join(ids[i], 2, from == me ? 0 : 1, name);
+      // Connected now, while both members are here (see the constructor).
+      after_compute(l->stream.get());  // probe_ was allocated on the compute stream
+      if (from == me)
+        ATTNRES_NCCL_CHECK(ncclSend(probe_.raw(), 1, ncclFloat32, 1, l->comm.get(), l->stream.get()));
+      else
+        ATTNRES_NCCL_CHECK(ncclRecv(probe_.raw(), 1, ncclFloat32, 0, l->comm.get(), l->stream.get()));
+      wait_stream_bounded(l->stream.get(), "NCCL to connect pipeline " + name);
       table[from == me ? to : from] = l.get();
       links_.push_back(std::move(l));
     }
+  }
+
+  // One 1-element all-reduce on `c`, waited for (bounded).
+  void connect_collective(const NcclComm& c, const std::string& what) {
+    after_compute(cuda::comm_stream());
+    ATTNRES_NCCL_CHECK(ncclAllReduce(probe_.raw(), probe_.raw(), 1, ncclFloat32, ncclSum, c.get(),
+                                     cuda::comm_stream()));
+    wait_stream_bounded(cuda::comm_stream(), "NCCL to connect " + what);
   }
 
   static Link& link(const std::map<int, Link*>& table, int peer, const char* what) {
@@ -363,6 +401,7 @@ class NcclTransport : public Transport {
   }
 
   const ProcessGrid& grid_;
+  Tensor probe_;  // one float on the device: the connecting exchanges' buffer
   NcclComm pipeline_, data_;
   std::vector<std::unique_ptr<Link>> links_;  // this rank's links, in the global order made
   std::map<int, Link*> out_, in_;             // by peer: links this rank sends / receives on
