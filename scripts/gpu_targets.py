@@ -165,9 +165,12 @@ def depth_passes(L, S, lower_bound=False):
     n = 2 * L
     if S is None:
         return n * (2 + 1 + 4) + 2 + 3
+    # The source counts are src/model/config.h's, written again here (this
+    # script reads benchmark files, not the binary): ModelConfig::mix_sources
+    # is 1 + s // S + (s % S > 0), the count the FLOPs and the planner use.
     G = S if S > 1 else math.isqrt(n - 1) + 1  # ModelConfig::mix_group_size
-    first = lambda s: 1 + (s // G * G) // S     # Model::phase1_sources
-    recent = lambda s: 1 + s // S - first(s) + (s % S > 0)  # Model::recent_sources
+    first = lambda s: 1 + (s // G * G) // S     # ModelConfig::phase1_sources
+    recent = lambda s: 1 + s // S - first(s) + (s % S > 0)  # ModelConfig::recent_sources
     rw = 3 if lower_bound else 4  # backward passes per source: read, read-add-write (, dw)
     mix = lambda k, Q: (k + Q) + (rw * k + Q)  # phase 1 forward + backward
     merge = lambda m: (2 + m) + (3 + rw * m) if m else 2 + 3  # merge + norm, or norm
@@ -176,7 +179,7 @@ def depth_passes(L, S, lower_bound=False):
         if s % G == 0:
             t += mix(first(s), min(G, n - s))
         t += merge(recent(s)) + (s % S > 0) + (s % S == S - 1)
-    k, m = 1 + n // S, int(n % S > 0)  # the final Mix: completed blocks, the partial
+    k, m = 1 + n // S, int(n % S > 0)  # the final Mix: ModelConfig::mix_sources(2L) = k + m
     t += mix(k, 1) + merge(m)
     if not lower_bound:
         t += k + m

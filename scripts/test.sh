@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test suite: installs dependencies, builds, runs every CTest test.
-# GPU tests skip (and say so) on machines without a GPU.
+# GPU tests skip (and say so) on machines without a GPU. The last lines list
+# every test CTest skipped, each with the reason it printed; the exit status
+# is ctest's.
 #   scripts/test.sh                          everything
 #   scripts/test.sh -DATTNRES_NATIVE=OFF     -D options go to CMake (scripts/build.sh)
 #   scripts/test.sh -R mix -L cpu            other arguments go to ctest
@@ -17,4 +19,35 @@ scripts/fetch_brown.sh
 scripts/fetch_gpt2.sh
 scripts/build.sh "${configure[@]}"
 cd build
-ctest --output-on-failure -j"$(nproc)" "${ctest_args[@]}"
+
+# skipped_tests CTEST_OUTPUT: each test that ctest's summary lists as
+# "(Skipped)", with its reason: the first line of its output in
+# Testing/Temporary/LastTest.log that starts with "skipped" (any case, after
+# blanks and colour codes), else its last line. (LastTest.log alone cannot
+# tell: a test skipped by exit code 77 is written there as "Test Passed.")
+skipped_tests() {
+  local names
+  names=$(sed -nE 's/^[[:space:]]*[0-9]+ - (.*) \(Skipped\)$/\1/p' "$1")
+  if [[ -z $names ]]; then
+    echo "Skipped tests: none"
+    return
+  fi
+  echo "Skipped tests ($(wc -l <<< "$names")), and why:"
+  awk 'FNR == NR { want[++n] = $0; next }
+       /^[0-9]+\/[0-9]+ Test: / { name = $0; sub(/^[0-9]+\/[0-9]+ Test: /, "", name); out = 0; next }
+       /^Output:$/ { out = 1; getline; next }
+       /^<end of output>$/ { if (!(name in why)) why[name] = last; out = 0; last = ""; next }
+       out { gsub(/\033\[[0-9;]*m/, ""); sub(/^[[:space:]]+/, "") }
+       out && !(name in why) && tolower($0) ~ /^skipped/ { why[name] = $0 }
+       out && $0 != "" { last = $0 }
+       END { for (i = 1; i <= n; ++i)
+               printf "  %s: %s\n", want[i], (want[i] in why) ? why[want[i]] : "(its output was not found)" }' \
+    <(echo "$names") Testing/Temporary/LastTest.log
+}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+rc=0
+ctest --output-on-failure -j"$(nproc)" "${ctest_args[@]}" 2>&1 | tee "$out" || rc=$?
+echo
+skipped_tests "$out"
+exit "$rc"

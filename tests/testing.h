@@ -11,6 +11,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "core/worst.h"
 
 namespace attnres::testing {
 
@@ -86,17 +87,20 @@ inline Approx approx_terms(double want, double tol, double scale) {
   return Approx(want).epsilon(0).margin(tol * scale);
 }
 
+// The comparisons below fold element errors with nan_max (core/worst.h): a
+// NaN or an infinity in either tensor, at any position, makes the result NaN
+// or infinite, so that every `< tol` check on it fails
+// (tests/core/test_testing_helpers.cpp).
+
 // max |a - b| over max |b|: agreement judged against the tensor's scale, for
 // tensors whose elements are sums that may cancel to ~0 (gradients, mixes,
-// rotations). Two all-zero tensors agree (0); INFINITY when the sizes differ;
-// NaN-propagating.
+// rotations). Two all-zero tensors agree (0); INFINITY when the sizes differ.
 inline double scaled_diff(const Tensor& a, const Tensor& b) {
   if (a.numel() != b.numel()) return INFINITY;
   double num = 0, den = 0;
   for (int64_t i = 0; i < b.numel(); ++i) {
-    const double e = std::fabs(at(a, i) - at(b, i));
-    if (!(e <= num)) num = e;
-    den = std::max(den, std::fabs(at(b, i)));
+    num = nan_max(num, std::fabs(at(a, i) - at(b, i)));
+    den = nan_max(den, std::fabs(at(b, i)));
   }
   return den > 0 || num != 0 ? num / den : 0.0;
 }
@@ -123,8 +127,7 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b, double floor = 1e-6
   double worst = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {
     double x = at(a, i), y = at(b, i);
-    double d = std::fabs(x - y) / std::max({std::fabs(x), std::fabs(y), floor});
-    if (!(d <= worst)) worst = d;  // NaN-propagating max
+    worst = nan_max(worst, std::fabs(x - y) / std::max({std::fabs(x), std::fabs(y), floor}));
   }
   return worst;
 }
@@ -144,8 +147,7 @@ inline double fd_check(Tensor& x, const Tensor& analytic, const std::function<do
     set(x, i, orig);
     double num = (lp - lm) / (2 * h);
     double ana = at(analytic, i);
-    double d = std::fabs(num - ana) / std::max({std::fabs(num), std::fabs(ana), floor});
-    if (!(d <= worst)) worst = d;
+    worst = nan_max(worst, std::fabs(num - ana) / std::max({std::fabs(num), std::fabs(ana), floor}));
   }
   return worst;
 }

@@ -6,8 +6,10 @@
 // Defaults are the CPU reference model: d=256, L=6, H=8,
 // Hkv=4, d_ff=688, V=4096, T=256, B=8, Block AttnRes with S=4. The GPU
 // presets (--preset 124m | 350m | 1b3) are configs/gpu_124m.json, gpu_350m.json
-// and gpu_1b3.json's models; 1b3's micro-batch is the largest the GPU holds
-// (--batch auto, sized by the memory planner).
+// and gpu_1b3.json's models (Block AttnRes with N=8); 1b3's micro-batch is the
+// largest the GPU holds (--batch auto, sized by the memory planner). A default
+// S or N larger than the model's 2L sublayers is cut to 2L, so --layers alone
+// always gives a model that runs.
 #include <omp.h>
 
 #include <algorithm>
@@ -151,6 +153,30 @@ BenchMemory plan_bench_memory(const std::vector<RunSpec>& runs, int64_t B, int64
 
 double gib(double bytes) { return bytes / kGiB; }
 
+const char* kHelp =
+    "usage: attnres bench [--device cpu|cuda] [--precision fp32|bf16] [--preset 124m|350m|1b3]\n"
+    "  [--mode baseline|full|block|all] [--steps 5] [--warmup 1] [--d-model 256]\n"
+    "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
+    "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
+    "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--kernels [--only TEXT]]\n"
+    "  [--gpu-memory GiB] [--plan]\n"
+    "Training throughput (forward, backward, AdamW) on synthetic tokens, one row per residual\n"
+    "mode, on the CPU (the default) or a GPU (--device cuda). Block mode defaults to S = 4\n"
+    "(a preset: N = 8), at most the model's 2L sublayers.\n"
+    "--kernels times each CUDA op at the model's shapes against its floors\n"
+    "(bytes / bandwidth, FLOPs / peak) instead of whole training steps;\n"
+    "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.\n"
+    "--batch auto (--preset 1b3's default): the largest micro-batch whose step fits the GPU\n"
+    "with one mode in memory at a time, by the memory planner (attnres inspect memory),\n"
+    "with 8% + 2 GiB to spare. The modes run side by side (their steps in turn) when the\n"
+    "planner says they fit together, else one after another. --gpu-memory: plan for a GPU\n"
+    "with that many GiB free instead of asking the device; --plan: print the plan and exit\n"
+    "(no GPU needed with --gpu-memory).\n"
+    "--recompute all runs each mode with none, mix and layer (training.recompute);\n"
+    "--logits: the LM head's logits as training.logits (auto: bf16 in a bf16 run);\n"
+    "the act MiB column is the step's tensor high-water above weights, gradients and\n"
+    "AdamW state (activations and workspace), measured by the allocator.";
+
 }  // namespace
 
 int cmd_bench(const Args& args) {
@@ -160,26 +186,7 @@ int cmd_bench(const Args& args) {
            "preset", "only", "recompute", "logits", "gpu-memory"},
           {"help", "kernels", "plan"});
   if (f.has("help")) {
-    std::puts(
-        "usage: attnres bench [--device cpu|cuda] [--precision fp32|bf16] [--preset 124m|350m|1b3]\n"
-        "  [--mode baseline|full|block|all] [--steps 5] [--warmup 1] [--d-model 256]\n"
-        "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
-        "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
-        "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--kernels [--only TEXT]]\n"
-        "  [--gpu-memory GiB] [--plan]\n"
-        "--kernels times each CUDA op at the model's shapes against its floors\n"
-        "(bytes / bandwidth, FLOPs / peak) instead of whole training steps;\n"
-        "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.\n"
-        "--batch auto (--preset 1b3's default): the largest micro-batch whose step fits the GPU\n"
-        "with one mode in memory at a time, by the memory planner (attnres inspect memory),\n"
-        "with 8% + 2 GiB to spare. The modes run side by side (their steps in turn) when the\n"
-        "planner says they fit together, else one after another. --gpu-memory: plan for a GPU\n"
-        "with that many GiB free instead of asking the device; --plan: print the plan and exit\n"
-        "(no GPU needed with --gpu-memory).\n"
-        "--recompute all runs each mode with none, mix and layer (training.recompute);\n"
-        "--logits: the LM head's logits as training.logits (auto: bf16 in a bf16 run);\n"
-        "the act MiB column is the step's tensor high-water above weights, gradients and\n"
-        "AdamW state (activations and workspace), measured by the allocator.");
+    std::puts(kHelp);
     return 0;
   }
   const std::string preset = f.get("preset", "");
@@ -214,8 +221,10 @@ int cmd_bench(const Args& args) {
   const int warmup = static_cast<int>(f.get_int("warmup", 1, "bench"));
   if (steps < 1) fail("bench: --steps must be at least 1 (the median of the timed steps), got ", steps);
   if (warmup < 0) fail("bench: --warmup must be 0 or more, got ", warmup);
-  NB = f.get_int("n-blocks", f.has("block-size") ? 0 : NB, "bench");
-  S = f.get_int("block-size", S, "bench");
+  // The default S or N fits any depth: at most one block per sublayer.
+  const int64_t sublayers = c.n_sublayers();
+  NB = f.get_int("n-blocks", f.has("block-size") ? 0 : std::min(NB, sublayers), "bench");
+  S = f.get_int("block-size", std::min(S, sublayers), "bench");
   const std::string which = f.get("mode", "all");
   if (f.has("only") && !f.has("kernels"))
     fail("bench: --only selects rows of --kernels; add --kernels");
@@ -319,7 +328,7 @@ int cmd_bench(const Args& args) {
   if (plan_only) return 0;
   if (f.has("kernels")) {
     if (device != Device::CUDA) fail("bench --kernels times the CUDA ops: add --device cuda");
-    bench_kernels(c, B, T, dtype, NB > 0 ? NB : 8, f.get("only", ""));
+    bench_kernels(c, B, T, dtype, NB > 0 ? NB : std::min<int64_t>(8, sublayers), f.get("only", ""));
     return 0;
   }
 

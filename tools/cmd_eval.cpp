@@ -23,8 +23,8 @@
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/checkpoint.h"
+#include "train/evaluate.h"
 #include "train/multiple_choice.h"
-#include "train/trainer.h"
 
 namespace attnres::tools {
 

@@ -23,6 +23,7 @@
 
 #include "core/fileio.h"
 #include "core/safetensors.h"
+#include "core/worst.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "kernels/reduce.h"
@@ -125,8 +126,10 @@ int inspect_compare(const Args& args) {
         diff += (u - v) * (u - v);
         ref += v * v;
       }
+      // NaN or infinite when either side holds a NaN or an infinity: such a
+      // tensor is the worst and stays so (worse(), core/worst.h), failing --rtol.
       const double r = ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
-      if (!(r <= worst)) worst = r, worst_name = tb.name;
+      if (worse(r, worst)) worst = r, worst_name = tb.name;
       ++n;
     }
   }

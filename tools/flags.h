@@ -14,7 +14,9 @@ namespace attnres::tools {
 class Flags {
  public:
   // `known` lists the accepted flag names (without dashes); `boolean` those
-  // that take no value. Unknown flags are an error naming the command.
+  // that take no value: `--name` or `--name=true` sets one, `--name=false`
+  // unsets it (the last one given wins). Unknown flags, and a boolean given
+  // another value, are an error naming the command and the flag.
   Flags(const std::vector<std::string>& args, const std::string& command,
         const std::set<std::string>& known, const std::set<std::string>& boolean = {}) {
     for (size_t i = 0; i < args.size(); ++i) {
@@ -33,7 +35,13 @@ class Flags {
       if (!known.count(name) && !boolean.count(name))
         fail(command, ": unknown option --", name, " (see `attnres ", command, " --help`)");
       if (boolean.count(name)) {
-        values_[name].push_back(has_value ? value : "true");
+        if (has_value && value != "true" && value != "false")
+          fail(command, ": option --", name, " is a switch: give --", name, ", --", name,
+               "=true or --", name, "=false, not '", value, "'");
+        if (has_value && value == "false")
+          values_.erase(name);
+        else
+          values_[name].push_back("true");
         continue;
       }
       if (!has_value) {

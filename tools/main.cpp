@@ -25,7 +25,7 @@ usage:
   attnres inspect checkpoint DIR | config CONFIG.json | keys | attention --checkpoint DIR --data GLOB
                   | compare DIR_A DIR_B | schedule --pipeline P --virtual V --microbatches M
                                                      (attnres inspect --help)
-  attnres bench [--mode baseline|full|block|all] [--steps N] [...]   CPU training benchmark
+  attnres bench [--device cpu|cuda] [--preset 124m|350m|1b3] [...]   training throughput (attnres bench --help)
   attnres sweep SWEEP.json [--dry-run | --report] [--no-plots]      scaling-law sweep
 
 Logs go to stderr, machine-readable results to stdout. Exit codes: 0 ok, 1 runtime

@@ -35,8 +35,9 @@ void check_tensors(const char* op, const AdamWTensors& t) {
 
 AdamWScalars adamw_scalars(const AdamWStep& step) {
   // Per-step scalars in double, rounded once to the tensor's type by the kernels.
-  return {1.0 - std::pow(step.beta1, static_cast<double>(step.t)),
-          1.0 - std::pow(step.beta2, static_cast<double>(step.t)),
+  const double t = static_cast<double>(step.t);
+  return {{step.lr, step.beta1, 1.0 - step.beta1, step.beta2, 1.0 - step.beta2, step.eps,
+           1.0 - std::pow(step.beta1, t), 1.0 - std::pow(step.beta2, t)},
           1.0 - step.lr * step.weight_decay};
 }
 
@@ -56,10 +57,8 @@ void adamw_update_each(Span<const AdamWTensors> params, const AdamWStep& step) {
     dispatch_cpu_float(*t.p, op, [&](auto tag) {
       using T = decltype(tag);
       cpu::adamw_update<T>(t.p->data<T>(), t.g->data<T>(), t.m->data<T>(), t.v->data<T>(),
-                           t.p->numel(), static_cast<T>(step.lr), static_cast<T>(step.beta1),
-                           static_cast<T>(step.beta2), static_cast<T>(step.eps),
+                           t.p->numel(), sc.as<T>(),
                            static_cast<T>(t.decay ? sc.decay_factor : 1.0),
-                           static_cast<T>(sc.bc1), static_cast<T>(sc.bc2),
                            static_cast<T>(step.grad_scale));
     });
     if (t.p_lowp) convert(*t.p_lowp, *t.p);

@@ -5,6 +5,7 @@
 
 #include "core/span.h"
 #include "core/tensor.h"
+#include "kernels/math.h"
 
 namespace attnres::kernels {
 
@@ -25,9 +26,16 @@ void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWS
                   bool decay, Tensor* p_lowp = nullptr);
 
 // The per-step scalars of an update, in double (the kernels round them once to
-// their type): bias corrections 1 - beta^t and the decay factor 1 - lr wd.
+// their type, math::AdamWCoeffs): lr, the betas and 1 - beta, eps, the bias
+// corrections 1 - beta^t, and the decay factor 1 - lr wd.
 struct AdamWScalars {
-  double bc1, bc2, decay_factor;
+  math::AdamWCoeffs<double> k;
+  double decay_factor;
+  // Rounded to T, each once.
+  template <typename T>
+  math::AdamWCoeffs<T> as() const {
+    return {T(k.lr), T(k.b1), T(k.c1), T(k.b2), T(k.c2), T(k.eps), T(k.bc1), T(k.bc2)};
+  }
 };
 
 // One parameter's tensors for adamw_update_each (p_lowp may be null).

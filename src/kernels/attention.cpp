@@ -20,11 +20,10 @@ void check_heads(const char* op, const AttnShape& s, bool need_t) {
     fail(op, ": H=", s.H, " is not a multiple of Hkv=", s.Hkv);
 }
 
-}  // namespace
-
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttnShape& s) {
-  const char* op = "attention_forward";
+// The tensors of a training-shaped call: q, k, v, the output and its
+// log-sum-exp, every one on q's device and of q's dtype (lse: statistics).
+void check_qkv_out(const char* op, const AttnShape& s, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const Tensor& out, const Tensor& lse) {
   check_heads(op, s, true);
   if (!q.defined()) fail(op, ": q is undefined");
   const int64_t N = s.B * s.T;
@@ -33,6 +32,14 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
   check_arg(op, "v", v, q, {N, s.Hkv * s.hd});
   check_arg(op, "out", out, q, {N, s.H * s.hd});
   check_arg(op, "lse", lse, q.device(), stat_dtype(q.dtype()), {s.B, s.H, s.T});
+}
+
+}  // namespace
+
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttnShape& s) {
+  const char* op = "attention_forward";
+  check_qkv_out(op, s, q, k, v, out, lse);
   ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_forward(out, lse, q, k, v, s));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
@@ -45,14 +52,8 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const AttnShape& s, Store store) {
   const char* op = "attention_backward";
-  check_heads(op, s, true);
-  if (!q.defined()) fail(op, ": q is undefined");
+  check_qkv_out(op, s, q, k, v, out, lse);
   const int64_t N = s.B * s.T;
-  check_arg(op, "q", q, q, {N, s.H * s.hd});
-  check_arg(op, "k", k, q, {N, s.Hkv * s.hd});
-  check_arg(op, "v", v, q, {N, s.Hkv * s.hd});
-  check_arg(op, "out", out, q, {N, s.H * s.hd});
-  check_arg(op, "lse", lse, q.device(), stat_dtype(q.dtype()), {s.B, s.H, s.T});
   check_arg(op, "dout", dout, q, {N, s.H * s.hd});
   check_arg(op, "dq", dq, q, {N, s.H * s.hd});
   check_arg(op, "dk", dk, q, {N, s.Hkv * s.hd});

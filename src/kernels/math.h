@@ -53,14 +53,24 @@ struct OnlineSoftmax {
   }
 };
 
-// One AdamW element update (docs/model.md section 4). bc1 = 1 - b1^t, bc2 = 1 - b2^t.
-template <typename T>
-ATTNRES_HD void adamw_element(T& p, T g, T& m, T& v, T lr, T b1, T b2, T eps, T decay_factor,
-                              T bc1, T bc2) {
+// The per-step constants of an AdamW update, each computed in double and
+// rounded once to the element type (kernels/adamw.cpp): c1 = 1 - b1,
+// c2 = 1 - b2, bc1 = 1 - b1^t, bc2 = 1 - b2^t. (1 - b2 formed in float from b2
+// already rounded to float errs by up to 2^-25 / (1 - b2) relative: 1.7e-5 at
+// b2 = 0.999, where PyTorch, which rounds the double once, is within 2^-24.)
+template <typename C>
+struct AdamWCoeffs {
+  C lr, b1, c1, b2, c2, eps, bc1, bc2;
+};
+
+// One AdamW element update (docs/model.md section 4), in the arithmetic of T
+// (the CUDA kernel's T rounds every operation explicitly, as the CPU's does).
+template <typename T, typename C>
+ATTNRES_HD void adamw_element(T& p, T g, T& m, T& v, const AdamWCoeffs<C>& k, T decay_factor) {
   p *= decay_factor;
-  m = b1 * m + (T(1) - b1) * g;
-  v = b2 * v + (T(1) - b2) * g * g;
-  p -= lr * (m / bc1) / (sqrt(v / bc2) + eps);
+  m = T(k.b1) * m + T(k.c1) * g;
+  v = T(k.b2) * v + T(k.c2) * g * g;
+  p -= T(k.lr) * (m / T(k.bc1)) / (sqrt(v / T(k.bc2)) + T(k.eps));
 }
 
 }  // namespace attnres::kernels::math

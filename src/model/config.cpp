@@ -39,6 +39,18 @@ int64_t ModelConfig::resolved_block_size() const {
   return 0;
 }
 
+int64_t ModelConfig::resolved_n_blocks() const {
+  if (!attnres()) return 0;
+  const int64_t S = resolved_block_size();
+  return (n_sublayers() + S - 1) / S;
+}
+
+int64_t ModelConfig::mix_sources(int64_t s) const {
+  if (!attnres()) return 0;
+  const int64_t S = resolved_block_size();
+  return 1 + s / S + (s % S > 0 ? 1 : 0);
+}
+
 int64_t ModelConfig::mix_group_size() const {
   if (!attnres()) return 0;
   const int64_t S = resolved_block_size();
@@ -49,19 +61,14 @@ int64_t ModelConfig::mix_group_size() const {
 }
 
 int64_t ModelConfig::phase1_sources(int64_t s) const {
+  // What the group's first sublayer reads: groups start on block boundaries
+  // (G = S, or S = 1), so it has no partial sum.
   const int64_t G = mix_group_size();
-  return 1 + (s / G * G) / resolved_block_size();
+  return mix_sources(s / G * G);
 }
 
 int64_t ModelConfig::recent_sources(int64_t s) const {
-  const int64_t S = resolved_block_size();
-  return 1 + s / S - phase1_sources(s) + (s % S > 0 ? 1 : 0);
-}
-
-int64_t ModelConfig::final_sources() const {
-  if (!attnres()) return 0;
-  int64_t S = resolved_block_size();
-  return 1 + n_sublayers() / S + (n_sublayers() % S != 0 ? 1 : 0);
+  return mix_sources(s) - phase1_sources(s);
 }
 
 void ModelConfig::validate() const {

@@ -46,6 +46,15 @@ struct ModelConfig {
   bool attnres() const { return mode != ResidualMode::Baseline; }
   // Sublayers per block S: 1 for full, block_size or ceil(2L / n_blocks) for block.
   int64_t resolved_block_size() const;
+  // Blocks the 2L sublayers form, the last one possibly partial: ceil(2L / S)
+  // (0 for baseline).
+  int64_t resolved_n_blocks() const;
+  // Sources the depth Mix before sublayer s reads, s = n_sublayers() being
+  // the final Mix: the embedding b_0, the s / S blocks completed before s,
+  // and the partial sum of s's block when s is inside one (s % S > 0);
+  // 0 for baseline. The one place this count is written: the FLOPs, the
+  // planner's Mix traffic and the two-phase split below derive from it.
+  int64_t mix_sources(int64_t s) const;
   // Sublayers whose depth Mix shares one phase-1 pass (kernels/mix.h, "two-phase
   // form"), aligned from sublayer 0: Block AttnRes's block (S), and for Full
   // AttnRes (S = 1) groups of G = ceil(sqrt(2L)) sublayers. A group of G reads
@@ -62,8 +71,8 @@ struct ModelConfig {
   // sum of s's block.
   int64_t phase1_sources(int64_t s) const;
   int64_t recent_sources(int64_t s) const;
-  // Number of sources the final Mix sees: embedding + completed blocks (+ partial).
-  int64_t final_sources() const;
+  // Sources the final Mix sees: mix_sources(n_sublayers()).
+  int64_t final_sources() const { return mix_sources(n_sublayers()); }
 
   // Throws attnres::Error naming the offending `model.*` key and the reason.
   void validate() const;

@@ -1,21 +1,19 @@
 #include "model/flops.h"
 
-#include "model/params.h"
-
 namespace attnres::model {
 
-double matmul_params(const ModelConfig& c) {
+double matmul_params(const ModelConfig& c, const ModelParts& parts) {
   // The GEMM weights of param_shapes: the layers' projections and the output
   // projection (the LM head, or the embedding when tied: it is the head too).
   double n = 0;
-  for (const auto& p : param_shapes(c))
+  for (const auto& p : param_shapes(c, parts))
     switch (p.slot) {
       case Slot::Q: case Slot::K: case Slot::V: case Slot::O:
       case Slot::Gate: case Slot::Up: case Slot::Down: case Slot::LmHead:
         n += static_cast<double>(p.numel());
         break;
       case Slot::Embedding:
-        if (c.tie_embeddings) n += static_cast<double>(p.numel());
+        if (c.tie_embeddings && parts.head) n += static_cast<double>(p.numel());
         break;
       default:
         break;
@@ -23,14 +21,20 @@ double matmul_params(const ModelConfig& c) {
   return n;
 }
 
+double forward_flops_per_token(const ModelConfig& c, int64_t T, const ModelParts& parts) {
+  const int64_t end = parts.layer_end < 0 ? c.n_layers : parts.layer_end;
+  return 2 * matmul_params(c, parts) +
+         2.0 * static_cast<double>(T) * static_cast<double>(c.d_model) *
+             static_cast<double>(end - parts.layer_begin);
+}
+
 double training_flops_per_token(const ModelConfig& c, int64_t T) {
-  double f = 6 * matmul_params(c) + 6.0 * c.n_layers * T * c.d_model;
+  // Every term is a whole number below 2^53, so the sums are exact.
+  double f = 3 * forward_flops_per_token(c, T);
   if (c.attnres()) {
     // Each Mix: k sources x (dot + weighted sum) = 4 k d forward, ~3x with backward.
-    const int64_t S = c.resolved_block_size();
     double sources = 0;
-    for (int64_t s = 0; s < c.n_sublayers(); ++s) sources += 1 + s / S + (s % S ? 1 : 0);
-    sources += c.final_sources();
+    for (int64_t s = 0; s <= c.n_sublayers(); ++s) sources += c.mix_sources(s);  // + the final Mix
     f += 12.0 * sources * c.d_model;
   }
   return f;

@@ -53,11 +53,15 @@ class RankModel {
   // Every parameter held here, chunk by chunk in global order.
   std::vector<model::Param*> params();
   // The parameters this rank owns: all but the last chunk's copy of a tied
-  // embedding when another rank holds chunk 0. Concatenating every rank's
+  // embedding when there is more than one chunk (chunk 0 owns the matrix,
+  // even on this rank when P = 1 and V > 1). Concatenating every rank's
   // owned parameters in chunk order gives the single-process table's order.
   // Grouped by local chunk.
   std::vector<std::vector<model::Param*>> owned_params();
-  // The tied-embedding copy of the last chunk (stage P-1, P > 1, tied); else nullptr.
+  // The last chunk's copy of a tied embedding, on the stage that holds the
+  // last chunk (P-1) when the model has more than one chunk (C = P*V > 1,
+  // so also at P = 1 with V > 1); nullptr otherwise (untied, a single chunk,
+  // or another stage).
   model::Param* tied_copy();
   // Chunk 0's embedding matrix (stage 0); else nullptr.
   model::Param* embedding();

@@ -174,11 +174,13 @@ void for_each_key(C& c, V&& v) {
             "SwiGLU; GEMM and attention outputs kept) or `layer` (everything but each sublayer's "
             "input); the same bits in every mode ([memory.md](memory.md))"});
   v("training.peak_tflops", t.peak_tflops,
-    KeySpec{"peak FLOP/s of one device for the MFU figure; 0 = from the GPU's name (H100/H200: "
-            "989 bf16, 67 fp32)", Check::NonNegativeReal});
+    KeySpec{"peak FLOP/s of one device for the MFU figure; 0 = from the GPU's name (H100 SXM, "
+            "H200: 989 bf16, 67 fp32; H100 PCIe: 756, 51; A100: 312, 19.5; another GPU: no MFU)",
+            Check::NonNegativeReal});
   auto& d = c.data;
   v("data.train", d.train, KeySpec{"shard file, directory or glob (sorted)", Check::None, "required"});
-  v("data.val", d.val, KeySpec{"validation shards; needed when `eval.every` > 0", Check::None, "—"});
+  v("data.val", d.val, KeySpec{"validation shards (the val loss at every evaluation); `eval.every` > 0 needs them "
+                              "or `eval.tasks`", Check::None, "—"});
   v("data.tokenizer", d.tokenizer,
     KeySpec{"tokenizer: ours (`tokenize train`), GPT-2's `encoder.json` + `vocab.bpe` (either file, "
             "or their directory) or a Hugging Face byte-level BPE `tokenizer.json`; read at start-up "

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/flops.h"
+#include "model/params.h"
 #include "parallel/layout.h"
 #include "parallel/runtime.h"
 #include "parallel/schedule.h"
@@ -47,45 +48,30 @@ double copy_bandwidth() {
   return static_cast<double>(n) / best;
 }
 
-// Matmul weights of one layer: q, k, v, o and the SwiGLU's three matrices.
-double layer_matmul_params(const model::ModelConfig& m) {
-  const double d = static_cast<double>(m.d_model);
-  const double kv = d * static_cast<double>(m.n_kv_heads) / static_cast<double>(m.n_heads);
-  return d * (d + 2 * kv) + d * d + 3 * d * static_cast<double>(m.d_ff);
+// What chunk c holds, as the executor's RankModel builds it: its layers, the
+// embedding (chunk 0), the final Mix, norm and LM head (the last chunk).
+model::ModelParts chunk_parts(const parallel::PipelineLayout& pl, int c) {
+  model::ModelParts parts;
+  parts.layer_begin = pl.layers(c).begin;
+  parts.layer_end = pl.layers(c).end;
+  parts.embedding = c == 0;
+  parts.head = c == pl.C() - 1;
+  return parts;
 }
 
-// Weights of one chunk's layers [begin, end), plus the embedding (chunk 0)
-// and the final norm and LM head (last chunk).
-double chunk_params(const model::ModelConfig& m, const parallel::LayerRange& lr, bool first,
-                    bool last) {
-  const double d = static_cast<double>(m.d_model);
-  // + two RMSNorm weights, + two depth queries with AttnRes
-  const double layer = layer_matmul_params(m) + 2 * d + (m.attnres() ? 2 * d : 0.0);
-  double n = layer * static_cast<double>(lr.end - lr.begin);
-  const double emb = static_cast<double>(m.vocab_size) * d;
-  if (first) n += emb;
-  if (last) n += d + emb;  // the head (or the tied embedding's copy)
+double chunk_params(const model::ModelConfig& m, const model::ModelParts& parts) {
+  double n = 0;
+  for (const auto& p : model::param_shapes(m, parts)) n += static_cast<double>(p.numel());
   return n;
-}
-
-// Forward FLOPs per token of the chunk's matmuls and attention (flops.h's
-// count split by chunk: 2 x matmul weights + 2 T d per layer, 2 d V for the head).
-double chunk_fwd_flops(const model::ModelConfig& m, const parallel::LayerRange& lr, bool last,
-                       int64_t T) {
-  const double d = static_cast<double>(m.d_model);
-  const double layer = 2 * layer_matmul_params(m) + 2.0 * static_cast<double>(T) * d;
-  double f = layer * static_cast<double>(lr.end - lr.begin);
-  if (last) f += 2 * d * static_cast<double>(m.vocab_size);
-  return f;
 }
 
 // Values the AttnRes Mix reads per token over the chunk's sublayers, in units
 // of d: every source (and the partial sum) it attends over, plus its output.
-double chunk_mix_reads(const model::ModelConfig& m, const parallel::LayerRange& lr) {
+double chunk_mix_reads(const model::ModelConfig& m, const model::ModelParts& parts) {
   if (!m.attnres()) return 0;
-  const int64_t S = m.resolved_block_size();
   double n = 0;
-  for (int64_t j = 2 * lr.begin; j < 2 * lr.end; ++j) n += 1 + j / S + (j % S != 0) + 1;
+  for (int64_t s = 2 * parts.layer_begin; s < 2 * parts.layer_end; ++s)
+    n += static_cast<double>(m.mix_sources(s)) + 1;
   return n;
 }
 
@@ -213,17 +199,16 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
 
   std::vector<double> params(static_cast<size_t>(C));
   for (int c = 0; c < C; ++c) {
-    const auto lr = pl.layers(c);
-    const bool first = c == 0, last = c == C - 1;
+    const model::ModelParts parts = chunk_parts(pl, c);
     const auto i = static_cast<size_t>(c);
-    params[i] = chunk_params(m, lr, first, last);
+    params[i] = chunk_params(m, parts);
     if (c > 0)
       costs.msg_bytes[i] =
           static_cast<double>(parallel::boundary_message(pl, plan, c, L.cache).tensors()) * tokens *
           d * elem;
     if (hw.measure_cpu) continue;
-    const double flops = chunk_fwd_flops(m, lr, last, T) * tokens;
-    const double mix = chunk_mix_reads(m, lr) * tokens * d * elem / hw.hbm_bytes_per_sec;
+    const double flops = model::forward_flops_per_token(m, T, parts) * tokens;
+    const double mix = chunk_mix_reads(m, parts) * tokens * d * elem / hw.hbm_bytes_per_sec;
     costs.fwd[i] = flops / (hw.peak_flops * hw.efficiency) + mix;
     costs.bwd[i] = 2 * costs.fwd[i];
   }

@@ -16,9 +16,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/bpe.h"
+#include "data/loader.h"
 #include "data/shard.h"
 #include "kernels/cpu/blas.h"
 #include "model/flops.h"
+#include "model/params.h"
 #include "parallel/mpi.h"
 #include "parallel/nccl_transport.h"
 #include "parallel/runtime.h"
@@ -95,7 +97,7 @@ struct DeviceChoice {
   DType dtype;
   double peak_flops;
 };
-DeviceChoice choose_device(const TrainingConfig& tc) {
+DeviceChoice device_choice(const TrainingConfig& tc) {
   DeviceChoice c;
   c.on_gpu = tc.device == Device::CUDA;
   c.device = tc.device;
@@ -156,6 +158,20 @@ std::string depth_stats_path(const Config& cfg) {
   return (fs::path(cfg.run.dir) / "depth_stats.jsonl").string();
 }
 
+// A checkpoint tensor's place in the single-process order of its file,
+// whatever the layout: parameter i of param_shapes, and in the optimizer
+// file its first moment at i and its second at n + i.
+std::unordered_map<std::string, size_t> checkpoint_order(const model::ModelConfig& m) {
+  std::unordered_map<std::string, size_t> order;
+  const auto shapes = model::param_shapes(m);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    order[shapes[i].name] = i;
+    order[AdamW::first_moment_name(shapes[i].name)] = i;
+    order[AdamW::second_moment_name(shapes[i].name)] = shapes.size() + i;
+  }
+  return order;
+}
+
 // ---------------------------------------------------------------------------
 // The engine: one rank's share of a P x D job (docs/parallel.md), and the
 // optimizer-step loop (docs/model.md sections 4-6). A single process is the
@@ -174,6 +190,16 @@ class Engine {
   int run();
 
  private:
+  // The constructor's steps, in order. Those marked collective run on every
+  // rank together.
+  void choose_device();  // training.device: refused without a GPU; the device log line
+  parallel::RuntimeOptions runtime_options();  // parallel.*, and choose_transport
+  TransportKind choose_transport();  // parallel.transport, the same on every rank (collective)
+  void init_weights();               // seeded, or from model.init_from
+  void log_model(const parallel::RuntimeOptions& ro);  // parameters and layout (collective)
+  void resume();        // from checkpoint.resume's checkpoint, if any (collective)
+  void open_metrics();  // metrics.jsonl and depth_stats.jsonl (rank 0)
+
   parallel::StepStats step(int64_t k, double grad_scale);
   void checkpoint();  // collective
   void evaluate();    // collective: replica d evaluates units d, d+D, ... (and eval.tasks)
@@ -201,10 +227,7 @@ class Engine {
   std::unique_ptr<MetricsWriter> metrics_;    // rank 0
   model::DepthStats depth_stats_;
   std::unique_ptr<MetricsWriter> depth_log_;  // rank 0, with run.depth_stats_every
-  // A checkpoint tensor's place in the single-process order of its file,
-  // whatever the layout: parameter i of param_shapes, and in the optimizer
-  // file its first moment at i and its second at n + i.
-  std::unordered_map<std::string, size_t> ckpt_order_;
+  const std::unordered_map<std::string, size_t> ckpt_order_;  // checkpoint_order
 };
 
 Engine::Engine(const Config& cfg, const parallel::Comm& world, const parallel::GpuPin& gpu)
@@ -221,95 +244,107 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, const parallel::G
       train_data_(open_train_data(cfg)),
       val_data_(open_val_data(cfg)),
       tasks_(cfg),
-      depth_stats_(cfg.model.n_sublayers()) {
-  const bool solo = world.is_solo();
-  const int P = grid_.P(), D = grid_.D();
+      depth_stats_(cfg.model.n_sublayers()),
+      ckpt_order_(checkpoint_order(cfg.model)) {
   if (root_) spdlog::info("resolved config: {}", cfg.to_json().dump());
   check_tokenizer(cfg, root_);
+  choose_device();
+  const parallel::RuntimeOptions ro = runtime_options();
+  stepper_ = std::make_unique<Stepper>(grid_, cfg, ro);  // this rank's chunks and optimizers
+  init_weights();
+  log_model(ro);
+  resume();
+  open_metrics();
+}
 
-  // ---- device, transport, this rank's chunks, optimizers ----
+void Engine::choose_device() {
   if (tc_.device == Device::CUDA && cuda::device_count() == 0)
     fail("config key training.device is \"cuda\" but no CUDA device is visible",
-         solo ? "" : " to rank " + std::to_string(grid_.rank()),
+         grid_.world().is_solo() ? "" : " to rank " + std::to_string(grid_.rank()),
          " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them)");
-  dev_ = choose_device(tc_);
-  const DType logits = logit_dtype(tc_.logits, dev_.dtype);
+  dev_ = device_choice(tc_);
   if (dev_.on_gpu && root_)
     spdlog::info("device: {} ({}, {} logits; peak {:.0f} TFLOP/s for MFU{})",
                  cuda::device_description(), precision_name(tc_.precision),
-                 precision_name(logits), dev_.peak_flops * 1e-12,
+                 precision_name(logit_dtype(tc_.logits, dev_.dtype)), dev_.peak_flops * 1e-12,
                  dev_.peak_flops == 0 ? ": unknown GPU, set training.peak_tflops" : "");
+}
+
+parallel::RuntimeOptions Engine::runtime_options() {
   parallel::RuntimeOptions ro;
-  ro.V = static_cast<int>(cfg.parallel.virtual_stages);
-  ro.cache_blocks = cfg.parallel.cache_blocks;
+  ro.V = static_cast<int>(cfg_.parallel.virtual_stages);
+  ro.cache_blocks = cfg_.parallel.cache_blocks;
   ro.recompute = tc_.recompute;
-  ro.zero = cfg.parallel.zero == 1;
-  ro.transport = cfg.parallel.transport;
+  ro.zero = cfg_.parallel.zero == 1;
+  ro.transport = choose_transport();
+  return ro;
+}
+
+TransportKind Engine::choose_transport() {
   // Ranks sharing a GPU (more processes than GPUs on some node) can only talk
   // through MPI: NCCL refuses two ranks on one device. Every rank must pick
   // the same transport, so the nodes agree first.
   int64_t shared = gpu_.sharing > 1;
-  world.allreduce_max(&shared, 1);
+  grid_.world().allreduce_max(&shared, 1);
   if (gpu_.local_rank == 0 && !gpu_.warning.empty()) spdlog::warn("{}", gpu_.warning);
-  if (shared && ro.transport == TransportKind::Nccl)
+  const TransportKind asked = cfg_.parallel.transport;
+  if (shared && asked == TransportKind::Nccl)
     fail("config key parallel.transport is \"nccl\", but ranks of this job share a GPU (more "
          "processes than GPUs on a node) and NCCL refuses two ranks on one device: use \"mpi\" "
          "or \"auto\", or one process per GPU");
-  if (ro.transport == TransportKind::Auto)
-    ro.transport = dev_.on_gpu && parallel::nccl_compiled() && !shared ? TransportKind::Nccl
-                                                                       : TransportKind::Mpi;
-  stepper_ = std::make_unique<Stepper>(grid_, cfg, ro);
-  auto& rm = rt().model();
-  const std::vector<model::ParamTable*> tables = stepper_->tables();
-  const std::vector<AdamW*> opts = stepper_->optimizers();
-  if (cfg.model.init_from.empty()) {
-    stepper_->init_weights(tc_.seed);
-  } else {
-    for (model::ParamTable* t : tables) load_weights(cfg.model.init_from, *t);
-    if (root_) spdlog::info("initialised weights from {}", cfg.model.init_from);
-  }
-  {
-    int64_t n = 0;
-    for (const auto& chunk : rm.owned_params())
-      for (const model::Param* p : chunk) n += p->value.numel();
-    world.allreduce_sum(&n, 1);
-    n /= D;  // every replica holds the whole model
-    if (root_)
-      spdlog::info("model: {} parameters ({} residual, {} layers, d={}), {} tokens per step", n,
-                   model::residual_mode_name(cfg.model.mode), cfg.model.n_layers,
-                   cfg.model.d_model, A_ * B_ * T_ * D);
-    if (!solo) {
-      std::string chunks;
-      for (int v = 0; v < rm.size(); ++v) {
-        const auto lr = rt().layout().layers(rm.chunk_id(v));
-        chunks += fmt::format("{}chunk {} = layers [{}, {})", v ? ", " : "", rm.chunk_id(v),
-                              lr.begin, lr.end);
-      }
-      if (root_)
-        spdlog::info("parallel: {} pipeline stages x {} virtual x {} replicas, {} transport, "
-                     "cache_blocks {}; rank = replica * {} + stage", P, ro.V, D,
-                     transport_name(ro.transport), cfg.parallel.cache_blocks, P);
-      spdlog::info("rank {} = stage {} of replica {}: {}", grid_.rank(), grid_.stage(), replica_,
-                   chunks);
-    }
-  }
-  const auto shapes = model::param_shapes(cfg.model);
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    ckpt_order_[shapes[i].name] = i;
-    ckpt_order_[AdamW::first_moment_name(shapes[i].name)] = i;
-    ckpt_order_[AdamW::second_moment_name(shapes[i].name)] = shapes.size() + i;
-  }
+  if (asked != TransportKind::Auto) return asked;
+  return dev_.on_gpu && parallel::nccl_compiled() && !shared ? TransportKind::Nccl
+                                                             : TransportKind::Mpi;
+}
 
-  // ---- resume: rank 0 picks the checkpoint, every rank loads its part ----
+void Engine::init_weights() {
+  if (cfg_.model.init_from.empty()) {
+    stepper_->init_weights(tc_.seed);
+    return;
+  }
+  for (model::ParamTable* t : stepper_->tables()) load_weights(cfg_.model.init_from, *t);
+  if (root_) spdlog::info("initialised weights from {}", cfg_.model.init_from);
+}
+
+void Engine::log_model(const parallel::RuntimeOptions& ro) {
+  const int P = grid_.P(), D = grid_.D();
+  auto& rm = rt().model();
+  int64_t n = 0;
+  for (const auto& chunk : rm.owned_params())
+    for (const model::Param* p : chunk) n += p->value.numel();
+  grid_.world().allreduce_sum(&n, 1);
+  n /= D;  // every replica holds the whole model
+  if (root_)
+    spdlog::info("model: {} parameters ({} residual, {} layers, d={}), {} tokens per step", n,
+                 model::residual_mode_name(cfg_.model.mode), cfg_.model.n_layers,
+                 cfg_.model.d_model, A_ * B_ * T_ * D);
+  if (grid_.world().is_solo()) return;
+  std::string chunks;
+  for (int v = 0; v < rm.size(); ++v) {
+    const auto lr = rt().layout().layers(rm.chunk_id(v));
+    chunks += fmt::format("{}chunk {} = layers [{}, {})", v ? ", " : "", rm.chunk_id(v), lr.begin,
+                          lr.end);
+  }
+  if (root_)
+    spdlog::info("parallel: {} pipeline stages x {} virtual x {} replicas, {} transport, "
+                 "cache_blocks {}; rank = replica * {} + stage", P, ro.V, D,
+                 transport_name(ro.transport), cfg_.parallel.cache_blocks, P);
+  spdlog::info("rank {} = stage {} of replica {}: {}", grid_.rank(), grid_.stage(), replica_,
+               chunks);
+}
+
+void Engine::resume() {
+  // Rank 0 picks the checkpoint, every rank loads its part.
   std::string resume_dir;
   if (root_) {
-    resume_dir = choose_resume_dir(cfg.checkpoint);
+    resume_dir = choose_resume_dir(cfg_.checkpoint);
     if (!resume_dir.empty()) verify_checkpoint(resume_dir);
   }
-  world.bcast(resume_dir, 0);
+  grid_.world().bcast(resume_dir, 0);
+  const std::vector<AdamW*> opts = stepper_->optimizers();
   if (!resume_dir.empty()) {
     // Checkpoints hold global tensor names: any layout loads any checkpoint.
-    state_ = load_checkpoint(resume_dir, cfg.model, tables, opts, /*verify=*/false);
+    state_ = load_checkpoint(resume_dir, cfg_.model, stepper_->tables(), opts, /*verify=*/false);
     if (root_) spdlog::info("resumed from {} at step {}", resume_dir, state_.step);
   }
   for (AdamW* opt : opts) opt->take_master_slices();  // ZeRO-1, bf16: the weights are final
@@ -317,14 +352,17 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, const parallel::G
     spdlog::warn("checkpoint is at step {} >= training.steps = {}: nothing to train", state_.step,
                  tc_.steps);
   last_checkpoint_ = resume_dir;
-  if (root_) {
-    fs::create_directories(cfg.run.dir);
-    metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg.run.dir) / "metrics.jsonl").string(),
-                                               state_.step > 0, state_.step);
-    if (cfg.run.depth_stats_every > 0)
-      depth_log_ = std::make_unique<MetricsWriter>(depth_stats_path(cfg), state_.step > 0,
-                                                   state_.step);
-  }
+}
+
+void Engine::open_metrics() {
+  if (!root_) return;
+  // A resumed run appends, after dropping the records of steps past its checkpoint.
+  fs::create_directories(cfg_.run.dir);
+  metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg_.run.dir) / "metrics.jsonl").string(),
+                                             state_.step > 0, state_.step);
+  if (cfg_.run.depth_stats_every > 0)
+    depth_log_ = std::make_unique<MetricsWriter>(depth_stats_path(cfg_), state_.step > 0,
+                                                 state_.step);
 }
 
 parallel::StepStats Engine::step(int64_t k, double grad_scale) {
@@ -587,18 +625,6 @@ int train_under_mpi(const Config& cfg) {
 }
 
 }  // namespace
-
-std::pair<double, int64_t> evaluate(model::Model& model, data::TokenLoader& loader, int64_t batches,
-                                    int64_t B, int64_t T) {
-  const int64_t n = std::min(batches, loader.units_per_epoch());
-  double sum = 0;
-  for (int64_t u = 0; u < n; ++u) {
-    auto batch = loader.unit(u);
-    sum += model.forward_loss(batch.inputs, batch.targets, B, T);
-  }
-  const int64_t tokens = n * B * T;
-  return {sum / static_cast<double>(tokens), tokens};
-}
 
 int train(const Config& cfg) {
   const int64_t world = cfg.parallel.pipeline * cfg.parallel.data;

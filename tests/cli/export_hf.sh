@@ -8,10 +8,23 @@
 # `attnres generate --temperature 0`, the bf16 and sharded exports load, and
 # `attnres eval --task hellaswag` equals acc / acc_norm computed in Python.
 # Then the commands' rejections of bad input.
+# ATTNRES_TEST_PART=transformers (its own CTest test): the same exports loaded
+# by transformers' AutoModelForCausalLM instead, skipped (exit code 77) where
+# transformers is not installed.
 source "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3
+part="${ATTNRES_TEST_PART:-}"
+case "$part" in
+  ""|transformers) ;;
+  *) fail "unknown ATTNRES_TEST_PART '$part' (transformers, or unset)" ;;
+esac
 if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "skipped: $PY cannot import torch (apt-get install python3-torch; scripts/install_deps.sh)"
+  exit 77
+fi
+if [[ $part == transformers ]] && ! "$PY" -c "import transformers" 2>/dev/null; then
+  echo "skipped: $PY cannot import transformers: AutoModelForCausalLM.from_pretrained(dir," \
+    "trust_remote_code=True) was not checked"
   exit 77
 fi
 make_corpus
@@ -75,6 +88,12 @@ run_case block_nblocks_gqa --model.n_layers=4 --model.n_kv_heads=1 \
 grep -q '"n_blocks": 3' hf_block_nblocks_gqa/config.json || fail "n_blocks missing from config.json"
 
 ( IFS=,; echo "[${cases[*]}]" ) > cases.json
+if [[ $part == transformers ]]; then
+  "$PY" "$SRC/tests/cli/hf_export_check.py" --transformers cases.json \
+    || fail "AutoModelForCausalLM disagrees with the binary"
+  echo "all transformers export checks passed"
+  exit 0
+fi
 "$PY" "$SRC/tests/cli/hf_export_check.py" cases.json || fail "the exported models disagree"
 
 # Rejections: exit 2 and a message naming the problem.

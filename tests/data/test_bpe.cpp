@@ -8,9 +8,7 @@
 
 using namespace attnres;
 using namespace attnres::data;
-using attnres::testing::TempDir;
-using attnres::testing::read_bytes;
-using attnres::testing::write_bytes;
+using namespace attnres::testing;
 using Catch::Contains;
 
 namespace {

@@ -13,7 +13,7 @@
 // (scripts/fetch_brown.sh) and node; scripts/test.sh provides all three.
 // Without them each test prints "skipped: ..." and CTest reports it skipped.
 // The tests are hidden ([.gpt2_reference]) from the default run and
-// registered as their own CTest test (tests/CMakeLists.txt).
+// registered as CTest tests of their own, one per case (tests/CMakeLists.txt).
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -28,9 +28,7 @@
 
 using namespace attnres;
 using namespace attnres::data;
-using attnres::testing::TempDir;
-using attnres::testing::read_bytes;
-using attnres::testing::write_bytes;
+using namespace attnres::testing;
 using nlohmann::json;
 namespace fs = std::filesystem;
 

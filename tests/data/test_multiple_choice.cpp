@@ -24,7 +24,7 @@ std::string error_of(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("HellaSwag's jsonl: ctx, endings, label; other fields ignored", "[data]") {
+TEST_CASE("HellaSwag's jsonl: ctx, endings, label, and other fields ignored", "[data]") {
   testing::TempDir dir;
   const std::string path = write(dir, "hs.jsonl",
       R"({"ind": 4, "activity_label": "Cooking", "ctx": "A man cracks an egg", "endings": [" into a bowl.", "at the moon.", "quietly.", "x"], "label": 0, "split": "val"})"

@@ -6,8 +6,10 @@
 # ranks sharing a GPU each have their own CUDA context, and the trainer then
 # picks the MPI transport, which stages device tensors through host memory).
 # ATTNRES_TEST_TRANSPORT=nccl (CTest label gpu-multi): the NCCL transport, a GPU
-# per rank; needs 2 GPUs or more (layouts needing more ranks than GPUs are not
-# run, and say so), skipped with fewer.
+# per rank. ATTNRES_TEST_RANKS=N (CTest runs N = 2 and N = 4 as two tests)
+# keeps the layouts of N ranks only; the test is skipped ("skipped: ...", with
+# the GPUs it saw) when a layout it would run needs more GPUs than are visible,
+# never passed with layouts left out.
 #
 # The single-process CUDA run in fp32 against the CPU's (1e-4 relative), then
 # every layout against the single-process CUDA run of the same precision:
@@ -37,13 +39,26 @@ ranks() {  # P x D of a layout's flags
   [[ "$1" =~ data=([0-9]+) ]] && D=${BASH_REMATCH[1]}
   echo $((P * D))
 }
+# ATTNRES_TEST_RANKS: only the layouts of that many ranks.
+if [[ -n "${ATTNRES_TEST_RANKS:-}" ]]; then
+  kept=()
+  for args in "${layouts[@]}"; do
+    [[ $(ranks "$args") == "$ATTNRES_TEST_RANKS" ]] && kept+=("$args")
+  done
+  ((${#kept[@]} > 0)) || fail "no layout of ATTNRES_TEST_RANKS=$ATTNRES_TEST_RANKS ranks"
+  layouts=("${kept[@]}")
+fi
 # The GPUs this job may use (tests/cli/lib.sh; require_device has skipped
 # the test when there are none).
 gpus=$(visible_gpus)
 transport="${ATTNRES_TEST_TRANSPORT:-auto}"
-if [[ $transport == nccl ]] && ((gpus < 2)); then
-  echo "skipped: the NCCL transport needs a GPU per rank, 2 or more; $gpus visible"
-  exit 0
+if [[ $transport == nccl ]]; then
+  need=2  # NCCL between ranks: at least 2, and a GPU for each rank of every layout
+  for args in "${layouts[@]}"; do (($(ranks "$args") > need)) && need=$(ranks "$args"); done
+  if ((gpus < need)); then
+    echo "skipped: the NCCL transport needs a GPU per rank: these layouts need $need GPUs, $gpus visible"
+    exit 0
+  fi
 fi
 common=(--optimizer.eps=1e-4 --parallel.transport=$transport)
 make_corpus
@@ -78,10 +93,6 @@ for prec in fp32 bf16; do
   for i in "${!layouts[@]}"; do
     args=${layouts[$i]}
     np=$(ranks "$args")
-    if [[ $transport == nccl ]] && ((np > gpus)); then
-      echo "not run: $prec $args (NCCL: $np ranks need $np GPUs, $gpus visible)"
-      continue
-    fi
     rm -rf ck_p run_p
     run_np "$np" "$BIN" train base.json "${common[@]}" "${dev[@]}" --checkpoint.dir=ck_p \
       --run.dir=run_p $args 2>log_p.txt || { cat log_p.txt; fail "$prec: mpirun -np $np $args"; }

@@ -70,6 +70,17 @@ void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double s
             << " dtype=" << dtype_name(dt) << " stddev=" << stddev);
   const double tol = gt::tol(dt);
   CHECK(gt::rel_l2(host_f64(g.out), out_ref) < tol);
+  // Element-wise (gpu_testing.h): out_i = sum_j P_ij v_j, whose terms are
+  // sum_j P_ij |v_j| = the same attention over |v|. The tensor-core kernels
+  // round P to bf16 for the PV product (2^-8 of those terms) and normalise
+  // by the fp32 row sum (another 2^-8 at most), then round out once:
+  // c_ref = 2, c_terms = 4, twice the worst case.
+  Tensor out_terms = Tensor::empty({N, s.H * s.hd}, DType::F64);
+  {
+    Tensor lse_unused = Tensor::empty({s.B, s.H, s.T}, DType::F64);
+    kern::attention_forward(out_terms, lse_unused, q64, k64, testing::abs_of(v64), s);
+  }
+  CHECK(gt::bf16_outliers(dt, host_f64(g.out), out_ref, 2, out_terms, 4) == "");
   // lse is F32 either way and computed from exactly the reference's inputs.
   CHECK(gt::rel_l2(host_f64(g.lse), lse_ref) < (dt == DType::BF16 ? 1e-4 : gt::kTolF32));
 
@@ -81,6 +92,27 @@ void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double s
   CHECK(gt::rel_l2(host_f64(g.dq), dq_ref) < tol);
   CHECK(gt::rel_l2(host_f64(g.dk), dk_ref) < tol);
   CHECK(gt::rel_l2(host_f64(g.dv), dv_ref) < tol);
+  // Element-wise (gpu_testing.h). dv_j = dv0_j + sum_i P_ij dO_i: P is
+  // rounded to bf16 for the tensor cores, so its terms |dv0_j| + sum_i P_ij
+  // |dO_i| (the same backward fed |dv0| and |dO|; its dq, dk are not used)
+  // carry up to 2^-8 each, and the stored sum one more rounding: c_ref = 2,
+  // c_terms = 4. dq and dk are sums over dS = P (dP - D), also rounded to
+  // bf16 for the tensor cores, whose terms the CPU op does not expose: the
+  // tensor-wide stand-in is the largest increment |dq - dq0| (resp. dk),
+  // c_terms = 4 (the dS roundings of different keys add like a random walk,
+  // ~2^-8 of an element's typical size; see gpu_testing.h).
+  if (dt == DType::BF16) {
+    Tensor dq_unused = Tensor::zeros({N, s.H * s.hd}, DType::F64);
+    Tensor dk_unused = Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
+    Tensor dv_terms = testing::abs_of(to_f64(dv0));
+    kern::attention_backward(dq_unused, dk_unused, dv_terms, testing::abs_of(to_f64(dout)), q64,
+                             k64, v64, host_f64(g.out), host_f64(g.lse), s);
+    CHECK(gt::bf16_outliers(dt, host_f64(g.dv), dv_ref, 2, dv_terms, 4) == "");
+    CHECK(gt::bf16_outliers(dt, host_f64(g.dq), dq_ref, 2, gt::max_increment(dq_ref, to_f64(dq0)), 4) ==
+          "");
+    CHECK(gt::bf16_outliers(dt, host_f64(g.dk), dk_ref, 2, gt::max_increment(dk_ref, to_f64(dk0)), 4) ==
+          "");
+  }
   // F32: the increments alone (the gradients proper), so that an error cannot
   // hide behind the O(0.5) initial values. Errors are measured against the
   // larger of the increment and a third of the initial values, which covers
@@ -174,6 +206,10 @@ TEST_CASE("cuda attention decode matches the CPU", "[gpu]") {
         INFO("B=" << c.B << " Tmax=" << c.Tmax << " H=" << c.H << " Hkv=" << c.Hkv
                   << " hd=" << c.hd << " len=" << len << " dtype=" << dtype_name(dt));
         CHECK(gt::rel_l2(host_f64(out), ref) < gt::tol(dt));
+        // Element-wise, as the forward: the terms are the attention over |v|.
+        Tensor terms = Tensor::empty({c.B, c.H * c.hd}, DType::F64);
+        kern::attention_decode(terms, to_f64(q), to_f64(kc), testing::abs_of(to_f64(vc)), len, s);
+        CHECK(gt::bf16_outliers(dt, host_f64(out), ref, 2, terms, 4) == "");
         Tensor out2 = gt::poisoned({c.B, c.H * c.hd}, dt);
         kern::attention_decode(out2, qd, kcd, vcd, len, s);
         CHECK(gt::same_bits(out2, out));
@@ -203,5 +239,15 @@ TEST_CASE("cuda attention decode agrees with the forward's last row", "[gpu]") {
                         vd.reshape({s.B, s.T, s.Hkv * s.hd}), s.T, s);
     INFO("dtype=" << dtype_name(dt));
     CHECK(gt::rel_l2(host_f64(dec), host_f64(ref)) < gt::tol(dt));
+    // Element-wise: each of the two is within the forward's bound of the exact
+    // row (2^-8 (2 |out| + 4 sum_j P_j |v_j|)), so they are within twice it of
+    // each other; the terms from the CPU's decode of the same rows over |v|.
+    Tensor q_last_h = Tensor::empty({s.B, s.H * s.hd}, DType::F64);
+    for (int64_t b = 0; b < s.B; ++b)
+      q_last_h.rows(b, 1).copy_from(to_f64(q).rows(b * s.T + s.T - 1, 1));
+    Tensor terms = Tensor::empty({s.B, s.H * s.hd}, DType::F64);
+    kern::attention_decode(terms, q_last_h, to_f64(kk).reshape({s.B, s.T, s.Hkv * s.hd}),
+                           testing::abs_of(to_f64(v)).reshape({s.B, s.T, s.Hkv * s.hd}), s.T, s);
+    CHECK(gt::bf16_outliers(dt, host_f64(dec), host_f64(ref), 4, terms, 8) == "");
   }
 }

@@ -50,6 +50,30 @@ std::vector<double> row_max_abs_logit(const Tensor& h, const Tensor& w) {
   return out;
 }
 
+// For the element-wise bf16 bounds (gpu_testing.h) of dh = dh0 + gs dz W,
+// dz = softmax(z) - onehot(target) rounded to bf16 (and, with bf16 logits, z
+// rounded to bf16 first). The terms of dh[n, c] are gs sum_v |dz_nv| |w_vc|
+// <= gs 2 colmax_c, colmax_c = max_v |w_vc|, since sum_v |dz_nv| = 2 (1 -
+// p_nt) <= 2: the dlogits' rounding moves dh[n, c] by at most 2^-8 of that.
+// bf16 logits move each logit by at most 2^-8 |z_v| <= 2^-8 zmax_n, so each
+// probability by a factor within exp(+-2^-7 zmax_n) (the log-sum-exp moves by
+// at most 2^-8 zmax_n too), and dh[n, c] by at most gs colmax_c (exp(2^-7
+// zmax_n) - 1): in units of 2^-8, 2^8 (exp(2^-7 zmax_n) - 1) more terms (2
+// zmax_n for small zmax_n; ~68 for zmax_n = 30). `zmax` empty: fp32 logits.
+Tensor dh_terms(const Tensor& w, double gs, int64_t N, const std::vector<double>& zmax) {
+  const int64_t V = w.dim(0), d = w.dim(1);
+  std::vector<double> colmax(static_cast<size_t>(d), 0.0);
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t c = 0; c < d; ++c)
+      colmax[c] = std::max(colmax[c], std::fabs(double(w.data<float>()[v * d + c])));
+  Tensor t = Tensor::empty({N, d}, DType::F64);
+  for (int64_t n = 0; n < N; ++n) {
+    const double logits = zmax.empty() ? 0.0 : std::ldexp(std::expm1(std::ldexp(zmax[n], -7)), 8);
+    for (int64_t c = 0; c < d; ++c) t.data<double>()[n * d + c] = gs * colmax[c] * (2 + logits);
+  }
+  return t;
+}
+
 // GPU op in `dt` vs the CPU op in `ref` (F64, or F32 for the largest shapes)
 // on the same (bf16-rounded where dt is BF16) values; for BF16 also with bf16
 // logits against the same reference.
@@ -73,6 +97,19 @@ void check_ce(const CeCase& c, DType dt, DType ref, uint64_t seed) {
   CHECK(std::fabs(loss - loss_ref) / std::fabs(loss_ref) < (dt == DType::BF16 ? 1e-4 : 1e-5));
   CHECK(gt::rel_l2(gt::to_host_f32(dhd), dh_ref) < gt::tol(dt));
   CHECK(gt::rel_l2(gt::to_host_f32(dwd), dw_ref) < gt::tol(dt));
+  // Element-wise (gpu_testing.h): dh (bf16, one rounding of the stored sum:
+  // c_ref = 2) against the dlogits' terms above with c_terms = 2, twice the
+  // worst case. dw is fp32 but sums bf16 dlogits: its increment dw - dw0
+  // (dw0 ~ 0.3 would hide it) against the largest increment, c_terms = 4 (a
+  // stand-in: the terms gs sum_n |dz_nv| |h_nc| need the softmax, and the
+  // dlogits' roundings over n add like a random walk).
+  const Tensor dw0_64 = dw0.to(DType::F64);
+  const Tensor dw_inc_ref = gt::minus(dw_ref, dw0_64);
+  if (dt == DType::BF16) {
+    CHECK(gt::bf16_outliers(dt, gt::to_host_f32(dhd), dh_ref, 2, dh_terms(w, gs, c.N, {}), 2) == "");
+    CHECK(gt::bf16_outliers(dt, gt::minus(gt::to_host_f32(dwd), dw0_64), dw_inc_ref, 2,
+                            gt::max_abs(dw_inc_ref), 4) == "");
+  }
 
   // Loss only: the same loss bits; each gradient alone: the same gradient bits.
   const double loss_only = kern::lm_head_cross_entropy(hd, wd, tgd, nullptr, nullptr, 0.0);
@@ -103,6 +140,14 @@ void check_ce(const CeCase& c, DType dt, DType ref, uint64_t seed) {
   CHECK(std::fabs(loss16 - loss_ref) <= bound);
   CHECK(gt::rel_l2(gt::to_host_f32(dh16), dh_ref) < gt::kTolBF16);
   CHECK(gt::rel_l2(gt::to_host_f32(dw16), dw_ref) < gt::kTolBF16);
+  // Element-wise: dh with the bf16 logits' extra terms per row (dh_terms);
+  // dw's increment with the largest row's factor on the same stand-in as above.
+  double zmax_all = 0;
+  for (const double m : zmax) zmax_all = std::max(zmax_all, m);
+  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(dh16), dh_ref, 2, dh_terms(w, gs, c.N, zmax), 2) == "");
+  CHECK(gt::bf16_outliers(dt, gt::minus(gt::to_host_f32(dw16), dw0_64), dw_inc_ref, 2,
+                          gt::max_abs(dw_inc_ref),
+                          4 + 2 * std::ldexp(std::expm1(std::ldexp(zmax_all, -7)), 8)) == "");
   // Loss only, and each gradient alone: the same bits as all at once.
   const double loss16_only =
       kern::lm_head_cross_entropy(hd, wd, tgd, nullptr, nullptr, 0.0, kern::Store::Add, DType::BF16);

@@ -4,6 +4,7 @@
 // TF32) and BF16 (F32 dw), row-slice operands that are not 256-byte aligned,
 // the empty sum K = 0, and bitwise repeatability.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <vector>
 
 #include "gpu_testing.h"
@@ -41,24 +42,43 @@ void check_matmul(const MatmulCase& c, DType dt, uint64_t seed) {
   kern::matmul_forward(yacc_ref, x64, w64, &yacc_ref);
   Tensor dx_ref = dx0.to(DType::F64), dw_ref = dw0.to(DType::F64);
   kern::matmul_backward(&dx_ref, &dw_ref, dy64, x64, w64);
+  // The terms behind each element, for the element-wise bf16 bound
+  // (gpu_testing.h): the same ops on the magnitudes, |x| |W|^T, |y0| + |x|
+  // |W|^T, |dx0| + |dy| |W|. The GEMM accumulates exact bf16 x bf16
+  // products in fp32 (CUBLAS_COMPUTE_32F, split-K reductions in fp32 too:
+  // kernels/cuda/gemm.cu) and rounds the output to bf16 once, so an element
+  // is within 2^-8 |exact| + n 2^-23 (terms): c_ref = 2 and c_terms =
+  // n 2^-15 (n 2^-23 in units of 2^-8), n the number of terms summed.
+  const Tensor ax = testing::abs_of(x64), aw = testing::abs_of(w64);
+  Tensor y_terms = Tensor::empty({c.M, c.N}, DType::F64);
+  kern::matmul_forward(y_terms, ax, aw);
+  Tensor yacc_terms = testing::abs_of(y0.to(DType::F64));
+  kern::matmul_forward(yacc_terms, ax, aw, &yacc_terms);
+  Tensor dx_terms = testing::abs_of(dx0.to(DType::F64));
+  kern::matmul_backward(&dx_terms, nullptr, testing::abs_of(dy64), ax, aw);
+  const double fwd_terms = std::ldexp(double(c.K + 1), -15), bwd_terms = std::ldexp(double(c.N + 1), -15);
 
   Tensor y = gt::poisoned({c.M, c.N}, dt);
   kern::matmul_forward(y, xd, wd);
   CHECK(gt::rel_l2(gt::to_host_f32(y), yref) < tol);
+  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(y), yref, 2, y_terms, fwd_terms) == "");
 
   Tensor yacc = y0d.clone();
   kern::matmul_forward(yacc, xd, wd, &yacc);
   CHECK(gt::rel_l2(gt::to_host_f32(yacc), yacc_ref) < tol);
+  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(yacc), yacc_ref, 2, yacc_terms, fwd_terms) == "");
   // A separate residual, read by the GEMM's epilogue: the same sum, written
   // over poison, the residual untouched.
   Tensor yres = gt::poisoned({c.M, c.N}, dt);
   kern::matmul_forward(yres, xd, wd, &y0d);
   CHECK(gt::rel_l2(gt::to_host_f32(yres), yacc_ref) < tol);
+  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(yres), yacc_ref, 2, yacc_terms, fwd_terms) == "");
   CHECK(gt::same_bits(y0d, gt::to_device(y0, dt)));
 
   Tensor dx = dx0d.clone(), dw = dw0d.clone();
   kern::matmul_backward(&dx, &dw, dyd, xd, wd);
   CHECK(gt::rel_l2(gt::to_host_f32(dx), dx_ref) < tol);
+  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(dx), dx_ref, 2, dx_terms, bwd_terms) == "");
   // dw is F32 even for BF16 inputs: only the inputs' rounding (shared with
   // the reference) and fp32 accumulation separate it from the F64 result.
   CHECK(gt::rel_l2(gt::to_host_f32(dw), dw_ref) < gt::kTolF32 * (dt == DType::BF16 ? 10 : 1));
@@ -115,6 +135,11 @@ TEST_CASE("cuda matmul takes row slices that are not 256-byte aligned", "[gpu][m
     Tensor ref = Tensor::empty({M, N}, DType::F64);
     kern::matmul_forward(ref, x64, w.to(DType::F64));
     CHECK(gt::rel_l2(gt::to_host_f32(y), ref) < gt::tol(dt));
+    // Element-wise, as in check_matmul: the terms |x| |W|^T, one bf16 rounding.
+    Tensor y_terms = Tensor::empty({M, N}, DType::F64);
+    kern::matmul_forward(y_terms, testing::abs_of(x64), testing::abs_of(w.to(DType::F64)));
+    CHECK(gt::bf16_outliers(dt, gt::to_host_f32(y), ref, 2, y_terms, std::ldexp(double(K), -15)) ==
+          "");
 
     Tensor dy = gt::randn_f32({M, N}, 22);
     Tensor dyd = gt::to_device(dy, dt);
@@ -124,6 +149,11 @@ TEST_CASE("cuda matmul takes row slices that are not 256-byte aligned", "[gpu][m
     Tensor dx_ref = Tensor::zeros({M, K}, DType::F64);
     kern::matmul_backward(&dx_ref, nullptr, dy.to(DType::F64), x64, w.to(DType::F64));
     CHECK(gt::rel_l2(gt::to_host_f32(dx), dx_ref) < gt::tol(dt));
+    Tensor dx_terms = Tensor::zeros({M, K}, DType::F64);
+    kern::matmul_backward(&dx_terms, nullptr, testing::abs_of(dy.to(DType::F64)),
+                          testing::abs_of(x64), testing::abs_of(w.to(DType::F64)));
+    CHECK(gt::bf16_outliers(dt, gt::to_host_f32(dx), dx_ref, 2, dx_terms, std::ldexp(double(N), -15)) ==
+          "");
   }
 }
 

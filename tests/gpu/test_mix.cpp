@@ -66,6 +66,30 @@ std::vector<Tensor> rstds_f32(const MixSetup& s) {
   return r;
 }
 
+// For the element-wise bf16 bounds (gpu_testing.h). Every Mix kernel works
+// in fp32 (logits, softmax, sums) and rounds only what it stores to bf16, so
+// an element is within 2^-8 |exact| (c_ref = 2) plus fp32 differences, which
+// are relative to the terms behind it:
+// - a Mix output out[n, c] = sum_j a_nj v_j[n, c]: its terms sum_j a_nj
+//   |v_j[n, c]| (from the reference's probabilities, below), c_terms = 1,
+//   far above the fp32 errors of the GPU's own probabilities (~1e-5);
+// - gradients (the row passes' dot products and RMSNorm statistics cancel in
+//   ways the CPU ops do not expose): the largest increment as a tensor-wide
+//   stand-in (c_terms = 1 for bf16 stores of fp32 row results; 4 for the fp32
+//   dw / dgain, sums over all rows).
+// The terms of query q's output: sum_j probs[q, n, j] |src_j[n, c]|.
+Tensor mix_terms(const Tensor& probs, const std::vector<Tensor>& src64, int64_t q = 0) {
+  const int64_t kk = static_cast<int64_t>(src64.size()), N = src64[0].dim(0), d = src64[0].dim(1);
+  Tensor t = Tensor::zeros({N, d}, DType::F64);
+  for (int64_t j = 0; j < kk; ++j)
+    for (int64_t n = 0; n < N; ++n) {
+      const double a = testing::at(probs, (q * N + n) * kk + j);
+      for (int64_t c = 0; c < d; ++c)
+        t.data<double>()[n * d + c] += a * std::fabs(src64[j].data<double>()[n * d + c]);
+    }
+  return t;
+}
+
 void check_mix(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
   INFO("N=" << N << " d=" << d << " k=" << kk << " " << dtype_name(dt));
   const double tol = gt::tol(dt);
@@ -88,6 +112,7 @@ void check_mix(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
   Tensor out = gt::poisoned({N, d}, dt), probs = gt::poisoned({N, kk}, DType::F32);
   kern::mix_forward(out, probs, s.w_d, s.src_d, rs_d);
   CHECK(gt::rel_l2(gt::to_host_f32(out), out_ref) < tol);
+  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(out), out_ref, 2, mix_terms(probs_ref, src64), 1) == "");
   CHECK(gt::rel_l2(probs.to(Device::CPU), probs_ref) < gt::kTolF32);
 
   // backward: the same probs on both sides (the CPU's, rounded to F32);
@@ -97,7 +122,7 @@ void check_mix(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
   Tensor dout_d = gt::to_device(dout, dt);
   std::vector<Tensor> ds_h, ds_d, ds_ref;
   for (int64_t j = 0; j < kk; ++j) {
-    ds_h.push_back(gt::randn_f32({N, d}, seed + 3000 + j, 0.5));
+    ds_h.push_back(gt::randn_f32({N, d}, seed + 3000 + j, 0.5));  // rounded in place by to_device
     ds_d.push_back(gt::to_device(ds_h.back(), dt));
     ds_ref.push_back(ds_h.back().to(DType::F64));
   }
@@ -108,6 +133,8 @@ void check_mix(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
   for (int64_t j = 0; j < kk; ++j) {
     INFO("dsource " << j);
     CHECK(gt::rel_l2(gt::to_host_f32(ds_d[j]), ds_ref[j]) < tol);
+    CHECK(gt::bf16_outliers(dt, gt::to_host_f32(ds_d[j]), ds_ref[j], 2,
+                            gt::max_increment(ds_ref[j], ds_h[j]), 1) == "");
   }
   // dw - dw0 is the gradient proper: compare it, not the (random) start.
   Tensor dw_h = dw_d.to(Device::CPU);
@@ -118,6 +145,7 @@ void check_mix(int64_t N, int64_t d, int64_t kk, DType dt, uint64_t seed) {
   }
   // (The subtraction exposes dw's fp32 rounding at the start's magnitude.)
   CHECK(gt::rel_l2(g, g_ref) < (dt == DType::BF16 ? tol : 1e-4));
+  CHECK(gt::bf16_outliers(dt, g, g_ref, 2, gt::max_abs(g_ref), 4) == "");
 }
 
 }  // namespace
@@ -198,6 +226,10 @@ TEST_CASE("cuda mix backward adds every contribution into aliased dsources", "[g
       CHECK(gt::rel_l2(gt::to_host_f32(a_d), a_ref) < gt::tol(dt));
       CHECK(gt::rel_l2(gt::to_host_f32(b_d), b_ref) < gt::tol(dt));
       CHECK(gt::rel_l2(dw_d.to(Device::CPU), dw_ref) < gt::tol(dt));
+      // Element-wise, as in check_mix (a0, b0 were rounded in place by to_device).
+      CHECK(gt::bf16_outliers(dt, gt::to_host_f32(a_d), a_ref, 2, gt::max_increment(a_ref, a0), 1) == "");
+      CHECK(gt::bf16_outliers(dt, gt::to_host_f32(b_d), b_ref, 2, gt::max_increment(b_ref, b0), 1) == "");
+      CHECK(gt::bf16_outliers(dt, dw_d.to(Device::CPU), dw_ref, 2, gt::max_abs(dw_ref), 4) == "");
     }
 }
 
@@ -284,7 +316,11 @@ void check_group(int64_t N, int64_t d, int64_t kk, int64_t Q, DType dt, uint64_t
   Tensor probs = gt::poisoned({Q, N, kk}, DType::F32), lse = gt::poisoned({Q, N}, DType::F32);
   kern::mix_forward(out_ref, probs_ref, &lse_ref, w64, src64, rs64);
   kern::mix_forward(out_d, probs, &lse, w_d, s.src_d, rs_d);
-  for (int64_t q = 0; q < Q; ++q) CHECK(gt::rel_l2(gt::to_host_f32(out_d[q]), out_ref[q]) < tol);
+  for (int64_t q = 0; q < Q; ++q) {
+    CHECK(gt::rel_l2(gt::to_host_f32(out_d[q]), out_ref[q]) < tol);
+    CHECK(gt::bf16_outliers(dt, gt::to_host_f32(out_d[q]), out_ref[q], 2,
+                            mix_terms(probs_ref, src64, q), 1) == "");
+  }
   CHECK(gt::rel_l2(probs.to(Device::CPU), probs_ref) < gt::kTolF32);
   CHECK(gt::rel_l2(lse.to(Device::CPU), lse_ref) < gt::kTolF32);
 
@@ -298,10 +334,12 @@ void check_group(int64_t N, int64_t d, int64_t kk, int64_t Q, DType dt, uint64_t
     dw_d.push_back(Tensor::zeros({d}, DType::F32, Device::CUDA));
     dw_ref.push_back(Tensor::zeros({d}, DType::F64));
   }
+  std::vector<Tensor> ds0_64;
   for (int64_t j = 0; j < kk; ++j) {
     Tensor ds0 = gt::randn_f32({N, d}, seed + 300 + j, 0.5);
     ds_d.push_back(gt::to_device(ds0, dt));
     ds_ref.push_back(ds0.to(DType::F64));
+    ds0_64.push_back(ds_ref.back().clone());
   }
   Tensor dlse = gt::randn_f32({Q, N}, seed + 400);
   const Tensor dlse64 = dlse.to(DType::F64);
@@ -311,10 +349,13 @@ void check_group(int64_t N, int64_t d, int64_t kk, int64_t Q, DType dt, uint64_t
   for (int64_t j = 0; j < kk; ++j) {
     INFO("dsource " << j);
     CHECK(gt::rel_l2(gt::to_host_f32(ds_d[j]), ds_ref[j]) < tol);
+    CHECK(gt::bf16_outliers(dt, gt::to_host_f32(ds_d[j]), ds_ref[j], 2,
+                            gt::max_increment(ds_ref[j], ds0_64[j]), 1) == "");
   }
   for (int64_t q = 0; q < Q; ++q) {
     INFO("dw " << q);
     CHECK(gt::rel_l2(dw_d[q].to(Device::CPU), dw_ref[q]) < tol);
+    CHECK(gt::bf16_outliers(dt, dw_d[q].to(Device::CPU), dw_ref[q], 2, gt::max_abs(dw_ref[q]), 4) == "");
   }
 }
 
@@ -336,8 +377,8 @@ void check_merge(int64_t N, int64_t d, int64_t m, DType dt, uint64_t seed) {
     e_d.push_back(gt::to_device(e[j], dt));
     e64.push_back(e[j].to(DType::F64));
     de0.push_back(gt::randn_f32({N, d}, seed + 40 + j, 0.5));
+    de_d.push_back(gt::to_device(de0[j], dt));  // rounds de0[j] in place first
     de_ref.push_back(de0[j].to(DType::F64));
-    de_d.push_back(gt::to_device(de0[j], dt));
   }
   const Tensor o_d = gt::to_device(o, dt), w_d = gt::to_device(w, dt);
   const Tensor g_d = gt::to_device(g, dt), lse_d = lse.to(Device::CUDA);
@@ -347,11 +388,15 @@ void check_merge(int64_t N, int64_t d, int64_t m, DType dt, uint64_t seed) {
   Tensor u = gt::poisoned({N, d}, dt), st = gt::poisoned({N, ns}, DType::F32);
   kern::mix_merge_norm_forward(u, st, w_d, o_d, lse_d, e_d, g_d, kMixEps);
   CHECK(gt::rel_l2(gt::to_host_f32(u), u_ref) < tol);
+  // u = g x rstd(x), x the merged row: relative to the row's terms, for which
+  // the tensor-wide max |u| stands in (see mix_terms' comment).
+  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(u), u_ref, 2, gt::max_abs(u_ref), 1) == "");
   CHECK(gt::rel_l2(st.to(Device::CPU), st_ref) < gt::kTolF32);
 
   // Backward from the CPU's stats (rounded to F32) on both sides.
   const Tensor st32 = st_ref.to(DType::F32);
   Tensor du = gt::randn_f32({N, d}, seed + 4);
+  const Tensor du_d = gt::to_device(du, dt);  // rounds du in place: both sides read the same values
   Tensor do_ref = Tensor::empty({N, d}, DType::F64), dlse_ref = Tensor::empty({N}, DType::F64);
   Tensor dw_ref = Tensor::zeros({d}, DType::F64), dg_ref = Tensor::zeros({d}, DType::F64);
   kern::mix_merge_norm_backward(do_ref, dlse_ref, de_ref, dw_ref, dg_ref, du.to(DType::F64), w64,
@@ -359,16 +404,22 @@ void check_merge(int64_t N, int64_t d, int64_t m, DType dt, uint64_t seed) {
   Tensor do_d = gt::poisoned({N, d}, dt), dlse_d = gt::poisoned({N}, DType::F32);
   Tensor dw_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
   Tensor dg_d = Tensor::zeros({d}, DType::F32, Device::CUDA);
-  kern::mix_merge_norm_backward(do_d, dlse_d, de_d, dw_d, dg_d, gt::to_device(du, dt), w_d, o_d, e_d,
+  kern::mix_merge_norm_backward(do_d, dlse_d, de_d, dw_d, dg_d, du_d, w_d, o_d, e_d,
                              g_d, st32.to(Device::CUDA));
   CHECK(gt::rel_l2(gt::to_host_f32(do_d), do_ref) < tol);
   CHECK(gt::rel_l2(dlse_d.to(Device::CPU), dlse_ref) < tol);
+  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(do_d), do_ref, 2, gt::max_abs(do_ref), 1) == "");
+  CHECK(gt::bf16_outliers(dt, dlse_d.to(Device::CPU), dlse_ref, 2, gt::max_abs(dlse_ref), 1) == "");
   for (int64_t j = 0; j < m; ++j) {
     INFO("recent source " << j);
     CHECK(gt::rel_l2(gt::to_host_f32(de_d[j]), de_ref[j]) < tol);
+    CHECK(gt::bf16_outliers(dt, gt::to_host_f32(de_d[j]), de_ref[j], 2,
+                            gt::max_increment(de_ref[j], de0[j]), 1) == "");
   }
   CHECK(gt::rel_l2(dw_d.to(Device::CPU), dw_ref) < tol);
   CHECK(gt::rel_l2(dg_d.to(Device::CPU), dg_ref) < tol);
+  CHECK(gt::bf16_outliers(dt, dw_d.to(Device::CPU), dw_ref, 2, gt::max_abs(dw_ref), 4) == "");
+  CHECK(gt::bf16_outliers(dt, dg_d.to(Device::CPU), dg_ref, 2, gt::max_abs(dg_ref), 4) == "");
 }
 
 }  // namespace

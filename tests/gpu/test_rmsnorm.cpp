@@ -38,6 +38,10 @@ TEST_CASE("cuda rmsnorm forward matches the CPU", "[gpu][rmsnorm]") {
           Tensor y_cpu = Tensor::empty({s.N, s.d}), rstd_cpu = Tensor::empty({s.N});
           kern::rmsnorm_forward(y_cpu, rstd_cpu, x.host, with_gain ? &g.host : nullptr, eps);
           REQUIRE(rel_l2(to_host_f32(y), y_cpu) < tol(dt));
+          // Element-wise (gpu_testing.h): y = x rstd g is a product, its error
+          // relative to itself: one bf16 rounding (2^-8 |y|) and rstd's fp32
+          // summation order (the 1e-5 below), so c_ref = 2 and no terms.
+          REQUIRE(bf16_outliers(dt, to_host_f32(y), y_cpu, 2, 0.0, 0) == "");
           // rstd is fp32 from the same (rounded) inputs: only the summation order differs.
           REQUIRE(rel_l2(to_host_f32(rstd), rstd_cpu) < 1e-5);
           if (dt == DType::F32) REQUIRE(rel_l2(to_host_f32(y), y_cpu) < 1e-6);
@@ -69,6 +73,7 @@ TEST_CASE("cuda rmsnorm backward matches the CPU and repeats bit for bit", "[gpu
           Pair dx0 = random_pair({s.N, s.d}, dt, 14, offset);
           Pair dg0 = random_pair({s.d}, DType::F32, 15, offset);  // dgain is fp32 for bf16 too
 
+          const Tensor dx_start = dx0.host.clone();
           Tensor dx_cpu = dx0.host.clone(), dg_cpu = dg0.host.clone();
           kern::rmsnorm_backward(dx_cpu, with_dgain ? &dg_cpu : nullptr, dy.host, x.host, rstd_cpu,
                               with_gain ? &g.host : nullptr);
@@ -91,6 +96,11 @@ TEST_CASE("cuda rmsnorm backward matches the CPU and repeats bit for bit", "[gpu
             }
           }
           REQUIRE(rel_l2(to_host_f32(dx_gpu[0]), dx_cpu) < tol(dt));
+          // Element-wise: dx = dx0 + rstd (g dy - x rstd^2 mean(g dy x)) in fp32,
+          // stored once in bf16 (c_ref = 2); the bracket cancels, so the largest
+          // increment stands in for its terms (gpu_testing.h), c_terms = 1.
+          REQUIRE(bf16_outliers(dt, to_host_f32(dx_gpu[0]), dx_cpu, 2,
+                                max_increment(dx_cpu, dx_start), 1) == "");
           if (dt == DType::F32) REQUIRE(rel_l2(to_host_f32(dx_gpu[0]), dx_cpu) < 1e-5);
           // dgain: fp32 products summed in a fixed order, against the CPU's
           // fp32 products summed in double. Untouched without a dgain.

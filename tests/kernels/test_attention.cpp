@@ -138,7 +138,7 @@ TEST_CASE("attention backward matches finite differences across query blocks", "
   REQUIRE(fd_check(x.v, g.dv, loss, kH, kFloor) < 1e-6);
 }
 
-TEST_CASE("attention backward accumulates; float32 agrees with float64", "[kernels]") {
+TEST_CASE("attention backward accumulates, and float32 agrees with float64", "[kernels]") {
   for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)}) {
     const kern::AttnShape s{2, 77, 4, Hkv, 8};
     Qkv x = random_qkv(s, 40 + Hkv);

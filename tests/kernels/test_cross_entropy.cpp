@@ -60,7 +60,7 @@ TEST_CASE("cross-entropy gradients match finite differences (float64)", "[kernel
   CHECK(fd_check(w, dw, f, 1e-5, 1e-7) < 1e-6);
 }
 
-TEST_CASE("cross-entropy accumulates into dh and dw; float32 agrees with float64", "[kernels]") {
+TEST_CASE("cross-entropy accumulates into dh and dw, and float32 agrees with float64", "[kernels]") {
   const int64_t N = 40, d = 16, V = 37;
   Tensor h = randn({N, d}, 7), w = randn({V, d}, 8, DType::F64, 0.3);
   Tensor t = random_tokens(N, V, 9);

@@ -27,7 +27,7 @@ Tensor naive_xwt(const Tensor& x, const Tensor& w) {
 
 }  // namespace
 
-TEST_CASE("matmul forward matches a triple loop; accumulate adds", "[kernels]") {
+TEST_CASE("matmul forward matches a triple loop, and accumulate adds", "[kernels]") {
   const int64_t M = 7, N = 5, K = 12;
   Tensor x = randn({M, K}, 1), w = randn({N, K}, 2);
   Tensor y = Tensor::empty({M, N}, DType::F64);
@@ -78,7 +78,7 @@ TEST_CASE("matmul backward matches finite differences", "[kernels]") {
   REQUIRE(max_rel_diff(dw_only, dw) == 0);
 }
 
-TEST_CASE("matmul backward accumulates; float32 agrees with float64", "[kernels]") {
+TEST_CASE("matmul backward accumulates, and float32 agrees with float64", "[kernels]") {
   const int64_t M = 9, N = 11, K = 13;
   Tensor x = randn({M, K}, 7), w = randn({N, K}, 8), dy = randn({M, N}, 9);
   Tensor dx = Tensor::zeros({M, K}, DType::F64), dw = Tensor::zeros({N, K}, DType::F64);

@@ -146,7 +146,7 @@ TEST_CASE("mix with one source is the identity", "[kernels]") {
   }
 }
 
-TEST_CASE("mix backward accumulates; float32 agrees with float64", "[kernels]") {
+TEST_CASE("mix backward accumulates, and float32 agrees with float64", "[kernels]") {
   const int64_t N = 37, d = 24, k = 5;
   std::vector<Tensor> src = random_sources(k, N, d, 40);
   Tensor w = randn({d}, 41), dout = randn({N, d}, 42);

@@ -62,7 +62,7 @@ TEST_CASE("rmsnorm backward matches finite differences", "[kernels]") {
   }
 }
 
-TEST_CASE("rmsnorm backward accumulates; float32 agrees with float64", "[kernels]") {
+TEST_CASE("rmsnorm backward accumulates, and float32 agrees with float64", "[kernels]") {
   const int64_t N = 7, d = 12;
   Tensor x = randn({N, d}, 6), g = randn({d}, 7), dy = randn({N, d}, 8);
   Tensor y = Tensor::empty({N, d}, DType::F64), r = Tensor::empty({N}, DType::F64);

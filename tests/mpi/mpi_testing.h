@@ -3,6 +3,7 @@
 // reduced over all ranks first) so that all ranks pass or fail together and
 // rank 0's report says what happened. Only rank 0 writes to stdout.
 #pragma once
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <string>
@@ -28,8 +29,10 @@ inline void guarded(const std::function<void()>& body) {
   }
 }
 
-// Largest value over all ranks (for differences).
+// Largest value over all ranks (for differences). A NaN on any rank makes
+// the result infinite: MPI_MAX may drop a NaN, depending on rank order.
 inline double max_over_ranks(double v) {
+  if (std::isnan(v)) v = INFINITY;
   world().allreduce_max(&v, 1);
   return v;
 }

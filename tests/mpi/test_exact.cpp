@@ -12,6 +12,7 @@
 #include <map>
 
 #include "core/rng.h"
+#include "core/worst.h"
 #include "kernels/reduce.h"
 #include "model/model.h"
 #include "model/model_testing.h"
@@ -193,23 +194,23 @@ void check_layout(const Layout& L) {
           const parallel::ZeroShard* z = rt.zero_shard(v);
           for (size_t i = 0; i < ps.size(); ++i) {
             const Tensor& want = ref.grads.at(ps[i].name);
-            grad_diff = std::max(grad_diff, z ? max_rel(z->owned_view(i, ps[i].grad),
-                                                        z->owned_view(i, want))
-                                              : max_rel(ps[i].grad, want));
+            grad_diff = nan_max(grad_diff, z ? max_rel(z->owned_view(i, ps[i].grad),
+                                                       z->owned_view(i, want))
+                                             : max_rel(ps[i].grad, want));
           }
         }
       for (auto& o : opts) o->step(optimizer().lr, norm);
       rt.gather_updated_weights();
       if (st.loss_sum * scale != ref.losses[k] || norm != ref.norms[k]) bitwise = 0;
-      loss_diff = std::max(loss_diff, rel(st.loss_sum * scale, ref.losses[k]));
-      norm_diff = std::max(norm_diff, rel(norm, ref.norms[k]));
+      loss_diff = nan_max(loss_diff, rel(st.loss_sum * scale, ref.losses[k]));
+      norm_diff = nan_max(norm_diff, rel(norm, ref.norms[k]));
       bytes_seen = st.pp_bytes;
       if (st.pp_bytes != bytes_expected) ++bytes_wrong;
     }
     // Final weights: every parameter this rank holds, including the tied copy.
     for (model::Param* p : rt.model().params()) {
       const double d = max_rel(p->value, ref.weights.at(p->name));
-      weight_diff = std::max(weight_diff, d);
+      weight_diff = nan_max(weight_diff, d);
       if (d != 0) bitwise = 0;
       ++compared;
     }

@@ -2,6 +2,7 @@
 // refuses before any work when the job does not match the layout.
 #include <catch2/catch.hpp>
 
+#include "config_testing.h"
 #include "core/error.h"
 #include "parallel/mpi.h"
 #include "temp_dir.h"
@@ -11,6 +12,8 @@
 using namespace attnres;
 using train::Config;
 using train::json;
+
+using testing::config_error;
 
 namespace {
 
@@ -22,35 +25,26 @@ json base() {
     "data": {"train": "train.bin"}})");
 }
 
-std::string error_of(const json& j) {
-  try {
-    Config::from_json(j, "cfg.json").validate();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("parallel keys: valid layouts pass, impossible ones name the key", "[config]") {
   json j = base();
   j["parallel"] = {{"pipeline", 4}, {"virtual_stages", 2}, {"data", 2}, {"cache_blocks", false}};
-  CHECK(error_of(j).empty());
+  CHECK(config_error(j).empty());
   j["parallel"] = {{"pipeline", 4}, {"virtual_stages", 3}};  // 12 chunks > 8 layers
-  CHECK_THAT(error_of(j), Catch::Contains("exceed model.n_layers"));
+  CHECK_THAT(config_error(j), Catch::Contains("exceed model.n_layers"));
   j["parallel"] = {{"pipeline", 3}, {"virtual_stages", 2}};  // 4 microbatches % 3
-  CHECK_THAT(error_of(j), Catch::Contains("training.grad_accum"));
+  CHECK_THAT(config_error(j), Catch::Contains("training.grad_accum"));
   j["parallel"] = {{"pipeline", 1}, {"virtual_stages", 2}};
-  CHECK_THAT(error_of(j), Catch::Contains("parallel.virtual_stages"));
+  CHECK_THAT(config_error(j), Catch::Contains("parallel.virtual_stages"));
   j["parallel"] = {{"data", 0}};
-  CHECK_THAT(error_of(j), Catch::Contains("parallel.data"));
+  CHECK_THAT(config_error(j), Catch::Contains("parallel.data"));
   j["parallel"] = {{"transport", "gloo"}};
-  CHECK_THAT(error_of(j), Catch::Contains("parallel.transport"));
+  CHECK_THAT(config_error(j), Catch::Contains("parallel.transport"));
   j["parallel"] = {{"transport", "nccl"}};  // on the cpu
-  CHECK_THAT(error_of(j), Catch::Contains("training.device"));
+  CHECK_THAT(config_error(j), Catch::Contains("training.device"));
   j["parallel"] = {{"transport", "mpi"}, {"pipeline", 2}};
-  CHECK(error_of(j).empty());
+  CHECK(config_error(j).empty());
   // The resolved config carries the key and round-trips.
   Config c = Config::from_json(j, "cfg");
   CHECK(c.to_json()["parallel"]["transport"] == "mpi");

@@ -21,7 +21,7 @@ StepCosts with_messages(const ScheduleSpec& s, double msg_time) {
 
 }  // namespace
 
-TEST_CASE("NCCL with a stream per link: the bubble is (P-1)/(VM); rendezvous costs nothing",
+TEST_CASE("NCCL with a stream per link: the bubble is (P-1)/(VM), and rendezvous costs nothing",
           "[simulator]") {
   int checked = 0;
   for (int P : {2, 4, 8})
@@ -92,7 +92,7 @@ TEST_CASE("ranks sharing cores slow each other down (processor sharing)", "[simu
   CHECK(simulate(s, pipeline_schedule(s), CommModel::Mpi, c).makespan == Approx(9.0));
 }
 
-TEST_CASE("gradient sums start at a chunk's last backward; the update follows them",
+TEST_CASE("gradient sums start at a chunk's last backward, and the update follows them",
           "[simulator]") {
   // P = 1, V = 2: both chunks on one rank (messages to itself).
   // F0 0-1, F1 1-2, B1 2-4, B0 4-6. Chunk 1's sum runs 4-14, chunk 0's 14-15.

@@ -2,8 +2,14 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "config_testing.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/lr_schedule.h"
@@ -11,6 +17,8 @@
 using namespace attnres;
 using train::Config;
 using train::json;
+
+using testing::config_error;
 
 namespace {
 
@@ -22,80 +30,148 @@ json base() {
     "data": {"train": "train.bin"}})");
 }
 
-std::string error_of(const json& j) {
-  try {
-    Config::from_json(j, "cfg.json").validate();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("a config with every key parses", "[train]") {
-  json j = json::parse(R"(
-{"model": {"vocab_size": 97, "d_model": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2,
-           "d_ff": 80, "norm_eps": 1e-5, "rope_theta": 10000.0, "tie_embeddings": false,
-           "residual": {"mode": "block", "block_size": 2}, "init_from": "init.safetensors"},
- "optimizer": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
-               "grad_clip": 1.0},
- "schedule": {"type": "cosine", "warmup_steps": 3, "min_lr_ratio": 0.1, "decay_ratio": 0.2},
- "training": {"steps": 8, "micro_batch_size": 2, "seq_len": 16, "grad_accum": 1, "seed": 1,
-              "device": "cpu", "precision": "fp32"},
- "data": {"train": "train.bin", "val": "val.bin", "shuffle": false},
- "parallel": {"pipeline": 1, "virtual_stages": 1, "data": 1, "cache_blocks": true},
- "checkpoint": {"dir": "ckpt", "every": 4, "keep_last": 2, "resume": "never", "save_initial": false},
- "eval": {"every": 0, "batches": 4},
- "run": {"dir": "run", "log_every": 1}})");
-  Config c = Config::from_json(j, "example.json");
-  c.validate();
-  CHECK(c.model.block_size == 2);
-  CHECK(c.model.init_from == "init.safetensors");
-  CHECK(c.checkpoint.keep_last == 2);
-  // The resolved config round-trips.
-  Config again = Config::from_json(c.to_json(), "resolved");
-  CHECK(again.to_json() == c.to_json());
+  // Every key the parser declares, from its own enumeration (the key table
+  // that for_each_key in src/train/config.cpp feeds to the parser, the
+  // serialiser and config_reference_table): a key added there without a
+  // value here fails below, naming it.
+  std::vector<std::pair<std::string, std::string>> declared;  // key, JSON type
+  {
+    std::istringstream rows(train::config_reference_table());
+    std::string row;
+    while (std::getline(rows, row)) {
+      if (row.rfind("| `", 0) != 0) continue;  // the header and its rule
+      const size_t end = row.find('`', 3);
+      const size_t type_end = row.find(" |", end + 4);
+      declared.emplace_back(row.substr(3, end - 3), row.substr(end + 4, type_end - end - 4));
+    }
+  }
+  REQUIRE(declared.size() >= 50);
+
+  // A value for each key, none of them its default (so a key the parser did
+  // not read would come back as the default), all valid together, except
+  // that block_size and n_blocks exclude each other (checked after).
+  const std::map<std::string, json> value = {
+      {"model.vocab_size", 97}, {"model.d_model", 32}, {"model.n_layers", 4}, {"model.n_heads", 4},
+      {"model.n_kv_heads", 2}, {"model.d_ff", 80}, {"model.norm_eps", 1e-6},
+      {"model.rope_theta", 50000.0}, {"model.tie_embeddings", true}, {"model.residual.mode", "block"},
+      {"model.residual.block_size", 2}, {"model.residual.n_blocks", 3},
+      {"model.init_from", "init.safetensors"},
+      {"optimizer.lr", 3e-4}, {"optimizer.beta1", 0.8}, {"optimizer.beta2", 0.99},
+      {"optimizer.eps", 1e-7}, {"optimizer.weight_decay", 0.05}, {"optimizer.grad_clip", 0.5},
+      {"schedule.type", "wsd"}, {"schedule.warmup_steps", 3}, {"schedule.min_lr_ratio", 0.2},
+      {"schedule.decay_ratio", 0.3},
+      {"training.steps", 8}, {"training.micro_batch_size", 2}, {"training.seq_len", 16},
+      {"training.grad_accum", 4}, {"training.seed", 7}, {"training.device", "cuda"},
+      {"training.precision", "bf16"}, {"training.logits", "bf16"}, {"training.recompute", "mix"},
+      {"training.peak_tflops", 500.0},
+      {"data.train", "train.bin"}, {"data.val", "val.bin"}, {"data.tokenizer", "tok.json"},
+      {"data.shuffle", true},
+      {"parallel.pipeline", 2}, {"parallel.virtual_stages", 2}, {"parallel.data", 3},
+      {"parallel.cache_blocks", false}, {"parallel.zero", 1}, {"parallel.transport", "nccl"},
+      {"checkpoint.dir", "ckpt"}, {"checkpoint.every", 4}, {"checkpoint.keep_last", 2},
+      {"checkpoint.resume", "auto"}, {"checkpoint.sharded", false}, {"checkpoint.save_initial", true},
+      {"eval.every", 2}, {"eval.batches", 5}, {"eval.tasks", "hellaswag:hs.jsonl"},
+      {"eval.task_examples", 10},
+      {"run.dir", "run2"}, {"run.log_every", 3}, {"run.stop_after", 6}, {"run.depth_stats_every", 2},
+  };
+  // The value's JSON at a dotted key of a config.
+  auto at_key = [](const json& root, const std::string& key) -> const json* {
+    const json* v = &root;
+    std::istringstream parts(key);
+    std::string part;
+    while (std::getline(parts, part, '.')) {
+      if (!v->is_object() || !v->contains(part)) return nullptr;
+      v = &(*v)[part];
+    }
+    return v;
+  };
+  const json defaults = Config().to_json();  // keys at their default (unset ones left out)
+  json j;
+  for (const auto& [key, type] : declared) {
+    INFO("config key " << key << " (" << type << ")");
+    const auto it = value.find(key);
+    REQUIRE(it != value.end());  // a new key: give it a value above
+    const json& v = it->second;
+    CHECK((type == "integer"  ? v.is_number_integer()
+           : type == "number" ? v.is_number()
+           : type == "bool"   ? v.is_boolean()
+                              : type == "string" && v.is_string()));
+    const json* def = at_key(defaults, key);
+    CHECK((def == nullptr || *def != v));  // not the default
+    json* node = &j;
+    std::istringstream parts(key);
+    std::string part;
+    while (std::getline(parts, part, '.')) node = &(*node)[part];
+    *node = v;
+  }
+  CHECK(value.size() == declared.size());  // no value for a key that does not exist
+
+  // Each value is read and comes back in the resolved config, and the
+  // resolved config round-trips.
+  const Config c = Config::from_json(j, "example.json");
+  const json resolved = c.to_json();
+  for (const auto& [key, type] : declared) {
+    INFO("config key " << key);
+    const json* got = at_key(resolved, key);
+    REQUIRE(got != nullptr);
+    CHECK(*got == value.at(key));
+  }
+  CHECK(Config::from_json(resolved, "resolved").to_json() == resolved);
+
+  // And it validates once one of block_size / n_blocks is left out, where
+  // the build has the CUDA backend the device, precision, logits and
+  // transport values above need.
+  json one = j;
+  one["model"]["residual"].erase("n_blocks");
+  const Config valid = Config::from_json(one, "example.json");
+  if (cuda::compiled())
+    CHECK_NOTHROW(valid.validate());
+  else
+    CHECK_THROWS_WITH(valid.validate(), Catch::Contains("no CUDA backend"));
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("exactly one"));
 }
 
 TEST_CASE("config errors name the key", "[train]") {
   json j = base();
   j["model"]["colour"] = 1;
-  CHECK_THAT(error_of(j), Catch::Contains("model.colour"));
+  CHECK_THAT(config_error(j), Catch::Contains("model.colour"));
   j = base();
   j["training"]["steps"] = "many";
-  CHECK_THAT(error_of(j), Catch::Contains("training.steps"));
+  CHECK_THAT(config_error(j), Catch::Contains("training.steps"));
   j = base();
   j["model"]["n_heads"] = 5;
-  CHECK_THAT(error_of(j), Catch::Contains("model.n_heads"));
+  CHECK_THAT(config_error(j), Catch::Contains("model.n_heads"));
   j = base();
   j["model"]["n_kv_heads"] = 3;
-  CHECK_THAT(error_of(j), Catch::Contains("model.n_kv_heads"));
+  CHECK_THAT(config_error(j), Catch::Contains("model.n_kv_heads"));
   j = base();
   j["model"]["residual"] = {{"mode", "dense"}};
-  CHECK_THAT(error_of(j), Catch::Contains("model.residual.mode"));
+  CHECK_THAT(config_error(j), Catch::Contains("model.residual.mode"));
   j = base();
   j["model"]["residual"] = {{"mode", "block"}, {"block_size", 2}, {"n_blocks", 3}};
-  CHECK_THAT(error_of(j), Catch::Contains("exactly one"));
+  CHECK_THAT(config_error(j), Catch::Contains("exactly one"));
   j = base();
   j["model"]["d_model"] = 36;  // head dim 9: odd
-  CHECK_THAT(error_of(j), Catch::Contains("even"));
+  CHECK_THAT(config_error(j), Catch::Contains("even"));
   j = base();
   j["schedule"] = {{"type", "linear"}};
-  CHECK_THAT(error_of(j), Catch::Contains("schedule.type"));
+  CHECK_THAT(config_error(j), Catch::Contains("schedule.type"));
   j = base();
   j["data"].erase("train");
-  CHECK_THAT(error_of(j), Catch::Contains("data.train"));
+  CHECK_THAT(config_error(j), Catch::Contains("data.train"));
   j = base();
   j["parallel"] = {{"pipeline", 2}, {"virtual_stages", 2}};
-  CHECK_THAT(error_of(j), Catch::Contains("exceed model.n_layers"));  // 4 chunks, 3 layers
+  CHECK_THAT(config_error(j), Catch::Contains("exceed model.n_layers"));  // 4 chunks, 3 layers
   j["model"]["n_layers"] = 4;
   j["training"]["grad_accum"] = 3;
-  CHECK_THAT(error_of(j), Catch::Contains("training.grad_accum"));
+  CHECK_THAT(config_error(j), Catch::Contains("training.grad_accum"));
   j = base();
   j["eval"] = {{"every", 2}};
-  CHECK_THAT(error_of(j), Catch::Contains("data.val"));
-  CHECK(error_of(base()).empty());
+  CHECK_THAT(config_error(j), Catch::Contains("data.val"));
+  CHECK(config_error(base()).empty());
 }
 
 TEST_CASE("overrides set nested keys with JSON or bare-string values", "[train]") {
@@ -159,13 +235,13 @@ TEST_CASE("docs/config.md's key table is the one the parser declares", "[train]"
 TEST_CASE("enum-valued keys take exactly their names", "[train]") {
   json j = base();
   j["training"]["device"] = "CUDA";
-  CHECK_THAT(error_of(j), Catch::Contains("training.device") && Catch::Contains("cpu, cuda"));
+  CHECK_THAT(config_error(j), Catch::Contains("training.device") && Catch::Contains("cpu, cuda"));
   j = base();
   j["schedule"] = {{"type", 3}};
-  CHECK_THAT(error_of(j), Catch::Contains("schedule.type") && Catch::Contains("constant, cosine, wsd"));
+  CHECK_THAT(config_error(j), Catch::Contains("schedule.type") && Catch::Contains("constant, cosine, wsd"));
   j = base();
   j["parallel"] = {{"transport", "nccl"}};  // NCCL moves device memory
-  CHECK_THAT(error_of(j), Catch::Contains("needs training.device"));
+  CHECK_THAT(config_error(j), Catch::Contains("needs training.device"));
   j = base();
   j["training"]["precision"] = "bf16";
   j["training"]["device"] = "cuda";
@@ -176,7 +252,7 @@ TEST_CASE("enum-valued keys take exactly their names", "[train]") {
   CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
 }
 
-TEST_CASE("training.logits: auto follows the precision; bf16 only in a bf16 run", "[train]") {
+TEST_CASE("training.logits: auto follows the precision, and bf16 only in a bf16 run", "[train]") {
   json j = base();
   Config c = Config::from_json(j, "cfg.json");
   CHECK(c.training.logits == train::Logits::Auto);
@@ -186,13 +262,13 @@ TEST_CASE("training.logits: auto follows the precision; bf16 only in a bf16 run"
   CHECK(train::logit_dtype(train::Logits::F32, DType::BF16) == DType::F32);
   CHECK(train::logit_dtype(train::Logits::BF16, DType::BF16) == DType::BF16);
   j["training"]["logits"] = "fp32";
-  CHECK(error_of(j).empty());
+  CHECK(config_error(j).empty());
   CHECK(Config::from_json(j, "cfg.json").training.logits == train::Logits::F32);
   j["training"]["logits"] = "bf16";  // on the cpu, in fp32
-  CHECK_THAT(error_of(j), Catch::Contains("config key training.logits") &&
+  CHECK_THAT(config_error(j), Catch::Contains("config key training.logits") &&
                               Catch::Contains("needs training.precision = \"bf16\""));
   j["training"]["logits"] = "BF16";
-  CHECK_THAT(error_of(j), Catch::Contains("training.logits") && Catch::Contains("auto, fp32, bf16"));
+  CHECK_THAT(config_error(j), Catch::Contains("training.logits") && Catch::Contains("auto, fp32, bf16"));
   j["training"]["logits"] = "bf16";
   j["training"]["precision"] = "bf16";
   j["training"]["device"] = "cuda";

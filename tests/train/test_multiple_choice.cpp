@@ -118,7 +118,7 @@ TEST_CASE("the runtime's padded rows score each ending as the model alone does",
   CHECK(scores.acc_norm == again.acc_norm);
 }
 
-TEST_CASE("eval.tasks config: needs data.tokenizer; evaluation without data.val", "[train]") {
+TEST_CASE("eval.tasks config: needs data.tokenizer, and evaluation without data.val", "[train]") {
   auto error_of = [](const train::json& j) -> std::string {
     try {
       train::Config::from_json(j, "cfg.json").validate();

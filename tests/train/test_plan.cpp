@@ -62,7 +62,7 @@ TEST_CASE("one GPU: the step is its FLOPs at the profile's efficiency, plus the 
   CHECK(p.sim.bubble == Approx(0).margin(1e-12));
 }
 
-TEST_CASE("pipelines: cached blocks never lose to naive ones; AttnRes costs over baseline",
+TEST_CASE("pipelines: cached blocks never lose to naive ones, and AttnRes costs over baseline",
           "[plan]") {
   const Config block = gpu_config(model::ResidualMode::Block);
   const Config base = gpu_config(model::ResidualMode::Baseline);

@@ -114,14 +114,26 @@ TEST_CASE("sweep plan: sizes x modes x budgets with names, steps and compute", "
   CHECK(r.config.checkpoint.dir == r.dir + "/ckpt");
   CHECK(r.config.checkpoint.resume == "auto");
   CHECK(r.config.eval.every == 31);  // the final eval runs before the final checkpoint
-  CHECK(r.params == model::non_embedding_params(r.config.model));
-  CHECK(r.flops == 6.0 * r.params * r.tokens);
+  // The scaling-law N and C = 6 N D, counted by hand (and checked with a few
+  // lines of Python), not by the code under test: size a is d 16, 1 layer,
+  // H 2 of head dim 8 with one KV head, d_ff 32; N leaves out the embedding
+  // and the LM head. Per layer: two gains 2 x 16, q 16 x 16 = 256, k and v
+  // 8 x 16 = 128 each, o 256, gate, up, down 3 x 32 x 16 = 1536: 2336; the
+  // final norm 16: N = 2352. C = 6 x 2352 x 992 tokens = 13,999,104.
+  CHECK(r.params == 2352);
+  CHECK(r.flops == 13999104.0);
 
   const SweepRun& blk = plan.runs[8];  // b_block_n2_640: 4 sublayers in 2 blocks
   CHECK(blk.config.model.mode == model::ResidualMode::Block);
   CHECK(blk.config.model.resolved_block_size() == 2);
-  CHECK(blk.params == plan.runs[7].params);  // same queries as full
-  CHECK(blk.params > plan.runs[6].params);   // the AttnRes queries count
+  // Size b by hand: d 24, 2 layers, head dim 12, d_ff 48. Per layer 2 x 24 +
+  // 576 + 2 x 288 + 576 + 3 x 1152 = 5232, x 2 + the final norm 24 = 10488
+  // for the baseline; AttnRes adds a query per sublayer and the final one,
+  // 5 x 24 = 120: 10608, the same for full and block (the queries count).
+  CHECK(plan.runs[6].params == 10488);  // b_baseline_640
+  CHECK(plan.runs[7].params == 10608);  // b_full_640
+  CHECK(blk.params == 10608);
+  CHECK(blk.flops == 40734720.0);  // 6 x 10608 x 640
 
   // Overrides reach every run's base config.
   const SweepPlan lr = parse_sweep(j, "sweep.json", {"--optimizer.lr=0.5", "--training.seq_len=8"});
@@ -318,7 +330,11 @@ TEST_CASE("fits and multipliers use the completed runs of each mode", "[sweep]")
   CHECK(fits["summary"]["full"]["ci95"].is_null());
   CHECK_THAT(fits["summary"]["full"]["verdict"].get<std::string>(), Contains("one seed per point"));
   const std::string table = fits_table(fits);
-  CHECK_THAT(table, Contains("baseline") && Contains("0.10000") && Contains("1.4"));
+  // The fitted exponents to 5 decimals, and full's multiplier (3 / 2.9)^10 =
+  // 1.40357 (Python), which the table shows to 3 significant digits ("%g":
+  // 1.40 -> "1.4"), in full's summary line.
+  CHECK_THAT(table, Contains("baseline") && Contains("0.10000") && Contains("0.11000") &&
+                        Contains("full: 1.4x (geometric mean over 4 points)"));
 
   // The same sweep fitted on train loss.
   json jt = j;
@@ -337,7 +353,7 @@ TEST_CASE("fits and multipliers use the completed runs of each mode", "[sweep]")
   CHECK_FALSE(few["multipliers"][0].contains("multiplier_fit"));
 }
 
-TEST_CASE("seeds: every point once per seed; fits and multipliers on the seeds' mean", "[sweep]") {
+TEST_CASE("seeds: every point once per seed, fits and multipliers on the seeds' mean", "[sweep]") {
   TempDir d;
   json j = tiny_sweep(d);
   j["base"]["training"].erase("seed");
@@ -384,8 +400,12 @@ TEST_CASE("seeds: every point once per seed; fits and multipliers on the seeds' 
   // 1.4x with 0.4% seed noise: clearly ahead.
   CHECK(s["distinguished_from_1"] == true);
   CHECK_THAT(s["verdict"].get<std::string>(), Contains("ahead of baseline at 95%"));
-  CHECK_THAT(fits_table(fits), Contains("full: 1.4") && Contains("95% interval") &&
-                                   Contains("ahead of baseline at 95%"));
+  // The geometric mean, by hand (Python): b and c on the line, (3 / 2.9)^10 =
+  // 1.40357 each; a_full_320's mean lost its (1 + e) seed, so its loss is
+  // (1 - e/2) times the line's and its multiplier (3 / (2.9 (1 - e/2)))^10 =
+  // 1.43195; (1.43195 x 1.40357^2)^(1/3) = 1.41296, shown as "1.41".
+  CHECK_THAT(fits_table(fits), Contains("full: 1.41x (geometric mean over 3 points)") &&
+                                   Contains("95% interval") && Contains("ahead of baseline at 95%"));
   const std::string csv = results_csv(plan, out);
   CHECK_THAT(csv, Contains("\na_full_320_s9,a_full_320,a,full,9,full,"));
 }

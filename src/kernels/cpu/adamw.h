@@ -2,12 +2,14 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/math.h"
+
 namespace attnres::kernels::cpu {
 
-// Per element: math::adamw_element. bc1 = 1 - b1^t, bc2 = 1 - b2^t and
-// decay_factor = 1 - lr*wd (or 1) are computed once by the caller.
+// Per element: math::adamw_element. The coefficients and decay_factor =
+// 1 - lr*wd (or 1) are computed once by the caller.
 template <typename T>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b1, T b2, T eps,
-                  T decay_factor, T bc1, T bc2, T grad_scale);
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const math::AdamWCoeffs<T>& k,
+                  T decay_factor, T grad_scale);
 
 }  // namespace attnres::kernels::cpu

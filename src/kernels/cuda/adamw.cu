@@ -71,7 +71,8 @@ inline RnFloat& operator-=(RnFloat& a, RnDouble b) {
 __host__ __device__ __forceinline__ RnFloat& operator*=(RnFloat& a, RnFloat b) { return a = a * b; }
 
 struct Scalars {
-  float lr, b1, b2, eps, bc1, bc2, grad_scale;
+  math::AdamWCoeffs<float> k;
+  float grad_scale;
 };
 
 constexpr int kThreads = 256;
@@ -105,8 +106,7 @@ __device__ __forceinline__ void update(int64_t i, float* p, const float* g, floa
     RnFloat pj = vp.v[j], mj = vm.v[j], vj = vv.v[j];
     // g * grad_scale rounded once, as scale_ would have left it in g.
     const RnFloat gj = RnFloat(vg.v[j]) * s.grad_scale;
-    math::adamw_element<RnFloat>(pj, gj, mj, vj, s.lr, s.b1, s.b2, s.eps, decay_factor, s.bc1,
-                                 s.bc2);
+    math::adamw_element<RnFloat>(pj, gj, mj, vj, s.k, RnFloat(decay_factor));
     vp.v[j] = pj.x;
     vm.v[j] = mj.x;
     vv.v[j] = vj.x;
@@ -143,10 +143,7 @@ __global__ void adamw_kernel(AdamBatch batch, Scalars s) {
 void adamw_update_each(Span<const AdamWTensors> params, const AdamWStep& step,
                        const AdamWScalars& sc) {
   // The scalars are rounded to float once, as the CPU's float path does.
-  const Scalars s{static_cast<float>(step.lr),  static_cast<float>(step.beta1),
-                  static_cast<float>(step.beta2), static_cast<float>(step.eps),
-                  static_cast<float>(sc.bc1),   static_cast<float>(sc.bc2),
-                  static_cast<float>(step.grad_scale)};
+  const Scalars s{sc.as<float>(), static_cast<float>(step.grad_scale)};
   for (size_t b0 = 0; b0 < params.size(); b0 += kAdamBatch) {
     AdamBatch batch{};
     batch.count = static_cast<int>(std::min<size_t>(kAdamBatch, params.size() - b0));

@@ -1,6 +1,8 @@
 // Private to the CUDA attention kernels (attention.cu, attention_fwd.cu,
-// attention_bwd.cu): launch parameters, the launchers each file provides, and
-// the PTX building blocks of the tensor-core (mma.sync) path.
+// attention_bwd.cu): launch parameters, the launchers each file provides, the
+// PTX building blocks of the tensor-core (mma.sync) path, and the tile loops
+// the forward and backward kernels share (block-to-tile mapping, the generic
+// path's 2 x 4 products, the warp-level mma products, the cp.async pipeline).
 //
 // Two paths (chosen in attention.cu):
 // - the mma path: BF16 with head dim 32, 64 or 128 and 16-byte aligned
@@ -171,6 +173,230 @@ __device__ __forceinline__ void put_pair(bf16* dst, float a, float b, bool accum
     b += f.y;
   }
   *p = __floats2bfloat162_rn(a, b);
+}
+
+// ---- tiles of a block ------------------------------------------------------------
+// Blocks of the kernels over query tiles (forward, dQ) take the longest tiles
+// (the last ones, which see the most keys) of every (batch, head) first,
+// which balances the causal triangle's uneven work across the SMs.
+struct QueryTile {
+  int bh;       // batch * H + head
+  int b, h, j;  // batch, query head, its KV head
+  int q0;       // first query row
+};
+template <int BQ>
+__device__ __forceinline__ QueryTile query_tile(const Params& p) {
+  const int BH = p.B * p.H;
+  const int nqt = (p.T + BQ - 1) / BQ;
+  QueryTile t;
+  t.bh = static_cast<int>(blockIdx.x % BH);
+  const int qt = nqt - 1 - static_cast<int>(blockIdx.x / BH);
+  t.b = t.bh / p.H;
+  t.h = t.bh % p.H;
+  t.j = t.h / p.group;
+  t.q0 = qt * BQ;
+  return t;
+}
+// Key tiles of BK keys that rows [q0, q0 + BQ) see (causal: keys up to the
+// tile's last row).
+template <int BQ, int BK>
+__device__ __forceinline__ int visible_key_tiles(int q0, int T_) {
+  const int kv_end = min(q0 + BQ, T_);
+  return (kv_end + BK - 1) / BK;
+}
+
+// Blocks of the dK/dV kernels: one key tile of one (batch, KV head), the early
+// key tiles (seen by the most queries) first.
+struct KeyTile {
+  int b, j;  // batch, KV head
+  int kt;    // key tile index
+  int k0;    // first key
+};
+template <int BK>
+__device__ __forceinline__ KeyTile key_tile(const Params& p) {
+  const int BKV = p.B * p.Hkv;
+  const int bj = static_cast<int>(blockIdx.x % BKV);
+  KeyTile t;
+  t.kt = static_cast<int>(blockIdx.x / BKV);
+  t.b = bj / p.Hkv;
+  t.j = bj % p.Hkv;
+  t.k0 = t.kt * BK;
+  return t;
+}
+
+// ---- generic fp32 path -------------------------------------------------------------
+// 32 x 32 tiles, 128 threads as 16 x 8: thread (ty, tx) = (tid / 8, tid % 8)
+// owns rows 2ty, 2ty+1 of a tile's score block and its columns tx + 8c.
+constexpr int kGenTile = 32;      // query rows and keys per tile
+constexpr int kGenThreads = 128;  // 16 x 8 threads
+
+// Two products of the same shape at once, over hd columns of shared rows of
+// stride SR: x[i][c] = a[2ty + i] . b[tx + 8c] and y[i][c] = a2[2ty + i] . b2[tx + 8c]
+// (S and dP, one pass over d).
+template <int SR>
+__device__ __forceinline__ void dots_2x4_pair(float (&x)[2][4], float (&y)[2][4], const float* a,
+                                              const float* b, const float* a2, const float* b2,
+                                              int hd, int ty, int tx) {
+  for (int d = 0; d < hd; ++d) {
+    const float a0 = a[(2 * ty) * SR + d], a1 = a[(2 * ty + 1) * SR + d];
+    const float c0 = a2[(2 * ty) * SR + d], c1 = a2[(2 * ty + 1) * SR + d];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float bv = b[(tx + 8 * c) * SR + d], b2v = b2[(tx + 8 * c) * SR + d];
+      x[0][c] = fmaf(a0, bv, x[0][c]);
+      x[1][c] = fmaf(a1, bv, x[1][c]);
+      y[0][c] = fmaf(c0, b2v, y[0][c]);
+      y[1][c] = fmaf(c1, b2v, y[1][c]);
+    }
+  }
+}
+
+// acc[i][c] += sum over kk of w[2ty + i][kk] b[kk][tx + 8c] for output columns
+// tx + 8c < hd: w a kGenTile x kGenTile block (rows of stride kGenTile + 1;
+// P or dS), b kGenTile rows of stride BR (V or K).
+template <int NC, int BR>
+__device__ __forceinline__ void acc_2xNC(float (&acc)[2][NC], const float* w, const float* b,
+                                         int hd, int ty, int tx) {
+  constexpr int WR = kGenTile + 1;
+  for (int kk = 0; kk < kGenTile; ++kk) {
+    const float w0 = w[(2 * ty) * WR + kk], w1 = w[(2 * ty + 1) * WR + kk];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int col = tx + 8 * c;
+      if (col < hd) {
+        const float bv = b[kk * BR + col];
+        acc[0][c] = fmaf(w0, bv, acc[0][c]);
+        acc[1][c] = fmaf(w1, bv, acc[1][c]);
+      }
+    }
+  }
+}
+
+// ---- tensor-core path: warp tiles ------------------------------------------------------
+// ldmatrix lane offsets (in elements, for a tile with row stride SR). A
+// operand (16 rows x 16 k): lanes 0-15 address rows 0-15 at k 0, lanes 16-31
+// rows 0-15 at k 8. B operand from a [n][k] tile: matrices (n 0-7, k 0-7),
+// (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) = b0, b1 of n-block 0
+// and b0, b1 of n-block 1. B operand from a [k][n] tile via .trans: matrices
+// (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+template <int SR>
+struct LdsmOffsets {
+  int a, bn, bt;
+  __device__ explicit LdsmOffsets(int lane)
+      : a((lane & 15) * SR + (lane >> 4) * 8),
+        bn(((lane & 7) + (lane >> 4) * 8) * SR + ((lane >> 3) & 1) * 8),
+        bt(((lane & 7) + ((lane >> 3) & 1) * 8) * SR + (lane >> 4) * 8) {}
+};
+
+// A warp owns MT m-tiles of 16 rows; live[mt] says whether m-tile mt has work
+// in the current tile (warp-uniform). The products below take the A operand
+// of k-step kk (16 columns of k) from a_frag(kk, a), which fills a[mt] for
+// the live m-tiles. The caller owns a (one k-step's A fragments): declared in
+// the kernel, next to the other register tiles, it keeps ptxas's register
+// allocation of the kernels as it is with the loops written out.
+// - A rows in shared memory: rows row0 + [0, 16 MT) of a tile at s (row
+//   stride SR), a_off = LdsmOffsets::a:
+template <int MT, int SR>
+__device__ __forceinline__ auto smem_frags(const bf16* s, int row0, int a_off,
+                                           const bool (&live)[MT]) {
+  return [=, &live](int kk, uint32_t (&a)[MT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      if (live[mt]) ldsm_x4(a[mt], smem_u32(s + (row0 + mt * 16) * SR + a_off + kk * 16));
+  };
+}
+// - A fragments already in registers, x[mt][kk]:
+template <int MT, int KK>
+__device__ __forceinline__ auto reg_frags(const uint32_t (&x)[MT][KK][4]) {
+  return [&x](int kk, uint32_t (&a)[MT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[mt][i] = x[mt][kk][i];
+  };
+}
+// - A = a product's C fragments c (16 rows x 8 columns each) packed to bf16:
+//   k-step kk takes c[mt][2 kk] and c[mt][2 kk + 1] (every m-tile).
+template <int MT, int NB>
+__device__ __forceinline__ auto c_frags(const float (&c)[MT][NB][4]) {
+  return [&c](int kk, uint32_t (&a)[MT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) c_to_a(a[mt], c[mt][2 * kk], c[mt][2 * kk + 1]);
+  };
+}
+
+// c += A B for the live m-tiles, A 16 MT rows x K, B K x N from a tile in
+// shared memory (row stride SR) at s: an [n][k] tile (TRANS_B false, b_off =
+// LdsmOffsets::bn) or a [k][n] tile read with ldmatrix.trans (TRANS_B true,
+// b_off = LdsmOffsets::bt). Each B fragment feeds every live m-tile.
+template <bool TRANS_B, int MT, int K, int N, int SR, typename AFrag>
+__device__ __forceinline__ void mma_acc(float (&c)[MT][N / 8][4], uint32_t (&a)[MT][4],
+                                        AFrag&& a_frag, const bf16* s, int b_off,
+                                        const bool (&live)[MT]) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    a_frag(kk, a);
+#pragma unroll
+    for (int nb = 0; nb < N / 16; ++nb) {
+      uint32_t b[4];
+      if constexpr (TRANS_B) ldsm_x4_t(b, smem_u32(s + kk * 16 * SR + b_off + nb * 16));
+      else ldsm_x4(b, smem_u32(s + nb * 16 * SR + b_off + kk * 16));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (!live[mt]) continue;
+        mma_bf16(c[mt][2 * nb], a[mt], b[0], b[1]);
+        mma_bf16(c[mt][2 * nb + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+// c = A B^T (B an [n][k] tile of N rows x K) for the live m-tiles.
+template <int MT, int N, int K, int SR, typename AFrag>
+__device__ __forceinline__ void mma_abt(float (&c)[MT][N / 8][4], uint32_t (&a)[MT][4],
+                                        AFrag&& a_frag, const bf16* s, int bn_off,
+                                        const bool (&live)[MT]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[mt][n][e] = 0.f;
+  mma_acc<false, MT, K, N, SR>(c, a, a_frag, s, bn_off, live);
+}
+// c += A B (B a [k][n] tile of K rows x N) for the live m-tiles.
+template <int MT, int K, int N, int SR, typename AFrag>
+__device__ __forceinline__ void mma_ab_acc(float (&c)[MT][N / 8][4], uint32_t (&a)[MT][4],
+                                           AFrag&& a_frag, const bf16* s, int bt_off,
+                                           const bool (&live)[MT]) {
+  mma_acc<true, MT, K, N, SR>(c, a, a_frag, s, bt_off, live);
+}
+
+// ---- tensor-core path: double-buffered tiles -----------------------------------------
+// One step of a two-stage cp.async pipeline over n items: issue(it + 1, stage)
+// starts the next item's copies into the other stage, then this waits until
+// item it (stage it & 1) has landed for the whole block. Item 0 must have been
+// issued and committed before the loop.
+template <typename Issue>
+__device__ __forceinline__ void pipeline_wait(int it, int n, Issue&& issue) {
+  if (it + 1 < n) {
+    issue(it + 1, (it & 1) ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
+// Key tile t (BK keys from t BK on) of K and V (rows of stride ld from kg, vg)
+// into stage `stage` of sK and sV ([2][BK][smem_row<D>()] each).
+template <int BK, int D, int NT>
+__device__ __forceinline__ void load_kv_tile(bf16* sK, bf16* sV, const bf16* kg, const bf16* vg,
+                                             int64_t ld, int T_, int t, int stage) {
+  constexpr int SR = smem_row<D>();
+  const int k1 = t * BK;
+  load_tile_async<BK, D, NT>(sK + stage * BK * SR, kg + int64_t(k1) * ld, ld, T_ - k1);
+  load_tile_async<BK, D, NT>(sV + stage * BK * SR, vg + int64_t(k1) * ld, ld, T_ - k1);
 }
 
 }  // namespace attnres::kernels::cuda::attn

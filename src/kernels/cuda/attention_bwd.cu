@@ -98,9 +98,6 @@ Tensor preprocess(const Params& p, const T* dout, const T* out, const float* lse
 // Generic fp32 kernels
 // ===================================================================================
 
-constexpr int kGenTile = 32;
-constexpr int kGenThreads = 128;
-
 template <int HD>
 constexpr size_t dkdv_generic_smem() {
   // sK, sV, sQ, sdO [32][HD+1]; sP, sS [32][33]; sL, sD [32]
@@ -142,11 +139,8 @@ __global__ void __launch_bounds__(kGenThreads)
   float* sD = sL + BQ;
 
   const int hd = p.hd, T_ = p.T;
-  const int BKV = p.B * p.Hkv;
-  const int kt = static_cast<int>(blockIdx.x / BKV);  // early key tiles (most work) first
-  const int bj = static_cast<int>(blockIdx.x % BKV);
-  const int b = bj / p.Hkv, j = bj % p.Hkv;
-  const int k0 = kt * BK;
+  const KeyTile tile = key_tile<BK>(p);
+  const int b = tile.b, j = tile.j, kt = tile.kt, k0 = tile.k0;
   const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
   const int kr0 = 2 * ty, kr1 = 2 * ty + 1;  // this thread's key rows in the tile
 
@@ -154,11 +148,7 @@ __global__ void __launch_bounds__(kGenThreads)
   load_rows_f32<T, SR>(sK, k + kvoff, p.ldk, k0, T_, hd);
   load_rows_f32<T, SR>(sV, v + kvoff, p.ldk, k0, T_, hd);
 
-  float dka[2][NC], dva[2][NC];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) dka[i][c] = dva[i][c] = 0.f;
+  float dka[2][NC] = {}, dva[2][NC] = {};
 
   const int nqt = (T_ + BQ - 1) / BQ;
   for (int h = j * p.group; h < (j + 1) * p.group; ++h) {
@@ -177,18 +167,7 @@ __global__ void __launch_bounds__(kGenThreads)
 
       // S^T = K Q^T and dP^T = V dO^T for keys kr0/kr1, queries tx + 8c.
       float s[2][4] = {}, dp[2][4] = {};
-      for (int d = 0; d < hd; ++d) {
-        const float k0v = sK[kr0 * SR + d], k1v = sK[kr1 * SR + d];
-        const float v0v = sV[kr0 * SR + d], v1v = sV[kr1 * SR + d];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const float qv = sQ[(tx + 8 * c) * SR + d], ov = sdO[(tx + 8 * c) * SR + d];
-          s[0][c] = fmaf(k0v, qv, s[0][c]);
-          s[1][c] = fmaf(k1v, qv, s[1][c]);
-          dp[0][c] = fmaf(v0v, ov, dp[0][c]);
-          dp[1][c] = fmaf(v1v, ov, dp[1][c]);
-        }
-      }
+      dots_2x4_pair<SR>(s, dp, sK, sQ, sV, sdO, hd, ty, tx);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -251,12 +230,8 @@ __global__ void __launch_bounds__(kGenThreads)
   float* sS = sV + BK * SR;  // dS [query][key]
 
   const int hd = p.hd, T_ = p.T;
-  const int BH = p.B * p.H;
-  const int nqt = (T_ + BQ - 1) / BQ;
-  const int bh = static_cast<int>(blockIdx.x % BH);
-  const int qt = nqt - 1 - static_cast<int>(blockIdx.x / BH);  // longest tiles first
-  const int b = bh / p.H, h = bh % p.H, j = h / p.group;
-  const int q0 = qt * BQ;
+  const QueryTile tile = query_tile<BQ>(p);
+  const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
   const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
 
   const int64_t qoff = int64_t(b) * T_ * p.ldq + int64_t(h) * hd;
@@ -270,14 +245,9 @@ __global__ void __launch_bounds__(kGenThreads)
     Dr[i] = Dsc[int64_t(bh) * Tpad + q0 + 2 * ty + i];
   }
 
-  float acc[2][NC];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) acc[i][c] = 0.f;
+  float acc[2][NC] = {};
 
-  const int kv_end = min(q0 + BQ, T_);
-  const int nkt = (kv_end + BK - 1) / BK;
+  const int nkt = visible_key_tiles<BQ, BK>(q0, T_);
   for (int kt = 0; kt < nkt; ++kt) {
     const int k0 = kt * BK;
     __syncthreads();  // previous readers of sK/sV/sS are done (and sQ/sdO are visible)
@@ -287,18 +257,7 @@ __global__ void __launch_bounds__(kGenThreads)
 
     // S = Q K^T and dP = dO V^T for rows 2ty+i, keys tx + 8c.
     float s[2][4] = {}, dp[2][4] = {};
-    for (int d = 0; d < hd; ++d) {
-      const float q0v = sQ[(2 * ty) * SR + d], q1v = sQ[(2 * ty + 1) * SR + d];
-      const float o0v = sdO[(2 * ty) * SR + d], o1v = sdO[(2 * ty + 1) * SR + d];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float kv = sK[(tx + 8 * c) * SR + d], vv = sV[(tx + 8 * c) * SR + d];
-        s[0][c] = fmaf(q0v, kv, s[0][c]);
-        s[1][c] = fmaf(q1v, kv, s[1][c]);
-        dp[0][c] = fmaf(o0v, vv, dp[0][c]);
-        dp[1][c] = fmaf(o1v, vv, dp[1][c]);
-      }
-    }
+    dots_2x4_pair<SR>(s, dp, sQ, sK, sdO, sV, hd, ty, tx);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -310,18 +269,7 @@ __global__ void __launch_bounds__(kGenThreads)
     __syncthreads();
 
     // dQ += dS K over output columns tx + 8c.
-    for (int kk = 0; kk < BK; ++kk) {
-      const float s0 = sS[(2 * ty) * PR + kk], s1 = sS[(2 * ty + 1) * PR + kk];
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int col = tx + 8 * c;
-        if (col < hd) {
-          const float kv = sK[kk * SR + col];
-          acc[0][c] = fmaf(s0, kv, acc[0][c]);
-          acc[1][c] = fmaf(s1, kv, acc[1][c]);
-        }
-      }
-    }
+    acc_2xNC<NC, SR>(acc, sS, sK, hd, ty, tx);
   }
 
 #pragma unroll
@@ -365,19 +313,6 @@ void launch_bwd_generic(const Params& p, int Tpad, T* dq, T* dk, T* dv, const T*
 // Tensor-core kernels (bf16)
 // ===================================================================================
 
-// ldmatrix lane offsets (in elements, for a tile with row stride SR); see
-// attention_fwd.cu. A operand: 16 rows x 16 k. B operand from a [n][k] tile:
-// two 8-wide n-blocks x 16 k. B operand from a [k][n] tile via .trans: 16 k x
-// two 8-wide n-blocks.
-template <int SR>
-struct LdsmOffsets {
-  int a, bn, bt;
-  __device__ explicit LdsmOffsets(int lane)
-      : a((lane & 15) * SR + (lane >> 4) * 8),
-        bn(((lane & 7) + (lane >> 4) * 8) * SR + ((lane >> 3) & 1) * 8),
-        bt(((lane & 7) + ((lane >> 3) & 1) * 8) * SR + (lane >> 4) * 8) {}
-};
-
 template <int D, int NW, int MT, int BQ>
 constexpr size_t dkdv_mma_smem() {
   // sK, sV [BK][SR]; sQ, sdO [2][BQ][SR]; sL, sD [2][BQ] floats
@@ -403,11 +338,8 @@ __global__ void __launch_bounds__(NW * 32)
   float* sD = sL + 2 * BQ;                                  // [2][BQ]
 
   const int T_ = p.T;
-  const int BKV = p.B * p.Hkv;
-  const int kt = static_cast<int>(blockIdx.x / BKV);  // early key tiles (most work) first
-  const int bj = static_cast<int>(blockIdx.x % BKV);
-  const int b = bj / p.Hkv, j = bj % p.Hkv;
-  const int k0 = kt * BK;
+  const KeyTile tile = key_tile<BK>(p);
+  const int b = tile.b, j = tile.j, k0 = tile.k0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tig = lane & 3;
   const LdsmOffsets<SR> off(lane);
@@ -448,14 +380,7 @@ __global__ void __launch_bounds__(NW * 32)
 
   for (int it = 0; it < n_it; ++it) {
     const int st = it & 1;
-    if (it + 1 < n_it) {
-      issue(it + 1, st ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    pipeline_wait(it, n_it, issue);
 
     const int q0 = (qt_begin + it % nq) * BQ;
     // Skip when every query of the tile precedes this warp's first key, or the
@@ -475,30 +400,9 @@ __global__ void __launch_bounds__(NW * 32)
       // then dS^T in place; 4. dK += dS^T Q. The B operands come from the
       // Q / dO tiles ([query][d]; .trans where d is the n dimension).
       float s[MT][BQ / 8][4], dp[MT][BQ / 8][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < BQ / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ka[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          if (live[mt]) ldsm_x4(ka[mt], smem_u32(sK + (warp * WK + mt * 16) * SR + off.a + kk * 16));
-#pragma unroll
-        for (int np = 0; np < BQ / 16; ++np) {
-          uint32_t qb[4];
-          ldsm_x4(qb, smem_u32(sQs + np * 16 * SR + off.bn + kk * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (!live[mt]) continue;
-            mma_bf16(s[mt][2 * np], ka[mt], qb[0], qb[1]);
-            mma_bf16(s[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
-          }
-        }
-      }
+      uint32_t ka[MT][4];
+      mma_abt<MT, BQ, D, SR>(s, ka, smem_frags<MT, SR>(sK, warp * WK, off.a, live), sQs, off.bn,
+                             live);
       // P^T = exp2(sl2 S^T - lse2) (0 for padding queries: lse2 = +inf), with
       // the causal mask where the tile reaches below the m-tile's keys.
       // Elements 0, 1 of n-block n: key key0, query columns n*8 + 2*tig + {0, 1};
@@ -521,48 +425,12 @@ __global__ void __launch_bounds__(NW * 32)
         }
       }
       // dV += P^T dO.
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        uint32_t pa[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) c_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t ob[4];
-          ldsm_x4_t(ob, smem_u32(sdOs + kk * 16 * SR + off.bt + dn * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (!live[mt]) continue;
-            mma_bf16(dva[mt][2 * dn], pa[mt], ob[0], ob[1]);
-            mma_bf16(dva[mt][2 * dn + 1], pa[mt], ob[2], ob[3]);
-          }
-        }
-      }
+      uint32_t pa[MT][4];
+      mma_ab_acc<MT, BQ, D, SR>(dva, pa, c_frags(s), sdOs, off.bt, live);
       // dP^T = V dO^T.
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < BQ / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dp[mt][n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t va[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          if (live[mt]) ldsm_x4(va[mt], smem_u32(sV + (warp * WK + mt * 16) * SR + off.a + kk * 16));
-#pragma unroll
-        for (int np = 0; np < BQ / 16; ++np) {
-          uint32_t ob[4];
-          ldsm_x4(ob, smem_u32(sdOs + np * 16 * SR + off.bn + kk * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (!live[mt]) continue;
-            mma_bf16(dp[mt][2 * np], va[mt], ob[0], ob[1]);
-            mma_bf16(dp[mt][2 * np + 1], va[mt], ob[2], ob[3]);
-          }
-        }
-      }
+      uint32_t va[MT][4];
+      mma_abt<MT, BQ, D, SR>(dp, va, smem_frags<MT, SR>(sV, warp * WK, off.a, live), sdOs, off.bn,
+                             live);
       // dS^T = P^T (dP^T - D).
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -576,23 +444,8 @@ __global__ void __launch_bounds__(NW * 32)
         }
       }
       // dK += dS^T Q.
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        uint32_t da[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) c_to_a(da[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-#pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t qb[4];
-          ldsm_x4_t(qb, smem_u32(sQs + kk * 16 * SR + off.bt + dn * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (!live[mt]) continue;
-            mma_bf16(dka[mt][2 * dn], da[mt], qb[0], qb[1]);
-            mma_bf16(dka[mt][2 * dn + 1], da[mt], qb[2], qb[3]);
-          }
-        }
-      }
+      uint32_t da[MT][4];
+      mma_ab_acc<MT, BQ, D, SR>(dka, da, c_frags(dp), sQs, off.bt, live);
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
@@ -638,12 +491,8 @@ __global__ void __launch_bounds__(NW * 32)
   bf16* sV = sK + 2 * BK * SR;                    // [2][BK][SR]
 
   const int T_ = p.T;
-  const int BH = p.B * p.H;
-  const int nqt = (T_ + BQ - 1) / BQ;
-  const int bh = static_cast<int>(blockIdx.x % BH);
-  const int qt = nqt - 1 - static_cast<int>(blockIdx.x / BH);  // longest tiles first
-  const int b = bh / p.H, h = bh % p.H, j = h / p.group;
-  const int q0 = qt * BQ;
+  const QueryTile tile = query_tile<BQ>(p);
+  const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tig = lane & 3;
   const LdsmOffsets<SR> off(lane);
@@ -651,13 +500,14 @@ __global__ void __launch_bounds__(NW * 32)
   const int64_t qoff = (int64_t(b) * T_ + q0) * p.ldq + int64_t(h) * D;
   const bf16* kg = k + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
   const bf16* vg = v + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
-  const int kv_end = min(q0 + BQ, T_);
-  const int nkt = (kv_end + BK - 1) / BK;
+  const int nkt = visible_key_tiles<BQ, BK>(q0, T_);
+  auto issue = [&](int t, int stage) {
+    load_kv_tile<BK, D, NT>(sK, sV, kg, vg, p.ldk, T_, t, stage);
+  };
 
   load_tile_async<BQ, D, NT>(sQ, q + qoff, p.ldq, T_ - q0);
   load_tile_async<BQ, D, NT>(sdO, dout + qoff, p.ldq, T_ - q0);
-  load_tile_async<BK, D, NT>(sK, kg, p.ldk, T_);
-  load_tile_async<BK, D, NT>(sV, vg, p.ldk, T_);
+  issue(0, 0);
   cp_async_commit();
 
   const float sl2 = p.scale * kLog2e;
@@ -680,16 +530,7 @@ __global__ void __launch_bounds__(NW * 32)
 
   for (int it = 0; it < nkt; ++it) {
     const int st = it & 1;
-    if (it + 1 < nkt) {
-      const int k1 = (it + 1) * BK;
-      load_tile_async<BK, D, NT>(sK + (st ^ 1) * BK * SR, kg + int64_t(k1) * p.ldk, p.ldk, T_ - k1);
-      load_tile_async<BK, D, NT>(sV + (st ^ 1) * BK * SR, vg + int64_t(k1) * p.ldk, p.ldk, T_ - k1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    pipeline_wait(it, nkt, issue);
 
     const int k0 = it * BK;
     if (k0 <= wq0 + WR - 1 && wq0 < T_) {
@@ -752,20 +593,8 @@ __global__ void __launch_bounds__(NW * 32)
         for (int kk = 0; kk < BK / 16; ++kk) c_to_a(da[mt][kk], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
       }
       // dQ += dS K (B operand: the K tile [key][d] via .trans).
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-#pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t kb[4];
-          ldsm_x4_t(kb, smem_u32(sKs + kk * 16 * SR + off.bt + dn * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (!live[mt]) continue;
-            mma_bf16(acc[mt][2 * dn], da[mt][kk], kb[0], kb[1]);
-            mma_bf16(acc[mt][2 * dn + 1], da[mt][kk], kb[2], kb[3]);
-          }
-        }
-      }
+      uint32_t a[MT][4];
+      mma_ab_acc<MT, BK, D, SR>(acc, a, reg_frags(da), sKs, off.bt, live);
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }

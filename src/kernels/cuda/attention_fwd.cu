@@ -45,9 +45,6 @@ namespace {
 // Generic fp32 kernel
 // ===================================================================================
 
-constexpr int kGenTile = 32;      // query rows and keys per tile
-constexpr int kGenThreads = 128;  // 16 x 8 threads
-
 template <int HD>
 constexpr size_t fwd_generic_smem() {
   // sQ, sK [32][HD+1]; sV [32][HD]; sP [32][33]
@@ -66,12 +63,8 @@ __global__ void __launch_bounds__(kGenThreads)
   float* sP = sV + BK * HD;    // [BQ][BK+1]
 
   const int hd = p.hd, T_ = p.T;
-  const int BH = p.B * p.H;
-  const int nqt = (T_ + BQ - 1) / BQ;
-  const int bh = static_cast<int>(blockIdx.x % BH);
-  const int qt = nqt - 1 - static_cast<int>(blockIdx.x / BH);  // longest tiles first
-  const int b = bh / p.H, h = bh % p.H, j = h / p.group;
-  const int q0 = qt * BQ;
+  const QueryTile tile = query_tile<BQ>(p);
+  const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
   const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
 
   const T* qg = q + (int64_t(b) * T_ + q0) * p.ldq + int64_t(h) * hd;
@@ -83,15 +76,10 @@ __global__ void __launch_bounds__(kGenThreads)
     sQ[r * SR + c] = q0 + r < T_ ? to_f32(qg[r * p.ldq + c]) : 0.f;
   }
 
-  float o[2][NC];
+  float o[2][NC] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) o[i][c] = 0.f;
 
-  const int kv_end = min(q0 + BQ, T_);  // this tile's rows see keys [0, kv_end)
-  const int nkt = (kv_end + BK - 1) / BK;
+  const int nkt = visible_key_tiles<BQ, BK>(q0, T_);
   for (int kt = 0; kt < nkt; ++kt) {
     const int k0 = kt * BK;
     __syncthreads();  // the previous tile's sK/sV/sP readers are done
@@ -149,17 +137,7 @@ __global__ void __launch_bounds__(kGenThreads)
     __syncthreads();
 
     // O += P V over output columns tx + 8c.
-    for (int kk = 0; kk < BK; ++kk) {
-      const float p0 = sP[(2 * ty) * (BK + 1) + kk], p1 = sP[(2 * ty + 1) * (BK + 1) + kk];
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        if (tx + 8 * c < hd) {
-          const float vv = sV[kk * HD + tx + 8 * c];
-          o[0][c] = fmaf(p0, vv, o[0][c]);
-          o[1][c] = fmaf(p1, vv, o[1][c]);
-        }
-      }
-    }
+    acc_2xNC<NC, HD>(o, sP, sV, hd, ty, tx);
   }
 
 #pragma unroll
@@ -218,25 +196,22 @@ __global__ void __launch_bounds__(NW * 32)
   bf16* sV = sK + 2 * BK * SR;                    // [2][BK][SR]
 
   const int T_ = p.T;
-  const int BH = p.B * p.H;
-  const int nqt = (T_ + BQ - 1) / BQ;
-  const int bh = static_cast<int>(blockIdx.x % BH);
-  const int qt = nqt - 1 - static_cast<int>(blockIdx.x / BH);  // longest tiles first
-  const int b = bh / p.H, h = bh % p.H, j = h / p.group;
-  const int q0 = qt * BQ;
+  const QueryTile tile = query_tile<BQ>(p);
+  const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tig = lane & 3;
 
   const bf16* qg = q + (int64_t(b) * T_ + q0) * p.ldq + int64_t(h) * D;
   const bf16* kg = k + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
   const bf16* vg = v + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
-  const int kv_end = min(q0 + BQ, T_);
-  const int nkt = (kv_end + BK - 1) / BK;
+  const int nkt = visible_key_tiles<BQ, BK>(q0, T_);
+  auto issue = [&](int t, int stage) {
+    load_kv_tile<BK, D, NT>(sK, sV, kg, vg, p.ldk, T_, t, stage);
+  };
 
   // Group 0: the Q tile and the first K/V tile.
   load_tile_async<BQ, D, NT>(sQ, qg, p.ldq, T_ - q0);
-  load_tile_async<BK, D, NT>(sK, kg, p.ldk, T_);
-  load_tile_async<BK, D, NT>(sV, vg, p.ldk, T_);
+  issue(0, 0);
   cp_async_commit();
 
   // Rows of m-tile mt: wq0 + 16 mt + g (C elements 0, 1) and + 8 (elements 2, 3).
@@ -253,34 +228,18 @@ __global__ void __launch_bounds__(NW * 32)
   }
   uint32_t qf[MT][D / 16][4];
 
-  // ldmatrix lane offsets. A operand (16 rows x 16 k): lanes 0-15 address rows
-  // 0-15 at k 0, lanes 16-31 rows 0-15 at k 8. B operand from a [n][k] tile
-  // (K for S = Q K^T): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
-  // (n 8-15, k 8-15) = b0, b1 of n-block 0 and b0, b1 of n-block 1. B operand
-  // from a [k][n] tile via .trans (V for O = P V): matrices (k 0-7, n 0-7),
-  // (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
-  const int a_off = (lane & 15) * SR + (lane >> 4) * 8;
-  const int bn_off = ((lane & 7) + (lane >> 4) * 8) * SR + ((lane >> 3) & 1) * 8;
-  const int bt_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * SR + (lane >> 4) * 8;
+  // K for S = Q K^T is an [n][k] tile, V for O = P V a [k][n] tile (.trans).
+  const LdsmOffsets<SR> off(lane);
 
   for (int it = 0; it < nkt; ++it) {
     const int st = it & 1;
-    if (it + 1 < nkt) {  // prefetch the next K/V tile into the other stage
-      const int k1 = (it + 1) * BK;
-      load_tile_async<BK, D, NT>(sK + (st ^ 1) * BK * SR, kg + int64_t(k1) * p.ldk, p.ldk, T_ - k1);
-      load_tile_async<BK, D, NT>(sV + (st ^ 1) * BK * SR, vg + int64_t(k1) * p.ldk, p.ldk, T_ - k1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    pipeline_wait(it, nkt, issue);  // with the prefetch of the next K/V tile
     if (it == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-          ldsm_x4(qf[mt][kk], smem_u32(sQ + (warp * WR + mt * 16) * SR + a_off + kk * 16));
+          ldsm_x4(qf[mt][kk], smem_u32(sQ + (warp * WR + mt * 16) * SR + off.a + kk * 16));
     }
 
     const int k0 = it * BK;
@@ -296,24 +255,8 @@ __global__ void __launch_bounds__(NW * 32)
       for (int mt = 0; mt < MT; ++mt) live[mt] = k0 <= wq0 + mt * 16 + 15 && wq0 + mt * 16 < T_;
 
       float s[MT][BK / 8][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < BK / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-        for (int np = 0; np < BK / 16; ++np) {
-          uint32_t kb[4];
-          ldsm_x4(kb, smem_u32(sKs + np * 16 * SR + bn_off + kk * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (!live[mt]) continue;
-            mma_bf16(s[mt][2 * np], qf[mt][kk], kb[0], kb[1]);
-            mma_bf16(s[mt][2 * np + 1], qf[mt][kk], kb[2], kb[3]);
-          }
-        }
-      }
+      uint32_t qa[MT][4];
+      mma_abt<MT, BK, D, SR>(s, qa, reg_frags(qf), sKs, off.bn, live);
 
       uint32_t pa[MT][BK / 16][4];  // P as bf16 A fragments
 #pragma unroll
@@ -378,20 +321,8 @@ __global__ void __launch_bounds__(NW * 32)
       }
 
       // O += P V: P (bf16) comes straight from the S registers.
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t vb[4];
-          ldsm_x4_t(vb, smem_u32(sVs + kk * 16 * SR + bt_off + dp * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (!live[mt]) continue;
-            mma_bf16(o[mt][2 * dp], pa[mt][kk], vb[0], vb[1]);
-            mma_bf16(o[mt][2 * dp + 1], pa[mt][kk], vb[2], vb[3]);
-          }
-        }
-      }
+      uint32_t a[MT][4];
+      mma_ab_acc<MT, BK, D, SR>(o, a, reg_frags(pa), sVs, off.bt, live);
     }
     __syncthreads();  // the stage read here is refilled by the next iteration's prefetch
   }

@@ -1,0 +1,92 @@
+// model::training_flops_per_token, which every MFU figure divides by, against
+// counts made by hand (docs/model.md, "FLOPs per token"; the arithmetic is
+// written out there step by step and was checked with a few lines of Python
+// typed independently of src/model/flops.cpp): GPT-2 124M as
+// configs/gpu_124m.json shapes it (SwiGLU with d_ff 2048, padded vocabulary
+// 50304, untied head) and with GPT-2's own vocabulary 50257, and a Llama-7B
+// shape, in the baseline and both AttnRes modes (whose depth Mix the count
+// includes).
+//
+// The literals are exact: every count is a whole number below 2^53, so the
+// double arithmetic of flops.cpp holds them exactly in any order, and an
+// exact comparison cannot fail on rounding, only on a wrong count.
+#include <catch2/catch.hpp>
+#include <cstdint>
+
+#include "model/config.h"
+#include "model/flops.h"
+#include "model/model_testing.h"
+
+using namespace attnres;
+
+namespace {
+
+// Baseline, V x d embedding, L layers, H heads (as many KV heads), d_ff F.
+model::ModelConfig shape(int64_t V, int64_t d, int64_t L, int64_t H, int64_t F) {
+  model::ModelConfig c;
+  c.n_layers = L;
+  return testing::resized(c, V, d, H, H, F);
+}
+
+model::ModelConfig with_mode(model::ModelConfig c, model::ResidualMode mode, int64_t n_blocks = 0) {
+  c.mode = mode;
+  c.n_blocks = n_blocks;
+  c.validate();
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("training FLOPs per token = hand counts for GPT-2 124M (our MLP)", "[flops]") {
+  const int64_t T = 1024;
+  // configs/gpu_124m.json: d 768, L 12, H 12, d_ff 2048, V 50304, untied.
+  // Per layer q, k, v, o: 4 x 768 x 768 = 2,359,296; gate, up, down:
+  // 3 x 2048 x 768 = 4,718,592; 12 layers: 84,934,656; LM head 50304 x 768 =
+  // 38,633,472; matmul parameters 123,568,128.
+  const model::ModelConfig gpt2 = shape(50304, 768, 12, 12, 2048);
+  CHECK(model::matmul_params(gpt2) == 123568128.0);
+  // 6 x 123,568,128 = 741,408,768, + attention 6 x 12 x 1024 x 768 =
+  // 56,623,104: 798,031,872.
+  CHECK(model::training_flops_per_token(gpt2, T) == 798031872.0);
+
+  // A tied head is the embedding used as the LM head: the same GEMM, the same count.
+  model::ModelConfig tied = gpt2;
+  tied.tie_embeddings = true;
+  CHECK(model::training_flops_per_token(tied, T) == 798031872.0);
+
+  // GPT-2's unpadded vocabulary 50257: head 38,597,376, matmul parameters
+  // 123,532,032; 741,192,192 + 56,623,104 = 797,815,296.
+  CHECK(model::training_flops_per_token(shape(50257, 768, 12, 12, 2048), T) == 797815296.0);
+
+  // Block AttnRes, N = 8 as the config has it: S = ceil(24 / 8) = 3; the 25
+  // Mixes (24 sublayers + the final one) read 133 sources in all; 12 x 133 x
+  // 768 = 1,225,728 more: 799,257,600.
+  CHECK(model::training_flops_per_token(with_mode(gpt2, model::ResidualMode::Block, 8), T) ==
+        799257600.0);
+  // Full AttnRes: Mix s reads 1 + s sources, 25 + 300 = 325 in all; 12 x
+  // 325 x 768 = 2,995,200 more: 801,027,072.
+  CHECK(model::training_flops_per_token(with_mode(gpt2, model::ResidualMode::Full), T) ==
+        801027072.0);
+}
+
+TEST_CASE("training FLOPs per token = hand counts for a Llama-7B shape", "[flops]") {
+  const int64_t T = 2048;
+  // d 4096, L 32, H 32 (no GQA), d_ff 11008, V 32000, untied. Per layer
+  // 4 x 4096^2 = 67,108,864 + 3 x 11008 x 4096 = 135,266,304 = 202,375,168;
+  // x 32 = 6,476,005,376; head 32000 x 4096 = 131,072,000; matmul
+  // parameters 6,607,077,376.
+  const model::ModelConfig llama = shape(32000, 4096, 32, 32, 11008);
+  CHECK(model::matmul_params(llama) == 6607077376.0);
+  // 6 x 6,607,077,376 = 39,642,464,256, + 6 x 32 x 2048 x 4096 =
+  // 1,610,612,736: 41,253,076,992.
+  CHECK(model::training_flops_per_token(llama, T) == 41253076992.0);
+  // Block N = 8 (S = 8): each block of 8 Mixes reads (1 + b) + 7 (2 + b) =
+  // 15 + 8b sources, over b = 0..7: 344, the final Mix 9: 353; 12 x 353 x
+  // 4096 = 17,350,656 more: 41,270,427,648.
+  CHECK(model::training_flops_per_token(with_mode(llama, model::ResidualMode::Block, 8), T) ==
+        41270427648.0);
+  // Full: 65 + (0 + ... + 64) = 2145 sources; 12 x 2145 x 4096 = 105,431,040
+  // more: 41,358,508,032.
+  CHECK(model::training_flops_per_token(with_mode(llama, model::ResidualMode::Full), T) ==
+        41358508032.0);
+}
