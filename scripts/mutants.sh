@@ -77,8 +77,9 @@ while IFS= read -r line || [[ -n "$line" ]]; do
     what) WHAT[$name]=${BASH_REMATCH[2]} ;;
     tests) TESTS[$name]=${BASH_REMATCH[2]} ;;
     catch) CATCH[$name]=${BASH_REMATCH[2]} ;;
-    anchor) ANCHOR[$name]=${BASH_REMATCH[2]} ;;
-    replace) REPLACE[$name]=${BASH_REMATCH[2]} ;;
+    # A repeated anchor/replace pair is an alternative (the code changed between revisions).
+    anchor) ANCHOR[$name]+=${ANCHOR[$name]:+$'\x1f'}${BASH_REMATCH[2]} ;;
+    replace) REPLACE[$name]+=${REPLACE[$name]:+$'\x1f'}${BASH_REMATCH[2]} ;;
   esac
 done < "$TABLE"
 for n in "${NAMES[@]}"; do
@@ -87,6 +88,8 @@ for n in "${NAMES[@]}"; do
     [[ -n "${col[$n]}" ]] || die "$TABLE: fault '$n' has no ${field,,}:"
     unset -n col
   done
+  a=${ANCHOR[$n]//[^$'\x1f']/} r=${REPLACE[$n]//[^$'\x1f']/}
+  [[ ${#a} -eq ${#r} ]] || die "$TABLE: fault '$n' has $((${#a} + 1)) anchor: but $((${#r} + 1)) replace: lines"
 done
 
 SELECTED=("${NAMES[@]}")
@@ -285,17 +288,23 @@ echo "   $(grep -cE '^ *[0-9]+/[0-9]+ Test' "$LOGS/clean.log") tests ran in $(se
 # ---------------------------------------------------------------------------
 # The faults, one at a time
 # ---------------------------------------------------------------------------
-plant() {  # file anchor replacement; exit 3 when the anchor is not there exactly once
+# file anchors replacements (alternatives separated by \x1f): plants the first
+# alternative found exactly once; exit 3 (printing the counts) when none is.
+plant() {
   python3 - "$@" <<'PYEOF'
 import sys
-path, anchor, repl = sys.argv[1:4]
+path, anchors, repls = sys.argv[1:4]
 unescape = lambda s: s.replace("\\\\", "\0").replace("\\n", "\n").replace("\0", "\\")
-anchor, repl = unescape(anchor), unescape(repl)
 text = open(path).read()
-if text.count(anchor) != 1:
-    print(text.count(anchor))
-    sys.exit(3)
-open(path, "w").write(text.replace(anchor, repl))
+counts = []
+for anchor, repl in zip(anchors.split("\x1f"), repls.split("\x1f")):
+    anchor, repl = unescape(anchor), unescape(repl)
+    counts.append(str(text.count(anchor)))
+    if text.count(anchor) == 1:
+        open(path, "w").write(text.replace(anchor, repl))
+        sys.exit(0)
+print(", ".join(counts))
+sys.exit(3)
 PYEOF
 }
 

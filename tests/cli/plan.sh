@@ -1,7 +1,51 @@
 #!/usr/bin/env bash
 # `attnres inspect plan`: the cpu profile measures and predicts the config's
 # layout; the h100 profile ranks every layout of N GPUs; bad input is refused.
+#
+# With ATTNRES_TEST_PART=docs: docs/plans/ holds what the planner prints today
+# for the shipped cuda configs (numbers within one unit of their last printed
+# digit, so that another CPU's rounding passes). That needs a build with CUDA
+# (the configs ask for training.device = "cuda") and reports itself skipped
+# (exit code 77) in one without.
 source "$(dirname "$0")/lib.sh"
+if [[ "${ATTNRES_TEST_PART:-}" == docs ]]; then
+  n=0
+  for f in "$SRC"/docs/plans/*gpus.txt; do
+    name=$(basename "$f" .txt)  # <model>_<N>gpus
+    model=${name%_*} gpus=${name##*_}; gpus=${gpus%gpus}
+    rc=0
+    "$BIN" inspect plan "$SRC/configs/gpu_$model.json" --profile h100 --gpus "$gpus" --top 100 \
+      > "$name.txt" 2> err.txt || rc=$?
+    if ((rc != 0)) && grep -q "this build has no CUDA backend" err.txt; then
+      echo "skipped: configs/gpu_$model.json asks for training.device = \"cuda\", and this build has no CUDA backend"
+      exit 77
+    fi
+    ((rc == 0)) || { cat err.txt; fail "inspect plan for docs/plans/$name.txt (exit code $rc)"; }
+    "$PY" - "$f" "$name.txt" <<'PYEOF' || fail "docs/plans/$name.txt is stale; regenerate it: build/attnres inspect plan configs/gpu_$model.json --profile h100 --gpus $gpus --top 100 > docs/plans/$name.txt"
+import re, sys
+doc, now = (open(p).read().splitlines() for p in sys.argv[1:3])
+num = re.compile(r"^[+-]?\d+(\.(\d+))?%?$")
+def same(a, b):
+    ma, mb = num.match(a), num.match(b)
+    if not (ma and mb):
+        return a == b
+    unit = 10.0 ** -len(ma.group(2) or "")  # one unit of the last printed digit
+    x, y = (float(t.rstrip("%")) for t in (a, b))
+    return abs(x - y) <= unit * 1.0001 + 1e-6 * abs(y)
+if len(doc) != len(now):
+    sys.exit(f"{len(doc)} lines in the doc, {len(now)} printed now")
+for i, (d, n) in enumerate(zip(doc, now), 1):
+    dt, nt = d.split(), n.split()
+    if len(dt) != len(nt) or not all(same(a, b) for a, b in zip(dt, nt)):
+        sys.exit(f"line {i} differs:\n  doc: {d}\n  now: {n}")
+PYEOF
+    n=$((n + 1))
+  done
+  ((n > 0)) || fail "no docs/plans/*gpus.txt"
+  pass "docs/plans/: $n tables equal the planner's output"
+  exit 0
+fi
+[[ -z "${ATTNRES_TEST_PART:-}" ]] || fail "unknown ATTNRES_TEST_PART '$ATTNRES_TEST_PART' (docs, or unset)"
 "$BIN" inspect plan "$SRC/configs/quickstart.json" --profile cpu --steps 1 \
   --model.n_layers=4 --parallel.pipeline=2 --parallel.virtual_stages=2 --training.grad_accum=2 \
   --training.steps=1 > cpu.txt
