@@ -319,13 +319,17 @@ caught=0 survived=0 errors=0
 } > "$REPORT"
 for n in "${SELECTED[@]}"; do
   t0=$(date +%s)
-  f=${FILE[$n]}
+  f=""
+  for cand in ${FILE[$n]}; do  # the first of the alternatives that REV has
+    if [[ -f "$WORK/$cand" ]]; then f=$cand; break; fi
+  done
   log="$LOGS/$n.log"
   rm -f "$log".*  # an earlier run's
   : > "$log"
   result="" by=""
   echo "== $n ($f)"
-  if [[ ! -f "$WORK/$f" ]]; then
+  if [[ -z "$f" ]]; then
+    f=${FILE[$n]}
     result="error" by="no file $f at $REV"
   else
     cp "$WORK/$f" "$STATE/original"
