@@ -157,7 +157,7 @@ grep -qxF 'args: ~[cross_entropy]~[swiglu]~[store]~[model] -w NoTests --duration
 [[ $(awk '$1 == "tests" { print $2, $3 }' $r/steps.txt | tr '\n' ';') == \
    "gpu_tests_ce_swiglu_store.log ok;gpu_tests_model.log FAILED;gpu_tests_rest.log ok;" ]] \
   || { cat $r/steps.txt; fail "steps.txt"; }
-tar tzf out/gpu_check_2_tests.tgz | grep -q "steps.txt" || fail "no steps.txt in \$OUT/gpu_check_2_tests.tgz"
+grep -q "steps.txt" <(tar tzf out/gpu_check_2_tests.tgz) || fail "no steps.txt in \$OUT/gpu_check_2_tests.tgz"
 pass "--tests: three runs in order, each its own log, a failure fails the stage, steps.txt, \$OUT archive"
 
 rc=0

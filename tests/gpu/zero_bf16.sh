@@ -24,7 +24,7 @@ compare_losses run0/metrics.jsonl run1/metrics.jsonl 1e-3 || fail "zero = 1 trai
 "$BIN" inspect compare ck0/step_00000008 ck1/step_00000008 --rtol 1e-2 || fail "final checkpoints differ"
 pass "zero = 1 = zero = 0 in bf16 (losses within 1e-3)"
 
-resident() { sed -nE 's/.*\(largest\): ([0-9.]+) MiB resident.*/\1/p' "$1" | head -1; }
+resident() { sed -nE 's/.*\(largest\): ([0-9.]+) MiB resident.*/\1/p' "$1" | awk 'NR == 1'; }  # (head would leave sed a SIGPIPE)
 r0=$(resident log0.txt); r1=$(resident log1.txt)
 "$BIN" inspect memory base.json "${common[@]}" --parallel.zero=1 --json > plan.json
 "$PY" - "$r0" "$r1" <<'PY' || fail "resident memory with zero = 1 is not what the planner says"

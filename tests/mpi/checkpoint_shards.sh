@@ -79,7 +79,7 @@ rm -rf ck_k run_k
 [[ -d ck_k/step_00000002 ]] || { cat log_k.txt; fail "no step 2 checkpoint"; }
 [[ ! -e ck_k/step_00000004 ]] || fail "the interrupted save was published"
 "$BIN" inspect checkpoint ck_k/step_00000002 >/dev/null || fail "step 2 does not verify"
-ls -a ck_k | grep -q "^.tmp_step_00000004_" || fail "no temp dir of the interrupted save (did it die there?)"
+grep -q "^.tmp_step_00000004_" <(ls -a ck_k) || fail "no temp dir of the interrupted save (did it die there?)"
 # The launcher returns before every rank of the aborted job has exited; a
 # temp dir is only deleted once its writer is gone, so wait for them.
 for _ in $(seq 1 300); do pgrep -f "checkpoint.dir=ck_k" >/dev/null || break; sleep 0.1; done

@@ -27,7 +27,7 @@ JSON
 }
 
 # A metrics.jsonl's first step's pipeline bytes, and its last train loss.
-pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | head -1 | cut -d: -f2; }
+pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | awk -F: 'NR == 1 { print $2 }'; }
 last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }
 
 # The per-step records without timing (mfu: GPU runs) and parallel-only fields.
