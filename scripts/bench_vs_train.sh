@@ -7,24 +7,26 @@
 # after the first 2), on real text, with data loading, the learning-rate
 # schedule and logging; no evaluation, no checkpoints.
 #   scripts/bench_vs_train.sh [--device cpu|cuda] [--preset 124m|350m]
-#                             [--steps 12] [--bin build/attnres] [--data DIR]
+#                             [--steps 12] [--rounds 3] [--bin build/attnres] [--data DIR]
 # cpu (default): bench's default model (d 256, L 6, V 4096, T 256, B 8, Block
 #   AttnRes S = 4) on the Brown corpus of the quickstart (data/brown, 4096
 #   tokens: scripts/prepare_brown.sh 4096), fp32.
 # --device cuda --preset 124m: configs/gpu_124m.json's model (Block N = 8,
 #   B 16, T 1024), bf16, on Brown in GPT-2 tokens (--data .shards/brown_gpt2:
 #   see the head of scripts/gpu_logits_compare.sh).
-# Prints "train / bench: R" and whether they agree within 5%; exits 0 unless
-# a run failed.
+# Bench and train alternate for --rounds rounds; prints each round's pair, then
+# "train / bench: R" of the medians and whether they agree within 5%; exits 0
+# unless a run failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-device=cpu preset="" steps=12 bin=build/attnres data=""
-usage() { sed -n '2,19p' "$0" >&2; exit 2; }
+device=cpu preset="" steps=12 rounds=3 bin=build/attnres data=""
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;p}' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --device) [[ $# -ge 2 ]] || usage; device=$2; shift ;;
     --preset) [[ $# -ge 2 ]] || usage; preset=$2; shift ;;
     --steps) [[ $# -ge 2 ]] || usage; steps=$2; shift ;;
+    --rounds) [[ $# -ge 2 ]] || usage; rounds=$2; shift ;;
     --bin) [[ $# -ge 2 ]] || usage; bin=$2; shift ;;
     --data) [[ $# -ge 2 ]] || usage; data=$2; shift ;;
     *) usage ;;
@@ -32,6 +34,7 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 [[ $steps =~ ^[0-9]+$ && $steps -ge 5 ]] || { echo "error: --steps must be 5 or more" >&2; exit 2; }
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "error: --rounds must be a positive integer" >&2; exit 2; }
 [[ -x $bin ]] || { echo "error: $bin is not built" >&2; exit 2; }
 
 # The shape, as bench's flags and as the trainer's config.
@@ -69,19 +72,33 @@ cat > "$work/train.json" <<JSON
  "run": {"dir": "$work/run", "log_every": 1000}}
 JSON
 
-echo "==> attnres bench ${bench[*]} --steps $((steps - 2)) --warmup 2"
-"$bin" bench "${bench[@]}" --steps $((steps - 2)) --warmup 2 | tee "$work/bench.txt"
-bench_tps=$(awk '/^block /{print $(NF-4); exit}' "$work/bench.txt")
-echo "==> attnres train ($steps steps, B=$B T=$T, $device $precision)"
-"$bin" train "$work/train.json" 2> "$work/train.log" || { tail -20 "$work/train.log"; exit 1; }
-grep -E "model:|device:|cpu:" "$work/train.log" || true
-python3 - "$work/run/metrics.jsonl" "$bench_tps" <<'PY'
+# Rounds alternate bench and train, so that a slow spell of the machine (a
+# shared VM's CPU speed drifts by 10% over a minute) falls on both sides.
+: > "$work/pairs.txt"
+for ((round = 1; round <= rounds; round++)); do
+  echo "==> round $round/$rounds: attnres bench ${bench[*]} --steps $((steps - 2)) --warmup 2"
+  "$bin" bench "${bench[@]}" --steps $((steps - 2)) --warmup 2 > "$work/bench.txt"
+  grep -E "^(mode|block) " "$work/bench.txt"
+  bench_tps=$(awk '/^block /{print $(NF-4); exit}' "$work/bench.txt")
+  echo "==> round $round/$rounds: attnres train ($steps steps, B=$B T=$T, $device $precision)"
+  rm -rf "$work/run"
+  "$bin" train "$work/train.json" 2> "$work/train.log" || { tail -20 "$work/train.log"; exit 1; }
+  [[ $round -gt 1 ]] || grep -E "model:|device:|cpu:" "$work/train.log" || true
+  python3 - "$work/run/metrics.jsonl" "$bench_tps" >> "$work/pairs.txt" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_sec"' in l]
-train = statistics.median(r["tokens_per_sec"] for r in rows[2:])
-bench = float(sys.argv[2])
+print(sys.argv[2], statistics.median(r["tokens_per_sec"] for r in rows[2:]))
+PY
+  read -r b t < <(tail -n 1 "$work/pairs.txt")
+  printf '    bench %.0f tokens/s, train %.0f tokens/s (median of steps 3..%d)\n' "$b" "$t" "$steps"
+done
+python3 - "$work/pairs.txt" <<'PY'
+import statistics, sys
+pairs = [tuple(map(float, l.split())) for l in open(sys.argv[1])]
+bench = statistics.median(b for b, _ in pairs)
+train = statistics.median(t for _, t in pairs)
 ratio = train / bench
-print(f"bench: {bench:.0f} tokens/s (median of its timed steps)")
-print(f"train: {train:.0f} tokens/s (median of steps 3..{len(rows)})")
+print(f"bench: {bench:.0f} tokens/s (median over {len(pairs)} rounds of each round's median step)")
+print(f"train: {train:.0f} tokens/s (the same over its steps 3..)")
 print(f"train / bench: {ratio:.3f} ({'within' if abs(ratio - 1) <= 0.05 else 'NOT within'} 5%)")
 PY

@@ -8,7 +8,7 @@
 #              SwiGLU and Store; the model tests; everything else
 #   --engine   exact resume + eval on the GPU in bf16 (tests/cli/resume.sh), the
 #              engine's training tokens/s against the benchmark's
-#              (scripts/bench_vs_train.sh, 30 steps of 124M), recomputation
+#              (scripts/bench_vs_train.sh, 30 steps of 124M, one round), recomputation
 #              none vs mix / layer bit for bit (test_gpu "[recompute]")
 #   --multi    the NCCL transport test (1 rank), then the multi-rank scripts
 #              tests/gpu/pipeline_cuda.sh and tests/gpu/zero_bf16.sh
@@ -76,7 +76,7 @@ tests|1.0|240|catch2|gpu_tests_ce_swiglu_store.log||GPU tests: cross-entropy, Sw
 tests|0.5|240|catch2|gpu_tests_model.log||GPU tests: the model (training steps against the CPU, bf16, decoding)|build-gpu/tests/test_gpu "[model]~[recompute]" -w NoTests --durations yes
 tests|2.5|360|catch2|gpu_tests_rest.log||GPU tests: everything else (matmul, attention, mix, norms, AdamW, ...)|build-gpu/tests/test_gpu "~[cross_entropy]~[swiglu]~[store]~[model]" -w NoTests --durations yes
 engine|1.0|300|script|resume.log||exact resume and eval through the engine on the GPU in bf16|ATTNRES_TEST_DEVICE=cuda bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD"
-engine|1.5|300|text|bench_vs_train.txt||the engine's training tokens/s (30-step 124M train) against the benchmark's|bash scripts/bench_vs_train.sh --device cuda --preset 124m --steps 30 --bin build-gpu/attnres --data .shards/brown_gpt2
+engine|1.5|300|text|bench_vs_train.txt||the engine's training tokens/s (30-step 124M train) against the benchmark's|bash scripts/bench_vs_train.sh --device cuda --preset 124m --steps 30 --rounds 1 --bin build-gpu/attnres --data .shards/brown_gpt2
 engine|0.5|180|catch2|gpu_tests_recompute.log||recomputation (none vs mix, layer) bit for bit on the GPU|build-gpu/tests/test_gpu "[recompute]" -w NoTests --durations yes
 multi|0.5|120|catch2|nccl.log|if_mpirun|the NCCL transport, 1 rank (self-exchange, P = 1 with two chunks)|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 mpirun -np 1 $MPIRUN_FLAGS build-gpu/tests/test_mpi "[nccl]" -s
 multi|2.0|240|script|pipeline_cuda.log|if_mpirun|pipeline and data-parallel layouts, 2 and 4 ranks on the visible GPUs, against one GPU|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/pipeline_cuda.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
