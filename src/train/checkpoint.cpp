@@ -21,9 +21,14 @@ json hf_config(const model::ModelConfig& m) {
   json residual = {{"mode", model::residual_mode_name(m.mode)}};
   if (m.attnres()) residual["block_size"] = m.resolved_block_size();
   if (m.n_blocks > 0) residual["n_blocks"] = m.n_blocks;
+  // The baseline is a Llama model and says so. Full and Block AttnRes compute
+  // another function with Llama's tensors plus the Mix queries: labelled
+  // "llama", a Llama loader would load them, drop the queries with a warning
+  // and compute something else. "attnres" makes such a loader refuse them.
+  const bool llama = !m.attnres();
   return {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {llama ? "LlamaForCausalLM" : "AttnResForCausalLM"}},
+      {"model_type", llama ? "llama" : "attnres"},
       {"vocab_size", m.vocab_size},
       {"hidden_size", m.d_model},
       {"intermediate_size", m.d_ff},

@@ -6,7 +6,8 @@
 //                 optimizer-0000S-of-0000P.safetensors + optimizer.safetensors.index.json
 //                 (Hugging Face's sharded form: {"metadata": {"total_size": bytes},
 //                 "weight_map": {tensor name: file}}); every reader takes both forms
-//                 config.json            Hugging Face LlamaConfig + residual settings
+//                 config.json            Hugging Face LlamaConfig fields + residual settings
+//                                        (model_type "llama" for the baseline, "attnres" else)
 //                 state.json             step, tokens, data cursor, RNG, resolved config
 //                 tokenizer.json         data.tokenizer as one file, when configured
 //                 manifest.json          sizes + checksums (written last by checkpoint_io)
@@ -29,7 +30,11 @@ struct TrainState {
   int64_t tokens = 0;  // training tokens consumed
 };
 
-// Hugging Face LlamaConfig fields plus our residual settings.
+// Hugging Face LlamaConfig fields plus our residual settings; model_type and
+// architectures say "llama" only for the baseline (Full and Block AttnRes are
+// "attnres" / AttnResForCausalLM, which no Llama loader accepts). Nothing of
+// ours reads it back (state.json holds the config), so checkpoints written
+// before the label changed read as before.
 nlohmann::json hf_config(const model::ModelConfig& m);
 
 // Write a complete checkpoint for `state.step`, collective over `world`; no
