@@ -1,5 +1,6 @@
 #include "data/gpt2_files.h"
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <sstream>
@@ -179,6 +180,34 @@ bool split_merge(const std::string& line, SpelledMerge& m) {
   return true;
 }
 
+// GPT-2's encoder.json holds exactly the 256 bytes, one token per merge of
+// vocab.bpe (its result) and the special tokens. A vocab.bpe cut short, or
+// empty, would otherwise load: the tokens of the missing merges are never
+// made, and text that needs them gets other ids.
+void check_gpt2_pair(const BpeVocabulary& v, const std::string& encoder_path,
+                     const std::string& vocab_bpe_path, const std::function<std::string(size_t)>& where) {
+  const size_t n = v.token_bytes.size();
+  const auto n_special = static_cast<size_t>(std::count(v.special.begin(), v.special.end(), true));
+  const size_t want = 256 + v.merges.size() + n_special;
+  if (n != want)
+    fail("tokenizer '", vocab_bpe_path, "' has ", v.merges.size(), " merges and '", encoder_path, "' ", n,
+         " tokens, but GPT-2's pair has one token per byte, one per merge and the ", n_special,
+         " special: 256 + ", v.merges.size(), " + ", n_special, " = ", want,
+         ". The two files do not belong together (a vocab.bpe cut short, or another model's?)");
+  std::vector<char> made(n, 0);
+  for (size_t r = 0; r < v.merges.size(); ++r) {
+    const auto c = static_cast<size_t>(v.merge_ids[r]);
+    if (made[c])
+      fail("tokenizer ", where(r), ": makes ", json(bytes_to_spelled(v.token_bytes[c])).dump(),
+           ", which an earlier merge made");
+    made[c] = 1;
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (!v.special[i] && v.token_bytes[i].size() > 1 && !made[i])
+      fail("tokenizer '", encoder_path, "': token ", json(bytes_to_spelled(v.token_bytes[i])).dump(), " (id ", i,
+           ") is made by no merge of '", vocab_bpe_path, "'");
+}
+
 }  // namespace
 
 uint32_t byte_char(unsigned char b) { return alphabet().char_of[b]; }
@@ -212,9 +241,10 @@ BpeVocabulary read_gpt2_vocabulary(const json& encoder, const std::string& encod
     merges.push_back(std::move(m));
     line_of.push_back(n);
   }
-  return build_vocabulary(encoder, encoder_path, {}, merges, [&](size_t i) {
-    return "'" + vocab_bpe_path + "': line " + std::to_string(line_of[i]);
-  });
+  auto where = [&](size_t i) { return "'" + vocab_bpe_path + "': line " + std::to_string(line_of[i]); };
+  BpeVocabulary v = build_vocabulary(encoder, encoder_path, {}, merges, where);
+  check_gpt2_pair(v, encoder_path, vocab_bpe_path, where);
+  return v;
 }
 
 BpeVocabulary read_hf_vocabulary(const json& j, const std::string& path) {

@@ -43,6 +43,12 @@ expect_error "encoder.json without vocab.bpe" "lonely/vocab.bpe' does not exist"
 printf '#version: 0.2\nĠ t\nnot-a-merge\n' > lonely/vocab.bpe
 expect_error "a vocab.bpe with a bad line" "lonely/vocab.bpe': line 3" \
   "$BIN" tokenize encode --tokenizer lonely/vocab.bpe --input hello --output-dir x
+: > lonely/vocab.bpe
+expect_error "an empty vocab.bpe" "lonely/vocab.bpe' has 0 merges and" \
+  "$BIN" tokenize encode --tokenizer lonely/vocab.bpe --input hello --output-dir x
+head -n 1001 "$GPT2/vocab.bpe" > lonely/vocab.bpe  # the version line and 1,000 of the 50,000 merges
+expect_error "a vocab.bpe cut to 1,000 merges" "has 1000 merges and" \
+  "$BIN" tokenize encode --tokenizer lonely/vocab.bpe --input hello --output-dir x
 
 # ---- train a small model on GPT-2 ids, data.tokenizer = GPT-2's files ----
 cat > gpt2.json <<JSON

@@ -314,8 +314,24 @@ TEST_CASE("Bad GPT-2 and Hugging Face files are refused with the file and the re
   json no_byte = tiny_encoder();
   no_byte.erase("q");
   no_byte["qq"] = byte_id('q');
-  write_gpt2_pair(dir.file("nobyte"), no_byte, "#version: 0.2\n");
-  rejects(dir.file("nobyte/encoder.json"), "no token for the byte 0x71");
+  write_gpt2_pair(dir.file("nobyte"), no_byte, tiny_vocab_bpe());
+  rejects(dir.file("nobyte/encoder.json"), "token \"qq\" (id " + std::to_string(byte_id('q')) +
+                                               ") is made by no merge of");
+  // encoder.json against vocab.bpe: 256 bytes + a token per merge + the special.
+  write_gpt2_pair(dir.file("nomerges"), tiny_encoder(), "");
+  rejects(dir.file("nomerges/vocab.bpe"), "has 0 merges and");
+  write_gpt2_pair(dir.file("versiononly"), tiny_encoder(), "#version: 0.2\n");
+  rejects(dir.file("versiononly/vocab.bpe"), "256 + 0 + 1 = 257");
+  std::string cut = "#version: 0.2\n";
+  for (size_t r = 0; r < 5; ++r) cut += spell(kMerges[r].first) + " " + spell(kMerges[r].second) + "\n";
+  write_gpt2_pair(dir.file("cut"), tiny_encoder(), cut);
+  rejects(dir.file("cut/vocab.bpe"), "has 5 merges and");
+  rejects(dir.file("cut/vocab.bpe"), "do not belong together");
+  json made_twice = tiny_encoder();
+  made_twice["wor"] = 266;
+  made_twice["zz"] = 267;  // keeps the count right: the repeat itself is refused
+  write_gpt2_pair(dir.file("twicemade"), made_twice, tiny_vocab_bpe() + "w or\n" + spell(" ") + " wor\n");
+  rejects(dir.file("twicemade/vocab.bpe"), "line 12: makes \"" + spell(" wor") + "\", which an earlier merge made");
   json negative = tiny_encoder();
   negative[spell("zz")] = -5;
   write_gpt2_pair(dir.file("neg"), negative, "#version: 0.2\n");
@@ -342,6 +358,10 @@ TEST_CASE("Bad GPT-2 and Hugging Face files are refused with the file and the re
              "model.merges[9]: \"qz\" is not in the vocabulary");
   hf_rejects("added.json", [](json& j) { j["added_tokens"][0]["id"] = "x"; }, "added_tokens[0]");
   hf_rejects("vocab.json", [](json& j) { j["model"]["vocab"] = json::array(); }, "model.vocab");
+  hf_rejects("nobyte.json", [](json& j) {
+    j["model"]["vocab"].erase("q");
+    j["model"]["vocab"]["qq"] = byte_id('q');
+  }, "no token for the byte 0x71");
   // Neither form.
   write_bytes(dir.file("other.json"), R"({"foo": "bar"})");
   rejects(dir.file("other.json"), "not a tokenizer file");
