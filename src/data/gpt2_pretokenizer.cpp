@@ -10,13 +10,14 @@
 namespace attnres::data {
 namespace {
 
-// JavaScript's \s (ECMAScript WhiteSpace and LineTerminator): tab, LF, VT, FF,
-// CR, U+FEFF and the Zs separators, plus U+2028/U+2029. PCRE's own \s (its
-// Xsp) is tab..CR plus the Z category: the same but for U+FEFF, which the
-// reference encoder counts as space. Neither includes U+0085 (NEL).
+// tiktoken's \s: Rust regex's, the Unicode White_Space property (tab, LF,
+// VT, FF, CR, space, U+0085 NEL, U+00A0, U+1680, U+2000..U+200A, U+2028,
+// U+2029, U+202F, U+205F, U+3000), spelled out because engines disagree:
+// PCRE's \s (with UCP) lacks U+0085, JavaScript's (gpt-3-encoder) lacks U+0085
+// and adds U+FEFF, Python re's adds U+001C..U+001F.
 constexpr const char* kSpace =
-    "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
-    "\\x{205F}\\x{3000}\\x{FEFF}";
+    "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
+    "\\x{202F}\\x{205F}\\x{3000}";
 
 std::string gpt2_pattern() {
   const std::string s = kSpace;

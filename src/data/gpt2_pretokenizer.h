@@ -4,10 +4,10 @@
 // matched with PCRE2 (UTF, JIT-compiled) so that \p{L} and \p{N} are the
 // Unicode classes, not hand-written tables.
 //
-// Reference behaviour: the JavaScript encoder of the npm package
-// gpt-3-encoder, which runs this pattern with the `u` flag. Its \s is
-// JavaScript's (WhiteSpace + LineTerminator), which differs from PCRE's: the
-// pattern here spells that set out (see the .cpp).
+// Reference behaviour: tiktoken's "gpt2" encoding (Rust regex): \s is the
+// Unicode White_Space property, which differs from PCRE's own \s (and from
+// JavaScript's, which gpt-3-encoder uses): the pattern here spells that set
+// out (see the .cpp).
 //
 // Text need not be valid UTF-8. Invalid sequences never match the pattern
 // (PCRE2_MATCH_INVALID_UTF); each maximal run of bytes the matcher skips

