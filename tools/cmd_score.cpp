@@ -11,6 +11,7 @@
 
 #include "core/device.h"
 #include "data/tokenizer_file.h"
+#include "data/utf8.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/checkpoint.h"
@@ -22,7 +23,9 @@ int cmd_score(const Args& args) {
   if (f.has("help")) {
     std::puts("usage: attnres score --checkpoint DIR --text TEXT [--tokenizer FILE] [--device cpu|cuda]\n"
               "  Prints {\"tokens\": [EOT, t1, ..., tn], \"logprobs\": [log p(t1 | EOT), ...,\n"
-              "  log p(tn | EOT t1 ... tn-1)], \"pieces\": [the text of t1 ... tn], \"sum\": ...}\n"
+              "  log p(tn | EOT t1 ... tn-1)], \"pieces\": [the text of t1 ... tn], \"partial\":\n"
+              "  [indices of pieces that hold part of a UTF-8 character, its bytes written <0xHH>],\n"
+              "  \"sum\": ...}\n"
               "  computed in fp32 (cpu by default). The tokenizer defaults to DIR/tokenizer.json.");
     return 0;
   }
@@ -51,14 +54,21 @@ int cmd_score(const Args& args) {
   std::iota(rows.begin(), rows.end(), 0);
   const auto lp = model.forward_logprobs(Tensor::from_vector(inputs, {n}), 1, n, rows, targets);
 
-  nlohmann::json pieces = nlohmann::json::array();
-  for (int32_t t : targets) pieces.push_back(tokenizer.decode(Span<const int32_t>(&t, 1)));
+  // A token can end inside a UTF-8 character: its bytes that are not part of
+  // a whole character are written "<0xHH>", and the piece is listed in
+  // "partial" (JSON strings hold characters, not bytes).
+  nlohmann::json pieces = nlohmann::json::array(), partial = nlohmann::json::array();
+  for (size_t i = 0; i < targets.size(); ++i) {
+    bool marked = false;
+    pieces.push_back(data::mark_partial_utf8(tokenizer.decode(Span<const int32_t>(&targets[i], 1)), &marked));
+    if (marked) partial.push_back(i);
+  }
   const nlohmann::json out = {{"tokens", tokens},
                               {"logprobs", lp},
                               {"pieces", pieces},
+                              {"partial", partial},
                               {"sum", std::accumulate(lp.begin(), lp.end(), 0.0)}};
-  // A token can end inside a UTF-8 character: such bytes print as U+FFFD.
-  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 

