@@ -130,7 +130,8 @@ std::string readme(const json& config, const std::vector<std::string>& tokenizer
     if (tokenizer_format == "attnres-bpe")
       tok += "attnres-bpe is attnres's own byte-level BPE JSON (`type`, `vocab_size`, `merges`, "
              "`special`; see the attnres repository's src/data/bpe.h), not a Hugging Face "
-             "tokenizers file: encode text with `attnres tokenize` or `attnres score`. Token ids "
+             "tokenizers file (hence not named tokenizer.json): encode text with `attnres "
+             "tokenize` or `attnres score`. Token ids "
              "0-255 are the bytes, id 256+i joins the two ids of merge i, the last id is "
              "<|endoftext|>.\n";
     else
@@ -218,7 +219,13 @@ int cmd_export(const Args& args) {
     spdlog::warn("export: the checkpoint carries no tokenizer (data.tokenizer was not set): the "
                  "export has none, and no bos/eos token ids");
   }
-  for (const auto& p : tok_files) tok_names.push_back(fs::path(p).filename().string());
+  // Our own BPE format is not a Hugging Face tokenizers file: under the name
+  // tokenizer.json, transformers would try to load it and fail ("Tokenizer
+  // must contain a \"model\" property"), so it gets a name of its own.
+  for (const auto& p : tok_files)
+    tok_names.push_back(tok_format == "attnres-bpe" && fs::path(p).filename() == "tokenizer.json"
+                            ? "attnres_tokenizer.json"
+                            : fs::path(p).filename().string());
 
   json config = train::hf_config(cfg.model);
   config["architectures"] = {"AttnResForCausalLM"};

@@ -56,9 +56,11 @@ run_case() {
   ls "hfs_$name"/model-00001-of-*.safetensors "hfs_$name"/model.safetensors.index.json >/dev/null \
     || fail "$name: no shards"
   for f in config.json configuration_attnres.py modeling_attnres.py generation_config.json \
-           tokenizer.json README.md model.safetensors; do
+           attnres_tokenizer.json README.md model.safetensors; do
     [[ -f "hf_$name/$f" ]] || fail "$name: export lacks $f"
   done
+  # Our own BPE format is not a Hugging Face tokenizers file: not named tokenizer.json.
+  [[ ! -e "hf_$name/tokenizer.json" ]] || fail "$name: an attnres-bpe tokenizer exported as tokenizer.json"
   grep -q '"model_type": "attnres"' "hf_$name/config.json" || fail "$name: model_type"
   "$BIN" score --checkpoint "$ck" --text "The quick brown fox jumps over the lazy dog while the jury said that" \
     > "score1_$name.json" 2>/dev/null || fail "$name: score"

@@ -70,6 +70,10 @@ grep -q '"model"' $ck/tokenizer.json && grep -q '"type": "BPE"' $ck/tokenizer.js
 first=$(grep -m1 -o '"loss":[0-9.]*' run/metrics.jsonl | cut -d: -f2)
 last=$(grep -o '"loss":[0-9.]*' run/metrics.jsonl | tail -1 | cut -d: -f2)
 pass "trained 300 steps: loss $first -> $last; the checkpoint carries tokenizer.json ($(wc -c <$ck/tokenizer.json) bytes)"
+"$BIN" export hf --checkpoint $ck --out hf_gpt2 2>/dev/null || fail "export of the GPT-2-vocabulary checkpoint"
+cmp -s $ck/tokenizer.json hf_gpt2/tokenizer.json && [[ ! -e hf_gpt2/attnres_tokenizer.json ]] \
+  || fail "the export of a GPT-2-vocabulary checkpoint should carry its Hugging Face tokenizer.json"
+pass "the export carries the Hugging Face tokenizer.json as it is"
 expect_error "a model too small for GPT-2's vocabulary" "has 50257 tokens, more than model.vocab_size = 4096" \
   "$BIN" train gpt2.json --model.vocab_size=4096 --checkpoint.dir=ck_small --run.dir=run_small
 

@@ -138,7 +138,7 @@ def check_case(case):
         out = model.generate_tokens(prompt, max_new_tokens=case["tokens"])[0, len(prompt):].tolist()
         check(out == gen["tokens"], f"{name}: greedy {len(out)} tokens == attnres generate's "
                                     f"{len(gen['tokens'])} ({out[:6]}...)")
-        text = decode(os.path.join(case["fp32"], "tokenizer.json"), prompt[1:] + out)
+        text = decode(os.path.join(case["fp32"], "attnres_tokenizer.json"), prompt[1:] + out)
         check(text == gen["text"], f"{name}: decoded text == attnres generate's: {text[:40]!r}...")
 
     # bf16: exactly the fp32 weights rounded to nearest even; loads upcast
@@ -169,8 +169,8 @@ def check_case(case):
 
     # The tokenizer file is the checkpoint's, byte for byte.
     with open(case["checkpoint_tokenizer"], "rb") as a, \
-            open(os.path.join(case["fp32"], "tokenizer.json"), "rb") as b:
-        check(a.read() == b.read(), f"{name}: tokenizer.json copied as it is")
+            open(os.path.join(case["fp32"], "attnres_tokenizer.json"), "rb") as b:
+        check(a.read() == b.read(), f"{name}: the tokenizer copied as it is (attnres_tokenizer.json)")
 
     if case.get("eval"):
         check_hellaswag(name, model, case)
