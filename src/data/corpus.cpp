@@ -1,5 +1,7 @@
 #include "data/corpus.h"
 
+#include <omp.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -148,16 +150,36 @@ EncodeSummary encode_corpus(const BpeTokenizer& tokenizer, const std::vector<std
 
   ShardSink train(opt, "train", s.token_bytes, s.train_shards);
   ShardSink val(opt, "val", s.token_bytes, s.val_shards);
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < s.documents; ++i) {
-    const std::string doc = read_document(files[static_cast<size_t>(i)], format);
-    ids.assign(1, tokenizer.eot());
+  // Documents are read in batches (in order, up to kBatchBytes of text),
+  // encoded on every thread, then written in order: the shards do not depend
+  // on the thread count. A tokenizer's piece cache is not thread-safe, so
+  // each thread encodes with its own copy.
+  constexpr int64_t kBatchBytes = int64_t{64} << 20;
+  s.threads = omp_get_max_threads();
+  std::vector<BpeTokenizer> per_thread(static_cast<size_t>(s.threads), tokenizer);
+  std::vector<std::string> docs;
+  std::vector<std::vector<int32_t>> bodies;
+  for (int64_t first = 0; first < s.documents;) {
+    docs.clear();
+    int64_t bytes = 0;
+    while (first + static_cast<int64_t>(docs.size()) < s.documents && (docs.empty() || bytes < kBatchBytes)) {
+      docs.push_back(read_document(files[static_cast<size_t>(first) + docs.size()], format));
+      bytes += static_cast<int64_t>(docs.back().size());
+    }
+    bodies.assign(docs.size(), {});
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int32_t> body = tokenizer.encode(doc);
+    const auto n = static_cast<int64_t>(docs.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i)
+      bodies[static_cast<size_t>(i)] = per_thread[static_cast<size_t>(omp_get_thread_num())].encode(docs[static_cast<size_t>(i)]);
     s.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    s.text_bytes += static_cast<int64_t>(doc.size());
-    ids.insert(ids.end(), body.begin(), body.end());
-    (i < s.train_documents ? train : val).append(ids);
+    s.text_bytes += bytes;
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<int32_t> ids{tokenizer.eot()};
+      ids.insert(ids.end(), bodies[static_cast<size_t>(i)].begin(), bodies[static_cast<size_t>(i)].end());
+      (first + i < s.train_documents ? train : val).append(ids);
+    }
+    first += n;
   }
   train.finish();
   val.finish();

@@ -37,7 +37,8 @@ struct EncodeSummary {
   int token_bytes = 0;
   std::vector<std::string> train_shards, val_shards;
   int64_t text_bytes = 0;       // bytes of text encoded
-  double encode_seconds = 0;    // time spent in tokenizer.encode (one thread)
+  double encode_seconds = 0;    // wall time spent encoding (on `threads` threads)
+  int threads = 1;              // OpenMP threads that encoded
 };
 
 // Encodes `files` (one document each) into llm.c shards under

@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
+#include <omp.h>
+
 #include "data/corpus.h"
 #include "data/shard.h"
 #include "temp_dir.h"
@@ -96,4 +98,36 @@ TEST_CASE("encode_corpus writes EOT-separated shards with a validation tail", "[
 
   opt.val_fraction = 1.0;
   REQUIRE_THROWS_WITH(encode_corpus(tok, files, CorpusFormat::Text, opt), Contains("val fraction"));
+}
+
+TEST_CASE("encode_corpus writes the same shards on any number of threads", "[data]") {
+  TempDir dir;
+  std::vector<std::string> docs, files;
+  for (int i = 0; i < 40; ++i) {  // documents of unequal lengths, so threads finish out of order
+    std::string d;
+    for (int k = 0; k <= (i * 7) % 23; ++k) d += "word" + std::to_string(i * k) + " and more text. ";
+    docs.push_back(d);
+    files.push_back(dir.file("doc" + std::to_string(i) + ".txt"));
+    write_bytes(files.back(), d);
+  }
+  const BpeTokenizer tok = BpeTokenizer::train(docs, 400);
+  auto shards_with = [&](int threads) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    EncodeOptions opt;
+    opt.output_dir = dir.file("out" + std::to_string(threads));
+    opt.val_fraction = 0.1;
+    opt.shard_tokens = 300;
+    const EncodeSummary s = encode_corpus(tok, files, CorpusFormat::Text, opt);
+    omp_set_num_threads(before);
+    CHECK(s.threads == threads);
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& p : s.train_shards) out.push_back(read_shard(p));
+    for (const auto& p : s.val_shards) out.push_back(read_shard(p));
+    return out;
+  };
+  const auto one = shards_with(1);
+  REQUIRE(one.size() > 2);
+  CHECK(shards_with(2) == one);
+  CHECK(shards_with(5) == one);
 }
