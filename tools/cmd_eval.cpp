@@ -38,12 +38,15 @@ const char* kHelp =
     "  (the cpu computes in fp32).\n"
     "\n"
     "usage: attnres eval --checkpoint DIR --task hellaswag --data FILE.jsonl [--limit N]\n"
-    "         [--seq-len T] [--batch-size B] [--tokenizer FILE] [--device cpu|cuda] [--per-example]\n"
+    "         [--scoring lm-eval|llm.c] [--seq-len T] [--batch-size B] [--tokenizer FILE]\n"
+    "         [--device cpu|cuda] [--per-example]\n"
     "  Multiple-choice accuracy: each ending scored by the sum of its tokens' log-probabilities\n"
-    "  given the context; prints {\"task\", \"acc\", \"acc_norm\" (sums divided by the ending's\n"
-    "  length in bytes), \"examples\"}. --limit: the first N questions. T and B default to the\n"
-    "  checkpoint's training.seq_len and micro_batch_size (longer contexts lose their start);\n"
-    "  the tokenizer to DIR/tokenizer.json. --per-example adds each question's tokens and sums.";
+    "  given the context; prints {\"task\", \"scoring\", \"acc\", \"acc_norm\", \"examples\"}.\n"
+    "  --scoring (default lm-eval): lm-evaluation-harness's rendering of HellaSwag and acc_norm\n"
+    "  per character of the ending, or llm.c's (\"ctx\" as it is, acc_norm per token).\n"
+    "  --limit: the first N questions. T and B default to the checkpoint's training.seq_len and\n"
+    "  micro_batch_size (longer contexts lose their start); the tokenizer to DIR/tokenizer.json.\n"
+    "  --per-example adds each question's texts, tokens, normalisers and sums.";
 
 // The device and precision to evaluate with: the checkpoint's unless --device
 // says otherwise; a cuda checkpoint on a machine without a GPU falls back to
@@ -90,9 +93,10 @@ int eval_task(const Flags& f, const std::string& dir, const train::Config& cfg) 
   const auto tokenizer = data::open_tokenizer(
       f.get("tokenizer", (std::filesystem::path(dir) / "tokenizer.json").string()),
       "eval: --tokenizer (default: the checkpoint's tokenizer.json)");
+  const train::Scoring scoring = train::parse_scoring(f.get("scoring", "lm-eval"), "eval: --scoring");
   const auto items = data::read_task(task, path, limit);
   const auto questions = train::tokenize_questions(
-      items, [&](const std::string& s) { return tokenizer.encode(s); }, tokenizer.eot(), T, path,
+      items, scoring, [&](const std::string& s) { return tokenizer.encode(s); }, T, path,
       "--seq-len, default the checkpoint's training.seq_len");
 
   // The trainer's path on a job of one process: the same runtime and rows.
@@ -101,16 +105,18 @@ int eval_task(const Flags& f, const std::string& dir, const train::Config& cfg) 
   const parallel::ProcessGrid grid(solo, 1, 1);
   parallel::Runtime rt(grid, cfg.model, dtype, device, parallel::RuntimeOptions{}, B, T);
   for (int v = 0; v < rt.model().size(); ++v) train::load_weights(dir, rt.model().chunk(v).params());
-  const train::ChoiceScores s = train::score_questions(rt, questions, B, T);
+  const train::ChoiceScores s = train::score_questions(rt, questions, B, T, tokenizer.eot());
 
-  nlohmann::json out = {{"task", task}, {"acc", s.acc}, {"acc_norm", s.acc_norm},
-                        {"examples", s.examples}};
+  nlohmann::json out = {{"task", task}, {"scoring", train::scoring_name(scoring)}, {"acc", s.acc},
+                        {"acc_norm", s.acc_norm}, {"examples", s.examples}};
   if (f.has("per-example")) {
     nlohmann::json per = nlohmann::json::array();
     for (size_t i = 0; i < questions.size(); ++i)
-      per.push_back({{"context_tokens", questions[i].context},
+      per.push_back({{"context", questions[i].context_text},
+                     {"endings", questions[i].ending_texts},
+                     {"context_tokens", questions[i].context},
                      {"ending_tokens", questions[i].endings},
-                     {"ending_bytes", questions[i].ending_bytes},
+                     {"norm", questions[i].norm},
                      {"label", questions[i].label},
                      {"logprobs", s.logprobs[i]}});
     out["per_example"] = per;
@@ -124,7 +130,7 @@ int eval_task(const Flags& f, const std::string& dir, const train::Config& cfg) 
 int cmd_eval(const Args& args) {
   Flags f(args, "eval",
           {"checkpoint", "data", "batches", "device", "task", "limit", "seq-len", "batch-size",
-           "tokenizer"},
+           "tokenizer", "scoring"},
           {"help", "per-example"});
   if (f.has("help")) {
     std::puts(kHelp);

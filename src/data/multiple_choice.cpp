@@ -39,6 +39,16 @@ ChoiceItem read_hellaswag_line(const std::string& text, const std::string& where
   if (!j.contains("ctx") || !j["ctx"].is_string() || j["ctx"].get<std::string>().empty())
     fail(where, ": \"ctx\" must be a non-empty string");
   q.context = j["ctx"].get<std::string>();
+  q.has_parts = true;
+  for (auto [key, field] : {std::pair{"activity_label", &q.activity_label}, std::pair{"ctx_a", &q.ctx_a},
+                            std::pair{"ctx_b", &q.ctx_b}}) {
+    if (!j.contains(key)) {
+      q.has_parts = false;
+      continue;
+    }
+    if (!j[key].is_string()) fail(where, ": \"", key, "\" must be a string, got ", j[key].dump());
+    *field = j[key].get<std::string>();
+  }
   if (!j.contains("endings") || !j["endings"].is_array() || j["endings"].size() < 2)
     fail(where, ": \"endings\" must be an array of at least 2 strings");
   for (const json& e : j["endings"]) {

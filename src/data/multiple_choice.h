@@ -1,7 +1,8 @@
 // Multiple-choice task files, read as text: HellaSwag's jsonl (one question
 // per line: {"ctx": context, "endings": [4 strings], "label": index of the
-// right ending}, other fields ignored), as the HellaSwag repository ships it
-// and llm.c and lm-eval read it. Scoring is in train/multiple_choice.h.
+// right ending, and "activity_label", "ctx_a", "ctx_b", which lm-eval's
+// rendering needs}, other fields ignored), as the HellaSwag repository ships
+// it and llm.c and lm-eval read it. Scoring is in train/multiple_choice.h.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -10,7 +11,11 @@
 namespace attnres::data {
 
 struct ChoiceItem {
-  std::string context;
+  std::string context;  // "ctx"
+  // "activity_label", "ctx_a", "ctx_b" (lm-eval builds its query from them);
+  // has_parts is false when the line lacks one of them.
+  std::string activity_label, ctx_a, ctx_b;
+  bool has_parts = false;
   std::vector<std::string> endings;
   int64_t label = 0;  // index into endings
   int64_t line = 0;   // 1-based line of the file, for messages

@@ -225,6 +225,9 @@ void for_each_key(C& c, V&& v) {
             "by commas (needs `data.tokenizer`; [ecosystem.md](ecosystem.md))", Check::None, "—", true});
   v("eval.task_examples", e.task_examples,
     KeySpec{"score only the first N questions of each task (0 = all)", Check::NonNegative});
+  v("eval.scoring", e.scoring,
+    KeySpec{"how tasks are rendered and `acc_norm` normalised: `lm-eval` (lm-evaluation-harness's "
+            "hellaswag, per character) or `llm.c` (per token) ([ecosystem.md](ecosystem.md))"});
   auto& r = c.run;
   v("run.dir", r.dir, KeySpec{"where `metrics.jsonl` goes"});
   v("run.log_every", r.log_every, KeySpec{"progress line every N steps", Check::Positive});
@@ -462,6 +465,7 @@ void Config::validate() const {
   if (eval.every > 0 && data.val.empty() && eval.tasks.empty())
     fail("config key data.val: missing, but eval.every = ", eval.every,
          " asks for evaluation (of data.val, or of eval.tasks)");
+  parse_scoring(eval.scoring, "config key eval.scoring");
   if (!eval.tasks.empty()) {
     parse_task_list(eval.tasks, "eval.tasks");
     if (data.tokenizer.empty())

@@ -72,6 +72,7 @@ struct EvalConfig {
   // questions of each (0 = all).
   std::string tasks;
   int64_t task_examples = 0;
+  std::string scoring = "lm-eval";  // "lm-eval" or "llm.c" (train/multiple_choice.h)
 };
 struct RunConfig {
   std::string dir = "run";

@@ -5,25 +5,66 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "data/hellaswag_text.h"
 #include "data/tokenizer_file.h"
 
 namespace attnres::train {
 
+Scoring parse_scoring(const std::string& name, const std::string& where) {
+  if (name == "lm-eval") return Scoring::LmEval;
+  if (name == "llm.c") return Scoring::LlmC;
+  fail(where, ": unknown scoring '", name, "' (known: lm-eval, llm.c)");
+}
+
+const char* scoring_name(Scoring s) { return s == Scoring::LmEval ? "lm-eval" : "llm.c"; }
+
+namespace {
+
+// Code points of valid UTF-8 (Python's len() of the string).
+int64_t characters(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace
+
 std::vector<ChoiceQuestion> tokenize_questions(const std::vector<data::ChoiceItem>& items,
-                                               const Encoder& encode, int32_t eot, int64_t T,
+                                               Scoring scoring, const Encoder& encode, int64_t T,
                                                const std::string& source,
                                                const std::string& what_T) {
   std::vector<ChoiceQuestion> out;
   out.reserve(items.size());
   for (const data::ChoiceItem& it : items) {
     ChoiceQuestion q;
-    q.context.push_back(eot);
-    const auto ctx = encode(it.context);
-    q.context.insert(q.context.end(), ctx.begin(), ctx.end());
+    if (scoring == Scoring::LmEval) {
+      if (!it.has_parts)
+        fail(source, ":", it.line, ": lm-eval's scoring needs \"activity_label\", \"ctx_a\" and "
+             "\"ctx_b\" (as in HellaSwag's own files); this line lacks one (--scoring llm.c reads \"ctx\")");
+      q.context_text = data::lm_eval_preprocess(it.activity_label + ": " + it.ctx_a + " " +
+                                                data::python_capitalize(it.ctx_b));
+    } else {
+      q.context_text = it.context;
+    }
+    q.context = encode(q.context_text);
+    if (q.context.empty()) fail(source, ":", it.line, ": the context is empty once rendered");
     for (size_t j = 0; j < it.endings.size(); ++j) {
-      q.endings.push_back(encode(" " + it.endings[j]));
-      q.ending_bytes.push_back(static_cast<int64_t>(it.endings[j].size()));
+      if (scoring == Scoring::LmEval) {
+        const std::string choice = data::lm_eval_preprocess(it.endings[j]);
+        q.ending_texts.push_back(" " + choice);
+        // lm-eval's _encode_pair: the whole text's tokens past the context's.
+        const auto whole = encode(q.context_text + q.ending_texts.back());
+        q.endings.emplace_back(whole.begin() + static_cast<std::ptrdiff_t>(std::min(q.context.size(), whole.size())),
+                               whole.end());
+        q.norm.push_back(static_cast<double>(characters(choice)));
+      } else {
+        q.ending_texts.push_back(" " + it.endings[j]);
+        q.endings.push_back(encode(q.ending_texts.back()));
+        q.norm.push_back(static_cast<double>(q.endings.back().size()));
+      }
       const int64_t n = static_cast<int64_t>(q.endings.back().size());
+      if (n == 0 || q.norm.back() <= 0)
+        fail(source, ":", it.line, ": ending ", j, " is empty once rendered (", scoring_name(scoring), ")");
       if (n > T)
         fail(source, ":", it.line, ": ending ", j, " is ", n, " tokens, more than the ", T,
              " positions of a sequence (", what_T, ")");
@@ -43,11 +84,11 @@ ChoiceScores choice_scores(const std::vector<ChoiceQuestion>& questions,
   int64_t right = 0, right_norm = 0;
   for (size_t i = 0; i < questions.size(); ++i) {
     const auto& lp = logprobs[i];
-    const auto& bytes = questions[i].ending_bytes;
+    const auto& norm = questions[i].norm;
     size_t best = 0, best_norm = 0;
     for (size_t j = 1; j < lp.size(); ++j) {
       if (lp[j] > lp[best]) best = j;
-      if (lp[j] / bytes[j] > lp[best_norm] / bytes[best_norm]) best_norm = j;
+      if (lp[j] / norm[j] > lp[best_norm] / norm[best_norm]) best_norm = j;
     }
     right += static_cast<int64_t>(best) == questions[i].label;
     right_norm += static_cast<int64_t>(best_norm) == questions[i].label;
@@ -90,7 +131,7 @@ RowTokens row_tokens(const ChoiceQuestion& q, size_t j, int64_t T) {
 }  // namespace
 
 ChoiceScores score_questions(parallel::Runtime& rt, const std::vector<ChoiceQuestion>& questions,
-                             int64_t B, int64_t T) {
+                             int64_t B, int64_t T, int32_t pad) {
   std::vector<Row> rows;
   for (size_t q = 0; q < questions.size(); ++q)
     for (size_t j = 0; j < questions[q].endings.size(); ++j) rows.push_back({q, j});
@@ -98,7 +139,6 @@ ChoiceScores score_questions(parallel::Runtime& rt, const std::vector<ChoiceQues
   const int64_t G = (R + B - 1) / B;  // microbatches, the last one padded with empty rows
   const int64_t D = rt.grid().D(), replica = rt.grid().replica();
   const int M = static_cast<int>(G > replica ? (G - replica + D - 1) / D : 0);
-  const int32_t pad = questions.empty() ? 0 : questions[0].context[0];  // EOT
   auto global = [&](int mb) { return replica + static_cast<int64_t>(mb) * D; };
 
   auto batch_of = [&](int mb) {
@@ -168,15 +208,17 @@ std::vector<TaskSpec> parse_task_list(const std::string& value, const std::strin
 }
 
 TaskEvaluator::TaskEvaluator(const Config& cfg)
-    : B_(cfg.training.micro_batch_size), T_(cfg.training.seq_len) {
+    : B_(cfg.training.micro_batch_size), T_(cfg.training.seq_len),
+      scoring_(parse_scoring(cfg.eval.scoring, "config key eval.scoring")) {
   if (cfg.eval.tasks.empty()) return;
   auto tokenizer = data::open_tokenizer(cfg.data.tokenizer, "config key data.tokenizer (eval.tasks)");
+  pad_ = tokenizer.eot();
   const Encoder encode = [&](const std::string& s) { return tokenizer.encode(s); };
   for (const TaskSpec& spec : parse_task_list(cfg.eval.tasks, "eval.tasks")) {
     try {
       const auto items = data::read_task(spec.name, spec.path, cfg.eval.task_examples);
-      tasks_.push_back({spec.name, tokenize_questions(items, encode, tokenizer.eot(), T_,
-                                                      spec.path, "training.seq_len")});
+      tasks_.push_back({spec.name, tokenize_questions(items, scoring_, encode, T_, spec.path,
+                                                      "training.seq_len")});
     } catch (const InternalError&) {
       throw;
     } catch (const Error& e) {
@@ -187,12 +229,13 @@ TaskEvaluator::TaskEvaluator(const Config& cfg)
 
 std::vector<TaskEvaluator::Result> TaskEvaluator::evaluate(parallel::Runtime& rt) const {
   std::vector<Result> out;
-  for (const Task& t : tasks_) out.push_back({t.name, score_questions(rt, t.questions, B_, T_)});
+  for (const Task& t : tasks_)
+    out.push_back({t.name, scoring_, score_questions(rt, t.questions, B_, T_, pad_)});
   return out;
 }
 
 nlohmann::json TaskEvaluator::record(int64_t step, const Result& r) {
-  return {{"step", step}, {"task", r.name}, {"acc", r.scores.acc},
+  return {{"step", step}, {"task", r.name}, {"scoring", scoring_name(r.scoring)}, {"acc", r.scores.acc},
           {"acc_norm", r.scores.acc_norm}, {"examples", r.scores.examples}};
 }
 

@@ -16,7 +16,7 @@ common=(--training.steps=10 --training.seq_len=32 --training.micro_batch_size=3 
 "$BIN" train base.json "${common[@]}" 2>log.txt || { cat log.txt; fail "training with eval.tasks"; }
 [[ $(grep -c '"task":"hellaswag"' run/metrics.jsonl) -eq 2 ]] || { cat run/metrics.jsonl; fail "expected 2 task records"; }
 [[ $(grep -c '"val_loss"' run/metrics.jsonl) -eq 2 ]] || fail "expected 2 val_loss records"
-grep -q '"acc":[0-9.e-]*,"acc_norm":[0-9.e-]*,"examples":11,"step":5,"task":"hellaswag"' run/metrics.jsonl \
+grep -q '"acc":[0-9.e-]*,"acc_norm":[0-9.e-]*,"examples":11,"scoring":"lm-eval","step":5,"task":"hellaswag"' run/metrics.jsonl \
   || { cat run/metrics.jsonl; fail "task record at step 5"; }
 grep -q "step     10 | hellaswag acc 0\.[0-9]* | acc_norm 0\.[0-9]* (11 examples)" log.txt \
   || { grep hellaswag log.txt; fail "no progress line for the task"; }
@@ -37,6 +37,18 @@ pass "attnres eval --task reproduces the trainer's scores ($got)"
 [[ $(grep -c '"examples":4' run_b/metrics.jsonl) -eq 4 ]] || { cat run_b/metrics.jsonl; fail "task_examples"; }
 ! grep -q val_loss run_b/metrics.jsonl || fail "val_loss without data.val"
 pass "eval.task_examples = 4, two tasks, no data.val: 4 records, no val_loss"
+
+# llm.c's scoring (eval.scoring): its record says so and equals `attnres eval --scoring llm.c`.
+"$BIN" train base.json "${common[@]}" --eval.scoring=llm.c --run.dir=run_c --checkpoint.dir=ck_c 2>log_c.txt \
+  || { cat log_c.txt; fail "training with eval.scoring = llm.c"; }
+want=$(grep '"task"' run_c/metrics.jsonl | tail -1)
+[[ $want == *'"scoring":"llm.c"'* ]] || fail "the record does not name llm.c's scoring: $want"
+got=$("$BIN" eval --checkpoint ck_c/step_00000010 --task hellaswag --data hs.jsonl --scoring llm.c 2>/dev/null \
+      | acc_fields)
+[[ "$(acc_fields <<< "$want")" == "$got" ]] || fail "llm.c scoring: trainer's '$want' != attnres eval's '$got'"
+pass "eval.scoring = llm.c: the trainer's record equals attnres eval --scoring llm.c ($got)"
+expect_error "an unknown scoring" "unknown scoring 'helm'" "$BIN" train base.json "${common[@]}" \
+  --eval.scoring=helm --run.dir=run_x --checkpoint.dir=ck_x
 
 expect_error "eval.tasks without a tokenizer" "data.tokenizer" "$BIN" train base.json "${common[@]}" \
   --data.tokenizer= --run.dir=run_x --checkpoint.dir=ck_x

@@ -72,11 +72,13 @@ Document 4 line 1: the quick" > "score2_$name.json" 2>/dev/null || fail "$name: 
     > "gen2_$name.json" 2>/dev/null || fail "$name: generate 2"
   "$BIN" eval --checkpoint "$ck" --task hellaswag --data hellaswag.jsonl --per-example \
     > "eval_$name.json" 2>/dev/null || fail "$name: eval --task"
+  "$BIN" eval --checkpoint "$ck" --task hellaswag --data hellaswag.jsonl --per-example --scoring llm.c \
+    > "eval_llmc_$name.json" 2>/dev/null || fail "$name: eval --task --scoring llm.c"
   cases+=("{\"name\": \"$name\", \"fp32\": \"hf_$name\", \"bf16\": \"hf16_$name\",
     \"sharded\": \"hfs_$name\", \"checkpoint_tokenizer\": \"$ck/tokenizer.json\",
     \"score\": [\"score1_$name.json\", \"score2_$name.json\"],
     \"generate\": [\"gen1_$name.json\", \"gen2_$name.json\"], \"tokens\": 32,
-    \"eval\": \"eval_$name.json\", \"tasks\": \"hellaswag.jsonl\", \"seq_len\": 32}")
+    \"eval\": \"eval_$name.json\", \"eval_llmc\": \"eval_llmc_$name.json\", \"tasks\": \"hellaswag.jsonl\", \"seq_len\": 32}")
   pass "$name: trained, exported (fp32, bf16, sharded), scored, generated, evaluated"
 }
 run_case baseline_tied_mha --model.n_layers=2 --model.tie_embeddings=true

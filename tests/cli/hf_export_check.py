@@ -11,6 +11,7 @@ which exits 77, skipped, where transformers is not installed), each
 Every check prints its measured difference; any failure exits 1.
 """
 import json
+import re
 import math
 import os
 import sys
@@ -173,39 +174,70 @@ def check_case(case):
         check(a.read() == b.read(), f"{name}: the tokenizer copied as it is (attnres_tokenizer.json)")
 
     if case.get("eval"):
-        check_hellaswag(name, model, case)
+        check_hellaswag(name, model, case, "eval")
+        check_hellaswag(name, model, case, "eval_llmc")
 
 
-def check_hellaswag(name, model, case):
-    """acc / acc_norm computed here from the jsonl (labels, ending lengths in
-    bytes) and this model's log-probabilities, against `attnres eval --task`."""
-    with open(case["eval"]) as f:
+# lm-evaluation-harness's hellaswag rendering (lm_eval/tasks/hellaswag/utils.py),
+# transcribed: the reference for `attnres eval --scoring lm-eval`.
+def lm_eval_preprocess(text):
+    text = text.strip()
+    text = text.replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
+    text = text.replace("  ", " ")
+    return text
+
+
+def lm_eval_doc(doc):
+    ctx = doc["ctx_a"] + " " + doc["ctx_b"].capitalize()
+    return (lm_eval_preprocess(doc["activity_label"] + ": " + ctx),
+            [lm_eval_preprocess(e) for e in doc["endings"]])
+
+
+def check_hellaswag(name, model, case, key):
+    """The texts each scoring renders (lm-eval's, transcribed above; llm.c's:
+    ctx as it is), its normalisers (characters; tokens), and acc / acc_norm
+    computed here from this model's log-probabilities, against `attnres eval
+    --task` (the file at case[key])."""
+    with open(case[key]) as f:
         ev = json.load(f)
     with open(case["tasks"], encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
     T = case["seq_len"]
+    scoring = ev["scoring"]
     right = right_norm = 0
     worst = 0.0
-    all_close = True
+    all_close = texts_ok = True
     for item, ex in zip(items, ev["per_example"]):
+        if scoring == "lm-eval":
+            query, choices = lm_eval_doc(item)
+            want_texts = (query, [" " + c for c in choices])
+            norm = [float(len(c)) for c in choices]  # lm-eval: characters of the choice
+        else:
+            want_texts = (item["ctx"], [" " + e for e in item["endings"]])
+            norm = [float(len(e)) for e in ex["ending_tokens"]]  # llm.c: tokens
+        if (ex["context"], ex["endings"]) != want_texts or ex["norm"] != norm:
+            texts_ok = False
+            print(f"{name} {scoring}: question {item['ind']}: got {ex['context']!r} {ex['endings']!r} "
+                  f"{ex['norm']}, want {want_texts!r} {norm}", file=sys.stderr)
         sums = []
         for ending in ex["ending_tokens"]:
             seq = (ex["context_tokens"] + ending)[-(T + 1):]  # the last T + 1 tokens
             lp = model.token_logprobs(seq)[0].double()
             sums.append(lp[-len(ending):].sum().item())
-        nbytes = [len(e.encode("utf-8")) for e in item["endings"]]
         best = max(range(len(sums)), key=lambda j: (sums[j], -j))
-        best_norm = max(range(len(sums)), key=lambda j: (sums[j] / nbytes[j], -j))
+        best_norm = max(range(len(sums)), key=lambda j: (sums[j] / norm[j], -j))
         right += best == int(item["label"])
         right_norm += best_norm == int(item["label"])
         ok, worst_abs, _ = compare(sums, ex["logprobs"])
         all_close &= ok
         worst = nan_max([worst, worst_abs])
     n = len(items)
-    check(ev["examples"] == n, f"{name}: hellaswag examples {ev['examples']} == {n}")
-    check(all_close, f"{name}: hellaswag ending sums match, max abs diff {worst:.3g}")
+    check(ev["examples"] == n, f"{name}: hellaswag ({scoring}) examples {ev['examples']} == {n}")
+    check(texts_ok, f"{name}: hellaswag ({scoring}) contexts, endings and normalisers as the tool renders them")
+    check(all_close, f"{name}: hellaswag ({scoring}) ending sums match, max abs diff {worst:.3g}")
     check(ev["acc"] == right / n and ev["acc_norm"] == right_norm / n,
-          f"{name}: hellaswag acc {ev['acc']:.4f} acc_norm {ev['acc_norm']:.4f} == "
+          f"{name}: hellaswag ({scoring}) acc {ev['acc']:.4f} acc_norm {ev['acc_norm']:.4f} == "
           f"{right / n:.4f} {right_norm / n:.4f} computed here")
 
 

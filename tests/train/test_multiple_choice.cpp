@@ -15,11 +15,11 @@ using train::ChoiceQuestion;
 
 namespace {
 
-ChoiceQuestion question(std::vector<int64_t> bytes, int64_t label) {
+ChoiceQuestion question(std::vector<double> norm, int64_t label) {
   ChoiceQuestion q;
   q.context = {0};
-  q.endings.assign(bytes.size(), {1});
-  q.ending_bytes = std::move(bytes);
+  q.endings.assign(norm.size(), {1});
+  q.norm = std::move(norm);
   q.label = label;
   return q;
 }
@@ -29,8 +29,8 @@ std::vector<int32_t> byte_ids(const std::string& s) { return std::vector<int32_t
 
 }  // namespace
 
-TEST_CASE("acc takes the largest sum, acc_norm the largest sum per byte", "[train]") {
-  // q0: sums -4, -6 over 2 and 6 bytes: acc picks 0, acc_norm picks 1 (-1 > -2).
+TEST_CASE("acc takes the largest sum, acc_norm the largest sum per unit of length", "[train]") {
+  // q0: sums -4, -6 over lengths 2 and 6: acc picks 0, acc_norm picks 1 (-1 > -2).
   // q1: a tie (-3, -3): the first wins, as numpy's argmax.
   // q2: both pick ending 2.
   const std::vector<ChoiceQuestion> qs = {question({2, 6}, 1), question({3, 3}, 0),
@@ -42,21 +42,56 @@ TEST_CASE("acc takes the largest sum, acc_norm the largest sum per byte", "[trai
   CHECK(train::choice_scores({question({2, 6}, 0)}, {{-4, -6}}).acc_norm == 0);
 }
 
-TEST_CASE("questions in tokens: EOT + context, each ending after a space", "[train]") {
+TEST_CASE("questions as llm.c renders them: ctx as it is, each ending after a space, per token", "[train]") {
   data::ChoiceItem it;
   it.context = "A man";
   it.endings = {"runs.", "sits down."};
   it.label = 1;
   it.line = 7;
-  const auto qs = train::tokenize_questions({it}, byte_ids, 256, 16, "t.jsonl", "T");
+  const auto qs = train::tokenize_questions({it}, train::Scoring::LlmC, byte_ids, 16, "t.jsonl", "T");
   REQUIRE(qs.size() == 1);
-  CHECK(qs[0].context == std::vector<int32_t>{256, 'A', ' ', 'm', 'a', 'n'});
+  CHECK(qs[0].context == byte_ids("A man"));  // no <|endoftext|> before it, as llm.c
   CHECK(qs[0].endings[0] == byte_ids(" runs."));
-  CHECK(qs[0].ending_bytes == std::vector<int64_t>{5, 10});
+  CHECK(qs[0].norm == std::vector<double>{6, 11});  // tokens of " runs." and " sits down."
   CHECK(qs[0].label == 1);
-  CHECK_THROWS_WITH(train::tokenize_questions({it}, byte_ids, 256, 8, "t.jsonl", "the seq_len"),
+  CHECK_THROWS_WITH(train::tokenize_questions({it}, train::Scoring::LlmC, byte_ids, 8, "t.jsonl", "the seq_len"),
                     Catch::Contains("t.jsonl:7: ending 1 is 11 tokens, more than the 8 positions") &&
                         Catch::Contains("the seq_len"));
+}
+
+TEST_CASE("questions as lm-eval renders them: its query, preprocessed endings, per character", "[train]") {
+  data::ChoiceItem it;
+  it.context = "unused by lm-eval";
+  it.activity_label = "Removing ice from car";
+  it.ctx_a = "Then, the man writes over the snow covering the window of a car, and a woman wearing winter clothes smiles.";
+  it.ctx_b = "then";
+  it.has_parts = true;
+  it.endings = {", the man adds wax to the windshield and cuts it.", " [title] caf\u00e9  [header] cr\u00e8me",
+                "How to x [title] Step one [step] go"};
+  it.label = 0;
+  it.line = 3;
+  const auto qs = train::tokenize_questions({it}, train::Scoring::LmEval, byte_ids, 256, "t.jsonl", "T");
+  REQUIRE(qs.size() == 1);
+  const std::string query =
+      "Removing ice from car: Then, the man writes over the snow covering the window of a car, and a "
+      "woman wearing winter clothes smiles. Then";
+  CHECK(qs[0].context_text == query);
+  CHECK(qs[0].context == byte_ids(query));
+  // Python's own results for these endings (lm-eval's preprocess run by
+  // python3): strip, " [title]" -> ". ", "[...]" removed, "  " -> " " once.
+  CHECK(qs[0].ending_texts == std::vector<std::string>{" , the man adds wax to the windshield and cuts it.",
+                                                       "  caf\u00e9  cr\u00e8me", " How to x. Step one go"});
+  CHECK(qs[0].endings[1] == byte_ids("  caf\u00e9  cr\u00e8me"));
+  // Python's len() of each preprocessed ending: characters, not bytes.
+  CHECK(qs[0].norm == std::vector<double>{49, 12, 21});
+
+  data::ChoiceItem bare = it;
+  bare.has_parts = false;
+  CHECK_THROWS_WITH(train::tokenize_questions({bare}, train::Scoring::LmEval, byte_ids, 256, "t.jsonl", "T"),
+                    Catch::Contains("t.jsonl:3") && Catch::Contains("ctx_a"));
+  CHECK(train::parse_scoring("llm.c", "x") == train::Scoring::LlmC);
+  CHECK_THROWS_WITH(train::parse_scoring("helm", "eval: --scoring"),
+                    Catch::Contains("eval: --scoring") && Catch::Contains("lm-eval, llm.c"));
 }
 
 TEST_CASE("eval.tasks lists TASK:FILE entries", "[train]") {
@@ -91,12 +126,12 @@ TEST_CASE("the runtime's padded rows score each ending as the model alone does",
       std::vector<int32_t> e;
       for (int64_t k = 0; k <= (j + n_ctx) % 4; ++k) e.push_back(static_cast<int32_t>(seed++ * 3 % 10));
       q.endings.push_back(e);
-      q.ending_bytes.push_back(static_cast<int64_t>(e.size()) + j);
+      q.norm.push_back(static_cast<double>(e.size() + j));
     }
     q.label = n_ctx % 2;
     qs.push_back(q);
   }
-  const auto scores = train::score_questions(rt, qs, B, T);
+  const auto scores = train::score_questions(rt, qs, B, T, /*pad=*/10);
   for (size_t i = 0; i < qs.size(); ++i)
     for (size_t j = 0; j < qs[i].endings.size(); ++j) {
       std::vector<int32_t> seq = qs[i].context;
