@@ -45,15 +45,18 @@ int32_t sample(std::vector<float> logits, double temperature, int64_t top_k, dou
 }  // namespace
 
 int cmd_generate(const Args& args) {
-  Flags f(args, "generate", {"checkpoint", "prompt", "tokens", "temperature", "top-k", "seed", "tokenizer"},
+  Flags f(args, "generate",
+          {"checkpoint", "prompt", "tokens", "temperature", "top-k", "seed", "tokenizer", "special"},
           {"help", "json"});
   if (f.has("help")) {
     std::puts("usage: attnres generate --checkpoint DIR --prompt TEXT [--tokens 100]\n"
               "         [--temperature 0.8] [--top-k 40] [--seed 1] [--tokenizer FILE] [--json]\n"
+              "         [--special text|allow|refuse]\n"
               "  The tokenizer defaults to DIR/tokenizer.json (written there by the trainer from\n"
               "  data.tokenizer). FILE may be any form `tokenize encode --tokenizer` takes.\n"
               "  --temperature 0 is greedy. --json prints {\"prompt_tokens\": [EOT, ...],\n"
-              "  \"tokens\": [the generated ids], \"text\": prompt + continuation}.");
+              "  \"tokens\": [the generated ids], \"text\": prompt + continuation}.\n"
+              "  --special: <|endoftext|> in the prompt is text (default), the token, or an error.");
     return 0;
   }
   const std::string dir = f.required("checkpoint", "generate");
@@ -62,6 +65,7 @@ int cmd_generate(const Args& args) {
   const double temperature = f.get_double("temperature", 0.8, "generate");
   const int64_t top_k = f.get_int("top-k", 40, "generate");
   const uint64_t seed = static_cast<uint64_t>(f.get_int("seed", 1, "generate"));
+  const data::Specials specials = data::parse_specials(f.get("special", "text"), "generate: --special");
   std::string tok_path = f.get("tokenizer", (std::filesystem::path(dir) / "tokenizer.json").string());
   auto tokenizer = data::open_tokenizer(
       tok_path, "generate (pass --tokenizer, or set data.tokenizer when training so checkpoints "
@@ -75,7 +79,7 @@ int cmd_generate(const Args& args) {
   train::load_weights(dir, model.params());
 
   std::vector<int32_t> ids{tokenizer.eot()};  // documents start with EOT, as in training
-  auto enc = tokenizer.encode(prompt);
+  auto enc = tokenizer.encode(prompt, specials);
   ids.insert(ids.end(), enc.begin(), enc.end());
   auto cache = model.new_decode_cache(static_cast<int64_t>(ids.size()) + n);
   std::vector<float> logits;

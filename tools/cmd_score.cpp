@@ -19,18 +19,21 @@
 namespace attnres::tools {
 
 int cmd_score(const Args& args) {
-  Flags f(args, "score", {"checkpoint", "text", "tokenizer", "device"}, {"help"});
+  Flags f(args, "score", {"checkpoint", "text", "tokenizer", "device", "special"}, {"help"});
   if (f.has("help")) {
     std::puts("usage: attnres score --checkpoint DIR --text TEXT [--tokenizer FILE] [--device cpu|cuda]\n"
+              "         [--special text|allow|refuse]\n"
               "  Prints {\"tokens\": [EOT, t1, ..., tn], \"logprobs\": [log p(t1 | EOT), ...,\n"
               "  log p(tn | EOT t1 ... tn-1)], \"pieces\": [the text of t1 ... tn], \"partial\":\n"
               "  [indices of pieces that hold part of a UTF-8 character, its bytes written <0xHH>],\n"
               "  \"sum\": ...}\n"
-              "  computed in fp32 (cpu by default). The tokenizer defaults to DIR/tokenizer.json.");
+              "  computed in fp32 (cpu by default). The tokenizer defaults to DIR/tokenizer.json.\n"
+              "  --special: <|endoftext|> in the text is text (default), the token, or an error.");
     return 0;
   }
   const std::string dir = f.required("checkpoint", "score");
   const std::string text = f.required("text", "score");
+  const data::Specials specials = data::parse_specials(f.get("special", "text"), "score: --special");
   if (text.empty()) fail("score: --text is empty");
   const Device device =
       train::parse_device(f.get("device", "cpu"), "score: --device");
@@ -45,7 +48,7 @@ int cmd_score(const Args& args) {
   train::load_weights(dir, model.params());
 
   std::vector<int32_t> tokens{tokenizer.eot()};
-  const auto enc = tokenizer.encode(text);
+  const auto enc = tokenizer.encode(text, specials);
   tokens.insert(tokens.end(), enc.begin(), enc.end());
   // One sequence of n inputs; position i predicts token i + 1.
   const int64_t n = static_cast<int64_t>(tokens.size()) - 1;

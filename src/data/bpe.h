@@ -61,6 +61,18 @@ struct BpeVocabulary {
   int32_t eot = -1;                                   // <|endoftext|>
 };
 
+// What encode() does with the text of a special token (<|endoftext|>) in
+// its input, as tiktoken's allowed_special / disallowed_special choose:
+//   Text    encode it as ordinary text (tiktoken's encode_ordinary; what
+//           llm.c's shards do, and our default: text cannot forge a document
+//           break)
+//   Allow   turn it into the token's id (Hugging Face's tokenizers by
+//           default; tiktoken's allowed_special="all")
+//   Refuse  fail, naming the token and where it is (tiktoken's encode() by
+//           default)
+enum class Specials { Text, Allow, Refuse };
+Specials parse_specials(const std::string& name, const std::string& where);
+
 class BpeTokenizer {
  public:
   static constexpr const char* kEotText = "<|endoftext|>";
@@ -97,6 +109,9 @@ class BpeTokenizer {
   // into EOT: only callers add EOT (so that untrusted text can't inject
   // document breaks). Not thread-safe: encode() fills a piece cache.
   std::vector<int32_t> encode(std::string_view text) const;
+  // The same with the special tokens' text (<|endoftext|>) handled by
+  // `mode` (see Specials).
+  std::vector<int32_t> encode(std::string_view text, Specials mode) const;
   // Concatenated bytes of the tokens (EOT decodes to "<|endoftext|>").
   std::string decode(Span<const int32_t> ids) const;
   // The pieces BPE works within (the pre-tokenizer's output).

@@ -169,9 +169,20 @@ EncodeSummary encode_corpus(const BpeTokenizer& tokenizer, const std::vector<std
     bodies.assign(docs.size(), {});
     const auto t0 = std::chrono::steady_clock::now();
     const auto n = static_cast<int64_t>(docs.size());
+    // An exception must not leave an OpenMP region: each document's error is
+    // kept and the first (in document order) rethrown after it.
+    std::vector<std::string> errors(docs.size());
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i)
-      bodies[static_cast<size_t>(i)] = per_thread[static_cast<size_t>(omp_get_thread_num())].encode(docs[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<size_t>(i);
+      try {
+        bodies[k] = per_thread[static_cast<size_t>(omp_get_thread_num())].encode(docs[k], opt.specials);
+      } catch (const std::exception& e) {
+        errors[k] = e.what();
+      }
+    }
+    for (size_t k = 0; k < errors.size(); ++k)
+      if (!errors[k].empty()) fail("tokenize encode: ", files[static_cast<size_t>(first) + k], ": ", errors[k]);
     s.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.text_bytes += bytes;
     for (int64_t i = 0; i < n; ++i) {

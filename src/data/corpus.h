@@ -29,6 +29,7 @@ struct EncodeOptions {
   std::string name = "corpus";
   double val_fraction = 0.1;           // the last fraction of documents, in [0, 1)
   int64_t shard_tokens = 100'000'000;  // tokens per shard at most
+  Specials specials = Specials::Text;  // <|endoftext|> in a document: text, as llm.c's shards
 };
 
 struct EncodeSummary {

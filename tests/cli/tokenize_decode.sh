@@ -32,6 +32,18 @@ expect_error "both --ids and --shard" "decode takes --ids or --shard" \
 expect_error "--count past the shard" "--count = 100000 is out of range" \
   "$BIN" tokenize decode --tokenizer tok.json --shard "$shard" --count 100000
 
+# encode --special: the text <|endoftext|> inside a document.
+mkdir eotdoc
+printf 'the jury<|endoftext|>said' > eotdoc/e.txt
+eot_count() { od -An -v -t u2 -j 1024 "$1" | tr -s ' \n' '\n' | grep -cx 299 || true; }  # tok.json's EOT is 299
+"$BIN" tokenize encode --tokenizer tok.json --input eotdoc --output-dir e1 --val-fraction 0 --name e > /dev/null
+"$BIN" tokenize encode --tokenizer tok.json --input eotdoc --output-dir e2 --val-fraction 0 --name e --special allow > /dev/null
+[[ $(eot_count e1/e_train_000000.bin) -eq 1 && $(eot_count e2/e_train_000000.bin) -eq 2 ]] \
+  || fail "--special: expected 1 EOT as text (default) and 2 with allow"
+expect_error "encode --special refuse" "eotdoc/e.txt: the text holds the special token <|endoftext|> at byte 8" \
+  "$BIN" tokenize encode --tokenizer tok.json --input eotdoc --output-dir e3 --val-fraction 0 --name e --special refuse
+pass "encode --special: text (one EOT, the document's own), allow (two), refuse (exit 2)"
+
 # score: a token inside the euro sign is written <0xE2>..., and listed in "partial".
 write_config
 "$BIN" train base.json --training.steps=1 --checkpoint.every=1 --eval.every=0 2> train.txt \

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -68,15 +69,30 @@ std::string show(const std::string& bytes) {
 
 // tiktoken's ids for each text (valid UTF-8 only: it takes JavaScript
 // strings).
-std::vector<std::vector<int32_t>> reference_ids(const std::vector<std::string>& texts) {
+// `mode` is tiktoken_reference.js's: "ordinary", "all" or "default" (where
+// a refused text gives null, returned as std::nullopt).
+std::vector<std::optional<std::vector<int32_t>>> reference_ids_in(const std::vector<std::string>& texts,
+                                                                  const std::string& mode) {
   TempDir dir;
   write_bytes(dir.file("texts.json"), json(texts).dump());
-  const std::string cmd = "node " + quoted(kScript) + " " + quoted(kTiktoken) + " < " + quoted(dir.file("texts.json")) +
-                          " > " + quoted(dir.file("ids.json"));
+  const std::string cmd = "node " + quoted(kScript) + " " + quoted(kTiktoken) + " " + mode + " < " +
+                          quoted(dir.file("texts.json")) + " > " + quoted(dir.file("ids.json"));
   REQUIRE(std::system(cmd.c_str()) == 0);
-  const auto ids = json::parse(read_bytes(dir.file("ids.json"))).get<std::vector<std::vector<int32_t>>>();
-  REQUIRE(ids.size() == texts.size());
+  const json j = json::parse(read_bytes(dir.file("ids.json")));
+  REQUIRE(j.size() == texts.size());
+  std::vector<std::optional<std::vector<int32_t>>> ids;
+  for (const json& x : j)
+    ids.push_back(x.is_null() ? std::nullopt : std::optional(x.get<std::vector<int32_t>>()));
   return ids;
+}
+
+std::vector<std::vector<int32_t>> reference_ids(const std::vector<std::string>& texts) {
+  std::vector<std::vector<int32_t>> out;
+  for (auto& ids : reference_ids_in(texts, "ordinary")) {
+    REQUIRE(ids.has_value());
+    out.push_back(std::move(*ids));
+  }
+  return out;
 }
 
 // Compares our ids with the reference's for every text; reports the first
@@ -236,4 +252,26 @@ TEST_CASE("GPT-2's files written as one tokenizer.json encode identically", "[.g
   const json j = json::parse(read_bytes(dir.file("tokenizer.json")));
   CHECK(j["model"]["vocab"]["\u0120the"] == 262);
   CHECK(j["model"]["merges"][0] == "\u0120 t");
+}
+
+TEST_CASE("<|endoftext|> in text as tiktoken treats it: as text, allowed, or refused", "[.gpt2_reference]") {
+  SKIP_WITHOUT_REFERENCE(false);
+  const std::string eot = "<|endoftext|>";
+  const std::vector<std::string> texts = {
+      eot, "a" + eot, eot + "b", "Hello" + eot + " world", " " + eot + " ", eot + eot, "x" + eot + "\n" + eot + "y",
+      "<|endoftext|", "<|endoftext", "|>" + eot + "<|", "no special here", "caf\u00e9" + eot + "\u65e5\u672c"};
+  const auto allowed = reference_ids_in(texts, "all");
+  const auto refused = reference_ids_in(texts, "default");
+  const auto ordinary = reference_ids_in(texts, "ordinary");
+  for (size_t i = 0; i < texts.size(); ++i) {
+    INFO("text " << show(texts[i]));
+    REQUIRE(allowed[i].has_value());
+    CHECK(gpt2().encode(texts[i], Specials::Allow) == *allowed[i]);
+    CHECK(gpt2().encode(texts[i], Specials::Text) == *ordinary[i]);
+    if (refused[i]) {
+      CHECK(gpt2().encode(texts[i], Specials::Refuse) == *refused[i]);
+    } else {
+      CHECK_THROWS_WITH(gpt2().encode(texts[i], Specials::Refuse), Catch::Contains("special token <|endoftext|>"));
+    }
+  }
 }

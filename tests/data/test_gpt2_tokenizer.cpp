@@ -3,6 +3,7 @@
 // directory, Hugging Face tokenizer.json), saving, and refused files. The
 // real GPT-2 vocabulary against the reference encoder is in
 // test_gpt2_reference.cpp.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <set>
@@ -370,4 +371,26 @@ TEST_CASE("Bad GPT-2 and Hugging Face files are refused with the file and the re
   // Neither form.
   write_bytes(dir.file("other.json"), R"({"foo": "bar"})");
   rejects(dir.file("other.json"), "not a tokenizer file");
+}
+
+TEST_CASE("<|endoftext|> in the text: encoded as text, as the token, or refused", "[data]") {
+  TempDir dir;
+  write_gpt2_pair(dir.file("gpt2"), tiny_encoder(), tiny_vocab_bpe());
+  const BpeTokenizer tok = BpeTokenizer::load(dir.file("gpt2"));
+  using V = std::vector<int32_t>;
+  const std::string text = "hello<|endoftext|> world<|endoftext|>";
+  V want = tok.encode("hello");
+  want.push_back(kEot);
+  for (int32_t id : tok.encode(" world")) want.push_back(id);
+  want.push_back(kEot);
+  CHECK(tok.encode(text, Specials::Allow) == want);
+  CHECK(tok.encode(text, Specials::Text) == tok.encode(text));
+  const V as_text = tok.encode(text);
+  CHECK(std::count(as_text.begin(), as_text.end(), kEot) == 0);
+  CHECK_THROWS_WITH(tok.encode(text, Specials::Refuse),
+                    Contains("special token <|endoftext|> at byte 5"));
+  CHECK(tok.encode("hello <|endoftext", Specials::Refuse) == tok.encode("hello <|endoftext"));
+  CHECK(parse_specials("allow", "x") == Specials::Allow);
+  CHECK_THROWS_WITH(parse_specials("all", "generate: --special"),
+                    Contains("generate: --special") && Contains("text, allow or refuse"));
 }

@@ -1,10 +1,12 @@
 // The reference GPT-2 encoder for tests/data/test_gpt2_reference.cpp:
 // tiktoken's "gpt2" encoding (npm tiktoken 1.0.22, its WebAssembly build of
 // the Rust core that Python's tiktoken wraps too), run as it ships.
-//   node tiktoken_reference.js TIKTOKEN_DIR < texts.json > ids.json
+//   node tiktoken_reference.js TIKTOKEN_DIR [MODE] < texts.json > ids.json
 // texts.json: a JSON array of strings; ids.json: one array of ids per string.
-// "<|endoftext|>" in a text is encoded as text (allowed_special and
-// disallowed_special both empty), as attnres encodes it.
+// MODE says what "<|endoftext|>" in a text becomes: "ordinary" (default):
+// text, as encode_ordinary (allowed_special and disallowed_special empty);
+// "all": the token (allowed_special "all"); "default": encode()'s defaults,
+// which refuse it: such a text gives null instead of ids.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -15,8 +17,21 @@ const texts = JSON.parse(fs.readFileSync(0, 'utf-8'));
 // One line per text, so that a long corpus is not one huge string in memory.
 const out = fs.openSync('/dev/stdout', 'w');
 fs.writeSync(out, '[\n');
+const mode = process.argv[3] || 'ordinary';
+const encode = {
+  ordinary: (t) => enc.encode(t, [], []),
+  all: (t) => enc.encode(t, 'all'),
+  default: (t) => enc.encode(t),
+}[mode];
+if (!encode) throw new Error(`unknown mode ${mode}`);
 texts.forEach((t, i) => {
-  fs.writeSync(out, (i ? ',\n' : '') + JSON.stringify(Array.from(enc.encode(t, [], []))));
+  let ids = null;
+  try {
+    ids = Array.from(encode(t));
+  } catch (e) {
+    if (mode !== 'default') throw e;
+  }
+  fs.writeSync(out, (i ? ',\n' : '') + JSON.stringify(ids));
 });
 fs.writeSync(out, '\n]\n');
 enc.free();
