@@ -93,14 +93,19 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 
 }  // namespace
 
-std::string python_strip(const std::string& s) {
+namespace {
+std::string strip_ends(const std::string& s, bool left) {
   const auto cps = to_code_points(s);
   size_t a = 0, b = cps.size();
-  while (a < b && python_space(cps[a])) ++a;
+  while (left && a < b && python_space(cps[a])) ++a;
   while (b > a && python_space(cps[b - 1])) --b;
   return to_utf8(std::vector<uint32_t>(cps.begin() + static_cast<std::ptrdiff_t>(a),
                                        cps.begin() + static_cast<std::ptrdiff_t>(b)));
 }
+}  // namespace
+
+std::string python_strip(const std::string& s) { return strip_ends(s, true); }
+std::string python_rstrip(const std::string& s) { return strip_ends(s, false); }
 
 std::string python_capitalize(const std::string& s) {
   auto cps = to_code_points(s);

@@ -16,8 +16,9 @@
 
 namespace attnres::data {
 
-// Python's str.strip() with no argument, on UTF-8.
+// Python's str.strip() and str.rstrip() with no argument, on UTF-8.
 std::string python_strip(const std::string& s);
+std::string python_rstrip(const std::string& s);
 
 // Python's str.capitalize(), on UTF-8 (simple case mapping; see above).
 std::string python_capitalize(const std::string& s);

@@ -46,12 +46,20 @@ std::vector<ChoiceQuestion> tokenize_questions(const std::vector<data::ChoiceIte
     } else {
       q.context_text = it.context;
     }
+    // lm-eval's _encode_pair moves the context's trailing spaces (a "[...]"
+    // removed at its end leaves one) to the front of the continuation.
+    std::string moved;
+    if (scoring == Scoring::LmEval) {
+      const std::string kept = data::python_rstrip(q.context_text);
+      moved = q.context_text.substr(kept.size());
+      q.context_text = kept;
+    }
     q.context = encode(q.context_text);
     if (q.context.empty()) fail(source, ":", it.line, ": the context is empty once rendered");
     for (size_t j = 0; j < it.endings.size(); ++j) {
       if (scoring == Scoring::LmEval) {
         const std::string choice = data::lm_eval_preprocess(it.endings[j]);
-        q.ending_texts.push_back(" " + choice);
+        q.ending_texts.push_back(moved + " " + choice);
         // lm-eval's _encode_pair: the whole text's tokens past the context's.
         const auto whole = encode(q.context_text + q.ending_texts.back());
         q.endings.emplace_back(whole.begin() + static_cast<std::ptrdiff_t>(std::min(q.context.size(), whole.size())),

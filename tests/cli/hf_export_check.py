@@ -211,7 +211,11 @@ def check_hellaswag(name, model, case, key):
     for item, ex in zip(items, ev["per_example"]):
         if scoring == "lm-eval":
             query, choices = lm_eval_doc(item)
-            want_texts = (query, [" " + c for c in choices])
+            # lm-eval's _encode_pair: the context's trailing spaces join the continuation.
+            n_spaces = len(query) - len(query.rstrip())
+            moved = query[len(query) - n_spaces:] if n_spaces else ""
+            query = query[:len(query) - n_spaces] if n_spaces else query
+            want_texts = (query, [moved + " " + c for c in choices])
             norm = [float(len(c)) for c in choices]  # lm-eval: characters of the choice
         else:
             want_texts = (item["ctx"], [" " + e for e in item["endings"]])

@@ -23,6 +23,8 @@ with open(out, "w", encoding="utf-8") as f:
         ctx_b = "" if i % 3 == 0 else " ".join(r.choice(words) for _ in range(r.randint(1, 3))).lower()
         if i == 4:
             ctx_b = "\u00e9lection  [header] said"  # a non-ASCII first letter; WikiHow's brackets
+        if i == 6:
+            ctx_b = "then [step]"  # leaves the query ending in a space (lm-eval moves it)
         k = 3 if i == 5 else 4
         ends = [" ".join(r.choice(words) for _ in range(r.randint(1, 5))) + "." for _ in range(k)]
         if i == 2:

@@ -35,3 +35,9 @@ TEST_CASE("lm_eval_preprocess gives Python's results", "[hellaswag_text]") {
   CHECK(lm_eval_preprocess("a [x[y] z]") == "a z]");        // the shortest match from the first '['
   CHECK(lm_eval_preprocess("a    b") == "a  b");            // one pass of "  " -> " "
 }
+
+TEST_CASE("python_rstrip strips the right end only", "[hellaswag_text]") {
+  CHECK(python_rstrip("  a b \t\u00a0") == "  a b");
+  CHECK(python_rstrip("x") == "x");
+  CHECK(python_rstrip(" \u3000").empty());
+}
