@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/model_testing.h"
 #include "model/params.h"
 #include "parallel/zero.h"
 #include "testing.h"
@@ -95,16 +96,7 @@ void ref_adamw(RefTensor& r, const std::vector<double>& g, double lr, int t, con
 // the LM head (2-D), and the norm gains, the per-sublayer queries and the
 // final query (1-D). 664 elements, so D = 3 cuts tensors mid-way.
 model::ModelConfig tiny_config() {
-  model::ModelConfig c;
-  c.vocab_size = 11;
-  c.d_model = 8;
-  c.n_layers = 1;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.d_ff = 10;
-  c.mode = model::ResidualMode::Full;
-  c.validate();
-  return c;
+  return testing::resized(testing::tiny(model::ResidualMode::Full, 0, 0, false, /*layers=*/1), 11, 8, 2, 1, 10);
 }
 
 // Global gradient norms of the steps, against a clip of `clip`: below it,
