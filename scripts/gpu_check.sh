@@ -137,6 +137,18 @@ cond_text() {
   esac
 }
 
+# The CPU-side steps of one stage (cpu or after), each as its minutes, then
+# its command and description, or (FIRST = what) description and command.
+print_cpu_steps() {
+  local want=$1 first=$2 r stage min limit kind log cond what cmd
+  for r in "${ROWS[@]}"; do
+    IFS='|' read -r stage min limit kind log cond what cmd <<<"$r"
+    [[ $stage == "$want" ]] || continue
+    if [[ $first == cmd ]]; then set -- "$cmd" "$what"; else set -- "$what" "$cmd"; fi
+    printf '  step %4s min  %s\n                 %s\n' "$(minutes "$(tenths "$min")")" "$1" "$2"
+  done
+}
+
 print_plan() {
   local r stage min limit kind log cond what cmd s t cum total=0 start
   start=$(tenths $START_MIN)
@@ -144,11 +156,7 @@ print_plan() {
   echo "session (docs/cuda.md, docs/measurements/2026-11-22-h100-2), each stage under 9 minutes."
   echo
   echo "1. On the CPU machine, before (not device time):"
-  for r in "${ROWS[@]}"; do
-    IFS='|' read -r stage min limit kind log cond what cmd <<<"$r"
-    [[ $stage == cpu ]] || continue
-    printf '  step %4s min  %s\n                 %s\n' "$(minutes "$(tenths "$min")")" "$cmd" "$what"
-  done
+  print_cpu_steps cpu cmd
   echo
   echo "2. On the GPU machine: one device-tool command per stage, back to back, each with"
   echo "   carry $CARRY and timeout_s 600. The machine keeps build-gpu/ only while warm (call"
@@ -195,11 +203,7 @@ print_plan() {
   echo
   echo "3. After, on the CPU machine (FILES: where the tool put each call's archives; copy them"
   echo "   out after every call):"
-  for r in "${ROWS[@]}"; do
-    IFS='|' read -r stage min limit kind log cond what cmd <<<"$r"
-    [[ $stage == after ]] || continue
-    printf '  step %4s min  %s\n                 %s\n' "$(minutes "$(tenths "$min")")" "$what" "$cmd"
-  done
+  print_cpu_steps after what
 }
 
 out=build-gpu/report
