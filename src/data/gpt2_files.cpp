@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/fileio.h"
+#include "data/utf8.h"
 
 namespace attnres::data {
 namespace {
@@ -37,19 +38,6 @@ const ByteAlphabet& alphabet() {
     return t;
   }();
   return a;
-}
-
-void append_utf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {  // the alphabet stops at U+0143; specials are copied, not re-encoded
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 // A token as spelled in the files -> its bytes; false if a character is not

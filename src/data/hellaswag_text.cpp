@@ -37,21 +37,9 @@ std::string to_utf8(const std::vector<uint32_t>& cps) {
   std::string out;
   for (uint32_t c : cps) {
     if (c & 0x80000000u) {
-      out += static_cast<char>(c & 0xFF);
-    } else if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xC0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xE0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
+      out += static_cast<char>(c & 0xFF);  // a stray byte, as it was
     } else {
-      out += static_cast<char>(0xF0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
+      append_utf8(c, out);
     }
   }
   return out;

@@ -2,6 +2,7 @@
 // character, so its bytes alone need not be valid UTF-8.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -11,6 +12,9 @@ namespace attnres::data {
 // it does not start with one: a stray continuation byte, a sequence cut
 // short, an overlong form, a surrogate or a code point past U+10FFFF.
 size_t utf8_sequence_length(std::string_view s);
+
+// Appends code point `cp` (at most U+10FFFF) to `out` as UTF-8.
+void append_utf8(uint32_t cp, std::string& out);
 
 // `bytes` as printable text: each valid character as it is, each byte that is
 // not part of one as "<0xHH>" (upper-case hex; the notation of byte tokens in

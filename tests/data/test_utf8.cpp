@@ -51,3 +51,20 @@ TEST_CASE("mark_partial_utf8 keeps characters and marks stray bytes as <0xHH>", 
   CHECK(mark_partial_utf8("", &partial).empty());
   CHECK_FALSE(partial);
 }
+
+TEST_CASE("append_utf8 writes each row of the table's first and last code points", "[utf8]") {
+  auto enc = [](uint32_t cp) {
+    std::string s;
+    attnres::data::append_utf8(cp, s);
+    return s;
+  };
+  CHECK(enc(0x41) == "A");
+  CHECK(enc(0x7F) == "\x7f");
+  CHECK(enc(0x80) == "\xc2\x80");
+  CHECK(enc(0x7FF) == "\xdf\xbf");
+  CHECK(enc(0x800) == "\xe0\xa0\x80");
+  CHECK(enc(0xFFFF) == "\xef\xbf\xbf");
+  CHECK(enc(0x10000) == "\xf0\x90\x80\x80");
+  CHECK(enc(0x10FFFF) == "\xf4\x8f\xbf\xbf");
+  for (uint32_t cp : {0x41u, 0x80u, 0x800u, 0x10000u, 0x10FFFFu}) CHECK(utf8_sequence_length(enc(cp)) == enc(cp).size());
+}
