@@ -289,6 +289,8 @@ BpeTokenizer BpeTokenizer::from_vocabulary(BpeVocabulary v, PreTokenizer pre, co
   if (pre == PreTokenizer::Gpt2) t.gpt2_ = std::make_shared<const Gpt2PreTokenizer>();
   t.token_bytes_ = std::move(v.token_bytes);
   t.special_ = std::move(v.special);
+  for (size_t i = 0; i < t.special_.size(); ++i)
+    if (t.special_[i]) t.special_ids_.push_back(static_cast<int32_t>(i));
   t.merges_ = std::move(v.merges);
   t.merge_ids_ = std::move(v.merge_ids);
   t.eot_ = v.eot;
@@ -371,12 +373,11 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, Specials mode) 
     // The earliest special token's text from `at` (the longest where two start together).
     size_t best = std::string_view::npos;
     int32_t id = -1;
-    for (size_t i = 0; i < token_bytes_.size(); ++i) {
-      if (!special_[i]) continue;
+    for (const int32_t i : special_ids_) {
       const size_t p = text.find(token_bytes_[i], at);
       if (p < best || (p == best && p != std::string_view::npos && token_bytes_[i].size() > token_bytes_[id].size())) {
         best = p;
-        id = static_cast<int32_t>(i);
+        id = i;
       }
     }
     if (best == std::string_view::npos) {

@@ -140,6 +140,7 @@ class BpeTokenizer {
   std::shared_ptr<const Gpt2PreTokenizer> gpt2_;       // the compiled regex, for PreTokenizer::Gpt2
   std::vector<std::string> token_bytes_;              // id -> bytes (specials: their text)
   std::vector<bool> special_;
+  std::vector<int32_t> special_ids_;                  // the ids whose special_ is set
   std::vector<std::pair<int32_t, int32_t>> merges_;
   std::vector<int32_t> merge_ids_;
   std::unordered_map<uint64_t, Merge> merge_table_;   // pair key -> merge
