@@ -5,7 +5,7 @@
 
 DIR holds what the session's scripts wrote (unpack their $OUT archives into
 it, in stage order): scripts/gpu_check.sh's stages (gpu.txt, steps.txt, the
-GPU tests' gpu_tests_{ce_swiglu_store,model,rest,recompute}.log, or
+GPU tests' gpu_tests_{matmul,ce_swiglu_store,model,rest,recompute}.log, or
 gpu_tests.log of an earlier session or of --only, resume.log, nccl.log,
 pipeline_cuda.log, zero_bf16.log, bench_*.txt, kernels_*.txt,
 attention_torch.txt), scripts/gpu_logits_compare.sh (logits_compare.txt) and
@@ -26,7 +26,8 @@ import gpu_targets  # noqa: E402  (the target table, from the same files)
 def read(d, name):
     try:
         with open(os.path.join(d, name)) as f:
-            return f.read()
+            # Catch2 colours its output when mpirun hands it a terminal.
+            return re.sub(r"\x1b\[[0-9;]*m", "", f.read())
     except OSError:
         return None
 
@@ -65,7 +66,8 @@ def tests_section(d):
     details = []
     # The GPU tests: one log (gpu_tests.log: earlier sessions, --only) or the
     # runs of gpu_check.sh --tests and --engine, each its own row.
-    split = [("gpu_tests_ce_swiglu_store.log", 'GPU tests `"[cross_entropy],[swiglu],[store]"`'),
+    split = [("gpu_tests_matmul.log", 'GPU tests `"[matmul]"` (cuBLASLt plans logged)'),
+             ("gpu_tests_ce_swiglu_store.log", 'GPU tests `"[cross_entropy],[swiglu],[store]"`'),
              ("gpu_tests_model.log", 'GPU tests `"[model]"`'),
              ("gpu_tests_rest.log", 'GPU tests `"~[cross_entropy]~[swiglu]~[store]~[model]"`'),
              ("gpu_tests_recompute.log", 'GPU tests `"[recompute]"` (recomputation bit for bit)')]

@@ -28,11 +28,15 @@ namespace kern = attnres::kernels;
 namespace {
 
 // Random N(0, scale) device tensor of `dtype` (never zeros: zeros can run
-// faster than real data and hide unwritten outputs).
+// faster than real data and hide unwritten outputs). Drawn on all host
+// threads (counter-based, so the same values): at the 1b3 shapes one thread
+// took minutes of a GPU session (2026-11-26) drawing the inputs.
 Tensor rand_dev(const Shape& shape, DType dtype, uint64_t seed, double scale = 1.0) {
   Tensor h = Tensor::empty(shape, DType::F32);
   float* p = h.data<float>();
-  for (int64_t i = 0; i < h.numel(); ++i) p[i] = static_cast<float>(scale * random_normal(seed, 5, i));
+  const int64_t n = h.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(scale * random_normal(seed, 5, i));
   Tensor d = Tensor::empty(shape, dtype, Device::CUDA);
   if (dtype == DType::F32) d.copy_from(h);
   else d.copy_from(h.to(dtype));
@@ -41,7 +45,9 @@ Tensor rand_dev(const Shape& shape, DType dtype, uint64_t seed, double scale = 1
 
 Tensor ids_dev(int64_t n, int64_t vocab, uint64_t seed) {
   Tensor t = Tensor::empty({n}, DType::I32);
-  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(random_u64(seed, 9, i) % vocab);
+  int32_t* p = t.data<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(random_u64(seed, 9, i) % vocab);
   return t.to(Device::CUDA);
 }
 

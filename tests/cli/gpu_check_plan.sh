@@ -61,7 +61,7 @@ order=('scripts/gpu_deps.sh'
        'ATTNRES_TEST_DEVICE=cuda bash tests/cli/resume.sh'
        'scripts/bench_vs_train.sh --device cuda --preset 124m --steps 30 --rounds 1 --bin build-gpu/attnres --data .shards/brown_gpt2'
        'test_gpu "[recompute]"'
-       'mpirun -np 1 $MPIRUN_FLAGS build-gpu/tests/test_mpi "[nccl]" -s'
+       'mpirun -np 1 $MPIRUN_FLAGS build-gpu/tests/test_mpi "[nccl]" -s --use-colour no'
        'tests/gpu/pipeline_cuda.sh'
        'tests/gpu/zero_bf16.sh'
        'bench --device cuda --preset 124m --steps'
@@ -89,8 +89,8 @@ grep -qF -- "$want" plan.txt || fail "the plan's shards command differs from gpu
 grep -qF 'carry [".deps", ".shards"]' plan.txt || fail "no carry list"
 pass "CPU steps (shards command as in gpu_logits_compare.sh) and carry list"
 
-# The total: printed, the stages' sum plus the machine's start, against 30 minutes.
-total_line=$(grep -E '^total: [0-9.]+ min in 7 stages \+ [0-9.]+ min machine start = [0-9.]+ min against the 30-minute budget' plan.txt) \
+# The total: printed, the stages' sum plus the machine's start, against 15 minutes.
+total_line=$(grep -E '^total: [0-9.]+ min in 7 stages \+ [0-9.]+ min machine start = [0-9.]+ min against the 15-minute budget' plan.txt) \
   || fail "no total line"
 awk -v line="$total_line" '$1 == "stage" { s += $3 } $1 == "start" { st = $2 }
   END { split(line, w, " "); d = s - w[2]; e = s + st - w[13]
@@ -138,6 +138,7 @@ cat > repo/build-gpu/tests/test_gpu <<'SH'
 #!/bin/sh
 echo "GPU tests on a fake device"
 echo "args: $*"
+echo "ATTNRES_GEMM_LOG=${ATTNRES_GEMM_LOG:-}"
 case "$1" in
   "[model]~[recompute]") echo "FAILED: (a fake failure)"; echo "test cases: 2 | 1 passed | 1 failed"; exit 1 ;;
   *) echo "All tests passed (3 assertions in 1 test case)" ;;
@@ -149,16 +150,19 @@ OUT="$WORK/out" PATH="$WORK/fakebin:$PATH" repo/scripts/gpu_check.sh --tests > o
 cat out.txt
 [[ $rc -eq 1 ]] || fail "--tests with a failing run: exit $rc, expected 1"
 r=repo/build-gpu/report
+grep -qxF 'args: [matmul] -w NoTests --durations yes' $r/gpu_tests_matmul.log \
+  && grep -qxF 'ATTNRES_GEMM_LOG=1' $r/gpu_tests_matmul.log || fail "first run: $(cat $r/gpu_tests_matmul.log)"
+grep -qxF 'ATTNRES_GEMM_LOG=' $r/gpu_tests_rest.log || fail "ATTNRES_GEMM_LOG leaked into the other runs"
 grep -qxF 'args: [cross_entropy],[swiglu],[store] -w NoTests --durations yes' $r/gpu_tests_ce_swiglu_store.log \
-  || fail "first run: $(cat $r/gpu_tests_ce_swiglu_store.log)"
-grep -qxF 'args: [model]~[recompute] -w NoTests --durations yes' $r/gpu_tests_model.log || fail "second run"
+  || fail "second run: $(cat $r/gpu_tests_ce_swiglu_store.log)"
+grep -qxF 'args: [model]~[recompute] -w NoTests --durations yes' $r/gpu_tests_model.log || fail "third run"
 grep -qxF 'args: ~[cross_entropy]~[swiglu]~[store]~[model] -w NoTests --durations yes' $r/gpu_tests_rest.log \
-  || fail "third run"
+  || fail "fourth run"
 [[ $(awk '$1 == "tests" { print $2, $3 }' $r/steps.txt | tr '\n' ';') == \
-   "gpu_tests_ce_swiglu_store.log ok;gpu_tests_model.log FAILED;gpu_tests_rest.log ok;" ]] \
+   "gpu_tests_matmul.log ok;gpu_tests_ce_swiglu_store.log ok;gpu_tests_model.log FAILED;gpu_tests_rest.log ok;" ]] \
   || { cat $r/steps.txt; fail "steps.txt"; }
 grep -q "steps.txt" <(tar tzf out/gpu_check_2_tests.tgz) || fail "no steps.txt in \$OUT/gpu_check_2_tests.tgz"
-pass "--tests: three runs in order, each its own log, a failure fails the stage, steps.txt, \$OUT archive"
+pass "--tests: four runs in order, each its own log, a failure fails the stage, steps.txt, \$OUT archive"
 
 rc=0
 PATH="$WORK/fakebin:$PATH" repo/scripts/gpu_check.sh --only "[mix],[adamw]" > out.txt 2>&1 || rc=$?

@@ -54,6 +54,12 @@ expect "tests   gpu_tests_model.log            FAILED       41 s  (expected 0.5 
 rm s/gpu_tests.log
 out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
 grep -qF "| GPU tests (\`test_gpu\`)" <<<"$out" && fail "a missing gpu_tests.log beside the split logs should have no row"
+# Catch2 under mpirun colours its summary (2026-11-26's nccl.log): still a pass.
+printf '\033[1;32m===\033[0m\n\033[1;32mAll tests passed\033[0m (66 assertions in 3 test cases)\n' > s/nccl.log
+printf 'GPU tests on NVIDIA H200\nAll tests passed (176 assertions in 5 test cases)\n' > s/gpu_tests_matmul.log
+out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
+expect "| NCCL transport, 1 rank (\`test_mpi [nccl]\`) | passed | All tests passed (66 assertions in 3 test cases) |"
+expect '| GPU tests `"[matmul]"` (cuBLASLt plans logged) | passed | All tests passed (176 assertions in 5 test cases) (GPU tests on NVIDIA H200) |'
 printf 'SKIPPED: no CUDA device found; GPU tests were NOT run.\n' > s/gpu_tests_rest.log
 out=$($PY "$SRC/scripts/gpu_report.py" s --commit abc1234 --date 2026-11-25)
 expect '| GPU tests `"~[cross_entropy]~[swiglu]~[store]~[model]"` | skipped | SKIPPED: no CUDA device found; GPU tests were NOT run. |'

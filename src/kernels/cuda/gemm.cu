@@ -18,11 +18,22 @@
 // the reduction or reduce the parts in fp32 in the workspace. The remaining
 // scheme ("in place") adds the parts in the *output* dtype, which for a bf16
 // output would round every partial sum to bf16.
+// A bf16 C accumulated in place (C_in == C) gets no split at all: on an H200
+// (2026-11-26, docs/measurements/2026-11-26-h200-3/matmul.log) such a GEMM at
+// m = 64, n = 96, k = 128 rounded the product to bf16 before adding C (values
+// off by up to 2^-8 of the product), while the same sum into another buffer
+// did not. A split reduction that reads C after writing D is the suspect;
+// this restriction is the fix to that suspicion, not yet run on a GPU.
+// ATTNRES_GEMM_LOG=1 prints each plan's algorithm (id, tile, stages, split,
+// reduction scheme) once, to see which one a shape gets.
 #include "kernels/cuda/gemm.cuh"
 
 #include <cublasLt.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 
@@ -68,13 +79,13 @@ uint32_t alignment_of(const void* p) {
 // Everything the descriptors and the algorithm choice depend on.
 struct Key {
   int64_t m, n, k, lda, ldb, ldc;
-  bool trans_a, trans_b, beta_zero;
+  bool trans_a, trans_b, beta_zero, in_place;  // in_place: beta = 1 and C_in == C
   DType ab, c;
   uint32_t align_a, align_b, align_c, align_cin;  // align_cin: of C_in (= align_c in place)
   bool operator==(const Key& o) const {
     return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
            trans_a == o.trans_a && trans_b == o.trans_b && beta_zero == o.beta_zero &&
-           ab == o.ab && c == o.c && align_a == o.align_a && align_b == o.align_b &&
+           in_place == o.in_place && ab == o.ab && c == o.c && align_a == o.align_a && align_b == o.align_b &&
            align_c == o.align_c && align_cin == o.align_cin;
   }
 };
@@ -87,7 +98,7 @@ struct KeyHash {
       h *= 1099511628211ull;
     };
     mix(key.m), mix(key.n), mix(key.k), mix(key.lda), mix(key.ldb), mix(key.ldc);
-    mix(key.trans_a | key.trans_b << 1 | key.beta_zero << 2);
+    mix(key.trans_a | key.trans_b << 1 | key.beta_zero << 2 | key.in_place << 3);
     mix(static_cast<uint64_t>(key.ab) | static_cast<uint64_t>(key.c) << 8);
     mix(key.align_a | uint64_t(key.align_b) << 16 | uint64_t(key.align_c) << 32 |
         uint64_t(key.align_cin) << 48);
@@ -125,6 +136,29 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
+// One line on stderr: the problem and the algorithm the heuristic chose.
+void log_plan(const Key& key, const cublasLtMatmulAlgo_t& algo) {
+  // Each attribute read here is 4 bytes (int32 or uint32); -1 where it cannot be read (a
+  // diagnostic line must not stop the run).
+  auto attr = [&algo](cublasLtMatmulAlgoConfigAttributes_t a) -> long long {
+    uint32_t v = 0;
+    size_t written = 0;
+    return cublasLtMatmulAlgoConfigGetAttribute(&algo, a, &v, sizeof v, &written) ==
+                   CUBLAS_STATUS_SUCCESS
+               ? static_cast<long long>(v)
+               : -1LL;
+  };
+  std::fprintf(stderr,
+               "gemm plan: C[%lld, %lld] %s %s k %lld, A/B %s, C %s, beta %d%s: algo %lld tile %lld "
+               "stages %lld split-k %lld reduction scheme %lld\n",
+               static_cast<long long>(key.m), static_cast<long long>(key.n),
+               key.trans_a ? "A^T" : "A", key.trans_b ? "B^T" : "B", static_cast<long long>(key.k),
+               dtype_name(key.ab), dtype_name(key.c), key.beta_zero ? 0 : 1,
+               key.in_place ? " in place" : "", attr(CUBLASLT_ALGO_CONFIG_ID),
+               attr(CUBLASLT_ALGO_CONFIG_TILE_ID), attr(CUBLASLT_ALGO_CONFIG_STAGES_ID),
+               attr(CUBLASLT_ALGO_CONFIG_SPLITK_NUM), attr(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+}
+
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& key) {
   auto plan = std::make_unique<Plan>();
   cublasLtMatmulDesc_t op = nullptr;
@@ -150,7 +184,9 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& key) {
   const uint64_t ws = kWorkspaceBytes;
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  const uint32_t schemes = key.in_place && key.c == DType::BF16
+                               ? CUBLASLT_REDUCTION_SCHEME_NONE
+                               : CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
   // cuBLASLt's A/B are our B/A; D is our C, C our C_in.
@@ -174,6 +210,8 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& key) {
          key.lda, ", ldb ", key.ldb, ", ldc ", key.ldc, ", A/B ", dtype_name(key.ab), ", C ",
          dtype_name(key.c), "): ", cublasLtGetStatusString(st));
   plan->algo = result.algo;
+  if (const char* log = std::getenv("ATTNRES_GEMM_LOG"); log && *log && std::string(log) != "0")
+    log_plan(key, plan->algo);
   return plan;
 }
 
@@ -251,7 +289,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, DType ab_
   ATTNRES_CHECK(lda >= (trans_a ? m : k), "gemm: lda ", lda, " too small");
   ATTNRES_CHECK(ldb >= (trans_b ? k : n), "gemm: ldb ", ldb, " too small");
   const Key key{m,         n,           k,        lda,   ldb,  ldc,
-                trans_a,   trans_b,     beta == 0.0f,   ab_type, c_type,
+                trans_a,   trans_b,     beta == 0.0f,   beta == 1.0f && c_in == c, ab_type, c_type,
                 alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(c_in)};
   Lt::get().run(key, a, b, beta, c_in, c);
 }
