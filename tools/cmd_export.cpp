@@ -19,6 +19,7 @@
 #include "core/fileio.h"
 #include "core/log.h"
 #include "core/safetensors.h"
+#include "data/bpe.h"
 #include "data/tokenizer_file.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -34,12 +35,15 @@ using nlohmann::json;
 
 const char* kHelp =
     "usage: attnres export hf --checkpoint DIR --out DIR [--dtype fp32|bf16]\n"
-    "                         [--max-shard-size 5GB] [--force]\n"
+    "                         [--max-shard-size 5GB] [--special text|allow] [--force]\n"
     "  Writes a Hugging Face model directory: model.safetensors (or model-0000i-of-0000n\n"
     "  shards + model.safetensors.index.json past --max-shard-size), config.json\n"
     "  (model_type \"attnres\", auto_map), configuration_attnres.py, modeling_attnres.py,\n"
     "  generation_config.json, the checkpoint's tokenizer files and README.md.\n"
-    "  bf16 rounds the fp32 weights to nearest even. --force replaces an earlier export in\n"
+    "  bf16 rounds the fp32 weights to nearest even. --special: what transformers'\n"
+    "  tokenizer does with the text <|endoftext|> inside a text, as `attnres tokenize\n"
+    "  --special` does: text (default: encoded byte by byte, tokenizer_config.json's\n"
+    "  split_special_tokens true) or allow (the token's id). --force replaces an earlier export in\n"
     "  --out. Load with torch alone (AttnResForCausalLM.from_pretrained) or with\n"
     "  transformers (AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)).";
 
@@ -108,9 +112,12 @@ void prepare_out(const fs::path& out, const fs::path& checkpoint, bool force) {
       if (!force)
         fail("export: --out '", out.string(), "' is not empty (pass --force to replace an "
              "earlier export there)");
+      // What this export may not write again: weight shards of another
+      // count, tokenizer files of another format.
       for (const auto& e : fs::directory_iterator(out)) {
         const std::string n = e.path().filename().string();
-        if (n.rfind("model", 0) == 0 && n.find(".safetensors") != std::string::npos)
+        if ((n.rfind("model", 0) == 0 && n.find(".safetensors") != std::string::npos) ||
+            n == "tokenizer.json" || n == "attnres_tokenizer.json" || n == "tokenizer_config.json")
           fs::remove(e.path());
       }
     }
@@ -137,7 +144,17 @@ std::string readme(const json& config, const std::vector<std::string>& tokenizer
     else
       tok += "It is Hugging Face's tokenizer.json form of a byte-level BPE with GPT-2's "
              "pre-tokenizer regex (GPT-2's own vocabulary when the model was trained on GPT-2 "
-             "tokens); <|endoftext|> is its end-of-text token.\n";
+             "tokens); <|endoftext|> is its end-of-text token. The text <|endoftext|> inside a "
+             "text is encoded " +
+             std::string(config["attnres"]["tokenizer"]["special"] == "text"
+                             ? "as ordinary text (tokenizer_config.json's split_special_tokens "
+                               "true; `attnres tokenize --special text`, tiktoken's "
+                               "encode_ordinary). The tokenizers library alone "
+                               "(Tokenizer.from_file) does not read tokenizer_config.json: set "
+                               "its encode_special_tokens = True for the same ids"
+                             : "as the token (split_special_tokens false; `attnres tokenize "
+                               "--special allow`, tiktoken's allowed_special=\"all\")") +
+             ".\n";
   }
   return "# attnres model (Hugging Face export)\n\n"
          "A language model trained by attnres with Attention Residuals (residual mode `" +
@@ -178,7 +195,7 @@ int cmd_export(const Args& args) {
   }
   if (args[0] != "hf") fail("export: unknown format '", args[0], "' (known: hf)");
   Flags f(Args(args.begin() + 1, args.end()), "export",
-          {"checkpoint", "out", "dtype", "max-shard-size"}, {"help", "force"});
+          {"checkpoint", "out", "dtype", "max-shard-size", "special"}, {"help", "force"});
   if (f.has("help")) {
     std::puts(kHelp);
     return 0;
@@ -191,6 +208,12 @@ int cmd_export(const Args& args) {
     fail("export: --dtype must be fp32 or bf16, got '", dtype_name, "'");
   const bool bf16 = dtype_name == "bf16";
   const int64_t max_shard = parse_size(f.get("max-shard-size", "5GB"));
+  const std::string special = f.get("special", "text");
+  // Hugging Face's tokenizers either split the special token's text or turn it
+  // into the token; nothing there refuses it as tiktoken's encode() does.
+  if (data::parse_specials(special, "export: --special") == data::Specials::Refuse)
+    fail("export: --special refuse has no Hugging Face equivalent (its tokenizers encode the "
+         "text <|endoftext|> as text or as the token, never refuse it): choose text or allow");
 
   // The weights, through the loader every command uses (it verifies the
   // checkpoint's manifest first), in the checkpoint's parameter order.
@@ -251,7 +274,25 @@ int cmd_export(const Args& args) {
   }
   config["attnres"] = {{"checkpoint_step", state.value("step", int64_t{0})},
                        {"tokenizer", {{"files", tok_names}, {"format", tok_format},
-                                      {"vocab_size", tok_vocab}}}};
+                                      {"vocab_size", tok_vocab}, {"special", special}}}};
+  // transformers' settings for a Hugging Face tokenizer.json (our own format
+  // has none): the end-of-text token, exact decoding, and what the text
+  // <|endoftext|> becomes: split_special_tokens = true encodes it as text
+  // (PreTrainedTokenizerFast sets the tokenizers library's
+  // encode_special_tokens from it), false as the token.
+  const bool hf_tokenizer = !tok_files.empty() && tok_format != "attnres-bpe";
+  json tok_config;
+  if (hf_tokenizer) {
+    const std::string eot_text = data::BpeTokenizer::kEotText;
+    tok_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                  {"bos_token", eot_text},
+                  {"eos_token", eot_text},
+                  {"add_bos_token", false},
+                  {"add_eos_token", false},
+                  {"clean_up_tokenization_spaces", false},
+                  {"model_max_length", cfg.training.seq_len},
+                  {"split_special_tokens", special == "text"}};
+  }
 
   prepare_out(out, dir, f.has("force"));
   write_weights(out, tensors, max_shard);
@@ -261,6 +302,8 @@ int cmd_export(const Args& args) {
     write_file_atomic((out / e.name).string(), e.data, e.size);
   for (size_t i = 0; i < tok_files.size(); ++i)
     fs::copy_file(tok_files[i], out / tok_names[i], fs::copy_options::overwrite_existing);
+  if (hf_tokenizer)
+    write_text_file_atomic((out / "tokenizer_config.json").string(), tok_config.dump(2) + "\n");
   write_text_file_atomic((out / "README.md").string(), readme(config, tok_names, tok_format));
   spdlog::info("exported {} ({} tensors, {}) to {}", dir.string(), tensors.size(), dtype_name,
                out.string());
