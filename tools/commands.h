@@ -20,5 +20,6 @@ int inspect_plan(const Args& args);    // tools/inspect_plan.cpp
 int inspect_memory(const Args& args);  // tools/inspect_memory.cpp
 int cmd_bench(const Args& args);
 int cmd_sweep(const Args& args);
+int cmd_supervise(const Args& args);  // tools/cmd_supervise.cpp
 
 }  // namespace attnres::tools

@@ -1,5 +1,5 @@
 // attnres: one binary, subcommands train | eval | generate | score | export | tokenize | inspect
-// | bench | sweep.
+// | bench | sweep | supervise.
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -27,6 +27,8 @@ usage:
                                                      (attnres inspect --help)
   attnres bench [--device cpu|cuda] [--preset 124m|350m|1b3] [...]   training throughput (attnres bench --help)
   attnres sweep SWEEP.json [--dry-run | --report] [--no-plots]      scaling-law sweep
+  attnres supervise [--max-restarts N] [--backoff SEC] -- COMMAND...  restart a failed run from
+                                                     its newest checkpoint (attnres supervise --help)
 
 Logs go to stderr, machine-readable results to stdout. Exit codes: 0 ok, 1 runtime
 or internal error, 2 bad input (config, data, checkpoint, arguments), 3 non-finite loss/gradient,
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(args);
     if (cmd == "bench") return cmd_bench(args);
     if (cmd == "sweep") return cmd_sweep(args);
+    if (cmd == "supervise") return cmd_supervise(args);
     std::fprintf(stderr, "attnres: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const attnres::InternalError& e) {

@@ -1,15 +1,11 @@
 #include "train/checkpoint.h"
 
-#include <csignal>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <unordered_map>
 
 #include "core/fileio.h"
 #include "core/safetensors.h"
-#include "data/bpe.h"
 #include "train/checkpoint_io.h"
 
 namespace attnres::train {
@@ -48,129 +44,8 @@ json hf_config(const model::ModelConfig& m) {
   };
 }
 
-namespace {
-// Checkpoints are written from host memory; device tensors are copied first.
-std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
-  for (auto& t : tensors)
-    if (!t.tensor.is_cpu()) t.tensor = t.tensor.to(Device::CPU);
-  return tensors;
-}
-}  // namespace
-
-namespace {
-
-// config.json, state.json and the tokenizer: the files of a checkpoint that
-// are not tensors (written by rank 0).
-void write_run_files(const CheckpointWriter& w, const Config& cfg, int64_t optimizer_steps,
-                     const TrainState& state) {
-  write_text_file_atomic(w.path_for("config.json"), hf_config(cfg.model).dump(2) + "\n");
-  const int64_t units = state.step * cfg.training.grad_accum * cfg.parallel.data;
-  json st = {
-      {"format", "attnres-train-state"},
-      {"version", 1},
-      {"step", state.step},
-      {"tokens", state.tokens},
-      {"optimizer_steps", optimizer_steps},
-      // The loader is stateless: unit u of the run is a pure function of
-      // (u, shuffle, seed), so the cursor is just the count of units consumed.
-      {"data", {{"units_consumed", units}, {"shuffle", cfg.data.shuffle}, {"seed", cfg.training.seed}}},
-      // All randomness is counter-based (core/rng.h): the seed is the whole state.
-      {"rng", {{"kind", "counter-splitmix64"}, {"seed", cfg.training.seed}}},
-      {"config", cfg.to_json()},
-  };
-  write_text_file_atomic(w.path_for("state.json"), st.dump(2) + "\n");
-  // One file that `generate` reads with nothing else: GPT-2's two files
-  // (encoder.json + vocab.bpe) become a Hugging Face tokenizer.json.
-  if (!cfg.data.tokenizer.empty() && fs::exists(cfg.data.tokenizer))
-    write_text_file_atomic(w.path_for("tokenizer.json"), data::self_contained_tokenizer(cfg.data.tokenizer));
-}
-
-// "model.safetensors", or "model-00002-of-00004.safetensors" for shard 1 of 4.
-std::string shard_file(const std::string& stem, int shard, int n_shards) {
-  if (n_shards == 1) return stem + ".safetensors";
-  char b[64];
-  std::snprintf(b, sizeof b, "-%05d-of-%05d.safetensors", shard + 1, n_shards);
-  return stem + b;
-}
-
-std::string index_file(const std::string& stem) { return stem + ".safetensors.index.json"; }
-
-// Test hook (tests/mpi/checkpoint_shards.sh): ATTNRES_TEST_KILL_IN_SAVE =
-// "RANK:STEP" makes that rank kill itself in the middle of that step's save,
-// after its model shard and before its optimizer shard.
-void maybe_die_in_save(int rank, int64_t step) {
-  const char* spec = std::getenv("ATTNRES_TEST_KILL_IN_SAVE");
-  if (!spec) return;
-  int r = -1;
-  long long s = -1;
-  if (std::sscanf(spec, "%d:%lld", &r, &s) == 2 && r == rank && s == step) std::raise(SIGKILL);
-}
-
-}  // namespace
-
-std::string save_checkpoint(const Config& cfg, const parallel::Comm& world, int shard,
-                            int n_shards, const std::vector<NamedTensor>& weights,
-                            const std::vector<NamedTensor>& optimizer_state,
-                            int64_t optimizer_steps, const TrainState& state) {
-  const bool root = world.rank() == 0;
-  std::unique_ptr<CheckpointWriter> w;
-  std::string temp;
-  if (root) {
-    w = std::make_unique<CheckpointWriter>(cfg.checkpoint.dir, state.step);
-    temp = w->temp_dir();
-  }
-  world.bcast(temp, 0);
-
-  // This rank's shards, with what it wrote: per file its size and checksum,
-  // per tensor its file and bytes.
-  json mine = {{"files", json::object()}, {"model", json::object()}, {"optimizer", json::object()}};
-  if (shard >= 0) {
-    for (const char* stem : {"model", "optimizer"}) {
-      const bool model = std::string(stem) == "model";
-      const std::string name = shard_file(stem, shard, n_shards);
-      const std::string path = (fs::path(temp) / name).string();
-      const auto host = on_host(model ? weights : optimizer_state);
-      write_safetensors(path, host, {{"format", "pt"}});
-      fsync_path(path);
-      uint64_t size = 0;
-      const uint64_t hash = xxh64_file(path, &size);
-      mine["files"][name] = {{"size", size}, {"xxh64", hex64(hash)}};
-      for (const auto& t : host) mine[stem][t.name] = {{"file", name}, {"bytes", t.tensor.nbytes()}};
-      if (model) maybe_die_in_save(world.rank(), state.step);
-    }
-  }
-  const auto all = world.gather(mine.dump(), 0);
-
-  std::string dir;
-  if (root) {
-    std::map<std::string, CheckpointWriter::FileSum> expected;
-    json maps = {{"model", json::object()}, {"optimizer", json::object()}};
-    int64_t total[2] = {0, 0};
-    for (const std::string& blob : all) {
-      const json r = json::parse(blob);
-      for (const auto& [name, f] : r["files"].items())
-        expected[name] = {f["size"].get<uint64_t>(),
-                          std::stoull(f["xxh64"].get<std::string>(), nullptr, 16)};
-      for (int k = 0; k < 2; ++k) {
-        const char* stem = k == 0 ? "model" : "optimizer";
-        for (const auto& [t, info] : r[stem].items()) {
-          ATTNRES_CHECK(!maps[stem].contains(t), "tensor ", t, " saved by two ranks");
-          maps[stem][t] = info["file"];
-          total[k] += info["bytes"].get<int64_t>();
-        }
-      }
-    }
-    if (n_shards > 1)
-      for (int k = 0; k < 2; ++k) {
-        const char* stem = k == 0 ? "model" : "optimizer";
-        const json index = {{"metadata", {{"total_size", total[k]}}}, {"weight_map", maps[stem]}};
-        write_text_file_atomic(w->path_for(index_file(stem)), index.dump(2) + "\n");
-      }
-    write_run_files(*w, cfg, optimizer_steps, state);
-    dir = w->commit(expected);
-  }
-  world.bcast(dir, 0);
-  return dir;
+std::string checkpoint_index_file(const std::string& stem) {
+  return stem + ".safetensors.index.json";
 }
 
 std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
@@ -182,9 +57,9 @@ std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
       out[name] = single.filename().string();
     return out;
   }
-  const std::string index = (fs::path(dir) / index_file(stem)).string();
+  const std::string index = (fs::path(dir) / checkpoint_index_file(stem)).string();
   if (!fs::exists(index))
-    fail(dir, ": has neither ", single.filename().string(), " nor ", index_file(stem));
+    fail(dir, ": has neither ", single.filename().string(), " nor ", checkpoint_index_file(stem));
   json j;
   try {
     j = json::parse(read_text_file(index));
@@ -212,13 +87,13 @@ std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, const s
     for (auto& t : tensors) {
       auto it = map.find(t.name);
       if (it == map.end() || it->second != file)
-        fail(path, ": holds tensor '", t.name, "' that ", index_file(stem),
+        fail(path, ": holds tensor '", t.name, "' that ", checkpoint_index_file(stem),
              " does not map to this file");
       out.push_back(std::move(t));
     }
   }
   if (out.size() != map.size())
-    fail(dir, ": ", index_file(stem), " names ", map.size(), " tensors, the shards hold ",
+    fail(dir, ": ", checkpoint_index_file(stem), " names ", map.size(), " tensors, the shards hold ",
          out.size());
   return out;
 }

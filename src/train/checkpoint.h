@@ -37,21 +37,12 @@ struct TrainState {
 // before the label changed read as before.
 nlohmann::json hf_config(const model::ModelConfig& m);
 
-// Write a complete checkpoint for `state.step`, collective over `world`; no
-// tensor crosses ranks. Rank `shard` of `n_shards` writers (-1: this rank
-// writes no tensors) writes the weights (docs/model.md names) and AdamW
-// moments (AdamW::state_tensors names) of the parameters it owns into the
-// step's temporary directory (which must be on a file system every rank
-// sees), so a checkpoint does not depend on the layout that wrote it. Rank 0
-// writes the index files and the run's files, checks every shard against the
-// size and checksum its writer recorded, and publishes the directory by
-// rename. With one writer (e.g. world = Comm::solo(), shard 0 of 1, holding
-// everything) the files are model.safetensors / optimizer.safetensors.
-// Returns the directory on every rank.
-std::string save_checkpoint(const Config& cfg, const parallel::Comm& world, int shard,
-                            int n_shards, const std::vector<NamedTensor>& weights,
-                            const std::vector<NamedTensor>& optimizer_state,
-                            int64_t optimizer_steps, const TrainState& state);
+// Writing one: train/checkpoint_save.h (every rank writes the tensors it
+// owns, rank 0 the index and run files, in the background when
+// checkpoint.async).
+
+// "model.safetensors.index.json" for "model": the index of a sharded set.
+std::string checkpoint_index_file(const std::string& stem);
 
 // Every tensor of a checkpoint's "model" or "optimizer" file set, from the
 // single file or from the shards its index names (an error names the index

@@ -211,6 +211,10 @@ void for_each_key(C& c, V&& v) {
   v("checkpoint.sharded", ck.sharded,
     KeySpec{"each pipeline stage writes its own safetensors shard + a Hugging Face index (no tensor "
             "crosses ranks); false: rank 0 gathers everything into one file ([files.md](files.md))"});
+  v("checkpoint.async", ck.async,
+    KeySpec{"write checkpoints in background threads while training goes on (the step copies what "
+            "it saves to host memory first; at most one save in flight; SIGTERM and the end wait "
+            "for it); false: training waits for every save ([files.md](files.md))"});
   v("checkpoint.save_initial", ck.save_initial,
     KeySpec{"also write `step_00000000` before the first update"});
   auto& e = c.eval;

@@ -64,6 +64,7 @@ struct CheckpointConfig {
   std::string resume = "never";  // never | auto | <checkpoint directory>
   bool save_initial = false;
   bool sharded = true;  // each pipeline stage writes its own shard (no gather at rank 0)
+  bool async = true;    // write in the background while training goes on (train/checkpoint_save.h)
 };
 struct EvalConfig {
   int64_t every = 0, batches = 4;

@@ -26,6 +26,7 @@
 #include "parallel/runtime.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_io.h"
+#include "train/checkpoint_save.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/multiple_choice.h"
@@ -201,7 +202,9 @@ class Engine {
   void open_metrics();  // metrics.jsonl and depth_stats.jsonl (rank 0)
 
   parallel::StepStats step(int64_t k, double grad_scale);
-  void checkpoint();  // collective
+  void checkpoint();  // collective: begins a save (checkpoint.async: written in the background)
+  void finish_saves(bool wait);  // collective: a save in flight advanced (or finished: wait)
+  void saved(const SaveRecord& r);  // a save published: its record and log line (rank 0)
   void evaluate();    // collective: replica d evaluates units d, d+D, ... (and eval.tasks)
   void log_step(int64_t first_step, double loss, double lr, double norm, double dt,
                 double elapsed, const parallel::StepStats& st);
@@ -225,6 +228,7 @@ class Engine {
   TrainState state_;
   std::string last_checkpoint_;
   std::unique_ptr<MetricsWriter> metrics_;    // rank 0
+  CheckpointSaver saver_;
   model::DepthStats depth_stats_;
   std::unique_ptr<MetricsWriter> depth_log_;  // rank 0, with run.depth_stats_every
   const std::unordered_map<std::string, size_t> ckpt_order_;  // checkpoint_order
@@ -244,6 +248,7 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, const parallel::G
       train_data_(open_train_data(cfg)),
       val_data_(open_val_data(cfg)),
       tasks_(cfg),
+      saver_(cfg, grid_.world(), cfg.checkpoint.async),
       depth_stats_(cfg.model.n_sublayers()),
       ckpt_order_(checkpoint_order(cfg.model)) {
   if (root_) spdlog::info("resolved config: {}", cfg.to_json().dump());
@@ -363,6 +368,23 @@ void Engine::open_metrics() {
   if (cfg_.run.depth_stats_every > 0)
     depth_log_ = std::make_unique<MetricsWriter>(depth_stats_path(cfg_), state_.step > 0,
                                                  state_.step);
+  // Started again by `attnres supervise` (tools/cmd_supervise.cpp): the
+  // restart in the run's record, with the step it resumed from.
+  if (const char* restart = std::getenv("ATTNRES_RESTART"); restart && *restart) {
+    json r;
+    try {
+      r = json::parse(restart);
+    } catch (const nlohmann::json::exception&) {
+      r = {{"reason", restart}};
+    }
+    if (!r.is_object()) r = {{"reason", restart}};
+    r["step"] = state_.step;
+    r["event"] = "restart";
+    r["resumed_from"] = last_checkpoint_;
+    metrics_->write(r);
+    spdlog::warn("restart {} ({}): resumed from {}", r.value("restart", 0),
+                 r.value("reason", std::string("?")), last_checkpoint_.empty() ? "nothing (fresh)" : last_checkpoint_);
+  }
 }
 
 parallel::StepStats Engine::step(int64_t k, double grad_scale) {
@@ -372,28 +394,19 @@ parallel::StepStats Engine::step(int64_t k, double grad_scale) {
   }, grad_scale);
 }
 
-namespace {
-// Peak resident memory of this process since the last reset (Linux: VmHWM,
-// reset by writing 5 to /proc/self/clear_refs); 0 where unavailable.
-void reset_peak_rss() {
-  if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-    std::fputs("5", f);
-    std::fclose(f);
-  }
-}
-double peak_rss_mib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
-  return 0;
-}
-}  // namespace
-
 void Engine::checkpoint() {
   if (cfg_.checkpoint.dir.empty()) return;
   const auto t0 = Clock::now();
-  if (root_) reset_peak_rss();
+  // A background save must not see training change what it writes: it gets
+  // host copies (the staging copy), made here. A synchronous one writes the
+  // tensors as they are (device tensors copied to the host).
+  // Ranks that write nothing (replicas > 0 of a sharded save) copy nothing;
+  // in a gathered save rank 0 writes, the others' tensors reach it as copies.
+  const bool sharded = cfg_.checkpoint.sharded;
+  const bool copy = cfg_.checkpoint.async && (sharded ? grid_.replica() == 0 : root_);
+  auto stage = [copy](const Tensor& t) {
+    return !t.is_cpu() ? t.to(Device::CPU) : copy ? t.clone() : t;
+  };
   // Each rank contributes the weights and AdamW moments of the parameters it
   // owns (a tied embedding's copy in the last chunk belongs to chunk 0), in
   // the single-process order. Sharded: replica 0 of every stage writes them
@@ -407,7 +420,8 @@ void Engine::checkpoint() {
     auto state = opt.state_tensors();
     // ZeRO-1 in a bf16 run: the fp32 masters live in the optimizers' slices.
     std::vector<Tensor> masters;
-    // ZeRO-1 gathers in host memory, a replica's slice at a time on the device.
+    // ZeRO-1 gathers in host memory (fresh buffers: no staging copy needed),
+    // a replica's slice at a time on the device.
     if (!opt.master_slices().empty()) masters = rt().gather_owned_to_host(v, opt.master_slices());
     if (opt.sharded()) {  // ZeRO-1: whole moments (collective)
       const size_t n = all.size();
@@ -421,9 +435,12 @@ void Engine::checkpoint() {
     for (size_t i = 0; i < all.size(); ++i) {
       const auto& mine = owned[static_cast<size_t>(v)];
       if (std::find(mine.begin(), mine.end(), &all[i]) == mine.end()) continue;
-      weights.push_back({all[i].name, masters.empty() ? all[i].weights() : masters[i]});
-      moments.push_back(state[i]);
-      moments.push_back(state[all.size() + i]);
+      weights.push_back({all[i].name, masters.empty() ? stage(all[i].weights()) : masters[i]});
+      for (size_t k : {i, all.size() + i}) {
+        NamedTensor m = state[k];
+        if (!opt.sharded()) m.tensor = stage(m.tensor);
+        moments.push_back(std::move(m));
+      }
     }
   }
   auto in_order = [&](std::vector<NamedTensor>& file) {
@@ -431,35 +448,47 @@ void Engine::checkpoint() {
       return ckpt_order_.at(a.name) < ckpt_order_.at(b.name);
     });
   };
-  std::string dir;
-  const int64_t opt_steps = stepper_->optimizers()[0]->steps_taken();
-  if (cfg_.checkpoint.sharded) {
-    in_order(weights);
-    in_order(moments);
-    const int shard = grid_.replica() == 0 ? grid_.stage() : -1;
-    dir = save_checkpoint(cfg_, grid_.world(), shard, grid_.P(), weights, moments, opt_steps,
-                          state_);
-    if (root_) prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
+  int shard = -1, n_shards = 1;
+  if (sharded) {
+    shard = grid_.replica() == 0 ? grid_.stage() : -1;
+    n_shards = grid_.P();
   } else {
     weights = rt().gather_to_root(weights);
     moments = rt().gather_to_root(moments);
-    if (root_) {
-      in_order(weights);
-      in_order(moments);
-      dir = save_checkpoint(cfg_, parallel::Comm::solo(), 0, 1, weights, moments, opt_steps,
-                            state_);
-      prune_checkpoints(cfg_.checkpoint.dir, static_cast<int>(cfg_.checkpoint.keep_last));
-    }
-    grid_.world().bcast(dir, 0);
+    if (root_) shard = 0;
   }
-  if (root_)
-    spdlog::info("checkpoint written: {} ({}, {:.2f} s; rank 0 peak RSS {:.1f} MiB during the save)",
-                 dir,
-                 !cfg_.checkpoint.sharded ? "gathered at rank 0"
-                 : grid_.P() > 1         ? fmt::format("{} shards", grid_.P())
-                                         : std::string("one file"),
-                 std::chrono::duration<double>(Clock::now() - t0).count(), peak_rss_mib());
-  last_checkpoint_ = dir;
+  in_order(weights);
+  in_order(moments);
+  const int64_t opt_steps = stepper_->optimizers()[0]->steps_taken();
+  const double prepared = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (auto r = saver_.start(shard, n_shards, std::move(weights), std::move(moments), opt_steps,
+                            state_, prepared))
+    saved(*r);
+}
+
+void Engine::finish_saves(bool wait) {
+  if (auto r = wait ? saver_.wait() : saver_.poll()) saved(*r);
+}
+
+void Engine::saved(const SaveRecord& r) {
+  last_checkpoint_ = r.dir;
+  if (!root_) return;
+  metrics_->write({{"step", r.step},
+                   {"event", "checkpoint"},
+                   {"dir", r.dir},
+                   {"stall_sec", r.stall_sec},
+                   {"write_sec", r.write_sec},
+                   {"bytes", r.bytes},
+                   {"resident_mib", r.resident_mib},
+                   {"peak_rss_mib", r.peak_rss_mib}});
+  spdlog::info("checkpoint written: {} ({}, {:.1f} MB; training stopped {:.2f} s of the {:.2f} s "
+               "to durable files; peak RSS {:.1f} MiB, {:.1f} before)",
+               r.dir,
+               !cfg_.checkpoint.sharded ? "gathered at rank 0"
+               : grid_.P() > 1         ? fmt::format("{} shards", grid_.P())
+                                       : std::string("one file"),
+               static_cast<double>(r.bytes) * 1e-6, r.stall_sec, r.write_sec, r.peak_rss_mib,
+               r.resident_mib);
 }
 
 void Engine::evaluate() {
@@ -558,6 +587,7 @@ int Engine::run() {
     const double loss = st.loss_sum * grad_scale;
     const double norm = stepper_->grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {  // global values: every rank stops
+      finish_saves(/*wait=*/true);  // the last good checkpoint, published
       spdlog::error("step {}: non-finite {} (loss {}, grad norm {}); stopping without an update. "
                     "Last good checkpoint: {}", k + 1, std::isfinite(loss) ? "gradient" : "loss",
                     loss, norm, last_checkpoint_.empty() ? "none" : last_checkpoint_);
@@ -575,10 +605,12 @@ int Engine::run() {
     const bool saved = last || (ck.every > 0 && state_.step % ck.every == 0);
     if (cfg_.eval.every > 0 && (state_.step % cfg_.eval.every == 0 || last)) evaluate();
     if (saved) checkpoint();
+    finish_saves(/*wait=*/false);  // a background save: published once every rank has written
     if (cfg_.run.stop_after > 0 && state_.step - first_step >= cfg_.run.stop_after && !last) {
       if (root_)
         spdlog::info("run.stop_after = {}: stopping at step {}", cfg_.run.stop_after, state_.step);
       if (!saved) checkpoint();
+      finish_saves(/*wait=*/true);
       return 0;
     }
     // A signal may reach only some ranks: stop when any rank got one.
@@ -587,11 +619,13 @@ int Engine::run() {
         spdlog::warn("received {}: stopping after step {}", sig == SIGINT ? "SIGINT" : "SIGTERM",
                      state_.step);
       if (!saved) checkpoint();
+      finish_saves(/*wait=*/true);
       if (ck.dir.empty() && root_) spdlog::warn("checkpoint.dir is not set: nothing was saved");
       return 128 + sig;
     }
   }
   if (cfg_.eval.every == 0 && state_.step > first_step) evaluate();
+  finish_saves(/*wait=*/true);  // the end of training waits for the save in flight
   return 0;
 }
 

@@ -4,7 +4,8 @@
 # rank 0. The shards hold exactly the gathered checkpoint's tensors; resume
 # across layouts (P=4 -> P=2 x D=2 -> one process) matches the uninterrupted
 # run; eval, generate and inspect read them; a rank killed in the middle of a
-# save leaves the previous checkpoint valid, and resume = auto takes it.
+# save leaves the previous checkpoint valid, and resume = auto takes it;
+# background saves equal synchronous ones, and a failing one stops the job.
 source "$(dirname "$0")/lib.sh"
 make_corpus
 write_mpi_config
@@ -89,4 +90,27 @@ grep -q "resumed from ck_k/step_00000002" log_k2.txt || { cat log_k2.txt; fail "
 [[ -z "$(ls -a ck_k | grep "^.tmp_step_")" ]] || { ls -a ck_k; grep -i "stale\|checkpoint" log_k2.txt; fail "the dead save's temp dir was not cleaned up"; }
 compare_losses run_s/metrics.jsonl run_k/metrics.jsonl 1e-5 || fail "losses after the kill differ"
 pass "a rank killed mid-save: step 2 stays valid, resume = auto takes it, the run completes identically"
+# checkpoint.async (the default) against synchronous saves at P=2 x D=2 with
+# ZeRO-1: the same losses and checkpoints; a write failing on rank 1 (not the
+# one that publishes) stops every rank with exit 1 naming it, nothing published.
+for mode in true false; do
+  run_np 4 "$BIN" train base.json --checkpoint.dir=ck_z$mode --run.dir=run_z$mode --parallel.pipeline=2 \
+    --parallel.data=2 --training.grad_accum=2 --parallel.zero=1 --checkpoint.async=$mode \
+    2>log_z$mode.txt || { cat log_z$mode.txt; fail "P=2 x D=2 zero=1 async=$mode"; }
+done
+diff <(strip_metrics run_ztrue/metrics.jsonl) <(strip_metrics run_zfalse/metrics.jsonl) \
+  || fail "async and sync saves train differently at P=2 x D=2"
+for s in 4 8; do
+  "$BIN" inspect compare ck_zfalse/step_0000000$s ck_ztrue/step_0000000$s --rtol 0 >/dev/null \
+    || fail "step $s: async and sync checkpoints differ"
+done
+rc=0
+"$MPIEXEC" "$NPFLAG" 4 "${MPI_FLAGS[@]}" -x ATTNRES_TEST_FAIL_IN_SAVE=1:8 "$BIN" train base.json \
+  --checkpoint.dir=ck_f --run.dir=run_f --parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 \
+  >log_f.txt 2>&1 || rc=$?
+[[ $rc -eq 1 ]] || { cat log_f.txt; fail "a failed background write exited $rc, expected 1"; }
+grep -q "checkpoint of step 8 failed.*rank 1: .*No space left on device" log_f.txt \
+  || { cat log_f.txt; fail "the error does not name step 8, rank 1 and the reason"; }
+[[ -d ck_f/step_00000004 && ! -e ck_f/step_00000008 ]] || { ls -a ck_f; fail "expected step 4 and no step 8"; }
+pass "P=2 x D=2, zero=1: async saves = sync saves; a write failing on rank 1 stops the job (exit 1), step 4 intact"
 echo "all checkpoint_shards checks passed"

@@ -72,7 +72,7 @@ TEST_CASE("a config with every key parses", "[train]") {
       {"parallel.pipeline", 2}, {"parallel.virtual_stages", 2}, {"parallel.data", 3},
       {"parallel.cache_blocks", false}, {"parallel.zero", 1}, {"parallel.transport", "nccl"},
       {"checkpoint.dir", "ckpt"}, {"checkpoint.every", 4}, {"checkpoint.keep_last", 2},
-      {"checkpoint.resume", "auto"}, {"checkpoint.sharded", false}, {"checkpoint.save_initial", true},
+      {"checkpoint.resume", "auto"}, {"checkpoint.sharded", false}, {"checkpoint.async", false}, {"checkpoint.save_initial", true},
       {"eval.every", 2}, {"eval.batches", 5}, {"eval.tasks", "hellaswag:hs.jsonl"},
       {"eval.task_examples", 10}, {"eval.scoring", "llm.c"},
       {"run.dir", "run2"}, {"run.log_every", 3}, {"run.stop_after", 6}, {"run.depth_stats_every", 2},

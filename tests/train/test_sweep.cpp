@@ -55,13 +55,16 @@ json tiny_sweep(const TempDir& d, const std::string& out = "out") {
   })");
 }
 
-// metrics.jsonl without the timing fields, one JSON object per line.
+// metrics.jsonl's step and evaluation records without the timing fields.
 std::vector<json> records(const std::string& path) {
   std::vector<json> out;
   std::ifstream f(path);
   std::string line;
   while (std::getline(f, line)) {
     json r = json::parse(line);
+    // Checkpoint records: timings and memory, and more of them in a run
+    // that was interrupted and resumed.
+    if (r.value("event", "") == "checkpoint") continue;
     r.erase("tokens_per_sec");
     r.erase("elapsed_sec");
     out.push_back(r);
