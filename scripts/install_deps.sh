@@ -9,6 +9,7 @@ pkgs=(cmake g++ make ccache nlohmann-json3-dev libspdlog-dev catch2
       libopenblas0-pthread  # only for a test: the BLAS cases under the pthread build
       python3-matplotlib    # the sweep figures (scripts/plot_sweep.py, /usr/bin/python3)
       libpcre2-dev pkg-config  # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
+      iproute2              # the two-hosts test's network namespaces (tests/mpi/two_hosts.sh)
       python3-torch)        # tests of the Hugging Face export (modeling_attnres.py)
 if [[ "${1:-}" == "--corpus" ]] && ! command -v npm >/dev/null; then pkgs+=(npm); fi
 
