@@ -75,5 +75,7 @@ print(f"async={mode:5s}: {len(during)} saves during training, {recs[0]['bytes'] 
       f"stall {stall:.2f} s of write {write:.2f} s (stall / write {stall / write:.3f}); "
       f"largest resident {max(r['resident_mib'] for r in recs):.0f} MiB, peak during a save "
       f"{max(r['peak_rss_mib'] for r in recs):.0f} MiB; {len(recs)} saves in all, run {run_sec:.1f} s")
+ranks = [max(col) for col in zip(*(r["rank_peak_rss_mib"] for r in recs))]
+print("   peak during a save, by rank: " + ", ".join(f"{m:.0f}" for m in ranks) + " MiB")
 PY
 done

@@ -48,15 +48,12 @@ std::string checkpoint_index_file(const std::string& stem) {
   return stem + ".safetensors.index.json";
 }
 
-std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
-                                                         const std::string& stem) {
-  std::map<std::string, std::string> out;
+namespace {
+// A file set's index (stem.safetensors.index.json), parsed and checked; a
+// null value when the set is the single file stem.safetensors.
+json read_index(const std::string& dir, const std::string& stem) {
   const fs::path single = fs::path(dir) / (stem + ".safetensors");
-  if (fs::exists(single)) {
-    for (const auto& [name, meta] : read_safetensors_header(single.string()))
-      out[name] = single.filename().string();
-    return out;
-  }
+  if (fs::exists(single)) return nullptr;
   const std::string index = (fs::path(dir) / checkpoint_index_file(stem)).string();
   if (!fs::exists(index))
     fail(dir, ": has neither ", single.filename().string(), " nor ", checkpoint_index_file(stem));
@@ -68,11 +65,84 @@ std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
   }
   if (!j.contains("weight_map") || !j["weight_map"].is_object())
     fail(index, ": has no \"weight_map\" object");
-  for (const auto& [name, file] : j["weight_map"].items()) {
+  for (const auto& [name, file] : j["weight_map"].items())
     if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
       fail(index, ": tensor '", name, "' maps to ", file.dump(), ", not a file in the directory");
-    out[name] = file.get<std::string>();
+  if (j.contains("slices") && !j["slices"].is_object())
+    fail(index, ": \"slices\" is not an object");
+  return j;
+}
+
+// The tensors stored in parts (ZeRO-1 slices, the index's "slices": whole
+// name -> {"shape", "parts": [{"name", "offset", "length"}]}) put together:
+// each part replaced by its whole tensor, which the parts must cover exactly
+// once, in the first part's place.
+void join_slices(const json& slices, const std::string& index, std::vector<NamedTensor>& tensors) {
+  std::unordered_map<std::string, size_t> at;
+  for (size_t i = 0; i < tensors.size(); ++i) at[tensors[i].name] = i;
+  std::vector<bool> is_part(tensors.size(), false);
+  std::vector<std::pair<size_t, NamedTensor>> wholes;  // (first part's place, whole)
+  for (const auto& [name, info] : slices.items()) {
+    Shape shape;
+    try {
+      shape = info.at("shape").get<Shape>();
+    } catch (const json::exception&) {
+      fail(index, ": slices of '", name, "' have no valid \"shape\"");
+    }
+    Tensor whole;
+    std::vector<std::pair<int64_t, int64_t>> covered;  // (offset, length)
+    size_t first = tensors.size();
+    for (const auto& part : info.value("parts", json::array())) {
+      const std::string stored = part.value("name", "");
+      const int64_t offset = part.value("offset", int64_t{-1}), length = part.value("length", int64_t{-1});
+      auto it = at.find(stored);
+      if (it == at.end()) fail(index, ": slice '", stored, "' of '", name, "' is in no shard");
+      const Tensor& t = tensors[it->second].tensor;
+      if (!whole.defined()) whole = Tensor::zeros(shape, t.dtype());  // the parts' dtype
+      if (t.dtype() != whole.dtype())
+        fail(index, ": the slices of '", name, "' have dtypes ", dtype_name(whole.dtype()), " and ",
+             dtype_name(t.dtype()));
+      if (offset < 0 || length != t.numel() || offset + length > whole.numel())
+        fail(index, ": slice '", stored, "' (offset ", offset, ", ", t.numel(), " elements) does not fit '",
+             name, "' of shape ", shape_str(shape));
+      whole.reshape({whole.numel()}).rows(offset, length).copy_from(t.reshape({length}));
+      covered.emplace_back(offset, length);
+      is_part[it->second] = true;
+      first = std::min(first, it->second);
+    }
+    if (!whole.defined()) fail(index, ": '", name, "' has no slices");
+    std::sort(covered.begin(), covered.end());
+    int64_t next = 0;
+    for (const auto& [o, n] : covered) {
+      if (o != next) fail(index, ": the slices of '", name, "' ", o < next ? "overlap" : "leave a gap", " at element ", std::min(o, next));
+      next = o + n;
+    }
+    if (next != whole.numel())
+      fail(index, ": the slices of '", name, "' cover ", next, " of its ", whole.numel(), " elements");
+    wholes.emplace_back(first, NamedTensor{name, std::move(whole)});
   }
+  std::vector<NamedTensor> out;
+  std::sort(wholes.begin(), wholes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  size_t w = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (; w < wholes.size() && wholes[w].first == i; ++w) out.push_back(std::move(wholes[w].second));
+    if (!is_part[i]) out.push_back(std::move(tensors[i]));
+  }
+  tensors = std::move(out);
+}
+}  // namespace
+
+std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
+                                                         const std::string& stem) {
+  std::map<std::string, std::string> out;
+  const json j = read_index(dir, stem);
+  if (j.is_null()) {
+    const fs::path single = fs::path(dir) / (stem + ".safetensors");
+    for (const auto& [name, meta] : read_safetensors_header(single.string()))
+      out[name] = single.filename().string();
+    return out;
+  }
+  for (const auto& [name, file] : j["weight_map"].items()) out[name] = file.get<std::string>();
   return out;
 }
 
@@ -95,6 +165,9 @@ std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, const s
   if (out.size() != map.size())
     fail(dir, ": ", checkpoint_index_file(stem), " names ", map.size(), " tensors, the shards hold ",
          out.size());
+  const json j = read_index(dir, stem);
+  if (!j.is_null() && j.contains("slices"))
+    join_slices(j["slices"], (fs::path(dir) / checkpoint_index_file(stem)).string(), out);
   return out;
 }
 

@@ -79,8 +79,8 @@ bool test_hook(const char* name, int rank, int64_t step) {
 // One save in flight.
 struct CheckpointSaver::Save {
   int64_t step = 0;
-  int shard = -1, n_shards = 1, rank = 0;
-  std::vector<NamedTensor> weights, moments;  // this rank's staging copies
+  int rank = 0;
+  SavePart parts[2];  // "model", "optimizer": this rank's staging copies
   int64_t optimizer_steps = 0;
   TrainState state;
   std::unique_ptr<CheckpointWriter> writer;  // rank 0: the temporary directory
@@ -96,6 +96,7 @@ struct CheckpointSaver::Save {
   std::string dir;
   int64_t bytes = 0;
   double max_resident_mib = 0, max_peak_mib = 0;
+  std::vector<double> rank_peak_mib;
 
   ~Save() {
     if (thread.joinable()) thread.join();
@@ -107,27 +108,23 @@ CheckpointSaver::CheckpointSaver(const Config& cfg, const parallel::Comm& world,
 
 CheckpointSaver::~CheckpointSaver() = default;
 
-std::optional<SaveRecord> CheckpointSaver::start(int shard, int n_shards,
-                                                 std::vector<NamedTensor> weights,
-                                                 std::vector<NamedTensor> optimizer_state,
+std::optional<SaveRecord> CheckpointSaver::start(SavePart model, SavePart optimizer,
                                                  int64_t optimizer_steps, const TrainState& state,
-                                                 double stall_sec) {
+                                                 const Prepared& prepared) {
+  const double stall_sec = prepared.sec;
   std::optional<SaveRecord> previous;
   if (save_) previous = wait();  // at most one save in flight
   const auto t0 = Clock::now();
   auto s = std::make_unique<Save>();
   s->step = state.step;
-  s->shard = shard;
-  s->n_shards = n_shards;
   s->rank = world_.rank();
-  s->weights = std::move(weights);
-  s->moments = std::move(optimizer_state);
+  s->parts[0] = std::move(model);
+  s->parts[1] = std::move(optimizer);
   s->optimizer_steps = optimizer_steps;
   s->state = state;
   // The save began when the caller began preparing its tensors.
   s->t0 = t0 - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(stall_sec));
-  s->resident_mib = rss_mib();
-  reset_peak_rss();
+  s->resident_mib = prepared.resident_mib;
   if (world_.rank() == 0) {
     s->writer = std::make_unique<CheckpointWriter>(cfg_.checkpoint.dir, state.step);
     s->temp = s->writer->temp_dir();
@@ -144,30 +141,36 @@ std::optional<SaveRecord> CheckpointSaver::start(int shard, int n_shards,
   return wait();  // a synchronous save: all of it is stall (wait() adds its time)
 }
 
-// Phase 2, on this rank (its own thread when async): its shard files.
+// Phase 2, on this rank (its own thread when async): its files.
 void CheckpointSaver::run_write(Save& s) {
   try {
     s.mine = {{"files", json::object()}, {"model", json::object()}, {"optimizer", json::object()}};
-    if (s.shard >= 0) {
-      for (const char* stem : {"model", "optimizer"}) {
-        const bool model = std::string(stem) == "model";
-        const std::string name = shard_file(stem, s.shard, s.n_shards);
-        const std::string path = (fs::path(s.temp) / name).string();
-        const auto& tensors = model ? s.weights : s.moments;
-        if (!model && test_hook("ATTNRES_TEST_FAIL_IN_SAVE", s.rank, s.step))
-          throw std::runtime_error(path + ": No space left on device (ATTNRES_TEST_FAIL_IN_SAVE)");
-        write_safetensors(path, tensors, {{"format", "pt"}});
-        fsync_path(path);
-        uint64_t size = 0;
-        const uint64_t hash = xxh64_file(path, &size);
-        s.mine["files"][name] = {{"size", size}, {"xxh64", hex64(hash)}};
-        for (const auto& t : tensors) s.mine[stem][t.name] = {{"file", name}, {"bytes", t.tensor.nbytes()}};
-        if (model && test_hook("ATTNRES_TEST_KILL_IN_SAVE", s.rank, s.step)) std::raise(SIGKILL);
+    for (int k = 0; k < 2; ++k) {
+      const char* stem = k == 0 ? "model" : "optimizer";
+      SavePart& part = s.parts[k];
+      if (part.index < 0) continue;
+      const std::string name = shard_file(stem, part.index, part.count);
+      const std::string path = (fs::path(s.temp) / name).string();
+      if (k == 1 && test_hook("ATTNRES_TEST_FAIL_IN_SAVE", s.rank, s.step))
+        throw std::runtime_error(path + ": No space left on device (ATTNRES_TEST_FAIL_IN_SAVE)");
+      write_safetensors(path, part.tensors, {{"format", "pt"}});
+      fsync_path(path);
+      uint64_t size = 0;
+      const uint64_t hash = xxh64_file(path, &size);
+      s.mine["files"][name] = {{"size", size}, {"xxh64", hex64(hash)}};
+      for (const auto& t : part.tensors) {
+        json info = {{"file", name}, {"bytes", t.tensor.nbytes()}};
+        if (auto it = part.slices.find(t.name); it != part.slices.end())
+          info["slice_of"] = {{"tensor", it->second.tensor},
+                              {"offset", it->second.offset},
+                              {"length", t.tensor.numel()},
+                              {"shape", it->second.shape}};
+        s.mine[stem][t.name] = info;
       }
+      // Written: free the staging copy now, not at the end of the save.
+      part = SavePart{part.index, part.count, {}, {}};
+      if (k == 0 && test_hook("ATTNRES_TEST_KILL_IN_SAVE", s.rank, s.step)) std::raise(SIGKILL);
     }
-    // The staging copies are written: free them now, not at the end of the save.
-    s.weights.clear();
-    s.moments.clear();
   } catch (const std::exception& e) {
     s.error = e.what();
   }
@@ -180,29 +183,43 @@ void CheckpointSaver::run_publish(Save& s, const std::vector<std::string>& shard
   try {
     std::map<std::string, CheckpointWriter::FileSum> expected;
     json maps = {{"model", json::object()}, {"optimizer", json::object()}};
+    json slices = {{"model", json::object()}, {"optimizer", json::object()}};
     int64_t total[2] = {0, 0};
+    int files[2] = {0, 0};
     for (const std::string& blob : shards) {
       const json r = json::parse(blob);
-      for (const auto& [name, f] : r["files"].items())
+      for (const auto& [name, f] : r["files"].items()) {
         expected[name] = {f["size"].get<uint64_t>(),
                           std::stoull(f["xxh64"].get<std::string>(), nullptr, 16)};
+        ++files[name.rfind("model", 0) == 0 ? 0 : 1];
+      }
       for (int k = 0; k < 2; ++k) {
         const char* stem = k == 0 ? "model" : "optimizer";
         for (const auto& [t, info] : r[stem].items()) {
           ATTNRES_CHECK(!maps[stem].contains(t), "tensor ", t, " saved by two ranks");
           maps[stem][t] = info["file"];
           total[k] += info["bytes"].get<int64_t>();
+          if (info.contains("slice_of")) {
+            const json& of = info["slice_of"];
+            json& whole = slices[stem][of["tensor"].get<std::string>()];
+            whole["shape"] = of["shape"];
+            whole["parts"].push_back({{"name", t}, {"offset", of["offset"]}, {"length", of["length"]}});
+          }
         }
       }
       s.max_resident_mib = std::max(s.max_resident_mib, r["resident_mib"].get<double>());
       s.max_peak_mib = std::max(s.max_peak_mib, r["peak_rss_mib"].get<double>());
+      s.rank_peak_mib.push_back(r["peak_rss_mib"].get<double>());
     }
-    if (s.n_shards > 1)
-      for (int k = 0; k < 2; ++k) {
-        const char* stem = k == 0 ? "model" : "optimizer";
-        const json index = {{"metadata", {{"total_size", total[k]}}}, {"weight_map", maps[stem]}};
-        write_text_file_atomic(s.writer->path_for(checkpoint_index_file(stem)), index.dump(2) + "\n");
-      }
+    for (int k = 0; k < 2; ++k) {
+      const char* stem = k == 0 ? "model" : "optimizer";
+      if (files[k] <= 1 && slices[stem].empty()) continue;  // the single file stem.safetensors
+      json index = {{"metadata", {{"total_size", total[k]}}}, {"weight_map", maps[stem]}};
+      // Not Hugging Face's: tensors stored in parts (ZeRO-1 slices), which
+      // read_checkpoint_tensors puts together.
+      if (!slices[stem].empty()) index["slices"] = slices[stem];
+      write_text_file_atomic(s.writer->path_for(checkpoint_index_file(stem)), index.dump(2) + "\n");
+    }
     write_run_files(*s.writer, cfg_, s.optimizer_steps, s.state);
     s.dir = s.writer->commit(expected);
     s.bytes = total[0] + total[1];
@@ -305,6 +322,7 @@ SaveRecord CheckpointSaver::complete() {
   r.bytes = s.bytes;
   r.resident_mib = s.max_resident_mib;
   r.peak_rss_mib = std::max(s.max_peak_mib, world_.rank() == 0 ? peak_rss_mib() : 0.0);
+  r.rank_peak_rss_mib = s.rank_peak_mib;
   save_.reset();
   return r;
 }

@@ -24,6 +24,7 @@
 // the reason; the temporary directory is removed and nothing is published.
 #pragma once
 #include <atomic>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,6 +46,24 @@ class SaveError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What one rank writes of one file set ("model" or "optimizer"): file
+// `index` of `count` (-1: none; count 1: the single file stem.safetensors),
+// holding `tensors`. A tensor may be a slice of a larger one (ZeRO-1: each
+// replica writes the part of the moments and fp32 masters it owns): its
+// stored name is then unique ("exp_avg.<param>@<offset>", flat) and
+// `slices` says which tensor, where and of what shape; the set's index lists
+// the parts under "slices", and read_checkpoint_tensors reassembles them.
+struct SliceOf {
+  std::string tensor;  // the whole tensor's name
+  int64_t offset = 0;  // first element of the slice in the flattened whole
+  Shape shape;         // the whole tensor's shape
+};
+struct SavePart {
+  int index = -1, count = 1;
+  std::vector<NamedTensor> tensors;
+  std::map<std::string, SliceOf> slices;  // by stored name; empty: whole tensors only
+};
+
 // What one completed save cost (metrics.jsonl's "checkpoint" record).
 struct SaveRecord {
   int64_t step = 0;
@@ -54,6 +73,7 @@ struct SaveRecord {
   int64_t bytes = 0;        // tensor bytes written, all ranks
   double resident_mib = 0;  // largest resident size of any rank when the save began
   double peak_rss_mib = 0;  // largest peak resident size of any rank during the save
+  std::vector<double> rank_peak_rss_mib;  // each rank's, in rank order
 };
 
 class CheckpointSaver {
@@ -68,16 +88,20 @@ class CheckpointSaver {
   CheckpointSaver(const CheckpointSaver&) = delete;
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
 
-  // Begins the save of `state.step` (collective). This rank writes shard
-  // `shard` of `n_shards` (-1: no tensors) from `weights` and
-  // `optimizer_state`, which must not alias live training state when async
-  // (pass copies: the staging copy). `stall_sec`: the time the caller already
-  // spent preparing them (counted in the record). Returns a record when a
-  // previous save had to be finished first.
-  std::optional<SaveRecord> start(int shard, int n_shards, std::vector<NamedTensor> weights,
-                                   std::vector<NamedTensor> optimizer_state,
-                                   int64_t optimizer_steps, const TrainState& state,
-                                   double stall_sec);
+  // How the caller prepared a save: the time it took (counted as stall) and
+  // this process's resident memory before it began (it resets the peak
+  // there, so the record's peak covers the staging copies too).
+  struct Prepared {
+    double sec = 0;
+    double resident_mib = 0;
+  };
+  // Begins the save of `state.step` (collective). This rank writes its part
+  // of the weights ("model") and of the AdamW state ("optimizer"), whose
+  // tensors must not alias live training state when async (pass copies: the
+  // staging copy). Returns a record when a previous save had to be finished
+  // first.
+  std::optional<SaveRecord> start(SavePart model, SavePart optimizer, int64_t optimizer_steps,
+                                   const TrainState& state, const Prepared& prepared);
   // Advances the save in flight without blocking (collective; nothing when
   // none is in flight, which every rank agrees on). A record when it completed.
   std::optional<SaveRecord> poll();

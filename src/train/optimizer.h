@@ -36,6 +36,8 @@ class AdamW {
   // makes them whole).
   std::vector<NamedTensor> state_tensors() const;
   bool sharded() const { return shard_ != nullptr; }
+  // ZeRO-1: which elements of each parameter this replica owns; nullptr unsharded.
+  const parallel::ZeroShard* zero_shard() const { return shard_; }
   // ZeRO-1 in a bf16 run: once the weights are final (initialised, loaded,
   // resumed), the optimizer takes over the fp32 master weights of its owned
   // slices and frees the parameters' whole copies (their weights() are then

@@ -24,6 +24,7 @@
 #include "parallel/mpi.h"
 #include "parallel/nccl_transport.h"
 #include "parallel/runtime.h"
+#include "core/process_memory.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_save.h"
@@ -397,33 +398,64 @@ parallel::StepStats Engine::step(int64_t k, double grad_scale) {
 void Engine::checkpoint() {
   if (cfg_.checkpoint.dir.empty()) return;
   const auto t0 = Clock::now();
-  // A background save must not see training change what it writes: it gets
-  // host copies (the staging copy), made here. A synchronous one writes the
-  // tensors as they are (device tensors copied to the host).
-  // Ranks that write nothing (replicas > 0 of a sharded save) copy nothing;
-  // in a gathered save rank 0 writes, the others' tensors reach it as copies.
+  CheckpointSaver::Prepared prepared;
+  prepared.resident_mib = rss_mib();
+  reset_peak_rss();
   const bool sharded = cfg_.checkpoint.sharded;
-  const bool copy = cfg_.checkpoint.async && (sharded ? grid_.replica() == 0 : root_);
-  auto stage = [copy](const Tensor& t) {
-    return !t.is_cpu() ? t.to(Device::CPU) : copy ? t.clone() : t;
-  };
-  // Each rank contributes the weights and AdamW moments of the parameters it
-  // owns (a tied embedding's copy in the last chunk belongs to chunk 0), in
-  // the single-process order. Sharded: replica 0 of every stage writes them
-  // as its own shard; gathered: rank 0 collects everything and writes one file.
-  std::vector<NamedTensor> weights, moments;
+  const int P = grid_.P(), D = grid_.D(), stage = grid_.stage(), replica = grid_.replica();
+  // What this rank writes: sharded (the default), replica 0 of every stage
+  // the weights and moments of the parameters its chunks own (a tied
+  // embedding's copy in the last chunk belongs to chunk 0) as its own files;
+  // with ZeRO-1 every replica the slices of the moments (and of a bf16 run's
+  // fp32 masters) it owns instead, so no rank holds another's. Gathered
+  // (checkpoint.sharded = false): rank 0 collects everything.
+  SavePart weights, moments;
   auto& rm = rt().model();
   const auto owned = rm.owned_params();
+  const auto& opts = stepper_->optimizers();
+  const bool zero = opts[0]->sharded(), masters = !opts[0]->master_slices().empty();
+  if (sharded) {
+    weights.index = masters ? stage * D + replica : replica == 0 ? stage : -1;
+    weights.count = masters ? P * D : P;
+    moments.index = zero ? stage * D + replica : replica == 0 ? stage : -1;
+    moments.count = zero ? P * D : P;
+  } else {
+    weights.index = moments.index = root_ ? 0 : -1;
+  }
+  // A background save must not see training change what it writes: it gets
+  // host copies (the staging copy), made here. A synchronous one writes the
+  // tensors as they are (device tensors copied to the host). Ranks that
+  // write nothing copy nothing.
+  const bool async = cfg_.checkpoint.async;
+  auto stage_copy = [async](const Tensor& t, bool writes) {
+    return !t.is_cpu() ? t.to(Device::CPU) : async && writes ? t.clone() : t;
+  };
+  // A slice i of parameter `param` (flat, offset lo), or the whole tensor.
+  auto add = [&](SavePart& part, const std::string& name, const Tensor& t, const model::Param& param,
+                 const parallel::ZeroShard* shard, size_t i) {
+    if (sharded && part.index < 0) return;  // another replica writes it
+    const bool writes = part.index >= 0;
+    if (!shard) {
+      part.tensors.push_back({name, stage_copy(t, writes)});
+      return;
+    }
+    const parallel::OwnedRange r = shard->owned()[i];
+    if (r.size() == 0) return;
+    const std::string stored = name + "@" + std::to_string(r.lo);
+    part.tensors.push_back({stored, stage_copy(t, writes)});
+    part.slices[stored] = {name, r.lo, param.value.shape()};
+  };
   for (int v = 0; v < rm.size(); ++v) {
     const auto& all = rm.chunk(v).params().all();
-    const AdamW& opt = *stepper_->optimizers()[static_cast<size_t>(v)];
+    const AdamW& opt = *opts[static_cast<size_t>(v)];
     auto state = opt.state_tensors();
-    // ZeRO-1 in a bf16 run: the fp32 masters live in the optimizers' slices.
-    std::vector<Tensor> masters;
-    // ZeRO-1 gathers in host memory (fresh buffers: no staging copy needed),
-    // a replica's slice at a time on the device.
-    if (!opt.master_slices().empty()) masters = rt().gather_owned_to_host(v, opt.master_slices());
-    if (opt.sharded()) {  // ZeRO-1: whole moments (collective)
+    const auto& mine = owned[static_cast<size_t>(v)];
+    std::vector<Tensor> master = opt.master_slices();
+    const parallel::ZeroShard* shard = sharded ? opt.zero_shard() : nullptr;
+    if (!sharded && opt.sharded()) {
+      // Gathered: the whole moments and masters, assembled in host memory, a
+      // replica's slice at a time on the device (collective).
+      if (!master.empty()) master = rt().gather_owned_to_host(v, master);
       const size_t n = all.size();
       for (size_t half : {size_t{0}, n}) {
         std::vector<Tensor> parts;
@@ -433,36 +465,36 @@ void Engine::checkpoint() {
       }
     }
     for (size_t i = 0; i < all.size(); ++i) {
-      const auto& mine = owned[static_cast<size_t>(v)];
       if (std::find(mine.begin(), mine.end(), &all[i]) == mine.end()) continue;
-      weights.push_back({all[i].name, masters.empty() ? stage(all[i].weights()) : masters[i]});
-      for (size_t k : {i, all.size() + i}) {
-        NamedTensor m = state[k];
-        if (!opt.sharded()) m.tensor = stage(m.tensor);
-        moments.push_back(std::move(m));
-      }
+      if (master.empty())
+        add(weights, all[i].name, all[i].weights(), all[i], nullptr, i);
+      else
+        add(weights, all[i].name, master[i], all[i], shard, i);
+      add(moments, state[i].name, state[i].tensor, all[i], shard, i);
+      add(moments, state[all.size() + i].name, state[all.size() + i].tensor, all[i], shard, i);
     }
   }
-  auto in_order = [&](std::vector<NamedTensor>& file) {
-    std::sort(file.begin(), file.end(), [&](const NamedTensor& a, const NamedTensor& b) {
-      return ckpt_order_.at(a.name) < ckpt_order_.at(b.name);
-    });
-  };
-  int shard = -1, n_shards = 1;
-  if (sharded) {
-    shard = grid_.replica() == 0 ? grid_.stage() : -1;
-    n_shards = grid_.P();
-  } else {
-    weights = rt().gather_to_root(weights);
-    moments = rt().gather_to_root(moments);
-    if (root_) shard = 0;
+  if (!sharded) {
+    weights.tensors = rt().gather_to_root(weights.tensors);
+    moments.tensors = rt().gather_to_root(moments.tensors);
   }
+  if (weights.index < 0) weights.tensors.clear();
+  if (moments.index < 0) moments.tensors.clear();
+  // The single process's order (slices after their tensor's place).
+  auto in_order = [&](SavePart& part) {
+    auto key = [&](const NamedTensor& t) {
+      auto it = part.slices.find(t.name);
+      return std::make_pair(ckpt_order_.at(it == part.slices.end() ? t.name : it->second.tensor),
+                            it == part.slices.end() ? 0 : it->second.offset);
+    };
+    std::sort(part.tensors.begin(), part.tensors.end(),
+              [&](const NamedTensor& a, const NamedTensor& b) { return key(a) < key(b); });
+  };
   in_order(weights);
   in_order(moments);
-  const int64_t opt_steps = stepper_->optimizers()[0]->steps_taken();
-  const double prepared = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (auto r = saver_.start(shard, n_shards, std::move(weights), std::move(moments), opt_steps,
-                            state_, prepared))
+  const int64_t opt_steps = opts[0]->steps_taken();
+  prepared.sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (auto r = saver_.start(std::move(weights), std::move(moments), opt_steps, state_, prepared))
     saved(*r);
 }
 
@@ -480,7 +512,8 @@ void Engine::saved(const SaveRecord& r) {
                    {"write_sec", r.write_sec},
                    {"bytes", r.bytes},
                    {"resident_mib", r.resident_mib},
-                   {"peak_rss_mib", r.peak_rss_mib}});
+                   {"peak_rss_mib", r.peak_rss_mib},
+                   {"rank_peak_rss_mib", r.rank_peak_rss_mib}});
   spdlog::info("checkpoint written: {} ({}, {:.1f} MB; training stopped {:.2f} s of the {:.2f} s "
                "to durable files; peak RSS {:.1f} MiB, {:.1f} before)",
                r.dir,
