@@ -1,5 +1,7 @@
 #include "train/checkpoint_save.h"
 
+#include <malloc.h>  // malloc_trim (glibc)
+
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -167,8 +169,11 @@ void CheckpointSaver::run_write(Save& s) {
                               {"shape", it->second.shape}};
         s.mine[stem][t.name] = info;
       }
-      // Written: free the staging copy now, not at the end of the save.
+      // Written: free the staging copy now, not at the end of the save, and
+      // give it back to the system (glibc keeps freed blocks of up to 32 MB
+      // for reuse otherwise: the copy would stay resident between saves).
       part = SavePart{part.index, part.count, {}, {}};
+      malloc_trim(0);
       if (k == 0 && test_hook("ATTNRES_TEST_KILL_IN_SAVE", s.rank, s.step)) std::raise(SIGKILL);
     }
   } catch (const std::exception& e) {
