@@ -1,7 +1,5 @@
 #include "train/checkpoint_save.h"
 
-#include <malloc.h>  // malloc_trim (glibc)
-
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -169,11 +167,6 @@ void CheckpointSaver::run_write(Save& s) {
                               {"shape", it->second.shape}};
         s.mine[stem][t.name] = info;
       }
-      // Written: free the staging copy now, not at the end of the save, and
-      // give it back to the system (glibc keeps freed blocks of up to 32 MB
-      // for reuse otherwise: the copy would stay resident between saves).
-      part = SavePart{part.index, part.count, {}, {}};
-      malloc_trim(0);
       if (k == 0 && test_hook("ATTNRES_TEST_KILL_IN_SAVE", s.rank, s.step)) std::raise(SIGKILL);
     }
   } catch (const std::exception& e) {
@@ -255,11 +248,32 @@ void CheckpointSaver::check_errors(bool rank0_only) {
                   what);
 }
 
+Tensor CheckpointSaver::staging_copy(const Tensor& t) {
+  for (size_t i = 0; i < free_buffers_.size(); ++i) {
+    if (free_buffers_[i].numel() != t.numel() || free_buffers_[i].dtype() != t.dtype()) continue;
+    Tensor buf = std::move(free_buffers_[i]);
+    free_buffers_.erase(free_buffers_.begin() + static_cast<long>(i));
+    buf = buf.reshape(t.shape());
+    buf.copy_from(t);
+    return buf;
+  }
+  return t.is_cpu() ? t.clone() : t.to(Device::CPU);
+}
+
+void CheckpointSaver::recycle(Save& s) {
+  for (SavePart& part : s.parts) {
+    if (part.staged)
+      for (NamedTensor& t : part.tensors) free_buffers_.push_back(t.tensor.reshape({t.tensor.numel()}));
+    part.tensors.clear();
+  }
+}
+
 // Collective, once every rank has written: rank 0 learns what each wrote and
 // publishes (in the background when async and not `block`).
 void CheckpointSaver::gather_and_publish(bool block) {
   Save& s = *save_;
   if (s.thread.joinable()) s.thread.join();
+  recycle(s);  // written: the staging buffers serve the next save
   s.mine["resident_mib"] = s.resident_mib;
   s.mine["peak_rss_mib"] = peak_rss_mib();
   const auto shards = world_.gather(s.mine.dump(), 0);

@@ -62,6 +62,7 @@ struct SavePart {
   int index = -1, count = 1;
   std::vector<NamedTensor> tensors;
   std::map<std::string, SliceOf> slices;  // by stored name; empty: whole tensors only
+  bool staged = false;  // the tensors are CheckpointSaver::staging_copy buffers, reused once written
 };
 
 // What one completed save cost (metrics.jsonl's "checkpoint" record).
@@ -109,6 +110,14 @@ class CheckpointSaver {
   std::optional<SaveRecord> wait();
   bool in_flight() const { return save_ != nullptr; }
 
+  // A host copy of `t` for an asynchronous save (the staging copy), in a
+  // buffer of an earlier save when one of its size and dtype is free: after
+  // the first save, staging reuses the same memory (no new pages to fault
+  // in, nothing to return to the system), at most one copy of what this
+  // rank writes. The buffers come back when their save's files are written.
+  // Training thread only.
+  Tensor staging_copy(const Tensor& t);
+
  private:
   struct Save;
   void run_write(Save& s);
@@ -117,10 +126,13 @@ class CheckpointSaver {
   void gather_and_publish(bool block);
   SaveRecord complete();
 
+  void recycle(Save& s);  // the written part's buffers back to the pool
+
   Config cfg_;
   const parallel::Comm& world_;
   bool async_;
   std::unique_ptr<Save> save_;
+  std::vector<Tensor> free_buffers_;  // staging buffers not in use (flat, host)
 };
 
 }  // namespace attnres::train

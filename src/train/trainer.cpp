@@ -8,13 +8,13 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <unordered_map>
 
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/process_memory.h"
 #include "data/bpe.h"
 #include "data/loader.h"
 #include "data/shard.h"
@@ -24,7 +24,6 @@
 #include "parallel/mpi.h"
 #include "parallel/nccl_transport.h"
 #include "parallel/runtime.h"
-#include "core/process_memory.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_save.h"
@@ -375,7 +374,7 @@ void Engine::open_metrics() {
     json r;
     try {
       r = json::parse(restart);
-    } catch (const nlohmann::json::exception&) {
+    } catch (const json::exception&) {
       r = {{"reason", restart}};
     }
     if (!r.is_object()) r = {{"reason", restart}};
@@ -384,7 +383,8 @@ void Engine::open_metrics() {
     r["resumed_from"] = last_checkpoint_;
     metrics_->write(r);
     spdlog::warn("restart {} ({}): resumed from {}", r.value("restart", 0),
-                 r.value("reason", std::string("?")), last_checkpoint_.empty() ? "nothing (fresh)" : last_checkpoint_);
+                 r.value("reason", std::string("?")),
+                 last_checkpoint_.empty() ? "nothing (fresh)" : last_checkpoint_);
   }
 }
 
@@ -427,8 +427,8 @@ void Engine::checkpoint() {
   // tensors as they are (device tensors copied to the host). Ranks that
   // write nothing copy nothing.
   const bool async = cfg_.checkpoint.async;
-  auto stage_copy = [async](const Tensor& t, bool writes) {
-    return !t.is_cpu() ? t.to(Device::CPU) : async && writes ? t.clone() : t;
+  auto stage_copy = [&](const Tensor& t, bool writes) {
+    return async && writes ? saver_.staging_copy(t) : t.is_cpu() ? t : t.to(Device::CPU);
   };
   // A slice i of parameter `param` (flat, offset lo), or the whole tensor.
   auto add = [&](SavePart& part, const std::string& name, const Tensor& t, const model::Param& param,
@@ -474,6 +474,9 @@ void Engine::checkpoint() {
       add(moments, state[all.size() + i].name, state[all.size() + i].tensor, all[i], shard, i);
     }
   }
+  // Sharded, every tensor written is this rank's staging copy (when async);
+  // gathered, rank 0 also holds what the others sent.
+  weights.staged = moments.staged = async && sharded;
   if (!sharded) {
     weights.tensors = rt().gather_to_root(weights.tensors);
     moments.tensors = rt().gather_to_root(moments.tensors);
