@@ -16,20 +16,12 @@
 // writes into metrics.jsonl as {"event": "restart", ...} with the step it
 // resumed from.
 //
-// Signals are not caught by handlers: SIGINT, SIGTERM and SIGCHLD are
-// blocked and taken synchronously with sigtimedwait, so no global state.
-// The command runs in a process group of its own (a terminal's Ctrl-C
-// reaches it once, through this process).
-#include <signal.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
+// Signals are not caught by handlers (core/subprocess.h: SignalGate). The
+// command runs in a process group of its own (a terminal's Ctrl-C reaches it
+// once, through this process).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -37,6 +29,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/subprocess.h"
 #include "tools/commands.h"
 
 namespace attnres::tools {
@@ -52,69 +45,30 @@ const char* kHelp =
     "  restart is logged, and written to the run's metrics.jsonl by attnres train.\n"
     "  Example: attnres supervise --max-restarts 5 -- mpirun -np 4 build/attnres train cfg.json";
 
-// How one attempt ended.
+// How one attempt ended: the child's exit, and whether this supervisor was
+// asked to stop (SIGINT / SIGTERM, passed on to the command).
 struct Ending {
-  int status = 0;       // the exit status this command reports: code, or 128 + signal
-  int signal = 0;       // the signal that killed it, 0 if it exited
-  bool stopped = false; // this supervisor was asked to stop (SIGINT / SIGTERM)
+  ChildExit exit;
+  bool stopped = false;
 };
-
-std::string describe(const Ending& e) {
-  if (e.signal != 0) return "killed by signal " + std::to_string(e.signal) + " (" + strsignal(e.signal) + ")";
-  return "exit status " + std::to_string(e.status);
-}
 
 bool restartable(const Ending& e) {
   if (e.stopped) return false;
-  if (e.signal != 0) return true;
-  return e.status == 1 || e.status > 128;
+  if (e.exit.signal != 0) return true;
+  return e.exit.status == 1 || e.exit.status > 128;
 }
 
-// fork + exec `argv` in a process group of its own, with the signal mask the
-// supervisor had before it blocked its three (`old_mask`) and `restart_env`
-// set when not empty.
-pid_t spawn(const std::vector<std::string>& argv, const sigset_t& old_mask,
-            const std::string& restart_env) {
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) fail("supervise: fork failed: ", std::strerror(errno));
-  if (pid == 0) {
-    setpgid(0, 0);
-    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-    if (!restart_env.empty()) setenv("ATTNRES_RESTART", restart_env.c_str(), 1);
-    else unsetenv("ATTNRES_RESTART");
-    execvp(cargv[0], cargv.data());
-    std::fprintf(stderr, "supervise: cannot run '%s': %s\n", cargv[0], std::strerror(errno));
-    _exit(127);
-  }
-  setpgid(pid, pid);  // also here: no race with the first signal forwarded
-  return pid;
-}
-
-// Waits for `pid`, forwarding SIGINT / SIGTERM to its process group.
-Ending wait_for(pid_t pid, const sigset_t& taken) {
+// Waits for `pid`, passing SIGINT / SIGTERM on to its process group.
+Ending wait_for(pid_t pid, const SignalGate& gate) {
   Ending e;
   while (true) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) {
-      if (WIFSIGNALED(status)) {
-        e.signal = WTERMSIG(status);
-        e.status = 128 + e.signal;
-      } else {
-        e.status = WEXITSTATUS(status);
-      }
+    if (auto x = child_exited(pid)) {
+      e.exit = *x;
       return e;
     }
-    if (r < 0 && errno != EINTR) fail("supervise: waitpid failed: ", std::strerror(errno));
-    siginfo_t info;
-    const timespec tick{1, 0};  // also re-checks in case a SIGCHLD was merged away
-    const int sig = sigtimedwait(&taken, &info, &tick);
-    if (sig == SIGINT || sig == SIGTERM) {
+    if (const int sig = gate.wait(1.0)) {  // a SIGCHLD ends the wait early too
       e.stopped = true;
-      kill(-pid, sig);
+      signal_child(pid, sig);
       spdlog::warn("supervise: received {}, passed to the command; it will not be restarted",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
     }
@@ -122,16 +76,12 @@ Ending wait_for(pid_t pid, const sigset_t& taken) {
 }
 
 // Sleeps `sec`, or less when SIGINT / SIGTERM comes: returns false then.
-bool back_off(double sec, const sigset_t& taken) {
+bool back_off(double sec, const SignalGate& gate) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(sec);
   while (true) {
     const double left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
     if (left <= 0) return true;
-    const double whole = std::floor(left);
-    const timespec ts{static_cast<time_t>(whole), static_cast<long>((left - whole) * 1e9)};
-    siginfo_t info;
-    const int sig = sigtimedwait(&taken, &info, &ts);
-    if (sig == SIGINT || sig == SIGTERM) return false;
+    if (gate.wait(left) != 0) return false;
   }
 }
 
@@ -172,46 +122,44 @@ int cmd_supervise(const Args& args) {
   if (i + 1 >= args.size()) fail("supervise: no command after --\n", kHelp);
   std::vector<std::string> command(args.begin() + static_cast<long>(i) + 1, args.end());
 
-  sigset_t taken, old_mask;
-  sigemptyset(&taken);
-  sigaddset(&taken, SIGINT);
-  sigaddset(&taken, SIGTERM);
-  sigaddset(&taken, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &taken, &old_mask);
-
+  const SignalGate gate;
   std::string restart_env;
   for (int attempt = 0;; ++attempt) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Ending e = wait_for(spawn(command, old_mask, restart_env), taken);
+    ChildSpec spec;
+    spec.argv = command;
+    if (restart_env.empty()) spec.unset = {"ATTNRES_RESTART"};
+    else spec.env = {{"ATTNRES_RESTART", restart_env}};
+    const Ending e = wait_for(spawn_child(spec, gate), gate);
     const double ran = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (e.status == 0 && e.signal == 0) {
+    if (e.exit.status == 0) {
       if (attempt > 0) spdlog::info("supervise: the command finished after {} restart(s)", attempt);
       return 0;
     }
     if (!restartable(e)) {
-      spdlog::error("supervise: the command ended with {} after {:.1f} s: {}", describe(e), ran,
+      spdlog::error("supervise: the command ended with {} after {:.1f} s: {}", e.exit.describe(), ran,
                     e.stopped ? "stopped on request, not restarted"
                               : "not restartable (2: bad input, 3: non-finite loss, or another "
                                 "status that a restart would not change)");
-      return e.status;
+      return e.exit.status;
     }
     if (attempt == max_restarts) {
       spdlog::error("supervise: the command ended with {} after {:.1f} s; no restart left ({} "
-                    "made, --max-restarts {})", describe(e), ran, attempt, max_restarts);
-      return e.status;
+                    "made, --max-restarts {})", e.exit.describe(), ran, attempt, max_restarts);
+      return e.exit.status;
     }
     const double wait = std::min(backoff * std::pow(2.0, attempt), 600.0);
     spdlog::warn("supervise: the command ended with {} after {:.1f} s; restart {} of {} in {:.0f} s "
-                 "with --checkpoint.resume=auto", describe(e), ran, attempt + 1, max_restarts, wait);
-    if (!back_off(wait, taken)) {
+                 "with --checkpoint.resume=auto", e.exit.describe(), ran, attempt + 1, max_restarts, wait);
+    if (!back_off(wait, gate)) {
       spdlog::warn("supervise: stopped during the back-off; not restarting");
-      return e.status;
+      return e.exit.status;
     }
     if (attempt == 0) command.push_back("--checkpoint.resume=auto");
     restart_env = nlohmann::json{{"restart", attempt + 1},
-                                 {"previous_status", e.status},
-                                 {"previous_signal", e.signal},
-                                 {"reason", describe(e)}}
+                                 {"previous_status", e.exit.status},
+                                 {"previous_signal", e.exit.signal},
+                                 {"reason", e.exit.describe()}}
                       .dump();
   }
 }

@@ -1,4 +1,4 @@
-// attnres sweep SWEEP.json [--dry-run | --report] [--no-plots] [--out_dir=DIR]
+// attnres sweep SWEEP.json [--jobs N] [--dry-run | --report] [--no-plots] [--out_dir=DIR]
 //               [--section.key=value ...]
 //   Scaling-law sweep: trains every run of the grid that is not complete yet,
 //   then writes results.csv, fits.json and the plots (docs/sweeps.md).
@@ -19,11 +19,14 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kSweepUsage =
-    "usage: attnres sweep SWEEP.json [--dry-run | --report] [--no-plots] [--out_dir=DIR]\n"
-    "                     [--section.key=value ...]\n"
+    "usage: attnres sweep SWEEP.json [--jobs N] [--dry-run | --report] [--no-plots]\n"
+    "                     [--out_dir=DIR] [--section.key=value ...]\n"
     "  Trains the grid sizes x modes x token budgets of SWEEP.json, one run after another\n"
     "  (under mpirun: every run uses all ranks), skipping completed runs and resuming\n"
     "  interrupted ones; then writes <out_dir>/results.csv, fits.json and plots/*.png.\n"
+    "  --jobs N     up to N runs at once, each `attnres train runs/<run>/config.json` in a\n"
+    "               process of its own with 1/N of the CPUs (pinned apart; mpirun for runs\n"
+    "               with several ranks), its log in runs/<run>/train.log\n"
     "  --dry-run    validate every run's config and print the plan; train and write nothing\n"
     "  --report     train nothing: collect the finished runs, fit, write results and plots\n"
     "  --no-plots   skip the plotting script\n"
@@ -46,10 +49,20 @@ int cmd_sweep(const Args& args) {
     return args.empty() ? 2 : 0;
   }
   bool dry_run = false, report = false, plots = true;
+  int jobs = 1;
   std::vector<std::string> overrides;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--dry-run") dry_run = true;
+    if (a == "--jobs") {
+      const std::string v = i + 1 < args.size() ? args[++i] : "";
+      size_t used = 0;
+      try {
+        jobs = std::stoi(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != v.size() || jobs < 1) fail("sweep: --jobs takes a number >= 1, got '", v, "'");
+    } else if (a == "--dry-run") dry_run = true;
     else if (a == "--report") report = true;
     else if (a == "--no-plots") plots = false;
     else if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) overrides.push_back(a);
@@ -96,6 +109,7 @@ int cmd_sweep(const Args& args) {
   opt.train = !report;
   opt.plots = plots;
   opt.attnres_bin = own_binary();
+  opt.jobs = jobs;
   return train::run_sweep(plan, opt);
 }
 

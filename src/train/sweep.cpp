@@ -1,9 +1,14 @@
 #include "train/sweep.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +16,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
+#include "core/subprocess.h"
 #include "parallel/mpi.h"
 #include "train/trainer.h"
 
@@ -66,6 +72,186 @@ void write_outputs(const SweepPlan& plan, const SweepOptions& opt) {
     spdlog::info("plots written to {}", (fs::path(plan.out_dir) / "plots").string());
 }
 
+// Before a run trains (rank 0): its directory and stored config, and a line.
+void prepare_run(const SweepPlan& plan, size_t i) {
+  const SweepRun& run = plan.runs[i];
+  fs::create_directories(run.dir);
+  if (!fs::exists(run.config_file()))
+    write_text_file_atomic(run.config_file(), run.config.to_json().dump(2) + "\n");
+  spdlog::info("[{}/{}] {}: {} residual, {} non-embedding params, {} steps = {} tokens, "
+               "C = {:.3e} FLOPs", i + 1, plan.runs.size(), run.name,
+               model::residual_mode_name(run.config.model.mode), run.params, run.steps,
+               run.tokens, run.flops);
+}
+
+// How a run's training ended.
+enum class RunEnd { Done, Paused, Diverged, Failed };
+
+// After a run trained with exit code `code` (rank 0): its result.json when it
+// is complete, and a line.
+RunEnd finish_run(const SweepRun& run, int code) {
+  if (code == kExitNonFinite) {
+    RunOutcome o = outcome_from_metrics(run.metrics_file(), run.steps);
+    o.status = "diverged";
+    write_result(run, o);
+    spdlog::warn("{}: non-finite loss or gradient; recorded as diverged (delete {} to retry)",
+                 run.name, run.dir);
+    return RunEnd::Diverged;
+  }
+  if (code != 0) return RunEnd::Failed;
+  const RunOutcome o = outcome_from_metrics(run.metrics_file(), run.steps);
+  if (o.status == "done") {
+    write_result(run, o);
+    spdlog::info("{}: done, train loss {:.4f}, val loss {:.4f}, {:.1f} s", run.name, o.train_loss,
+                 o.val_loss, o.wall_sec);
+    return RunEnd::Done;
+  }
+  // run.stop_after ended this invocation early: the next one resumes.
+  spdlog::info("{}: stopped at step {} of {} (run.stop_after); run the sweep again to continue",
+               run.name, o.step, run.steps);
+  return RunEnd::Paused;
+}
+
+// The last line of a file that says "error" (a failed run's reason), or "".
+std::string last_error_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find("error") != std::string::npos) last = line;
+  return last;
+}
+
+// A running run's progress from its metrics.jsonl: the last step record's
+// step and elapsed seconds (0, 0 before the first).
+std::pair<int64_t, double> progress_of(const SweepRun& run) {
+  std::ifstream in(run.metrics_file());
+  std::string line;
+  int64_t step = 0;
+  double elapsed = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"loss\"") == std::string::npos) continue;
+    try {
+      const json r = json::parse(line);
+      step = r.value("step", step);
+      elapsed = r.value("elapsed_sec", elapsed);
+    } catch (const json::exception&) {  // a line being written
+    }
+  }
+  return {step, elapsed};
+}
+
+std::string eta(double sec) {
+  if (!(sec >= 0) || !std::isfinite(sec)) return "?";
+  const auto s = static_cast<int64_t>(sec + 0.5);
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+// The CPUs this process may run on.
+std::vector<int> own_cpus() {
+  cpu_set_t set;
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+
+// --jobs N: the runs to train, up to N at once, each its own process.
+int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
+                       const std::vector<size_t>& todo) {
+  const SignalGate gate;
+  const std::vector<int> cpus = own_cpus();
+  const int jobs = std::max(1, std::min<int>(opt.jobs, static_cast<int>(todo.size())));
+  const int per_job = std::max<int>(1, static_cast<int>(cpus.size()) / jobs);
+  spdlog::info("sweep: {} runs to train, {} at a time, {} thread(s) each (CPUs {}..{} split, "
+               "pinned apart)", todo.size(), jobs, per_job, cpus.front(), cpus.back());
+  struct Running {
+    size_t run;
+    pid_t pid;
+    int slot;
+  };
+  std::vector<Running> running;
+  std::vector<bool> slot_busy(static_cast<size_t>(jobs), false);
+  size_t next = 0;
+  int rc = 0, stop = 0;
+  int64_t done = 0;
+  double flops_done = 0;  // of the finished runs
+  const auto t_start = std::chrono::steady_clock::now();
+  auto last_report = t_start;
+  auto report = [&] {
+    std::string parts;
+    double flops_now = flops_done;
+    for (const auto& r : running) {
+      const SweepRun& run = plan.runs[r.run];
+      const auto [step, elapsed] = progress_of(run);
+      flops_now += run.flops * static_cast<double>(step) / static_cast<double>(run.steps);
+      const double left = step > 0 ? elapsed / static_cast<double>(step) * static_cast<double>(run.steps - step) : NAN;
+      parts += fmt::format("{}{} step {}/{} ETA {}", parts.empty() ? "" : ", ", run.name, step,
+                           run.steps, eta(left));
+    }
+    double flops_left = 0;
+    for (size_t k = next; k < todo.size(); ++k) flops_left += plan.runs[todo[k]].flops;
+    for (const auto& r : running) flops_left += plan.runs[r.run].flops;
+    flops_left -= flops_now - flops_done;
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    const double rate = spent > 0 ? flops_now / spent : 0;  // all jobs together
+    spdlog::info("sweep: {} done, {} running ({}), {} left; sweep ETA {}", done, running.size(),
+                 parts, todo.size() - next, rate > 0 ? eta(flops_left / rate) : "?");
+  };
+  while (next < todo.size() || !running.empty()) {
+    while (!stop && next < todo.size() && running.size() < static_cast<size_t>(jobs)) {
+      const size_t i = todo[next++];
+      const SweepRun& run = plan.runs[i];
+      prepare_run(plan, i);
+      const int slot = static_cast<int>(std::find(slot_busy.begin(), slot_busy.end(), false) - slot_busy.begin());
+      slot_busy[static_cast<size_t>(slot)] = true;
+      ChildSpec spec;
+      const int64_t ranks = run.config.parallel.pipeline * run.config.parallel.data;
+      if (ranks > 1) spec.argv = {"mpirun", "-np", std::to_string(ranks)};
+      for (const std::string& a : {opt.attnres_bin, std::string("train"), run.config_file()})
+        spec.argv.push_back(a);
+      spec.env = {{"OMP_NUM_THREADS", std::to_string(std::max<int64_t>(1, per_job / ranks))}};
+      for (int c = 0; c < per_job; ++c)
+        spec.cpus.push_back(cpus[static_cast<size_t>((slot * per_job + c) % static_cast<int>(cpus.size()))]);
+      spec.log_file = (fs::path(run.dir) / "train.log").string();
+      running.push_back({i, spawn_child(spec, gate), slot});
+    }
+    if (const int sig = gate.wait(1.0); sig != 0 && !stop) {
+      stop = sig;
+      spdlog::warn("sweep: received {}: passed to the {} running run(s), which save and stop; "
+                   "no new run starts", sig == SIGINT ? "SIGINT" : "SIGTERM", running.size());
+      for (const auto& r : running) signal_child(r.pid, sig);
+    }
+    for (size_t k = 0; k < running.size();) {
+      const auto ended = child_exited(running[k].pid);
+      if (!ended) {
+        ++k;
+        continue;
+      }
+      const SweepRun& run = plan.runs[running[k].run];
+      const RunEnd end = finish_run(run, ended->status);
+      if (end == RunEnd::Failed) {
+        const std::string why = last_error_line((fs::path(run.dir) / "train.log").string());
+        spdlog::warn("{}: {}{}; its checkpoint is kept: run the sweep again to resume (log: {})",
+                     run.name, ended->describe(), why.empty() ? "" : ": " + why,
+                     (fs::path(run.dir) / "train.log").string());
+        if (rc == 0) rc = ended->status;
+      } else {
+        ++done;
+        flops_done += run.flops;
+      }
+      slot_busy[static_cast<size_t>(running[k].slot)] = false;
+      running.erase(running.begin() + static_cast<long>(k));
+    }
+    if (std::chrono::steady_clock::now() - last_report > std::chrono::seconds(10) && !running.empty()) {
+      report();
+      last_report = std::chrono::steady_clock::now();
+    }
+  }
+  return rc != 0 ? rc : stop != 0 ? 128 + stop : 0;
+}
+
 }  // namespace
 
 int run_sweep(const SweepPlan& plan, const SweepOptions& opt) {
@@ -109,54 +295,40 @@ int run_sweep(const SweepPlan& plan, const SweepOptions& opt) {
 
   int rc = 0;
   int64_t trained = 0, skipped = 0, paused = 0;
-  for (size_t i = 0; i < plan.runs.size(); ++i) {
-    const SweepRun& run = plan.runs[i];
-    const RunAction action = agree_action(root ? decide(run, opt.train) : RunAction::Skip);
-    if (action == RunAction::Skip) {
-      if (opt.train && root) spdlog::info("[{}/{}] {}: complete, skipped", i + 1, plan.runs.size(), run.name);
-      ++skipped;
-      continue;
+  if (opt.jobs > 1 && opt.train) {
+    if (mpi) fail("sweep --jobs runs each run as a process of its own (through mpirun when its "
+                  "layout has several ranks): start the sweep itself without mpirun");
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < plan.runs.size(); ++i) {
+      if (decide(plan.runs[i], true) == RunAction::Train) todo.push_back(i);
+      else ++skipped;
     }
-    if (root) {
-      fs::create_directories(run.dir);
-      if (!fs::exists(run.config_file()))
-        write_text_file_atomic(run.config_file(), run.config.to_json().dump(2) + "\n");
-      spdlog::info("[{}/{}] {}: {} residual, {} non-embedding params, {} steps = {} tokens, "
-                   "C = {:.3e} FLOPs", i + 1, plan.runs.size(), run.name,
-                   model::residual_mode_name(run.config.model.mode), run.params, run.steps,
-                   run.tokens, run.flops);
-    }
-    if (mpi) parallel::Comm::world().barrier();  // config.json exists before anyone trains
-    const int code = train(run.config);
-    ++trained;
-    if (code == kExitNonFinite) {
-      if (root) {
-        RunOutcome o = outcome_from_metrics(run.metrics_file(), run.steps);
-        o.status = "diverged";
-        write_result(run, o);
-        spdlog::warn("{}: non-finite loss or gradient; recorded as diverged (delete {} to retry)",
-                     run.name, run.dir);
+    rc = train_in_processes(plan, opt, todo);
+    trained = static_cast<int64_t>(todo.size());
+  } else {
+    for (size_t i = 0; i < plan.runs.size(); ++i) {
+      const SweepRun& run = plan.runs[i];
+      const RunAction action = agree_action(root ? decide(run, opt.train) : RunAction::Skip);
+      if (action == RunAction::Skip) {
+        if (opt.train && root) spdlog::info("[{}/{}] {}: complete, skipped", i + 1, plan.runs.size(), run.name);
+        ++skipped;
+        continue;
       }
-      continue;
-    }
-    if (code != 0) {
-      if (root)
-        spdlog::warn("sweep stopped during {} (exit code {}); its checkpoint is kept: run the same "
-                     "command again to resume", run.name, code);
-      rc = code;
-      break;
-    }
-    if (root) {
-      const RunOutcome o = outcome_from_metrics(run.metrics_file(), run.steps);
-      if (o.status == "done") {
-        write_result(run, o);
-        spdlog::info("{}: done, train loss {:.4f}, val loss {:.4f}, {:.1f} s", run.name,
-                     o.train_loss, o.val_loss, o.wall_sec);
-      } else {
-        // run.stop_after ended this invocation early: the next one resumes.
-        ++paused;
-        spdlog::info("{}: stopped at step {} of {} (run.stop_after); run the sweep again to continue",
-                     run.name, o.step, run.steps);
+      if (root) prepare_run(plan, i);
+      if (mpi) parallel::Comm::world().barrier();  // config.json exists before anyone trains
+      const int code = train(run.config);
+      ++trained;
+      const RunEnd end = root                       ? finish_run(run, code)
+                         : code == 0               ? RunEnd::Done
+                         : code == kExitNonFinite ? RunEnd::Diverged
+                                                  : RunEnd::Failed;
+      if (end == RunEnd::Paused) ++paused;
+      if (end == RunEnd::Failed) {
+        if (root)
+          spdlog::warn("sweep stopped during {} (exit code {}); its checkpoint is kept: run the same "
+                       "command again to resume", run.name, code);
+        rc = code;
+        break;
       }
     }
   }

@@ -17,12 +17,18 @@ namespace attnres::train {
 struct SweepOptions {
   bool train = true;        // false: only collect results, fits and plots (--report)
   bool plots = true;        // run plot_script at the end
-  std::string attnres_bin;  // this binary, for the plot script's `inspect attention` calls
+  std::string attnres_bin;  // this binary: the plot script's `inspect attention` calls, --jobs
+  int jobs = 1;             // runs at once (each its own process); 1: in this process
 };
-// Trains every run not yet complete (in-process, one after another; under
-// mpirun every rank runs every run with the base config's layout), then writes
-// results.csv, fits.json and the plots. Returns the process exit code: 0, or
-// the trainer's code when a run was stopped by a signal (128+N).
+// Trains every run not yet complete, then writes results.csv, fits.json and
+// the plots. jobs = 1: in this process, one after another (under mpirun every
+// rank runs every run with the base config's layout). jobs = N > 1: up to N
+// runs at once, each `attnres train runs/<run>/config.json` in a process of
+// its own (through mpirun when its layout has several ranks) with its share
+// of this process's CPUs (OMP_NUM_THREADS and the CPU set: cores split
+// evenly, pinned apart) and its output in runs/<run>/train.log; a progress
+// line every 10 s. Returns the process exit code: 0, or the code of the
+// first run that failed or was stopped by a signal (128+N).
 int run_sweep(const SweepPlan& plan, const SweepOptions& opt);
 
 }  // namespace attnres::train

@@ -120,6 +120,24 @@ grep -q "model:" log2.txt && fail "the second invocation trained something"
 diff results_1.csv out/results.csv || fail "results.csv changed"
 pass "second invocation: 4 runs skipped, results.csv unchanged"
 
+# --jobs 2: two runs at a time, each `attnres train` in a process of its own
+# with 1 of the 2 CPUs; the same numbers as the sequential sweep, bit for bit
+# (a run's numbers depend neither on its neighbours nor on its thread count).
+sed 's/"out_dir": "out"/"out_dir": "out_jobs"/' sweep.json > jobs.json
+"$BIN" sweep jobs.json --no-plots --jobs 2 > /dev/null 2>log_jobs.txt || { tail -30 log_jobs.txt; fail "sweep --jobs 2"; }
+grep -q "4 runs to train, 2 at a time, 1 thread(s) each" log_jobs.txt || { cat log_jobs.txt; fail "--jobs 2: no plan line"; }
+strip() { grep -v '"event":"' "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec)":[^,}]*//g'; }
+for r in $runs; do
+  diff <(strip out/runs/$r/metrics.jsonl) <(strip out_jobs/runs/$r/metrics.jsonl) > /dev/null \
+    || fail "$r: --jobs 2 metrics differ from the sequential sweep"
+  cmp -s out/runs/$r/depth_stats.jsonl out_jobs/runs/$r/depth_stats.jsonl || fail "$r: depth stats differ"
+  grep -q "model:" out_jobs/runs/$r/train.log || fail "$r: no train.log of its process"
+done
+wallless() { cut -d, -f1-$(($(head -1 "$1" | tr ',' '\n' | grep -n '^wall_sec$' | cut -d: -f1) - 1)) "$1"; }
+head -1 out/results.csv | grep -q wall_sec || fail "results.csv has no wall_sec column"
+diff <(wallless out/results.csv | sed 1d) <(wallless out_jobs/results.csv | sed 1d) || fail "--jobs 2: results.csv differs"
+pass "--jobs 2: two processes at a time, 1 CPU each: metrics, depth stats and results identical to the sequential sweep"
+
 # --dry-run on the started sweep with a changed config: every changed run is
 # named and the dry run fails as the real run would; unchanged, it passes.
 rc=0

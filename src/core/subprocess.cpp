@@ -1,0 +1,98 @@
+#include "core/subprocess.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace attnres {
+
+SignalGate::SignalGate() {
+  sigemptyset(&taken_);
+  sigaddset(&taken_, SIGINT);
+  sigaddset(&taken_, SIGTERM);
+  sigaddset(&taken_, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &taken_, &old_);
+}
+
+SignalGate::~SignalGate() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+int SignalGate::wait(double sec) const {
+  if (!(sec > 0)) return 0;
+  const double whole = std::floor(sec);
+  const timespec ts{static_cast<time_t>(whole), static_cast<long>((sec - whole) * 1e9)};
+  siginfo_t info;
+  const int sig = sigtimedwait(&taken_, &info, &ts);
+  return sig == SIGINT || sig == SIGTERM ? sig : 0;
+}
+
+pid_t spawn_child(const ChildSpec& spec, const SignalGate& gate) {
+  ATTNRES_CHECK(!spec.argv.empty(), "spawn_child: no command");
+  // Everything the child needs, prepared before fork (no allocation after it).
+  std::vector<char*> argv;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) fail("cannot start '", spec.argv[0], "': fork failed: ", std::strerror(errno));
+  if (pid > 0) {
+    setpgid(pid, pid);  // also here: no race with the first signal sent to the group
+    return pid;
+  }
+  setpgid(0, 0);
+  if (!spec.log_file.empty()) {
+    const int fd = open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      std::fprintf(stderr, "cannot open %s: %s\n", spec.log_file.c_str(), std::strerror(errno));
+      _exit(127);
+    }
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+  }
+  if (!spec.cpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : spec.cpus) CPU_SET(c, &set);
+    sched_setaffinity(0, sizeof set, &set);
+  }
+  for (const auto& name : spec.unset) unsetenv(name.c_str());
+  for (const auto& [name, value] : spec.env) setenv(name.c_str(), value.c_str(), 1);
+  pthread_sigmask(SIG_SETMASK, &gate.previous_mask(), nullptr);
+  execvp(argv[0], argv.data());
+  std::fprintf(stderr, "cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  _exit(127);
+}
+
+std::string ChildExit::describe() const {
+  if (signal != 0) return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  return "exit status " + std::to_string(status);
+}
+
+std::optional<ChildExit> child_exited(pid_t pid) {
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(pid, &status, WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) fail("waitpid(", pid, ") failed: ", std::strerror(errno));
+  if (r == 0) return std::nullopt;
+  ChildExit e;
+  if (WIFSIGNALED(status)) {
+    e.signal = WTERMSIG(status);
+    e.status = 128 + e.signal;
+  } else {
+    e.status = WEXITSTATUS(status);
+  }
+  return e;
+}
+
+void signal_child(pid_t pid, int sig) { kill(-pid, sig); }
+
+}  // namespace attnres
