@@ -78,7 +78,7 @@ two_hosts "$BIN" train base.json --parallel.pipeline=2 --parallel.data=2 --train
   --checkpoint.dir="$PWD/ck_h" --run.dir="$PWD/run_h" 2>log_h.txt || { cat log_h.txt; fail "P=2 x D=2 on two hosts"; }
 compare_losses run_s/metrics.jsonl run_h/metrics.jsonl 1e-5 || fail "two hosts: losses differ from the single process"
 grep -q "2 processes on this node" log_h.txt || { grep -i "thread" log_h.txt; fail "rank 0 did not count 2 processes on its node"; }
-pass "P=2 x D=2 over TCP between two hosts = the single process (final loss $(last_loss run_h/metrics.jsonl)); each node counts 2 local processes"
+pass "P=2 x D=2 over TCP between two hosts = the single process (final loss $(last_loss run_h/metrics.jsonl) against $(last_loss run_s/metrics.jsonl)); each node counts 2 local processes"
 
 # A checkpoint both hosts wrote (stage 0 on hosta, stage 1 on hostb), resumed on one host.
 two_hosts "$BIN" train base.json --parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 \
