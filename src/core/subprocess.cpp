@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -36,10 +37,29 @@ int SignalGate::wait(double sec) const {
 
 pid_t spawn_child(const ChildSpec& spec, const SignalGate& gate) {
   ATTNRES_CHECK(!spec.argv.empty(), "spawn_child: no command");
-  // Everything the child needs, prepared before fork (no allocation after it).
+  // Everything the child needs, prepared before fork: between fork and exec
+  // a child of a multithreaded process may only make async-signal-safe calls
+  // (no allocation, no setenv).
   std::vector<char*> argv;
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool replaced = std::find(spec.unset.begin(), spec.unset.end(), name) != spec.unset.end();
+    for (const auto& [n, v] : spec.env) replaced = replaced || n == name;
+    if (!replaced) env_strings.push_back(entry);
+  }
+  for (const auto& [n, v] : spec.env) env_strings.push_back(n + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : spec.cpus) CPU_SET(c, &set);
+  const std::string cannot_run = "cannot run '" + spec.argv[0] + "'\n";
+  const std::string cannot_open = "cannot open " + spec.log_file + "\n";
   const pid_t pid = fork();
   if (pid < 0) fail("cannot start '", spec.argv[0], "': fork failed: ", std::strerror(errno));
   if (pid > 0) {
@@ -50,23 +70,16 @@ pid_t spawn_child(const ChildSpec& spec, const SignalGate& gate) {
   if (!spec.log_file.empty()) {
     const int fd = open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
-      std::fprintf(stderr, "cannot open %s: %s\n", spec.log_file.c_str(), std::strerror(errno));
+      (void)!write(STDERR_FILENO, cannot_open.data(), cannot_open.size());
       _exit(127);
     }
     dup2(fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);
   }
-  if (!spec.cpus.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int c : spec.cpus) CPU_SET(c, &set);
-    sched_setaffinity(0, sizeof set, &set);
-  }
-  for (const auto& name : spec.unset) unsetenv(name.c_str());
-  for (const auto& [name, value] : spec.env) setenv(name.c_str(), value.c_str(), 1);
+  if (!spec.cpus.empty()) sched_setaffinity(0, sizeof set, &set);
   pthread_sigmask(SIG_SETMASK, &gate.previous_mask(), nullptr);
-  execvp(argv[0], argv.data());
-  std::fprintf(stderr, "cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  execvpe(argv[0], argv.data(), envp.data());
+  (void)!write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
   _exit(127);
 }
 
