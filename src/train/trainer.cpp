@@ -397,6 +397,9 @@ parallel::StepStats Engine::step(int64_t k, double grad_scale) {
 
 void Engine::checkpoint() {
   if (cfg_.checkpoint.dir.empty()) return;
+  // The previous save first (its wait counts as its stall): its staging
+  // buffers then serve this one, so there is never more than one copy.
+  if (saver_.in_flight()) finish_saves(/*wait=*/true);
   const auto t0 = Clock::now();
   CheckpointSaver::Prepared prepared;
   prepared.resident_mib = rss_mib();
