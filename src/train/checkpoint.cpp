@@ -132,10 +132,12 @@ void join_slices(const json& slices, const std::string& index, std::vector<Named
 }
 }  // namespace
 
-std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
-                                                         const std::string& stem) {
+namespace {
+// The stored tensor names of a file set and the file holding each, from its
+// index `j` (read_index) or the single file's header.
+std::map<std::string, std::string> weight_map(const std::string& dir, const std::string& stem,
+                                              const json& j) {
   std::map<std::string, std::string> out;
-  const json j = read_index(dir, stem);
   if (j.is_null()) {
     const fs::path single = fs::path(dir) / (stem + ".safetensors");
     for (const auto& [name, meta] : read_safetensors_header(single.string()))
@@ -145,9 +147,16 @@ std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
   for (const auto& [name, file] : j["weight_map"].items()) out[name] = file.get<std::string>();
   return out;
 }
+}  // namespace
+
+std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
+                                                         const std::string& stem) {
+  return weight_map(dir, stem, read_index(dir, stem));
+}
 
 std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, const std::string& stem) {
-  const auto map = checkpoint_weight_map(dir, stem);
+  const json index = read_index(dir, stem);
+  const auto map = weight_map(dir, stem, index);
   std::set<std::string> files;
   for (const auto& [name, file] : map) files.insert(file);
   std::vector<NamedTensor> out;
@@ -165,9 +174,8 @@ std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, const s
   if (out.size() != map.size())
     fail(dir, ": ", checkpoint_index_file(stem), " names ", map.size(), " tensors, the shards hold ",
          out.size());
-  const json j = read_index(dir, stem);
-  if (!j.is_null() && j.contains("slices"))
-    join_slices(j["slices"], (fs::path(dir) / checkpoint_index_file(stem)).string(), out);
+  if (!index.is_null() && index.contains("slices"))
+    join_slices(index["slices"], (fs::path(dir) / checkpoint_index_file(stem)).string(), out);
   return out;
 }
 

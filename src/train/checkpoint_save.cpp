@@ -1,11 +1,13 @@
 #include "train/checkpoint_save.h"
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 

@@ -23,14 +23,12 @@
 // throws SaveError on every rank from poll() / wait(), naming the rank and
 // the reason; the temporary directory is removed and nothing is published.
 #pragma once
-#include <atomic>
-#include <map>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/safetensors.h"

@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -11,6 +12,15 @@
 #include "core/fileio.h"
 
 namespace attnres::train {
+
+std::string format_duration(double sec) {
+  if (!std::isfinite(sec) || sec < 0) return "?";
+  const auto s = static_cast<long long>(sec + 0.5);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, s / 60 % 60);
+  else std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  return buf;
+}
 
 namespace {
 // Rewrites `path` without the records of steps after `step` (atomically).

@@ -12,6 +12,10 @@
 
 namespace attnres::train {
 
+// A duration for progress lines and ETAs: "4m07s", "2h05m"; "?" when not a
+// finite, non-negative number of seconds.
+std::string format_duration(double sec);
+
 class MetricsWriter {
  public:
   // append: keep the file's records up to and including step `resumed_step`

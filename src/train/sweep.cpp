@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/subprocess.h"
 #include "parallel/mpi.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 
 namespace attnres::train {
@@ -121,31 +122,6 @@ std::string last_error_line(const std::string& path) {
   return last;
 }
 
-// A running run's progress from its metrics.jsonl: the last step record's
-// step and elapsed seconds (0, 0 before the first).
-std::pair<int64_t, double> progress_of(const SweepRun& run) {
-  std::ifstream in(run.metrics_file());
-  std::string line;
-  int64_t step = 0;
-  double elapsed = 0;
-  while (std::getline(in, line)) {
-    if (line.find("\"loss\"") == std::string::npos) continue;
-    try {
-      const json r = json::parse(line);
-      step = r.value("step", step);
-      elapsed = r.value("elapsed_sec", elapsed);
-    } catch (const json::exception&) {  // a line being written
-    }
-  }
-  return {step, elapsed};
-}
-
-std::string eta(double sec) {
-  if (!(sec >= 0) || !std::isfinite(sec)) return "?";
-  const auto s = static_cast<int64_t>(sec + 0.5);
-  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
-}
-
 // The CPUs this process may run on.
 std::vector<int> own_cpus() {
   cpu_set_t set;
@@ -184,11 +160,19 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
     double flops_now = flops_done;
     for (const auto& r : running) {
       const SweepRun& run = plan.runs[r.run];
-      const auto [step, elapsed] = progress_of(run);
-      flops_now += run.flops * static_cast<double>(step) / static_cast<double>(run.steps);
-      const double left = step > 0 ? elapsed / static_cast<double>(step) * static_cast<double>(run.steps - step) : NAN;
-      parts += fmt::format("{}{} step {}/{} ETA {}", parts.empty() ? "" : ", ", run.name, step,
-                           run.steps, eta(left));
+      // A torn last line (being written) is skipped by the reader; the
+      // progress line is best effort, never a reason to stop the sweep.
+      RunOutcome o;
+      try {
+        o = outcome_from_metrics(run.metrics_file(), run.steps);
+      } catch (const Error&) {
+      }
+      flops_now += run.flops * static_cast<double>(o.step) / static_cast<double>(run.steps);
+      const double left = o.step > 0 ? o.wall_sec / static_cast<double>(o.step) *
+                                           static_cast<double>(run.steps - o.step)
+                                     : NAN;
+      parts += fmt::format("{}{} step {}/{} ETA {}", parts.empty() ? "" : ", ", run.name, o.step,
+                           run.steps, format_duration(left));
     }
     double flops_left = 0;
     for (size_t k = next; k < todo.size(); ++k) flops_left += plan.runs[todo[k]].flops;
@@ -197,7 +181,7 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
     const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     const double rate = spent > 0 ? flops_now / spent : 0;  // all jobs together
     spdlog::info("sweep: {} done, {} running ({}), {} left; sweep ETA {}", done, running.size(),
-                 parts, todo.size() - next, rate > 0 ? eta(flops_left / rate) : "?");
+                 parts, todo.size() - next, rate > 0 ? format_duration(flops_left / rate) : "?");
   };
   while (next < todo.size() || !running.empty()) {
     while (!stop && next < todo.size() && running.size() < static_cast<size_t>(jobs)) {

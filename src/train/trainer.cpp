@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <unordered_map>
@@ -64,15 +63,6 @@ class StopSignals {
   void (*old_int_)(int);
   void (*old_term_)(int);
 };
-
-std::string fmt_duration(double sec) {
-  if (!std::isfinite(sec) || sec < 0) return "?";
-  auto s = static_cast<int64_t>(sec + 0.5);
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(s / 3600), (long long)(s / 60 % 60));
-  else std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
-  return buf;
-}
 
 // Where to resume from (docs/model.md section 6): "" = start fresh. Refuses a fresh
 // run into a directory that already holds checkpoints.
@@ -604,7 +594,7 @@ void Engine::log_step(int64_t first_step, double loss, double lr, double norm, d
                                                      st.pp_bytes * 1e-6);
     spdlog::info("step {:>6}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | "
                  "{}{} | ETA {}", state_.step, tc_.steps, loss, lr, norm, tok_s, rate, pipe,
-                 fmt_duration(avg * (tc_.steps - state_.step)));
+                 format_duration(avg * (tc_.steps - state_.step)));
   }
 }
 

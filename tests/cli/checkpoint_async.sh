@@ -12,13 +12,12 @@ make_corpus
 write_config
 sed -i 's/"steps": 12/"steps": 8/; s/"every": 4,/"every": 2,/' base.json
 
-strip() { grep -v '"event":"checkpoint"' "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec|mfu)":[^,}]*//g'; }
 
 "$BIN" train base.json --checkpoint.dir=ck_sync --run.dir=run_sync --checkpoint.async=false 2>log_sync.txt \
   || { cat log_sync.txt; fail "synchronous run"; }
 "$BIN" train base.json --checkpoint.dir=ck_async --run.dir=run_async 2>log_async.txt \
   || { cat log_async.txt; fail "asynchronous run"; }
-diff <(strip run_sync/metrics.jsonl) <(strip run_async/metrics.jsonl) || fail "async and sync runs train differently"
+diff <(strip_metrics run_sync/metrics.jsonl) <(strip_metrics run_async/metrics.jsonl) || fail "async and sync runs train differently"
 for s in 2 4 6 8; do
   d=step_0000000$s
   [[ -d ck_async/$d && -d ck_sync/$d ]] || { ls ck_async ck_sync; fail "no $d"; }
@@ -73,6 +72,6 @@ ATTNRES_TEST_KILL_IN_SAVE=0:4 "$BIN" train base.json --checkpoint.dir=ck_kill --
 "$BIN" train base.json --checkpoint.dir=ck_kill --run.dir=run_kill --checkpoint.resume=auto 2>log_kill2.txt \
   || { cat log_kill2.txt; fail "resume after the kill"; }
 grep -q "resumed from ck_kill/step_00000002" log_kill2.txt || { cat log_kill2.txt; fail "did not resume from step 2"; }
-diff <(strip run_sync/metrics.jsonl) <(strip run_kill/metrics.jsonl) || fail "the resumed run differs"
+diff <(strip_metrics run_sync/metrics.jsonl) <(strip_metrics run_kill/metrics.jsonl) || fail "the resumed run differs"
 pass "killed mid-write: step 2 the newest, resume = auto from it matches the uninterrupted run"
 echo "all checkpoint_async checks passed"

@@ -12,6 +12,12 @@ PY=/usr/bin/python3
 [[ -x $PY ]] || PY=$(command -v python3)
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# metrics.jsonl's step and evaluation records: event records (checkpoints:
+# their timings and memory differ from run to run; restarts) left out.
+step_records() { grep -v '"event":"' "$1"; }
+# Those records without timing (mfu: GPU runs) and parallel-only fields: what
+# equal runs write the same.
+strip_metrics() { step_records "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec|mfu|bubble|pp_bytes)":[^,}]*//g; s/\{,/{/'; }
 pass() { echo "ok: $*"; }
 
 # expect_error "description" "substring" cmd... : cmd must exit 2 and print substring on stderr.

@@ -16,8 +16,7 @@ write_config
   || { cat log_b.txt; fail "resumed half"; }
 
 # Compare every per-step record except the timing fields.
-strip() { grep -v '"event":"checkpoint"' "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec|mfu)":[^,}]*//g'; }
-diff <(strip run_a/metrics.jsonl) <(strip run_b/metrics.jsonl) || fail "losses differ after resume"
+diff <(strip_metrics run_a/metrics.jsonl) <(strip_metrics run_b/metrics.jsonl) || fail "losses differ after resume"
 [[ $(grep -c '"loss"' run_a/metrics.jsonl) -eq 12 ]] || fail "expected 12 steps"
 pass "12 straight == 6 + resume 6 ($(grep -c '"loss"' run_b/metrics.jsonl) identical step records)"
 

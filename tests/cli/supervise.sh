@@ -42,8 +42,7 @@ chmod +x once.sh
 grep -q "killed by signal 9" log_k.txt || { cat log_k.txt; fail "the kill is not logged"; }
 grep -q '"event":"restart".*"resumed_from":"ck_k/step_00000004".*"step":4' run_k/metrics.jsonl \
   || { grep event run_k/metrics.jsonl; fail "no restart record resumed from step 4"; }
-strip() { grep -v '"event":"' "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec|mfu)":[^,}]*//g'; }
-diff <(strip run_s/metrics.jsonl) <(strip run_k/metrics.jsonl) || fail "the restarted run differs"
+diff <(strip_metrics run_s/metrics.jsonl) <(strip_metrics run_k/metrics.jsonl) || fail "the restarted run differs"
 pass "killed in the step-8 save: restarted, resumed from step 4, the same losses; the restart recorded"
 
 # SIGTERM to supervise: passed on, the run checkpoints and stops (143), no restart.

@@ -88,9 +88,8 @@ if [[ $part == mpirun ]]; then
     exit 77
   fi
   ((mpi_rc == 0)) || { tail -20 log_mpi.txt; fail "sweep under mpirun (exit code $mpi_rc)"; }
-  strip() { grep -v '"event":"checkpoint"' "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec|bubble|pp_bytes)":[^,}]*//g; s/\{,/{/'; }
   for r in $runs; do
-    diff <(strip out/runs/$r/metrics.jsonl) <(strip out_mpi/runs/$r/metrics.jsonl) > /dev/null \
+    diff <(strip_metrics out/runs/$r/metrics.jsonl) <(strip_metrics out_mpi/runs/$r/metrics.jsonl) > /dev/null \
       || fail "$r: metrics under mpirun differ from the single process"
     cmp -s out/runs/$r/depth_stats.jsonl out_mpi/runs/$r/depth_stats.jsonl \
       || fail "$r: depth_stats.jsonl under mpirun differs from the single process"
@@ -126,9 +125,8 @@ pass "second invocation: 4 runs skipped, results.csv unchanged"
 sed 's/"out_dir": "out"/"out_dir": "out_jobs"/' sweep.json > jobs.json
 "$BIN" sweep jobs.json --no-plots --jobs 2 > /dev/null 2>log_jobs.txt || { tail -30 log_jobs.txt; fail "sweep --jobs 2"; }
 grep -q "4 runs to train, 2 at a time, 1 thread(s) each" log_jobs.txt || { cat log_jobs.txt; fail "--jobs 2: no plan line"; }
-strip() { grep -v '"event":"' "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec)":[^,}]*//g'; }
 for r in $runs; do
-  diff <(strip out/runs/$r/metrics.jsonl) <(strip out_jobs/runs/$r/metrics.jsonl) > /dev/null \
+  diff <(strip_metrics out/runs/$r/metrics.jsonl) <(strip_metrics out_jobs/runs/$r/metrics.jsonl) > /dev/null \
     || fail "$r: --jobs 2 metrics differ from the sequential sweep"
   cmp -s out/runs/$r/depth_stats.jsonl out_jobs/runs/$r/depth_stats.jsonl || fail "$r: depth stats differ"
   grep -q "model:" out_jobs/runs/$r/train.log || fail "$r: no train.log of its process"

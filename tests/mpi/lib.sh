@@ -30,16 +30,11 @@ JSON
 pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | awk -F: 'NR == 1 { print $2 }'; }
 last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }
 
-# The records of steps and evaluations: event records (checkpoints: their timings and
-# memory differ from run to run; restarts) left out.
-records() { grep -v '"event":"' "$1"; }
-# Those records without timing (mfu: GPU runs) and parallel-only fields.
-strip_metrics() { records "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec|mfu|bubble|pp_bytes)":[^,}]*//g; s/\{,/{/'; }
 
 # compare_losses A B TOL: the same records; "loss", "val_loss" and "grad_norm"
 # within relative TOL, every other field (step, lr, tokens) identical.
 compare_losses() {
-  [[ $(records "$1" | wc -l) -eq $(records "$2" | wc -l) ]] || { echo "$1 and $2 differ in length"; return 1; }
+  [[ $(step_records "$1" | wc -l) -eq $(step_records "$2" | wc -l) ]] || { echo "$1 and $2 differ in length"; return 1; }
   paste -d '\n' <(strip_metrics "$1") <(strip_metrics "$2") | awk -v tol="$3" '
     function val(line, key) {
       if (match(line, "\"" key "\":[^,}]*")) return substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3)

@@ -32,7 +32,7 @@ pass "P=2 x D=2 -> P=2 x D=1 resume matches the uninterrupted run"
 # A parallel checkpoint resumed by a single process.
 mkdir -p ck_c run_c
 cp -r ck_b/step_00000004 ck_c/
-records run_b/metrics.jsonl | head -5 > run_c/metrics.jsonl  # steps 1..4 and the eval at 4
+step_records run_b/metrics.jsonl | head -5 > run_c/metrics.jsonl  # steps 1..4 and the eval at 4
 "$BIN" train base.json --checkpoint.dir=ck_c --run.dir=run_c --checkpoint.resume=auto 2>log_c.txt \
   || { cat log_c.txt; fail "single-process resume"; }
 compare_losses run_s/metrics.jsonl run_c/metrics.jsonl 1e-5 || fail "parallel -> single losses differ"
