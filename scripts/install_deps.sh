@@ -10,6 +10,7 @@ pkgs=(cmake g++ make ccache nlohmann-json3-dev libspdlog-dev catch2
       python3-matplotlib    # the sweep figures (scripts/plot_sweep.py, /usr/bin/python3)
       libpcre2-dev pkg-config  # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
       iproute2              # the two-hosts test's network namespaces (tests/mpi/two_hosts.sh)
+      slurmctld slurmd slurm-client munge  # the sweep-on-Slurm test's private cluster (tests/slurm/)
       python3-torch)        # tests of the Hugging Face export (modeling_attnres.py)
 if [[ "${1:-}" == "--corpus" ]] && ! command -v npm >/dev/null; then pkgs+=(npm); fi
 

@@ -1,8 +1,11 @@
-// attnres sweep SWEEP.json [--jobs N] [--dry-run | --report] [--no-plots] [--out_dir=DIR]
-//               [--section.key=value ...]
-//   Scaling-law sweep: trains every run of the grid that is not complete yet,
-//   then writes results.csv, fits.json and the plots (docs/sweeps.md).
+// attnres sweep SWEEP.json [--jobs N | --slurm [OPTIONS] | --status] [--dry-run | --report]
+//               [--no-plots] [--out_dir=DIR] [--section.key=value ...]
+// attnres sweep --finish RUN_DIR EXIT_CODE
+//   Scaling-law sweep: trains every run of the grid that is not complete yet
+//   (here, or as a Slurm job array), then writes results.csv, fits.json and
+//   the plots (docs/sweeps.md).
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
@@ -11,6 +14,7 @@
 #include "data/shard.h"
 #include "tools/commands.h"
 #include "train/sweep.h"
+#include "train/sweep_slurm.h"
 
 namespace attnres::tools {
 
@@ -19,20 +23,50 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kSweepUsage =
-    "usage: attnres sweep SWEEP.json [--jobs N] [--dry-run | --report] [--no-plots]\n"
-    "                     [--out_dir=DIR] [--section.key=value ...]\n"
+    "usage: attnres sweep SWEEP.json [--jobs N | --slurm [SLURM OPTIONS] | --status]\n"
+    "                     [--dry-run | --report] [--no-plots] [--out_dir=DIR]\n"
+    "                     [--section.key=value ...]\n"
     "  Trains the grid sizes x modes x token budgets of SWEEP.json, one run after another\n"
     "  (under mpirun: every run uses all ranks), skipping completed runs and resuming\n"
     "  interrupted ones; then writes <out_dir>/results.csv, fits.json and plots/*.png.\n"
     "  --jobs N     up to N runs at once, each `attnres train runs/<run>/config.json` in a\n"
     "               process of its own with 1/N of the CPUs (pinned apart; mpirun for runs\n"
     "               with several ranks), its log in runs/<run>/train.log\n"
-    "  --dry-run    validate every run's config and print the plan; train and write nothing\n"
+    "  --slurm      submit the unfinished runs not already queued as one Slurm job array\n"
+    "               (a task per run: `attnres train` with resume = auto, through srun\n"
+    "               for several ranks) and a job that collects the results after it\n"
+    "    --partition P  --account A  --time T      passed to sbatch\n"
+    "    --gpus-per-run G   default: one per rank when training.device is cuda, else 0\n"
+    "    --ranks-per-run R  must equal the layout's parallel.pipeline * parallel.data\n"
+    "    --cpus-per-rank C  CPUs (and OpenMP threads) per rank; default Slurm's (1)\n"
+    "    --max-running M    at most M tasks at once\n"
+    "    --sbatch OPTION    one more #SBATCH line, e.g. --sbatch --qos=high (repeatable)\n"
+    "  --status     every run's state: done, running (step, ETA), queued, failed (with\n"
+    "               its log's last error line), not started\n"
+    "  --dry-run    validate every run's config and print the plan (with --slurm: the\n"
+    "               sbatch scripts); train, submit and write nothing\n"
     "  --report     train nothing: collect the finished runs, fit, write results and plots\n"
     "  --no-plots   skip the plotting script\n"
     "  --section.key=value  override a key of the base config of every run\n"
     "                       (e.g. --run.stop_after=100 for time slices; see docs/sweeps.md)\n"
-    "  --out_dir=DIR        write into DIR instead of the file's out_dir\n";
+    "  --out_dir=DIR        write into DIR instead of the file's out_dir\n"
+    "attnres sweep --finish RUN_DIR EXIT_CODE\n"
+    "  The last command of a Slurm task: records how the run's trainer ended\n"
+    "  (result.json when it is complete) and exits with EXIT_CODE.\n";
+
+// A whole number >= `min` from a flag's value.
+int int_flag(const std::string& flag, const std::string& v, int min) {
+  size_t used = 0;
+  int n = 0;
+  try {
+    n = std::stoi(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size() || n < min)
+    fail("sweep: ", flag, " takes a whole number >= ", min, ", got '", v, "'");
+  return n;
+}
 
 // This binary, for the plot script's `attnres inspect attention` calls.
 std::string own_binary() {
@@ -48,29 +82,60 @@ int cmd_sweep(const Args& args) {
     std::fputs(kSweepUsage, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;
   }
-  bool dry_run = false, report = false, plots = true;
+  if (args[0] == "--finish") {
+    if (args.size() != 3) fail("sweep: --finish takes RUN_DIR EXIT_CODE (see attnres sweep --help)");
+    return train::finish_task(args[1], int_flag("--finish", args[2], 0));
+  }
+  bool dry_run = false, report = false, plots = true, slurm = false, status = false;
   int jobs = 1;
+  train::SlurmOptions sl;
   std::vector<std::string> overrides;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--jobs") {
-      const std::string v = i + 1 < args.size() ? args[++i] : "";
-      size_t used = 0;
-      try {
-        jobs = std::stoi(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != v.size() || jobs < 1) fail("sweep: --jobs takes a number >= 1, got '", v, "'");
-    } else if (a == "--dry-run") dry_run = true;
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) fail("sweep: ", a, " needs a value (see attnres sweep --help)");
+      return args[++i];
+    };
+    if (a == "--jobs") jobs = int_flag(a, value(), 1);
+    else if (a == "--dry-run") dry_run = true;
     else if (a == "--report") report = true;
     else if (a == "--no-plots") plots = false;
+    else if (a == "--slurm") slurm = true;
+    else if (a == "--status") status = true;
+    else if (a == "--partition") sl.partition = value();
+    else if (a == "--account") sl.account = value();
+    else if (a == "--time") sl.time = value();
+    else if (a == "--gpus-per-run") sl.gpus_per_run = int_flag(a, value(), 0);
+    else if (a == "--ranks-per-run") sl.ranks_per_run = int_flag(a, value(), 1);
+    else if (a == "--cpus-per-rank") sl.cpus_per_rank = int_flag(a, value(), 1);
+    else if (a == "--max-running") sl.max_running = int_flag(a, value(), 1);
+    else if (a == "--sbatch") sl.sbatch_options.push_back(value());
     else if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) overrides.push_back(a);
     else fail("sweep: unexpected argument '", a, "' (see attnres sweep --help)");
   }
+  const bool slurm_flags = !sl.partition.empty() || !sl.account.empty() || !sl.time.empty() ||
+                           sl.gpus_per_run >= 0 || sl.ranks_per_run > 0 || sl.cpus_per_rank > 0 ||
+                           sl.max_running > 0 || !sl.sbatch_options.empty();
+  if (slurm_flags && !slurm) fail("sweep: the Slurm options need --slurm (see attnres sweep --help)");
+  if (slurm && (report || jobs > 1 || status))
+    fail("sweep: --slurm excludes --report, --jobs and --status");
+  if (status && (dry_run || report || jobs > 1)) fail("sweep: --status excludes the other modes");
   if (dry_run && report) fail("sweep: --dry-run and --report exclude each other");
 
   const train::SweepPlan plan = train::load_sweep(args[0], overrides);
+  if (status) return train::print_status(plan);
+  if (slurm) {
+    sl.dry_run = dry_run;
+    sl.attnres_bin = own_binary();
+    sl.sweep_file = fs::absolute(args[0]).lexically_normal().string();
+    sl.workdir = fs::current_path().string();
+    sl.overrides = overrides;
+    const char* path = std::getenv("PATH");
+    const char* ld = std::getenv("LD_LIBRARY_PATH");
+    sl.path = path ? path : "/usr/local/bin:/usr/bin:/bin";
+    sl.ld_library_path = ld ? ld : "";
+    return train::submit_sweep(plan, sl);
+  }
   if (dry_run) {
     std::vector<train::RunOutcome> outcomes;
     for (const auto& r : plan.runs) outcomes.push_back(train::read_outcome(r));

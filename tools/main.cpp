@@ -26,7 +26,7 @@ usage:
                   | compare DIR_A DIR_B | schedule --pipeline P --virtual V --microbatches M
                                                      (attnres inspect --help)
   attnres bench [--device cpu|cuda] [--preset 124m|350m|1b3] [...]   training throughput (attnres bench --help)
-  attnres sweep SWEEP.json [--dry-run | --report] [--no-plots]      scaling-law sweep
+  attnres sweep SWEEP.json [--jobs N | --slurm | --status] [--dry-run | --report]  scaling-law sweep
   attnres supervise [--max-restarts N] [--backoff SEC] -- COMMAND...  restart a failed run from
                                                      its newest checkpoint (attnres supervise --help)
 

@@ -1,6 +1,7 @@
 #include "core/subprocess.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,14 +87,9 @@ std::string ChildExit::describe() const {
   return "exit status " + std::to_string(status);
 }
 
-std::optional<ChildExit> child_exited(pid_t pid) {
-  int status = 0;
-  pid_t r;
-  do {
-    r = waitpid(pid, &status, WNOHANG);
-  } while (r < 0 && errno == EINTR);
-  if (r < 0) fail("waitpid(", pid, ") failed: ", std::strerror(errno));
-  if (r == 0) return std::nullopt;
+namespace {
+// A wait status as a ChildExit.
+ChildExit exit_of(int status) {
   ChildExit e;
   if (WIFSIGNALED(status)) {
     e.signal = WTERMSIG(status);
@@ -103,7 +99,94 @@ std::optional<ChildExit> child_exited(pid_t pid) {
   }
   return e;
 }
+}  // namespace
+
+std::optional<ChildExit> child_exited(pid_t pid) {
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(pid, &status, WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) fail("waitpid(", pid, ") failed: ", std::strerror(errno));
+  if (r == 0) return std::nullopt;
+  return exit_of(status);
+}
 
 void signal_child(pid_t pid, int sig) { kill(-pid, sig); }
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+namespace {
+// A file descriptor closed on destruction.
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  void reset() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+};
+}  // namespace
+
+CommandResult run_command(const std::vector<std::string>& argv) {
+  ATTNRES_CHECK(!argv.empty(), "run_command: no command");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) fail("cannot run '", argv[0], "': pipe: ", std::strerror(errno));
+  Fd out_r(out_pipe[0]), out_w(out_pipe[1]);
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) fail("cannot run '", argv[0], "': pipe: ", std::strerror(errno));
+  Fd err_r(err_pipe[0]), err_w(err_pipe[1]);
+  const std::string cannot_run = "cannot run '" + argv[0] + "': " + "not found or not executable\n";
+  const pid_t pid = fork();
+  if (pid < 0) fail("cannot run '", argv[0], "': fork failed: ", std::strerror(errno));
+  if (pid == 0) {  // async-signal-safe calls only (see spawn_child)
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    dup2(out_w.fd, STDOUT_FILENO);
+    dup2(err_w.fd, STDERR_FILENO);
+    execvp(args[0], args.data());
+    (void)!write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
+    _exit(127);
+  }
+  out_w.reset();
+  err_w.reset();
+  // Both pipes at once: a command that fills one while we block on the
+  // other would never end.
+  CommandResult r;
+  pollfd fds[2] = {{out_r.fd, POLLIN, 0}, {err_r.fd, POLLIN, 0}};
+  std::string* sinks[2] = {&r.out, &r.err};
+  char buf[4096];
+  for (int open_fds = 2; open_fds > 0;) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (fds[k].fd < 0 || fds[k].revents == 0) continue;
+      const ssize_t n = read(fds[k].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[k]->append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        fds[k].fd = -1;  // closed (the Fd closes it)
+        --open_fds;
+      }
+    }
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exit = exit_of(status);
+  return r;
+}
 
 }  // namespace attnres

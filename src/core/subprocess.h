@@ -1,5 +1,5 @@
 // Child processes for the commands that run others (`attnres supervise`,
-// `attnres sweep --jobs`): started with fork + exec in a process group of
+// `attnres sweep --jobs`, the Slurm commands of `attnres sweep --slurm`): started with fork + exec in a process group of
 // their own, optionally with extra environment, a CPU set and a log file,
 // and waited for without signal handlers: SIGINT, SIGTERM and SIGCHLD are
 // blocked while a SignalGate lives and taken synchronously (sigtimedwait),
@@ -58,5 +58,17 @@ std::optional<ChildExit> child_exited(pid_t pid);
 
 // Sends `sig` to the child's process group.
 void signal_child(pid_t pid, int sig);
+
+// `s` single-quoted for a POSIX shell (a ' inside becomes '\'').
+std::string shell_quote(const std::string& s);
+
+// A short command run to its end with its output captured (sbatch, squeue).
+struct CommandResult {
+  ChildExit exit;       // status 127: it could not be executed
+  std::string out, err;  // its stdout and stderr
+};
+// Runs argv (argv[0] looked up on PATH) with this process's environment and
+// no stdin, and waits for it. Throws attnres::Error only when it cannot fork.
+CommandResult run_command(const std::vector<std::string>& argv);
 
 }  // namespace attnres

@@ -28,13 +28,6 @@ using nlohmann::json;
 
 namespace {
 
-// Single-quoted for /bin/sh.
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // What to do with a run. Rank 0 decides from the run's files; every rank follows.
 enum class RunAction : int32_t { Train, Skip };
 RunAction decide(const SweepRun& run, bool train) {
@@ -73,55 +66,15 @@ void write_outputs(const SweepPlan& plan, const SweepOptions& opt) {
     spdlog::info("plots written to {}", (fs::path(plan.out_dir) / "plots").string());
 }
 
-// Before a run trains (rank 0): its directory and stored config, and a line.
-void prepare_run(const SweepPlan& plan, size_t i) {
-  const SweepRun& run = plan.runs[i];
-  fs::create_directories(run.dir);
-  if (!fs::exists(run.config_file()))
-    write_text_file_atomic(run.config_file(), run.config.to_json().dump(2) + "\n");
-  spdlog::info("[{}/{}] {}: {} residual, {} non-embedding params, {} steps = {} tokens, "
-               "C = {:.3e} FLOPs", i + 1, plan.runs.size(), run.name,
-               model::residual_mode_name(run.config.model.mode), run.params, run.steps,
-               run.tokens, run.flops);
-}
-
-// How a run's training ended.
-enum class RunEnd { Done, Paused, Diverged, Failed };
-
-// After a run trained with exit code `code` (rank 0): its result.json when it
-// is complete, and a line.
-RunEnd finish_run(const SweepRun& run, int code) {
-  if (code == kExitNonFinite) {
-    RunOutcome o = outcome_from_metrics(run.metrics_file(), run.steps);
-    o.status = "diverged";
-    write_result(run, o);
-    spdlog::warn("{}: non-finite loss or gradient; recorded as diverged (delete {} to retry)",
-                 run.name, run.dir);
-    return RunEnd::Diverged;
+// What a run's metrics say now. A torn last line (being written) is skipped
+// by the reader; progress is best effort, never a reason to stop the sweep.
+RunOutcome current_outcome(const SweepRun& run) {
+  try {
+    return outcome_from_metrics(run.metrics_file(), run.steps);
+  } catch (const Error&) {
+    return {};
   }
-  if (code != 0) return RunEnd::Failed;
-  const RunOutcome o = outcome_from_metrics(run.metrics_file(), run.steps);
-  if (o.status == "done") {
-    write_result(run, o);
-    spdlog::info("{}: done, train loss {:.4f}, val loss {:.4f}, {:.1f} s", run.name, o.train_loss,
-                 o.val_loss, o.wall_sec);
-    return RunEnd::Done;
-  }
-  // run.stop_after ended this invocation early: the next one resumes.
-  spdlog::info("{}: stopped at step {} of {} (run.stop_after); run the sweep again to continue",
-               run.name, o.step, run.steps);
-  return RunEnd::Paused;
 }
-
-// The last line of a file that says "error" (a failed run's reason), or "".
-std::string last_error_line(const std::string& path) {
-  std::ifstream in(path);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (line.find("error") != std::string::npos) last = line;
-  return last;
-}
-
 // The CPUs this process may run on.
 std::vector<int> own_cpus() {
   cpu_set_t set;
@@ -160,19 +113,9 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
     double flops_now = flops_done;
     for (const auto& r : running) {
       const SweepRun& run = plan.runs[r.run];
-      // A torn last line (being written) is skipped by the reader; the
-      // progress line is best effort, never a reason to stop the sweep.
-      RunOutcome o;
-      try {
-        o = outcome_from_metrics(run.metrics_file(), run.steps);
-      } catch (const Error&) {
-      }
-      flops_now += run.flops * static_cast<double>(o.step) / static_cast<double>(run.steps);
-      const double left = o.step > 0 ? o.wall_sec / static_cast<double>(o.step) *
-                                           static_cast<double>(run.steps - o.step)
-                                     : NAN;
-      parts += fmt::format("{}{} step {}/{} ETA {}", parts.empty() ? "" : ", ", run.name, o.step,
-                           run.steps, format_duration(left));
+      flops_now += run.flops * static_cast<double>(current_outcome(run).step) /
+                   static_cast<double>(run.steps);
+      parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", run.name, progress_text(run));
     }
     double flops_left = 0;
     for (size_t k = next; k < todo.size(); ++k) flops_left += plan.runs[todo[k]].flops;
@@ -216,7 +159,7 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
       const SweepRun& run = plan.runs[running[k].run];
       const RunEnd end = finish_run(run, ended->status);
       if (end == RunEnd::Failed) {
-        const std::string why = last_error_line((fs::path(run.dir) / "train.log").string());
+        const std::string why = last_reason_line(run);
         spdlog::warn("{}: {}{}; its checkpoint is kept: run the sweep again to resume (log: {})",
                      run.name, ended->describe(), why.empty() ? "" : ": " + why,
                      (fs::path(run.dir) / "train.log").string());
@@ -237,6 +180,77 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
 }
 
 }  // namespace
+
+void prepare_run(const SweepPlan& plan, size_t i) {
+  const SweepRun& run = plan.runs[i];
+  fs::create_directories(run.dir);
+  if (!fs::exists(run.config_file()))
+    write_text_file_atomic(run.config_file(), run.config.to_json().dump(2) + "\n");
+  spdlog::info("[{}/{}] {}: {} residual, {} non-embedding params, {} steps = {} tokens, "
+               "C = {:.3e} FLOPs", i + 1, plan.runs.size(), run.name,
+               model::residual_mode_name(run.config.model.mode), run.params, run.steps,
+               run.tokens, run.flops);
+}
+
+RunEnd finish_run(const SweepRun& run, int code) {
+  if (code == kExitNonFinite) {
+    RunOutcome o = outcome_from_metrics(run.metrics_file(), run.steps);
+    o.status = "diverged";
+    write_result(run, o);
+    spdlog::warn("{}: non-finite loss or gradient; recorded as diverged (delete {} to retry)",
+                 run.name, run.dir);
+    return RunEnd::Diverged;
+  }
+  if (code != 0) return RunEnd::Failed;
+  const RunOutcome o = outcome_from_metrics(run.metrics_file(), run.steps);
+  if (o.status == "done") {
+    write_result(run, o);
+    spdlog::info("{}: done, train loss {:.4f}, val loss {:.4f}, {:.1f} s", run.name, o.train_loss,
+                 o.val_loss, o.wall_sec);
+    return RunEnd::Done;
+  }
+  // run.stop_after ended this invocation early: the next one resumes.
+  spdlog::info("{}: stopped at step {} of {} (run.stop_after); run the sweep again to continue",
+               run.name, o.step, run.steps);
+  return RunEnd::Paused;
+}
+
+std::string last_reason_line(const SweepRun& run) {
+  std::ifstream in((fs::path(run.dir) / "train.log").string());
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find("error") != std::string::npos || line.find("the task ended") != std::string::npos)
+      last = line;
+  if (last.rfind('[', 0) == 0 && last.find("] ") != std::string::npos) {
+    last = last.substr(last.find("] ") + 2);
+    last = last.substr(last.find(' ') + 1);  // the level
+  }
+  return last;
+}
+
+std::string progress_text(const SweepRun& run) {
+  const RunOutcome o = current_outcome(run);
+  if (o.step <= 0) return "";
+  const double left = o.wall_sec / static_cast<double>(o.step) * static_cast<double>(run.steps - o.step);
+  return fmt::format("step {}/{} ETA {}", o.step, run.steps, format_duration(left));
+}
+
+int finish_task(const std::string& run_dir, int code) {
+  SweepRun run;
+  run.dir = run_dir;
+  run.name = fs::path(run_dir).filename().string();
+  run.config = load_config(run.config_file(), {});
+  run.steps = run.config.training.steps;
+  if (finish_run(run, code) == RunEnd::Failed) {
+    const RunOutcome o = current_outcome(run);
+    spdlog::warn("{}: the task ended with {} at step {} of {}; its checkpoints are kept: `attnres "
+                 "sweep --slurm` again resubmits it and it resumes", run.name,
+                 code > 128 ? fmt::format("signal {} ({})", code - 128, strsignal(code - 128))
+                            : fmt::format("exit code {}", code),
+                 o.step, run.steps);
+  }
+  return code;
+}
 
 int run_sweep(const SweepPlan& plan, const SweepOptions& opt) {
   // Under mpirun every rank runs every run together (each train() call is one

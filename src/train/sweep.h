@@ -31,4 +31,22 @@ struct SweepOptions {
 // first run that failed or was stopped by a signal (128+N).
 int run_sweep(const SweepPlan& plan, const SweepOptions& opt);
 
+// The pieces run_sweep shares with the Slurm submission (sweep_slurm.h).
+// Before run i trains: its directory and stored config.json, and a line.
+void prepare_run(const SweepPlan& plan, size_t i);
+// How a run's training ended.
+enum class RunEnd { Done, Paused, Diverged, Failed };
+// After a run's trainer exited with `code`: its result.json when it is
+// complete (done, or diverged with code kExitNonFinite), and a line.
+RunEnd finish_run(const SweepRun& run, int code);
+// `attnres sweep --finish RUN_DIR CODE`, the last command of a Slurm task:
+// finish_run for the run stored in RUN_DIR (its config.json). Returns `code`.
+int finish_task(const std::string& run_dir, int code);
+// Why a run's last process ended early: the last line of its train.log that
+// says "error" or that `--finish` wrote ("the task ended with ..."), without
+// the log's "[time] level " prefix; "" when there is none.
+std::string last_reason_line(const SweepRun& run);
+// "step K/N, ETA 3m02s" from a run's metrics (best effort: "" when none).
+std::string progress_text(const SweepRun& run);
+
 }  // namespace attnres::train

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# cli: sweep on slurm. A tiny sweep of 8 runs (2 sizes x baseline / Block x 2
+# seeds) submitted with `attnres sweep --slurm` to a single-node Slurm that
+# this test starts from Debian's packages (tests/slurm/lib.sh) and stops at the
+# end. Checks: --dry-run prints the scripts and writes nothing; --status says
+# "not started", then "queued" / "running" with the job, then "failed" with
+# the reason for a task cancelled mid-run (scancel after its first
+# checkpoint), then "done"; submitting again submits only that run, which
+# resumes from its checkpoint; a task told its time is nearly over (SIGUSR1)
+# saves, requeues itself and resumes; the collect job's results.csv and fits.json
+# equal those of the same sweep trained here with --jobs 2.
+# Skipped (exit 77, with the reason) where Slurm cannot be started: the
+# packages missing, not root, or the daemons not coming up.
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../cli/lib.sh"  # cds into a temp dir
+source "$here/lib.sh"
+trap 'stop_slurm; rm -rf "$WORK"' EXIT
+start_slurm "$WORK/slurm"
+make_corpus
+
+# Size b is slow enough (800 steps, a checkpoint every 20) to be cancelled
+# mid-run; size a is quick.
+sweep_json() {
+cat <<JSON
+{"out_dir": "$1",
+ "base": {"model": {"vocab_size": 300, "n_heads": 4, "n_kv_heads": 2},
+          "optimizer": {"lr": 3e-3},
+          "schedule": {"type": "cosine"},
+          "training": {"micro_batch_size": 2, "seq_len": 16},
+          "data": {"train": "shards/tiny_train_*.bin", "val": "shards/tiny_val_*.bin",
+                   "shuffle": true, "tokenizer": "tok.json"},
+          "checkpoint": {"every": 20, "keep_last": 1},
+          "eval": {"batches": 2},
+          "run": {"log_every": 10, "depth_stats_every": 0}},
+ "sizes": [{"name": "a", "model": {"d_model": 32, "n_layers": 2, "d_ff": 64}, "tokens": [1280]},
+           {"name": "b", "model": {"d_model": 48, "n_layers": 3, "d_ff": 96}, "tokens": [25600]}],
+ "modes": [{"mode": "baseline"}, {"mode": "block", "block_size": 2}],
+ "seeds": [1, 2],
+ "warmup_fraction": 0.1}
+JSON
+}
+sweep_json out > sweep.json
+sweep_json local > local.json
+
+status() { "$BIN" sweep sweep.json --status 2>&1; }
+# state RUN: the run's state in --status's table.
+state() { status | awk -v r="$1" '$1 == r { s = $2; if ($3 == "started") s = s " " $3; print s }'; }
+show_logs() {
+  status || true
+  for f in out/slurm/*.out "$SLURM_DIR"/slurmctld.log; do [[ -f $f ]] && { echo "== $f"; tail -15 "$f"; }; done
+  for f in out/runs/*/train.log; do echo "== $f"; tail -5 "$f"; done
+}
+# wait_for SECONDS DESCRIPTION COMMAND...: until COMMAND succeeds.
+wait_for() {
+  local limit=$1 what=$2 t; shift 2
+  for t in $(seq $((limit * 2))); do "$@" && return 0; sleep 0.5; done
+  show_logs; fail "$what: not after ${limit} s"
+}
+
+# --- Slurm options need --slurm; a layout that is not the runs' is refused.
+expect_error "--partition without --slurm" "need --slurm" "$BIN" sweep sweep.json --partition debug
+expect_error "--ranks-per-run 2 for 1-rank runs" "--ranks-per-run 2" \
+  "$BIN" sweep sweep.json --slurm --ranks-per-run 2 --dry-run
+
+# --- Before anything: every run "not started".
+status > st0.txt
+[[ $(grep -cE "^ +[^ ]+ +not started$" st0.txt) -eq 8 ]] || { cat st0.txt; fail "--status before submission: 8 not started"; }
+grep -q "not submitted to Slurm" st0.txt || { cat st0.txt; fail "--status: no word on Slurm"; }
+pass "--status before submission: 8 runs not started"
+
+# --- --dry-run: the scripts, nothing written or submitted.
+"$BIN" sweep sweep.json --slurm --dry-run --time 10:00 --sbatch --comment=attnres-test > dry.txt 2>dry.err \
+  || { cat dry.err; fail "--slurm --dry-run"; }
+for want in "#SBATCH --array=0-7" "#SBATCH --export=NONE" "#SBATCH --requeue" "#SBATCH --time=10:00" \
+            "#SBATCH --comment=attnres-test" "train \"\$dir/config.json\"" "sweep --finish" \
+            "--report" "'b_block_s2_25.6k_s2'"; do
+  grep -qF -- "$want" dry.txt || { cat dry.txt; fail "--dry-run scripts lack '$want'"; }
+done
+[[ ! -e out ]] || fail "--dry-run wrote $(find out | head -3)"
+[[ -z $(squeue --noheader) ]] || fail "--dry-run submitted a job"
+pass "--slurm --dry-run prints the array and collect scripts, writes and submits nothing"
+
+# --- Submit: one array of 8 tasks and a collect job.
+"$BIN" sweep sweep.json --slurm > sub1.txt 2> sub1.err || { cat sub1.err; show_logs; fail "--slurm"; }
+grep -q "submitted job array [0-9]*: 8 task(s) of 1 rank(s)" sub1.err || { cat sub1.err; fail "no array submitted"; }
+array=$(grep -o "submitted job array [0-9]*" sub1.err | grep -o "[0-9]*$")
+status > st1.txt
+# 2 CPUs: two tasks run, the others wait (or some are done already).
+grep -qE " (queued|running) .*job ${array}_" st1.txt || { cat st1.txt; fail "--status after submission: no queued or running task"; }
+grep -qE "^ +[^ ]+ +not started" st1.txt && { cat st1.txt; fail "--status after submission: a run not started and not queued"; }
+pass "submitted array $array; --status: $(tail -1 st1.txt)"
+
+# --- Cancel a size-b task once it has a checkpoint, mid-run.
+victim=""
+find_victim() {
+  local r
+  for r in b_baseline_25.6k_s1 b_block_s2_25.6k_s1 b_baseline_25.6k_s2 b_block_s2_25.6k_s2; do
+    if [[ $(state $r) == running ]] && compgen -G "out/runs/$r/ckpt/step_*" >/dev/null; then
+      victim=$r; return 0
+    fi
+  done
+  return 1
+}
+wait_for 300 "a size-b run running with a checkpoint" find_victim
+task=$(status | awk -v r="$victim" '$1 == r' | grep -o "job [0-9_]*" | cut -d' ' -f2)
+scancel "$task"
+echo "cancelled $victim (task $task) at $(status | awk -v r="$victim" '$1 == r')"
+not_in_queue() { [[ -z $(squeue --noheader --array --jobs="$task" 2>/dev/null | grep -v " CG ") ]]; }
+wait_for 60 "task $task leaving the queue" not_in_queue
+wait_for 30 "$victim reported failed" bash -c "[[ \$('$BIN' sweep sweep.json --status 2>&1 | awk -v r='$victim' '\$1 == r {print \$2}') == failed ]]"
+status > st2.txt
+grep -E "^ +$victim +failed +step [0-9]+/800: .*the task ended with signal 15" st2.txt \
+  || { cat st2.txt; show_logs; fail "--status: the cancelled run is not failed with the reason"; }
+pass "--status after scancel: $(grep -E "^ +$victim" st2.txt | sed 's/  */ /g')"
+
+# --- The time limit near (Slurm's --signal=B:USR1@300, sent here by hand): a
+# task saves, stops and requeues itself; the requeued task resumes.
+victim2=""
+find_victim2() {
+  local r
+  for r in b_baseline_25.6k_s1 b_block_s2_25.6k_s1 b_baseline_25.6k_s2 b_block_s2_25.6k_s2; do
+    [[ $r == "$victim" ]] && continue
+    if [[ $(state $r) == running ]] && compgen -G "out/runs/$r/ckpt/step_*" >/dev/null; then
+      victim2=$r; return 0
+    fi
+  done
+  return 1
+}
+wait_for 300 "a second size-b run running with a checkpoint" find_victim2
+task2=$(status | awk -v r="$victim2" '$1 == r' | grep -o "job [0-9_]*" | cut -d' ' -f2)
+scancel --batch --signal=USR1 "$task2"
+requeued() { grep -q "time limit near, checkpoint saved; requeued" "out/runs/$victim2/train.log"; }
+wait_for 60 "$victim2 requeued after SIGUSR1" requeued
+pass "SIGUSR1 to task $task2: $victim2 $(grep -o "the task ended with .* of [0-9]*" "out/runs/$victim2/train.log"), requeued"
+
+# --- Submit again: only the cancelled run (the others are done or queued).
+"$BIN" sweep sweep.json --slurm > sub2.txt 2> sub2.err || { cat sub2.err; show_logs; fail "second --slurm"; }
+grep -q "submitted job array [0-9]*: 1 task(s)" sub2.err || { cat sub2.err; fail "the second submission is not the one cancelled run"; }
+grep -qF "'$victim'" out/slurm/sweep_2.sbatch || { cat out/slurm/sweep_2.sbatch; fail "sweep_2.sbatch does not train $victim"; }
+pass "submitted again: $(grep -o 'submitted [0-9]* run(s).*running)' sub2.err)"
+
+# --- Everything ends: 8 runs done, the collect jobs ran.
+all_done() { [[ -z $(squeue --noheader) ]] && [[ $(status | grep -c " done ") -eq 8 ]]; }
+wait_for 600 "every run done and the queue empty" all_done
+status > st3.txt
+tail -1 st3.txt | grep -qx "8 done" || { cat st3.txt; fail "--status at the end"; }
+grep -q "resumed from .*/step_[0-9]* at step [1-9]" "out/runs/$victim/train.log" || { tail -20 "out/runs/$victim/train.log"; fail "$victim did not resume from its checkpoint"; }
+[[ -f out/results.csv && -f out/fits.json ]] || { show_logs; fail "the collect job wrote no results.csv / fits.json"; }
+pass "all 8 done; $victim $(grep -m1 -o "resumed from .*" "out/runs/$victim/train.log")"
+grep -q "Slurm task $task2 .*(restart 1)" "out/runs/$victim2/train.log" \
+  && grep -q "resumed from .*/step_[0-9]* at step [1-9]" "out/runs/$victim2/train.log" \
+  || { cat "out/runs/$victim2/train.log" | grep -v "info step"; fail "$victim2: the requeued task did not resume"; }
+pass "the requeued task $task2 ran again (restart 1): $victim2 $(grep -m1 -o "resumed from .*" "out/runs/$victim2/train.log")"
+
+# --- The same sweep trained here, 2 at a time: the same results and fits.
+"$BIN" sweep local.json --jobs 2 --no-plots > /dev/null 2> local.err || { tail -20 local.err; fail "local sweep"; }
+wallless() { cut -d, -f1-$(($(head -1 "$1" | tr ',' '\n' | grep -n '^wall_sec$' | cut -d: -f1) - 1)) "$1"; }
+diff <(wallless out/results.csv) <(wallless local/results.csv) || fail "results.csv differs from the local sweep's"
+diff out/fits.json local/fits.json || fail "fits.json differs from the local sweep's"
+for r in $(ls out/runs); do
+  diff <(strip_metrics out/runs/$r/metrics.jsonl | sort -u) <(strip_metrics local/runs/$r/metrics.jsonl | sort -u) > /dev/null \
+    || fail "$r: its metrics differ from the local sweep's"
+done
+pass "results.csv, fits.json and every run's metrics equal the local --jobs 2 sweep's"
+
+# --- Nothing left to submit.
+"$BIN" sweep sweep.json --slurm > sub3.txt 2>&1 || { cat sub3.txt; fail "third --slurm"; }
+grep -q "nothing to submit: 8 of 8 runs complete" sub3.txt || { cat sub3.txt; fail "third --slurm submitted"; }
+pass "a complete sweep submits nothing"
