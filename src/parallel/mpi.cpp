@@ -20,7 +20,8 @@ namespace attnres::parallel {
 
 int launcher_world_size() {
   // Variables the common launchers set in every process they start.
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE",
+                          "SLURM_STEP_NUM_TASKS"}) {
     const char* v = std::getenv(var);
     if (v && *v && std::atoi(v) >= 1) return std::atoi(v);
   }
@@ -28,7 +29,7 @@ int launcher_world_size() {
 }
 
 int launcher_world_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"}) {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"}) {
     const char* v = std::getenv(var);
     if (v && *v) return std::atoi(v);
   }

@@ -27,11 +27,13 @@ bool mpi_compiled();
 
 // Processes the launcher started for this job, read from its environment
 // (OMPI_COMM_WORLD_SIZE for Open MPI, PMI_SIZE for MPICH's hydra,
-// MV2_COMM_WORLD_SIZE for MVAPICH); 1 when not started by such a launcher.
+// MV2_COMM_WORLD_SIZE for MVAPICH, SLURM_STEP_NUM_TASKS for srun, which sets
+// it in a job step's processes but not in the batch script); 1 when not
+// started by such a launcher.
 int launcher_world_size();
 
 // This process's rank among those the launcher started (OMPI_COMM_WORLD_RANK,
-// PMI_RANK, MV2_COMM_WORLD_RANK); 0 when not started by one.
+// PMI_RANK, MV2_COMM_WORLD_RANK, SLURM_PROCID); 0 when not started by one.
 int launcher_world_rank();
 
 // Call before reporting bad input (exit code 2) from rank `rank` of a job:

@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
@@ -75,6 +77,11 @@ RunOutcome current_outcome(const SweepRun& run) {
     return {};
   }
 }
+// Seconds until the run ends at its rate so far (o.step > 0).
+double eta_seconds(const SweepRun& run, const RunOutcome& o) {
+  return o.wall_sec / static_cast<double>(o.step) * static_cast<double>(run.steps - o.step);
+}
+
 // The CPUs this process may run on.
 std::vector<int> own_cpus() {
   cpu_set_t set;
@@ -86,15 +93,43 @@ std::vector<int> own_cpus() {
   return out;
 }
 
+// The GPUs this process may give its runs: CUDA_VISIBLE_DEVICES's entries
+// when it is set, else every device CUDA sees.
+std::vector<std::string> own_gpus() {
+  std::vector<std::string> out;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::istringstream in(v);
+    for (std::string e; std::getline(in, e, ',');)
+      if (!e.empty()) out.push_back(e);
+    return out;
+  }
+  for (int i = 0; i < cuda::device_count(); ++i) out.push_back(std::to_string(i));
+  return out;
+}
+
 // --jobs N: the runs to train, up to N at once, each its own process.
 int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
                        const std::vector<size_t>& todo) {
   const SignalGate gate;
   const std::vector<int> cpus = own_cpus();
-  const int jobs = std::max(1, std::min<int>(opt.jobs, static_cast<int>(todo.size())));
+  int jobs = std::max(1, std::min<int>(opt.jobs, static_cast<int>(todo.size())));
+  // Runs on GPUs: each job gets GPUs of its own, as many as its runs' ranks.
+  int64_t gpu_ranks = 0;
+  for (size_t i : todo)
+    if (plan.runs[i].config.training.device == Device::CUDA)
+      gpu_ranks = std::max(gpu_ranks, plan.runs[i].config.parallel.pipeline * plan.runs[i].config.parallel.data);
+  std::vector<std::string> gpus;
+  if (gpu_ranks > 0) {
+    gpus = own_gpus();
+    if (static_cast<int64_t>(gpus.size()) < gpu_ranks)
+      fail("sweep --jobs: its runs train on cuda with up to ", gpu_ranks, " rank(s) (a GPU each), but "
+           "this process sees ", gpus.size(), " GPU(s) (CUDA_VISIBLE_DEVICES or the devices present)");
+    jobs = std::min<int>(jobs, static_cast<int>(static_cast<int64_t>(gpus.size()) / gpu_ranks));
+  }
   const int per_job = std::max<int>(1, static_cast<int>(cpus.size()) / jobs);
   spdlog::info("sweep: {} runs to train, {} at a time, {} thread(s) each (CPUs {}..{} split, "
-               "pinned apart)", todo.size(), jobs, per_job, cpus.front(), cpus.back());
+               "pinned apart){}", todo.size(), jobs, per_job, cpus.front(), cpus.back(),
+               gpus.empty() ? "" : fmt::format(", {} GPU(s) each", gpu_ranks));
   struct Running {
     size_t run;
     pid_t pid;
@@ -110,11 +145,12 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
   auto last_report = t_start;
   auto report = [&] {
     std::string parts;
-    double flops_now = flops_done;
+    double flops_now = flops_done, longest = 0;  // the running runs' longest ETA
     for (const auto& r : running) {
       const SweepRun& run = plan.runs[r.run];
-      flops_now += run.flops * static_cast<double>(current_outcome(run).step) /
-                   static_cast<double>(run.steps);
+      const RunOutcome o = current_outcome(run);
+      flops_now += run.flops * static_cast<double>(o.step) / static_cast<double>(run.steps);
+      if (o.step > 0) longest = std::max(longest, eta_seconds(run, o));
       parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", run.name, progress_text(run));
     }
     double flops_left = 0;
@@ -123,8 +159,11 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
     flops_left -= flops_now - flops_done;
     const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     const double rate = spent > 0 ? flops_now / spent : 0;  // all jobs together
+    // At the end fewer runs than jobs are left: the sweep lasts at least as
+    // long as its slowest running run.
     spdlog::info("sweep: {} done, {} running ({}), {} left; sweep ETA {}", done, running.size(),
-                 parts, todo.size() - next, rate > 0 ? format_duration(flops_left / rate) : "?");
+                 parts, todo.size() - next,
+                 rate > 0 ? format_duration(std::max(longest, flops_left / rate)) : "?");
   };
   while (next < todo.size() || !running.empty()) {
     while (!stop && next < todo.size() && running.size() < static_cast<size_t>(jobs)) {
@@ -139,6 +178,12 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
       for (const std::string& a : {opt.attnres_bin, std::string("train"), run.config_file()})
         spec.argv.push_back(a);
       spec.env = {{"OMP_NUM_THREADS", std::to_string(std::max<int64_t>(1, per_job / ranks))}};
+      if (!gpus.empty()) {  // the slot's GPUs, one per rank
+        std::string visible;
+        for (int64_t g = 0; g < ranks; ++g)
+          visible += (g ? "," : "") + gpus[static_cast<size_t>(slot * gpu_ranks + g)];
+        spec.env.push_back({"CUDA_VISIBLE_DEVICES", visible});
+      }
       for (int c = 0; c < per_job; ++c)
         spec.cpus.push_back(cpus[static_cast<size_t>((slot * per_job + c) % static_cast<int>(cpus.size()))]);
       spec.log_file = (fs::path(run.dir) / "train.log").string();
@@ -231,8 +276,7 @@ std::string last_reason_line(const SweepRun& run) {
 std::string progress_text(const SweepRun& run) {
   const RunOutcome o = current_outcome(run);
   if (o.step <= 0) return "";
-  const double left = o.wall_sec / static_cast<double>(o.step) * static_cast<double>(run.steps - o.step);
-  return fmt::format("step {}/{} ETA {}", o.step, run.steps, format_duration(left));
+  return fmt::format("step {}/{} ETA {}", o.step, run.steps, format_duration(eta_seconds(run, o)));
 }
 
 int finish_task(const std::string& run_dir, int code) {
@@ -243,8 +287,8 @@ int finish_task(const std::string& run_dir, int code) {
   run.steps = run.config.training.steps;
   if (finish_run(run, code) == RunEnd::Failed) {
     const RunOutcome o = current_outcome(run);
-    spdlog::warn("{}: the task ended with {} at step {} of {}; its checkpoints are kept: `attnres "
-                 "sweep --slurm` again resubmits it and it resumes", run.name,
+    spdlog::warn("{}: the task ended with {} at step {} of {}; its checkpoints are kept, and "
+                 "submitting the sweep again (--slurm) resubmits it: it resumes", run.name,
                  code > 128 ? fmt::format("signal {} ({})", code - 128, strsignal(code - 128))
                             : fmt::format("exit code {}", code),
                  o.step, run.steps);
@@ -301,6 +345,12 @@ int run_sweep(const SweepPlan& plan, const SweepOptions& opt) {
       if (decide(plan.runs[i], true) == RunAction::Train) todo.push_back(i);
       else ++skipped;
     }
+    // The costliest runs first: the last ones to start are then the short
+    // ones, and the jobs end close together instead of one long run
+    // finishing alone on an otherwise idle machine. (A run's numbers do not
+    // depend on the order.)
+    std::stable_sort(todo.begin(), todo.end(),
+                     [&](size_t a, size_t b) { return plan.runs[a].flops > plan.runs[b].flops; });
     rc = train_in_processes(plan, opt, todo);
     trained = static_cast<int64_t>(todo.size());
   } else {

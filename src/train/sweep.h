@@ -26,7 +26,8 @@ struct SweepOptions {
 // runs at once, each `attnres train runs/<run>/config.json` in a process of
 // its own (through mpirun when its layout has several ranks) with its share
 // of this process's CPUs (OMP_NUM_THREADS and the CPU set: cores split
-// evenly, pinned apart) and its output in runs/<run>/train.log; a progress
+// evenly, pinned apart), on cuda a GPU per rank (CUDA_VISIBLE_DEVICES), and
+// its output in runs/<run>/train.log; the costliest runs first; a progress
 // line every 10 s. Returns the process exit code: 0, or the code of the
 // first run that failed or was stopped by a signal (128+N).
 int run_sweep(const SweepPlan& plan, const SweepOptions& opt);

@@ -133,7 +133,10 @@ std::string array_script(const SweepPlan& plan, const std::vector<size_t>& runs,
   s += "#SBATCH --signal=B:USR1@300\n";    // 5 minutes before --time: save, stop, requeue
   s += fmt::format("#SBATCH --ntasks={}\n", ranks);
   if (opt.cpus_per_rank > 0) s += fmt::format("#SBATCH --cpus-per-task={}\n", opt.cpus_per_rank);
-  if (gpus > 0) s += fmt::format("#SBATCH --gpus={}\n", gpus);
+  // One GPU per rank: --gpus-per-task keeps each rank's GPU on its node
+  // wherever Slurm places the ranks (each sees its own as device 0).
+  if (gpus > 0 && gpus == ranks) s += "#SBATCH --gpus-per-task=1\n";
+  else if (gpus > 0) s += fmt::format("#SBATCH --gpus={}\n", gpus);
   s += common_header(opt);
   s += environment(opt);
   s += "export OMP_NUM_THREADS=\"${SLURM_CPUS_PER_TASK:-1}\"\n";
@@ -249,6 +252,11 @@ int submit_sweep(const SweepPlan& plan, const SlurmOptions& opt) {
            " ranks; set the layout with --parallel.pipeline=P --parallel.data=D");
     groups[ranks].push_back(i);
   }
+  // The costliest runs first (Slurm starts an array's tasks in order): the
+  // last to start are then short ones.
+  for (auto& [ranks, runs] : groups)
+    std::stable_sort(runs.begin(), runs.end(),
+                     [&](size_t a, size_t b) { return plan.runs[a].flops > plan.runs[b].flops; });
   if (groups.empty()) {
     std::printf("nothing to submit: %lld of %zu runs complete, %lld queued or running in Slurm\n",
                 static_cast<long long>(complete), plan.runs.size(), static_cast<long long>(queued));

@@ -256,7 +256,11 @@ void Engine::choose_device() {
   if (tc_.device == Device::CUDA && cuda::device_count() == 0)
     fail("config key training.device is \"cuda\" but no CUDA device is visible",
          grid_.world().is_solo() ? "" : " to rank " + std::to_string(grid_.rank()),
-         " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them)");
+         " (driver or GPU missing, or CUDA_VISIBLE_DEVICES hides them",
+         std::getenv("CUDA_VISIBLE_DEVICES")
+             ? std::string(": CUDA_VISIBLE_DEVICES=") + std::getenv("CUDA_VISIBLE_DEVICES")
+             : std::string(),
+         ")");
   dev_ = device_choice(tc_);
   if (dev_.on_gpu && root_)
     spdlog::info("device: {} ({}, {} logits; peak {:.0f} TFLOP/s for MFU{})",

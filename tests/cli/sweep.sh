@@ -136,6 +136,22 @@ head -1 out/results.csv | grep -q wall_sec || fail "results.csv has no wall_sec 
 diff <(wallless out/results.csv | sed 1d) <(wallless out_jobs/results.csv | sed 1d) || fail "--jobs 2: results.csv differs"
 pass "--jobs 2: two processes at a time, 1 CPU each: metrics, depth stats and results identical to the sequential sweep"
 
+# --jobs on cuda: each run gets GPUs of its own (CUDA_VISIBLE_DEVICES, a GPU
+# per rank, from those the sweep sees). Devices 7 and 9 exist on no test
+# machine, so every run stops at once naming the GPU it was given.
+sed 's/"out_dir": "out"/"out_dir": "out_gpu"/' sweep.json > gpu.json
+CUDA_VISIBLE_DEVICES=7,9 "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda > /dev/null 2> log_gpu.txt || true
+grep -q "2 at a time, .*, 1 GPU(s) each" log_gpu.txt || { cat log_gpu.txt; fail "--jobs 2 on cuda: no GPU share in the plan line"; }
+# The first two runs start together, in the two slots; later runs take a
+# freed slot. Every run names one GPU of the two, and both were given.
+given=$(for r in $runs; do grep -ho "CUDA_VISIBLE_DEVICES=[0-9,]*" out_gpu/runs/$r/train.log | tail -1; done | sort | uniq -c | awk '{print $2 " x" $1}' | tr '\n' ' ')
+[[ $given =~ ^CUDA_VISIBLE_DEVICES=7\ x[0-9]\ CUDA_VISIBLE_DEVICES=9\ x[0-9]\ $ && \
+   $(grep -lo "CUDA_VISIBLE_DEVICES=[79])" out_gpu/runs/*/train.log | wc -l) -eq 4 ]] \
+  || { grep -h error out_gpu/runs/*/train.log; fail "--jobs 2 on cuda: each run should get GPU 7 or 9, both in use (got: $given)"; }
+expect_error "--jobs on cuda with no GPU visible" "sees 0 GPU(s)" \
+  env CUDA_VISIBLE_DEVICES= "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda
+pass "--jobs 2 on cuda: each run its own GPU ($given)"
+
 # --dry-run on the started sweep with a changed config: every changed run is
 # named and the dry run fails as the real run would; unchanged, it passes.
 rc=0

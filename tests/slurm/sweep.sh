@@ -9,14 +9,47 @@
 # resumes from its checkpoint; a task told its time is nearly over (SIGUSR1)
 # saves, requeues itself and resumes; the collect job's results.csv and fits.json
 # equal those of the same sweep trained here with --jobs 2.
+# ATTNRES_TEST_PART=srun (its own CTest test, needs MPI in the build): runs of
+# 2 ranks (a pipeline of 2) go through srun (PMIx) and give the metrics of the
+# same runs started by mpirun from `sweep --jobs`.
 # Skipped (exit 77, with the reason) where Slurm cannot be started: the
 # packages missing, not root, or the daemons not coming up.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../cli/lib.sh"  # cds into a temp dir
 source "$here/lib.sh"
+part="${ATTNRES_TEST_PART:-}"
+[[ -z $part || $part == srun ]] || fail "unknown ATTNRES_TEST_PART '$part' (srun, or unset)"
 trap 'stop_slurm; rm -rf "$WORK"' EXIT
 start_slurm "$WORK/slurm"
 make_corpus
+
+if [[ $part == srun ]]; then
+  cat > srun.json <<JSON
+{"out_dir": "out",
+ "base": {"model": {"vocab_size": 300, "n_heads": 4, "n_kv_heads": 2, "d_model": 32, "d_ff": 64},
+          "training": {"micro_batch_size": 2, "seq_len": 16, "grad_accum": 2},
+          "parallel": {"pipeline": 2},
+          "data": {"train": "shards/tiny_train_*.bin", "val": "shards/tiny_val_*.bin", "tokenizer": "tok.json"},
+          "checkpoint": {"every": 10}, "eval": {"batches": 2}, "run": {"log_every": 5}},
+ "sizes": [{"name": "a", "model": {"n_layers": 2}, "tokens": [1280]}],
+ "modes": [{"mode": "baseline"}, {"mode": "block", "block_size": 2}]}
+JSON
+  "$BIN" sweep srun.json --slurm 2> sub.err || { cat sub.err; fail "--slurm of 2-rank runs"; }
+  grep -q "submitted job array [0-9]*: 2 task(s) of 2 rank(s)" sub.err || { cat sub.err; fail "no array of 2-rank tasks"; }
+  grep -q "^srun --ntasks=2 " out/slurm/sweep_1.sbatch || { cat out/slurm/sweep_1.sbatch; fail "the script does not use srun"; }
+  for t in $(seq 240); do [[ -z $(squeue --noheader) ]] && break; sleep 0.5; done
+  "$BIN" sweep srun.json --status > st.txt 2>&1
+  tail -1 st.txt | grep -qx "2 done" || { cat st.txt out/slurm/*.out; tail -20 out/runs/*/train.log; fail "2-rank runs under srun not done"; }
+  grep -q "2 pipeline stages" out/runs/a_baseline_1.28k/train.log || fail "the srun task did not run 2 stages"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    "$BIN" sweep srun.json --jobs 2 --no-plots --out_dir=local > /dev/null 2> local.err || { tail -20 local.err; fail "the same runs through mpirun"; }
+  for r in a_baseline_1.28k a_block_s2_1.28k; do
+    diff <(strip_metrics out/runs/$r/metrics.jsonl) <(strip_metrics local/runs/$r/metrics.jsonl) \
+      || fail "$r: srun's metrics differ from mpirun's"
+  done
+  pass "2-rank runs (pipeline of 2) as Slurm tasks through srun: metrics equal to the same runs under mpirun"
+  exit 0
+fi
 
 # Size b is slow enough (800 steps, a checkpoint every 20) to be cancelled
 # mid-run; size a is quick.
