@@ -62,19 +62,6 @@ std::string now_iso() {
   return buf;
 }
 
-json read_submissions(const SweepPlan& plan) {
-  const std::string p = submissions_file(plan);
-  if (!fs::exists(p)) return json::array();
-  try {
-    json j = json::parse(read_text_file(p));
-    if (!j.is_array()) fail("not a JSON array");
-    return j;
-  } catch (const std::exception& e) {
-    fail(p, ": damaged record of the sweep's Slurm submissions (", e.what(),
-         "); move it away to submit again (the runs' directories are what counts)");
-  }
-}
-
 // Run name -> the Slurm task ("<array>_<i>") that trains it in the newest
 // submission that has it.
 std::map<std::string, std::string> task_of_runs(const json& submissions) {
@@ -86,6 +73,22 @@ std::map<std::string, std::string> task_of_runs(const json& submissions) {
         task[runs[i].get<std::string>()] = a.at("job").get<std::string>() + "_" + std::to_string(i);
     }
   return task;
+}
+
+// <out_dir>/slurm/submissions.json (an empty array when there is none), and
+// from it task_of_runs.
+json read_submissions(const SweepPlan& plan, std::map<std::string, std::string>& task) {
+  const std::string p = submissions_file(plan);
+  if (!fs::exists(p)) return json::array();
+  try {
+    json j = json::parse(read_text_file(p));
+    if (!j.is_array()) fail("not a JSON array");
+    task = task_of_runs(j);
+    return j;
+  } catch (const std::exception& e) {
+    fail(p, ": damaged record of the sweep's Slurm submissions (", e.what(),
+         "); move it away to submit again (the runs' directories are what counts)");
+  }
 }
 
 // `sbatch --parsable [args] SCRIPT`: the job id.
@@ -211,7 +214,8 @@ int submit_sweep(const SweepPlan& plan, const SlurmOptions& opt) {
     for (const auto& c : changed) msg += c + "\n";
     fail(msg, changed.size(), " started run(s) would be refused: nothing submitted");
   }
-  const json submissions = read_submissions(plan);
+  std::map<std::string, std::string> task;
+  const json submissions = read_submissions(plan, task);
   std::map<std::string, std::string> queue;
   if (!submissions.empty()) {
     if (opt.dry_run) {
@@ -224,7 +228,6 @@ int submit_sweep(const SweepPlan& plan, const SlurmOptions& opt) {
       queue = slurm_queue();
     }
   }
-  const auto task = task_of_runs(submissions);
   auto active = [&](const SweepRun& r) -> std::string {
     auto t = task.find(r.name);
     return t != task.end() && queue.count(t->second) ? t->second : "";
@@ -314,7 +317,8 @@ int submit_sweep(const SweepPlan& plan, const SlurmOptions& opt) {
 }
 
 std::vector<RunState> sweep_states(const SweepPlan& plan, std::string& queue_note) {
-  const json submissions = read_submissions(plan);
+  std::map<std::string, std::string> task;
+  const json submissions = read_submissions(plan, task);
   std::map<std::string, std::string> queue;
   bool queried = false;
   if (submissions.empty()) {
@@ -328,7 +332,6 @@ std::vector<RunState> sweep_states(const SweepPlan& plan, std::string& queue_not
       queue_note = std::string("Slurm's queue not read: ") + e.what();
     }
   }
-  const auto task = task_of_runs(submissions);
   std::vector<RunState> states;
   for (const SweepRun& run : plan.runs) {
     RunState st;

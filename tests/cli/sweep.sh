@@ -119,6 +119,18 @@ grep -q "model:" log2.txt && fail "the second invocation trained something"
 diff results_1.csv out/results.csv || fail "results.csv changed"
 pass "second invocation: 4 runs skipped, results.csv unchanged"
 
+# --status of a local sweep: every run done, with its losses; a damaged record
+# of Slurm submissions is an error naming the file.
+"$BIN" sweep sweep.json --status > status.txt 2>&1 || { cat status.txt; fail "--status"; }
+grep -q "(not submitted to Slurm)" status.txt && tail -1 status.txt | grep -qx "4 done" \
+  && [[ $(grep -cE "^ +[^ ]+ +done +step [0-9]+, train loss [0-9.]+, val loss [0-9.]+$" status.txt) -eq 4 ]] \
+  || { cat status.txt; fail "--status of the complete local sweep"; }
+mkdir -p out/slurm && echo '[{"arrays": 3}]' > out/slurm/submissions.json
+expect_error "--status with a damaged submissions.json" "out/slurm/submissions.json: damaged record" \
+  "$BIN" sweep sweep.json --status
+rm -r out/slurm
+pass "--status: 4 runs done (not submitted to Slurm)"
+
 # --jobs 2: two runs at a time, each `attnres train` in a process of its own
 # with 1 of the 2 CPUs; the same numbers as the sequential sweep, bit for bit
 # (a run's numbers depend neither on its neighbours nor on its thread count).
