@@ -32,7 +32,9 @@ const char* kSweepUsage =
     "  --jobs N     up to N runs at once, the costliest first, each `attnres train\n"
     "               runs/<run>/config.json` in a process of its own with 1/N of the CPUs\n"
     "               (pinned apart) and, on cuda, a GPU per rank (CUDA_VISIBLE_DEVICES);\n"
-    "               mpirun for runs with several ranks; its log in runs/<run>/train.log\n"
+    "               mpirun for runs with several ranks; its log in runs/<run>/train.log.\n"
+    "               Default: a run per CPU when every run is a small (<= 50M parameters)\n"
+    "               single-process CPU run, else 1 (one run at a time, in this process)\n"
     "  --slurm      submit the unfinished runs not already queued as one Slurm job array\n"
     "               (a task per run: `attnres train` with resume = auto, through srun\n"
     "               for several ranks) and a job that collects the results after it\n"
@@ -88,7 +90,7 @@ int cmd_sweep(const Args& args) {
     return train::finish_task(args[1], int_flag("--finish", args[2], 0));
   }
   bool dry_run = false, report = false, plots = true, slurm = false, status = false;
-  int jobs = 1;
+  int jobs = 0;  // the default: train::SweepOptions::jobs
   train::SlurmOptions sl;
   std::vector<std::string> overrides;
   for (size_t i = 1; i < args.size(); ++i) {
@@ -118,9 +120,9 @@ int cmd_sweep(const Args& args) {
                            sl.gpus_per_run >= 0 || sl.ranks_per_run > 0 || sl.cpus_per_rank > 0 ||
                            sl.max_running > 0 || !sl.sbatch_options.empty();
   if (slurm_flags && !slurm) fail("sweep: the Slurm options need --slurm (see attnres sweep --help)");
-  if (slurm && (report || jobs > 1 || status))
+  if (slurm && (report || jobs > 0 || status))
     fail("sweep: --slurm excludes --report, --jobs and --status");
-  if (status && (dry_run || report || jobs > 1)) fail("sweep: --status excludes the other modes");
+  if (status && (dry_run || report || jobs > 0)) fail("sweep: --status excludes the other modes");
   if (dry_run && report) fail("sweep: --dry-run and --report exclude each other");
 
   const train::SweepPlan plan = train::load_sweep(args[0], overrides);

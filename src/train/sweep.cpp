@@ -107,12 +107,23 @@ std::vector<std::string> own_gpus() {
   return out;
 }
 
+// Without --jobs: for a sweep of small single-process CPU models, a run per
+// CPU (1 thread each), which on 2 cores trained cpu_small.json faster than
+// one run at a time on both cores (docs/sweeps.md); otherwise 1.
+int default_jobs(const SweepPlan& plan) {
+  for (const auto& r : plan.runs)
+    if (r.config.training.device != Device::CPU || r.params_total > kSmallModelParams ||
+        r.config.parallel.pipeline * r.config.parallel.data > 1)
+      return 1;
+  return static_cast<int>(own_cpus().size());
+}
+
 // --jobs N: the runs to train, up to N at once, each its own process.
-int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
+int train_in_processes(const SweepPlan& plan, int max_jobs, const std::string& attnres_bin,
                        const std::vector<size_t>& todo) {
   const SignalGate gate;
   const std::vector<int> cpus = own_cpus();
-  int jobs = std::max(1, std::min<int>(opt.jobs, static_cast<int>(todo.size())));
+  int jobs = std::max(1, std::min<int>(max_jobs, static_cast<int>(todo.size())));
   // Runs on GPUs: each job gets GPUs of its own, as many as its runs' ranks.
   int64_t gpu_ranks = 0;
   for (size_t i : todo)
@@ -175,7 +186,7 @@ int train_in_processes(const SweepPlan& plan, const SweepOptions& opt,
       ChildSpec spec;
       const int64_t ranks = run.config.parallel.pipeline * run.config.parallel.data;
       if (ranks > 1) spec.argv = {"mpirun", "-np", std::to_string(ranks)};
-      for (const std::string& a : {opt.attnres_bin, std::string("train"), run.config_file()})
+      for (const std::string& a : {attnres_bin, std::string("train"), run.config_file()})
         spec.argv.push_back(a);
       spec.env = {{"OMP_NUM_THREADS", std::to_string(std::max<int64_t>(1, per_job / ranks))}};
       if (!gpus.empty()) {  // the slot's GPUs, one per rank
@@ -337,7 +348,11 @@ int run_sweep(const SweepPlan& plan, const SweepOptions& opt) {
 
   int rc = 0;
   int64_t trained = 0, skipped = 0, paused = 0;
-  if (opt.jobs > 1 && opt.train) {
+  const int jobs = opt.jobs > 0 ? opt.jobs : mpi ? 1 : default_jobs(plan);
+  if (opt.jobs == 0 && jobs > 1 && opt.train)
+    spdlog::info("sweep: small CPU models: {} runs at once, one per core (faster than the cores' "
+                 "threads on one run at a time; --jobs 1 for that)", jobs);
+  if (jobs > 1 && opt.train) {
     if (mpi) fail("sweep --jobs runs each run as a process of its own (through mpirun when its "
                   "layout has several ranks): start the sweep itself without mpirun");
     std::vector<size_t> todo;
@@ -351,7 +366,7 @@ int run_sweep(const SweepPlan& plan, const SweepOptions& opt) {
     // depend on the order.)
     std::stable_sort(todo.begin(), todo.end(),
                      [&](size_t a, size_t b) { return plan.runs[a].flops > plan.runs[b].flops; });
-    rc = train_in_processes(plan, opt, todo);
+    rc = train_in_processes(plan, jobs, opt.attnres_bin, todo);
     trained = static_cast<int64_t>(todo.size());
   } else {
     for (size_t i = 0; i < plan.runs.size(); ++i) {

@@ -14,11 +14,16 @@
 
 namespace attnres::train {
 
+// "Small" for the default of --jobs: up to this many parameters a run.
+constexpr int64_t kSmallModelParams = 50'000'000;
+
 struct SweepOptions {
   bool train = true;        // false: only collect results, fits and plots (--report)
   bool plots = true;        // run plot_script at the end
   std::string attnres_bin;  // this binary: the plot script's `inspect attention` calls, --jobs
-  int jobs = 1;             // runs at once (each its own process); 1: in this process
+  int jobs = 0;             // runs at once (each its own process); 1: in this process;
+                            // 0: a run per CPU when every run is a single-process CPU run of
+                            // at most kSmallModelParams parameters (not under mpirun), else 1
 };
 // Trains every run not yet complete, then writes results.csv, fits.json and
 // the plots. jobs = 1: in this process, one after another (under mpirun every

@@ -42,7 +42,7 @@ runs="a_baseline_384 a_block_s2_384 b_baseline_768 b_block_s2_768"
 
 # run_sweep [flags...]: sweep.json into out/, every run trained, results, fits.
 run_sweep() {
-  "$BIN" sweep sweep.json "$@" > table.txt 2>log.txt || { tail -30 log.txt; fail "sweep $*"; }
+  "$BIN" sweep sweep.json --jobs 1 "$@" > table.txt 2>log.txt || { tail -30 log.txt; fail "sweep $*"; }
   [[ $(wc -l < out/results.csv) -eq 5 ]] || { cat out/results.csv; fail "results.csv: header + 4 rows"; }
   [[ $(grep -c ",done$" out/results.csv) -eq 4 ]] || { cat out/results.csv; fail "results.csv: 4 done"; }
   for r in $runs; do
@@ -113,7 +113,7 @@ pass "sweep: 4 runs done, results.csv, fits.json, fit table"
 
 # A second invocation skips every completed run and rewrites the same results.
 cp out/results.csv results_1.csv
-"$BIN" sweep sweep.json --no-plots > /dev/null 2>log2.txt || { cat log2.txt; fail "second sweep"; }
+"$BIN" sweep sweep.json --jobs 1 --no-plots > /dev/null 2>log2.txt || { cat log2.txt; fail "second sweep"; }
 [[ $(grep -c "complete, skipped" log2.txt) -eq 4 ]] || { cat log2.txt; fail "expected 4 skipped runs"; }
 grep -q "model:" log2.txt && fail "the second invocation trained something"
 diff results_1.csv out/results.csv || fail "results.csv changed"
@@ -147,6 +147,16 @@ wallless() { cut -d, -f1-$(($(head -1 "$1" | tr ',' '\n' | grep -n '^wall_sec$' 
 head -1 out/results.csv | grep -q wall_sec || fail "results.csv has no wall_sec column"
 diff <(wallless out/results.csv | sed 1d) <(wallless out_jobs/results.csv | sed 1d) || fail "--jobs 2: results.csv differs"
 pass "--jobs 2: two processes at a time, 1 CPU each: metrics, depth stats and results identical to the sequential sweep"
+
+# Without --jobs, a sweep of small CPU models trains a run per CPU.
+cpus=$(nproc)
+sed 's/"out_dir": "out"/"out_dir": "out_auto"/' sweep.json > auto.json
+"$BIN" sweep auto.json --no-plots > /dev/null 2>log_auto.txt || { tail -30 log_auto.txt; fail "sweep without --jobs"; }
+if ((cpus > 1)); then
+  grep -q "small CPU models: $cpus runs at once" log_auto.txt || { cat log_auto.txt; fail "no --jobs: not a run per CPU"; }
+fi
+diff <(wallless out/results.csv | sed 1d) <(wallless out_auto/results.csv | sed 1d) || fail "no --jobs: results.csv differs"
+pass "no --jobs, $cpus CPU(s): $(grep -o "small CPU models: [0-9]* runs at once" log_auto.txt || echo "one run at a time"), the same results"
 
 # --jobs on cuda: each run gets GPUs of its own (CUDA_VISIBLE_DEVICES, a GPU
 # per rank, from those the sweep sees). Devices 7 and 9 exist on no test
@@ -193,7 +203,7 @@ pass "a changed sweep is refused before any run trains (3 changed runs named, ex
 # same command resumes that run from its checkpoint.
 sed -e 's/"out_dir": "out"/"out_dir": "long"/' -e 's/"tokens": \[768\]/"tokens": [96000]/' \
   -e 's/{"mode": "baseline"}, //' sweep.json > long.json
-"$BIN" sweep long.json --no-plots --checkpoint.every=0 > /dev/null 2>log_sig.txt &
+"$BIN" sweep long.json --jobs 1 --no-plots --checkpoint.every=0 > /dev/null 2>log_sig.txt &
 pid=$!
 # Wait for the long run's training loop (its first progress line).
 for _ in $(seq 1 600); do grep -q "/3000 |" log_sig.txt 2>/dev/null && break; sleep 0.1; done
@@ -203,7 +213,7 @@ rc=0; wait $pid || rc=$?
 ls long/runs/b_block_s2_96k/ckpt/step_* > /dev/null 2>&1 || fail "no checkpoint after SIGTERM"
 [[ ! -e long/runs/b_block_s2_96k/result.json ]] || fail "an interrupted run was marked complete"
 stopped=$(ls long/runs/b_block_s2_96k/ckpt | tail -1)
-"$BIN" sweep long.json --no-plots > /dev/null 2>log_res.txt || { tail -5 log_res.txt; fail "resume"; }
+"$BIN" sweep long.json --jobs 1 --no-plots > /dev/null 2>log_res.txt || { tail -5 log_res.txt; fail "resume"; }
 grep -q "a_block_s2_384: complete, skipped" log_res.txt || fail "completed run not skipped"
 grep -q "resumed from long/runs/b_block_s2_96k/ckpt/$stopped" log_res.txt \
   || { grep resumed log_res.txt; fail "the interrupted run did not resume from $stopped"; }
