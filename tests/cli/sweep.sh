@@ -149,7 +149,7 @@ diff <(wallless out/results.csv | sed 1d) <(wallless out_jobs/results.csv | sed 
 pass "--jobs 2: two processes at a time, 1 CPU each: metrics, depth stats and results identical to the sequential sweep"
 
 # Without --jobs, a sweep of small CPU models trains a run per CPU.
-cpus=$(nproc)
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # the CPUs it may use (nproc heeds OMP_NUM_THREADS)
 sed 's/"out_dir": "out"/"out_dir": "out_auto"/' sweep.json > auto.json
 "$BIN" sweep auto.json --no-plots > /dev/null 2>log_auto.txt || { tail -30 log_auto.txt; fail "sweep without --jobs"; }
 if ((cpus > 1)); then

@@ -34,7 +34,7 @@ start_slurm() {
     --seed-file="$SLURM_DIR/munge.seed" \
     || { tail -5 "$SLURM_DIR/munged.log" 2>/dev/null; echo "skipped: Slurm cannot be started here: munged failed"; exit 77; }
   host=$(hostname -s)
-  cpus=$(nproc)
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc heeds OMP_NUM_THREADS
   # Ports of our own, away from a system Slurm's 6817/6818 and from each other.
   port=$((20000 + ($$ % 20000) * 2))
   cat > "$SLURM_DIR/slurm.conf" <<CONF

@@ -51,7 +51,7 @@ JSON
   exit 0
 fi
 
-# Size b is slow enough (800 steps, a checkpoint every 20) to be cancelled
+# Size b is slow enough (10000 steps, about 25 s; a checkpoint every 200) to be cancelled
 # mid-run; size a is quick.
 sweep_json() {
 cat <<JSON
@@ -62,11 +62,11 @@ cat <<JSON
           "training": {"micro_batch_size": 2, "seq_len": 16},
           "data": {"train": "shards/tiny_train_*.bin", "val": "shards/tiny_val_*.bin",
                    "shuffle": true, "tokenizer": "tok.json"},
-          "checkpoint": {"every": 20, "keep_last": 1},
+          "checkpoint": {"every": 200, "keep_last": 1},
           "eval": {"batches": 2},
           "run": {"log_every": 10, "depth_stats_every": 0}},
  "sizes": [{"name": "a", "model": {"d_model": 32, "n_layers": 2, "d_ff": 64}, "tokens": [1280]},
-           {"name": "b", "model": {"d_model": 48, "n_layers": 3, "d_ff": 96}, "tokens": [25600]}],
+           {"name": "b", "model": {"d_model": 64, "n_layers": 4, "d_ff": 128}, "tokens": [320000]}],
  "modes": [{"mode": "baseline"}, {"mode": "block", "block_size": 2}],
  "seeds": [1, 2],
  "warmup_fraction": 0.1}
@@ -76,8 +76,6 @@ sweep_json out > sweep.json
 sweep_json local > local.json
 
 status() { "$BIN" sweep sweep.json --status 2>&1; }
-# state RUN: the run's state in --status's table.
-state() { status | awk -v r="$1" '$1 == r { s = $2; if ($3 == "started") s = s " " $3; print s }'; }
 show_logs() {
   status || true
   for f in out/slurm/*.out "$SLURM_DIR"/slurmctld.log; do [[ -f $f ]] && { echo "== $f"; tail -15 "$f"; }; done
@@ -106,7 +104,7 @@ pass "--status before submission: 8 runs not started"
   || { cat dry.err; fail "--slurm --dry-run"; }
 for want in "#SBATCH --array=0-7" "#SBATCH --export=NONE" "#SBATCH --requeue" "#SBATCH --time=10:00" \
             "#SBATCH --comment=attnres-test" "train \"\$dir/config.json\"" "sweep --finish" \
-            "--report" "'b_block_s2_25.6k_s2'"; do
+            "--report" "'b_block_s2_320k_s2'"; do
   grep -qF -- "$want" dry.txt || { cat dry.txt; fail "--dry-run scripts lack '$want'"; }
 done
 [[ ! -e out ]] || fail "--dry-run wrote $(find out | head -3)"
@@ -124,44 +122,35 @@ grep -qE "^ +[^ ]+ +not started" st1.txt && { cat st1.txt; fail "--status after 
 pass "submitted array $array; --status: $(tail -1 st1.txt)"
 
 # --- Cancel a size-b task once it has a checkpoint, mid-run.
-victim=""
-find_victim() {
-  local r
-  for r in b_baseline_25.6k_s1 b_block_s2_25.6k_s1 b_baseline_25.6k_s2 b_block_s2_25.6k_s2; do
-    if [[ $(state $r) == running ]] && compgen -G "out/runs/$r/ckpt/step_*" >/dev/null; then
-      victim=$r; return 0
-    fi
-  done
-  return 1
+# running_b_run [EXCEPT]: sets victim and task to a size-b run that is running
+# with a checkpoint (not EXCEPT) and its Slurm task, from one --status.
+victim="" task=""
+running_b_run() {
+  local line
+  line=$(status | awk -v x="${1:-}" '$1 ~ /^b_/ && $1 != x && $2 == "running" && / job [0-9]+_[0-9]+/' | head -1)
+  [[ -n $line ]] || return 1
+  victim=$(awk '{print $1}' <<< "$line")
+  task=$(grep -o "job [0-9]*_[0-9]*" <<< "$line" | cut -d' ' -f2)
+  compgen -G "out/runs/$victim/ckpt/step_*" >/dev/null
 }
-wait_for 300 "a size-b run running with a checkpoint" find_victim
-task=$(status | awk -v r="$victim" '$1 == r' | grep -o "job [0-9_]*" | cut -d' ' -f2)
+wait_for 300 "a size-b run running with a checkpoint" running_b_run
 scancel "$task"
 echo "cancelled $victim (task $task) at $(status | awk -v r="$victim" '$1 == r')"
 not_in_queue() { [[ -z $(squeue --noheader --array --jobs="$task" 2>/dev/null | grep -v " CG ") ]]; }
 wait_for 60 "task $task leaving the queue" not_in_queue
 wait_for 30 "$victim reported failed" bash -c "[[ \$('$BIN' sweep sweep.json --status 2>&1 | awk -v r='$victim' '\$1 == r {print \$2}') == failed ]]"
 status > st2.txt
-grep -E "^ +$victim +failed +step [0-9]+/800: .*the task ended with signal 15" st2.txt \
+grep -E "^ +$victim +failed +step [0-9]+/10000: .*the task ended with signal 15" st2.txt \
   || { cat st2.txt; show_logs; fail "--status: the cancelled run is not failed with the reason"; }
 pass "--status after scancel: $(grep -E "^ +$victim" st2.txt | sed 's/  */ /g')"
 
-# --- The time limit near (Slurm's --signal=B:USR1@300, sent here by hand): a
-# task saves, stops and requeues itself; the requeued task resumes.
-victim2=""
-find_victim2() {
-  local r
-  for r in b_baseline_25.6k_s1 b_block_s2_25.6k_s1 b_baseline_25.6k_s2 b_block_s2_25.6k_s2; do
-    [[ $r == "$victim" ]] && continue
-    if [[ $(state $r) == running ]] && compgen -G "out/runs/$r/ckpt/step_*" >/dev/null; then
-      victim2=$r; return 0
-    fi
-  done
-  return 1
-}
-wait_for 300 "a second size-b run running with a checkpoint" find_victim2
-task2=$(status | awk -v r="$victim2" '$1 == r' | grep -o "job [0-9_]*" | cut -d' ' -f2)
-scancel --batch --signal=USR1 "$task2"
+# --- Another size-b run is told its time limit is near (Slurm's
+# --signal=B:USR1@300, sent here by hand): it saves, stops and requeues itself,
+# and the requeued task resumes.
+first=$victim first_task=$task
+wait_for 60 "a second size-b run running with a checkpoint" running_b_run "$first"
+victim2=$victim task2=$task victim=$first task=$first_task
+scancel --batch --signal=USR1 "$task2" || { show_logs; fail "scancel --signal=USR1 $task2"; }
 requeued() { grep -q "time limit near, checkpoint saved; requeued" "out/runs/$victim2/train.log"; }
 wait_for 60 "$victim2 requeued after SIGUSR1" requeued
 pass "SIGUSR1 to task $task2: $victim2 $(grep -o "the task ended with .* of [0-9]*" "out/runs/$victim2/train.log"), requeued"
