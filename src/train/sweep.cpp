@@ -348,7 +348,8 @@ int run_sweep(const SweepPlan& plan, const SweepOptions& opt) {
 
   int rc = 0;
   int64_t trained = 0, skipped = 0, paused = 0;
-  const int jobs = opt.jobs > 0 ? opt.jobs : mpi ? 1 : default_jobs(plan);
+  // (Processes need this binary's path: without it, one run at a time here.)
+  const int jobs = opt.jobs > 0 ? opt.jobs : mpi || opt.attnres_bin.empty() ? 1 : default_jobs(plan);
   if (opt.jobs == 0 && jobs > 1 && opt.train)
     spdlog::info("sweep: small CPU models: {} runs at once, one per core (faster than the cores' "
                  "threads on one run at a time; --jobs 1 for that)", jobs);

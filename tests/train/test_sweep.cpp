@@ -81,6 +81,7 @@ std::vector<RunOutcome> outcomes_of(const SweepPlan& plan) {
 SweepOptions no_plots() {
   SweepOptions o;
   o.plots = false;
+  o.jobs = 1;  // in this process (a test binary cannot start `attnres train`)
   return o;
 }
 
