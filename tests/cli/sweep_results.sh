@@ -49,7 +49,7 @@ PY
 }
 # The machine: its CPU's name and AVX-512, what -march=native means to g++
 # (the build's flag), and the BLAS kernels a run reports.
-here_cpu="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') ($(grep -qw avx512f /proc/cpuinfo && echo avx512f || echo no avx512f), -march=native = $(g++ -march=native -Q --help=target 2>/dev/null | awk '$1 == "-march=" {print $2; exit}'))"
+here_cpu="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') ($(grep -qw avx512f /proc/cpuinfo && echo avx512f || echo no avx512f), -march=native = $(g++ -march=native -Q --help=target 2>/dev/null | awk '$1 == "-march=" && m == "" {m = $2} END {print m}'))"
 here_blas=$(grep -m1 -o "BLAS: [^;]*" out/runs/s_block_s2_500k_s1/train.log | sed -e 's/, called.*//' -e 's/^BLAS: //')
 made_cpu=$(sed -n 's/^cpu: //p' "$machine_file")
 made_blas=$(sed -n 's/^blas: //p' "$machine_file")
