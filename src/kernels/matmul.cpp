@@ -51,19 +51,25 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* r
 }
 
 void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     Store dx_store) {
+                     Store dx_store, const Tensor* dx_residual) {
   const char* op = "matmul_backward";
   int64_t M, N, K;
   matmul_dims(op, x, w, M, N, K);
   check_arg(op, "dy", dy, x, {M, N});
   if (dx) check_arg(op, "dx", *dx, x, {M, K});
   if (dw) check_arg(op, "dw", *dw, x.device(), grad_dtype(x.dtype()), {N, K});
-  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w, dx_store));
+  if (dx_residual) {
+    if (!dx || dx_store != Store::Set || dx_residual->raw() == dx->raw())
+      fail(op, ": dx_residual needs dx, Store::Set and a tensor other than dx");
+    check_arg(op, "dx_residual", *dx_residual, x, {M, K});
+  }
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w, dx_store, dx_residual));
+  if (dx_residual) dx->copy_from(*dx_residual);
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() : nullptr,
                             dy.data<T>(), x.data<T>(), w.data<T>(), M, N, K,
-                            dx_store == Store::Add);
+                            dx_store == Store::Add || dx_residual);
   });
 }
 

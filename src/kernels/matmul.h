@@ -13,8 +13,12 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w,
                     const Tensor* residual = nullptr);
 
 // dx [M, K] += dy W (dx_store Set: dx = dy W); dw [N, K] += dy^T x. Either
-// gradient may be nullptr.
+// gradient may be nullptr. dx_residual (with Store::Set, a tensor other than
+// dx): dx = dy W + dx_residual. On the GPU the GEMM's epilogue reads it (one
+// rounding; a bf16 dx accumulated in place costs a pass more, see
+// kernels/cuda/gemm.cu); on the CPU it is copied into dx and the product
+// added onto it, the bits of Store::Add.
 void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     Store dx_store = Store::Add);
+                     Store dx_store = Store::Add, const Tensor* dx_residual = nullptr);
 
 }  // namespace attnres::kernels

@@ -155,10 +155,13 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
                         kern::Store::Set);
   kern::rope_backward(dq, B, T, H, hd, theta);
   kern::rope_backward(dk, B, T, Hkv, hd, theta);
-  Tensor du = new_act(N, cfg_.d_model);
+  // du = dq Wq + dk Wk + dv Wv, each sum written into the other buffer: a
+  // bf16 GEMM accumulating in place rounds twice, or costs a copy
+  // (kernels/cuda/gemm.cu); on the CPU the bits are those of accumulating.
+  Tensor du = new_act(N, cfg_.d_model), part = new_act(N, cfg_.d_model);
   kern::matmul_backward(&du, &wq.grad, dq, a.u, wq.value, kern::Store::Set);
-  kern::matmul_backward(&du, &wk.grad, dk, a.u, wk.value);
-  kern::matmul_backward(&du, &wv.grad, dv, a.u, wv.value);
+  kern::matmul_backward(&part, &wk.grad, dk, a.u, wk.value, kern::Store::Set, &du);
+  kern::matmul_backward(&du, &wv.grad, dv, a.u, wv.value, kern::Store::Set, &part);
   return du;
 }
 

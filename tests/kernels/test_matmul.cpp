@@ -100,6 +100,40 @@ TEST_CASE("matmul backward accumulates, and float32 agrees with float64", "[kern
   REQUIRE(scaled_diff(dw32, dw1) < 1e-6);
 }
 
+TEST_CASE("matmul backward with a dx residual gives the bits of accumulating", "[kernels]") {
+  const int64_t M = 6, N = 9, K = 10;
+  for (DType dt : {DType::F64, DType::F32}) {
+    Tensor x = randn({M, K}, 30).to(dt), w = randn({N, K}, 31).to(dt), dy = randn({M, N}, 32).to(dt);
+    Tensor r = randn({M, K}, 33).to(dt);
+    // dx = dy W + r into another buffer (NaN first: it must be overwritten) ...
+    Tensor dx = Tensor::empty({M, K}, dt);
+    for (int64_t i = 0; i < dx.numel(); ++i) set(dx, i, NAN);
+    kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, &r);
+    // ... equals accumulating onto a copy of r, bit for bit, and r is untouched.
+    Tensor acc = r.clone();
+    kern::matmul_backward(&acc, nullptr, dy, x, w);
+    REQUIRE(same_bits(dx, acc));
+    REQUIRE(same_bits(r, randn({M, K}, 33).to(dt)));
+    // And it is the sum, against float64 with each element's own terms.
+    Tensor dx_ref = Tensor::zeros({M, K}, DType::F64), terms = Tensor::zeros({M, K}, DType::F64);
+    kern::matmul_backward(&dx_ref, nullptr, dy.to(DType::F64), x.to(DType::F64), w.to(DType::F64));
+    kern::matmul_backward(&terms, nullptr, abs_of(dy.to(DType::F64)), abs_of(x.to(DType::F64)),
+                          abs_of(w.to(DType::F64)));
+    const double eps = dt == DType::F64 ? 1e-14 : 1e-6;
+    for (int64_t i = 0; i < dx.numel(); ++i)
+      REQUIRE(at(dx, i) == approx_terms(at(r, i) + at(dx_ref, i), eps, std::fabs(at(r, i)) + at(terms, i)));
+  }
+  // Only with Store::Set, a dx, and a residual other than dx.
+  Tensor x = randn({M, K}, 34), w = randn({N, K}, 35), dy = randn({M, N}, 36), dx = randn({M, K}, 37);
+  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Add, &x),
+                      Catch::Contains("dx_residual needs dx, Store::Set and a tensor other than dx"));
+  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, &dx),
+                      Catch::Contains("dx_residual needs"));
+  Tensor r_bad = randn({K, M}, 38);
+  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, &r_bad),
+                      Catch::Contains("dx_residual has shape [10, 6], expected [6, 10]"));
+}
+
 TEST_CASE("matmul handles empty dims", "[kernels]") {
   Tensor x = randn({3, 0}, 10), w = randn({4, 0}, 11);
   Tensor y = randn({3, 4}, 12);

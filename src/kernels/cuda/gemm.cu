@@ -18,12 +18,17 @@
 // the reduction or reduce the parts in fp32 in the workspace. The remaining
 // scheme ("in place") adds the parts in the *output* dtype, which for a bf16
 // output would round every partial sum to bf16.
-// A bf16 C accumulated in place (C_in == C) gets no split at all: on an H200
-// (2026-11-26, docs/measurements/2026-11-26-h200-3/matmul.log) such a GEMM at
-// m = 64, n = 96, k = 128 rounded the product to bf16 before adding C (values
-// off by up to 2^-8 of the product), while the same sum into another buffer
-// did not. A split reduction that reads C after writing D is the suspect;
-// this restriction is the fix to that suspicion, not yet run on a GPU.
+// A bf16 C accumulated in place (C_in == C) never reaches cuBLASLt in place:
+// such a GEMM rounded the product to bf16 before adding C (results off by up
+// to 2^-8 of the product, so a sum that cancels could be off by 20%), on an
+// H200 (docs/measurements/2026-11-26-h200-3/matmul.log) and again on an H100
+// with a plan that splits nothing (algo 66, split-k 1, reduction scheme 0:
+// docs/measurements/2026-11-26-h100-4/gpu_tests_matmul.log), while the same
+// plan into another buffer rounded once. So gemm() writes such a sum into a
+// temporary buffer (C_in read by the epilogue, one rounding) and copies it
+// back: one extra pass over C. The model avoids the case (its one bf16
+// accumulation, the q/k/v projections' du, alternates two buffers instead:
+// model/model.cpp); an fp32 C in place (dw) is exact enough and runs in place.
 // ATTNRES_GEMM_LOG=1 prints each plan's algorithm (id, tile, stages, split,
 // reduction scheme) once, to see which one a shape gets.
 #include "kernels/cuda/gemm.cuh"
@@ -184,9 +189,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& key) {
   const uint64_t ws = kWorkspaceBytes;
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  const uint32_t schemes = key.in_place && key.c == DType::BF16
-                               ? CUBLASLT_REDUCTION_SCHEME_NONE
-                               : CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   ATTNRES_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
   // cuBLASLt's A/B are our B/A; D is our C, C our C_in.
@@ -288,6 +291,17 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, DType ab_
   }
   ATTNRES_CHECK(lda >= (trans_a ? m : k), "gemm: lda ", lda, " too small");
   ATTNRES_CHECK(ldb >= (trans_b ? k : n), "gemm: ldb ", ldb, " too small");
+  if (c_in == c && beta == 1.0f && c_type == DType::BF16) {
+    // In place in bf16: through a temporary of C's layout (one plan layout
+    // serves C_in and C), then back (see the top of this file).
+    Tensor tmp = Tensor::empty({m, ldc}, c_type, Device::CUDA);
+    gemm(trans_a, trans_b, m, n, k, ab_type, a, lda, b, ldb, beta, c_type, tmp.raw(), ldc, c_in);
+    const size_t es = dtype_size(c_type), pitch = static_cast<size_t>(ldc) * es;
+    ATTNRES_CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, tmp.raw(), pitch, static_cast<size_t>(n) * es,
+                                         static_cast<size_t>(m), cudaMemcpyDeviceToDevice,
+                                         stream()));
+    return;
+  }
   const Key key{m,         n,           k,        lda,   ldb,  ldc,
                 trans_a,   trans_b,     beta == 0.0f,   beta == 1.0f && c_in == c, ab_type, c_type,
                 alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(c_in)};
