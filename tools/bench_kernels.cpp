@@ -9,6 +9,7 @@
 
 #include "core/device.h"
 #include "core/rng.h"
+#include "core/scoped_env.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/common.h"
@@ -192,9 +193,14 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     add("mix phase-1 fwd" + tag,
         [&] { kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs); }, reps,
         e * double(kb + Q) * N * d, 4.0 * kb * Q * N * d);
-    add("mix phase-1 bwd" + tag,
-        [&] { kern::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); }, reps,
-        e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
+    // The default kernel (the rows kernel where it applies), then the warp
+    // kernel (ATTNRES_MIX_BWD, kernels/cuda/mix.cu).
+    for (const std::string kernel : {"rows", "warp"}) {
+      ScopedEnv env("ATTNRES_MIX_BWD", kernel.c_str());
+      add("mix phase-1 bwd" + tag + (kernel == "warp" ? " warp" : ""),
+          [&] { kern::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); }, reps,
+          e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
+    }
     return r;
   };
   // `count` random source rows [N, d] with their rstds, and zeroed gradients.

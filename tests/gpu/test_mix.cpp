@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/scoped_env.h"
 #include "gpu_testing.h"
 #include "kernels/mix.h"
 
@@ -433,6 +434,26 @@ TEST_CASE("cuda mix with Q queries (phase 1) matches the CPU", "[gpu][mix]") {
   for (const C& c : {C{300, 768, 4, 3}, C{37, 36, 2, 17}, C{5, 2048, 3, 2}, C{16384, 768, 8, 3},
                      C{4096, 768, 43, 7}, C{5, 2048, 30, 6}})
     for (DType dt : {DType::F32, DType::BF16}) check_group(c.N, c.d, c.kk, c.Q, dt, seed += 1000);
+}
+
+TEST_CASE("cuda mix backward: both phase-1 kernels match the CPU", "[gpu][mix]") {
+  // bf16 with d % 8 == 0 and d <= 2048 takes the rows kernel (a block per
+  // row) by default, the warp kernel with ATTNRES_MIX_BWD=warp; fp32 and the
+  // other shapes always the warp kernel. Q = 11 spans two rows-kernel
+  // launches (of at most 8 queries); k = 43, 64 as Full AttnRes's late groups.
+  struct C { int64_t N, d, kk, Q; };
+  for (const char* kernel : {"rows", "warp"}) {
+    ScopedEnv env("ATTNRES_MIX_BWD", kernel);
+    INFO("ATTNRES_MIX_BWD=" << kernel);
+    uint64_t seed = 75000;
+    for (const C& c : {C{300, 768, 4, 3}, C{37, 64, 2, 11}, C{5, 2048, 3, 2}, C{999, 1024, 8, 6},
+                       C{4096, 768, 43, 7}, C{40, 1024, 64, 8}, C{17, 1000, 5, 1}})
+      check_group(c.N, c.d, c.kk, c.Q, DType::BF16, seed += 1000);
+  }
+  // Any other value is an error that names the variable.
+  ScopedEnv env("ATTNRES_MIX_BWD", "fast");
+  REQUIRE_THROWS_WITH(check_group(8, 64, 2, 2, DType::BF16, 76000),
+                      Catch::Contains("ATTNRES_MIX_BWD = 'fast': expected rows or warp"));
 }
 
 TEST_CASE("cuda mix merge + rmsnorm (phase 2) matches the CPU", "[gpu][mix]") {

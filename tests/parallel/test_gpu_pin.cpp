@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "core/scoped_env.h"
 #include "parallel/mpi.h"
 
+using attnres::ScopedEnv;
 using attnres::parallel::GpuPin;
 using attnres::parallel::gpu_index_for;
 using attnres::parallel::gpu_sharing;
@@ -18,26 +20,6 @@ using attnres::parallel::pin_gpu_before_mpi;
 using attnres::parallel::plan_node_gpus;
 
 namespace {
-// Puts an environment variable back as it was when the scope ends.
-class SavedEnv {
- public:
-  explicit SavedEnv(const char* name) : name_(name) {
-    const char* v = std::getenv(name);
-    had_ = v != nullptr;
-    if (had_) value_ = v;
-  }
-  ~SavedEnv() {
-    if (had_) setenv(name_, value_.c_str(), 1);
-    else unsetenv(name_);
-  }
-  SavedEnv(const SavedEnv&) = delete;
-  SavedEnv& operator=(const SavedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string value_;
-};
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -134,7 +116,7 @@ TEST_CASE("GPU pinning: the index rule and the sharing count alone", "[gpu_pin]"
 }
 
 TEST_CASE("GPU pinning: the launcher's local rank, before MPI_Init", "[gpu_pin]") {
-  SavedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK"), slurm("SLURM_LOCALID"),
+  ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK"), slurm("SLURM_LOCALID"),
       hydra("MPI_LOCALRANKID"), mv2("MV2_COMM_WORLD_LOCAL_RANK");
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID",
                         "MV2_COMM_WORLD_LOCAL_RANK"})
@@ -154,7 +136,7 @@ TEST_CASE("GPU pinning: the launcher's local rank, before MPI_Init", "[gpu_pin]"
 }
 
 TEST_CASE("GPU pinning: eager kernel loading where NCCL may run", "[gpu_pin]") {
-  SavedEnv loading("CUDA_MODULE_LOADING"), ompi("OMPI_COMM_WORLD_LOCAL_RANK"),
+  ScopedEnv loading("CUDA_MODULE_LOADING"), ompi("OMPI_COMM_WORLD_LOCAL_RANK"),
       slurm("SLURM_LOCALID"), hydra("MPI_LOCALRANKID"), mv2("MV2_COMM_WORLD_LOCAL_RANK");
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID",
                         "MV2_COMM_WORLD_LOCAL_RANK"})

@@ -23,6 +23,12 @@
 //   sublayer at a time. Each thread updates only its own elements, source by
 //   source in order, so dsources that alias each other receive both
 //   contributions.
+// - Phase 1 backward, the rows kernel (the default for bf16 rows of
+//   d <= 2048, d % 8 == 0, up to 8 queries a launch): a block per row, each
+//   thread one 8-element slot, the queries' w and dout slots parked in shared
+//   memory and read once per row instead of once per source; same passes and
+//   coefficients (see mix_backward_rows_kernel). ATTNRES_MIX_BWD=warp keeps
+//   the kernel above everywhere.
 // - dw of the queries (sums over rows) is deterministic: the row kernels
 //   store each row's coefficient (dlogit r), mix_dw_kernel sums coef * v over
 //   fixed chunks of rows in order, and dw_reduce_kernel sums the chunks
@@ -32,6 +38,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/mix_common.cuh"
 #include "kernels/math.h"
@@ -307,6 +315,201 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// Phase 1 backward with a block per row (the "rows" kernel; bf16, d % 8 == 0,
+// d <= 2048, Q <= kRowsMaxQ: the default there, ATTNRES_MIX_BWD=warp picks
+// the kernel above). Why: the warp kernel re-reads the Q queries' w and dout
+// rows for every source in both passes, 4 k Q row reads per row from L1/L2
+// against 3 k + Q rows of DRAM traffic, and at 128 registers (16 warps per SM)
+// it waits on those loads: DRAM at 39% of peak, 5 of every 8.4 cycles stalled
+// on global loads (Nsight Compute, docs/measurements/2026-11-26-h100-4).
+// Here thread t of a block owns the one 8-element slot [8 t, 8 t + 8) of the
+// row. The Q queries' w slots (once per block) and dout slots (once per row)
+// are parked in shared memory, each thread reading back only its own (so no
+// bank conflicts, and no registers held: kept in registers as floats they
+// took 175 at Q = 6):
+// - pass 1 reads each source slot once (the next one in flight), forms its 2Q
+//   partial dots, sums them over the warp (the Q sums interleaved) and parks
+//   the warp's sums in shared memory; the warps' sums are added in warp order
+//   after the pass (barriers per row, not per source);
+// - the coefficients (the warp kernel's formulas, once per (q, j) instead of
+//   once per thread) go to shared memory and to coef for the dw kernels;
+// - pass 2 updates each dsource slot once, the queries' terms added in
+//   descending q in fp32 and rounded once; v_j is read again (from L2: the
+//   row's sources were read a moment before), and the next source's dv and v
+//   are loaded while this one is computed (unless the two dsources are one
+//   tensor: then after this one's store).
+constexpr int kRowsMaxQ = 8;
+constexpr int kRowsMaxThreads = 256;  // d <= 2048
+// At most this much shared memory per block (else the warp kernel): 36 KiB
+// at d = 1024, Q = 6, k = 43 (350M Full's last group); 51 KiB at d = 2048,
+// Q = 6, k = 8 (1.3B Block).
+constexpr size_t kRowsMaxSmem = 96 << 10;
+
+// ATTNRES_MIX_BWD: "rows" (or unset) uses the rows kernel where it applies,
+// "warp" always the warp kernel (to compare the two; read at every call, so
+// a test can switch).
+bool use_rows_kernel() {
+  const char* e = std::getenv("ATTNRES_MIX_BWD");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "rows") == 0) return true;
+  if (std::strcmp(e, "warp") == 0) return false;
+  fail("ATTNRES_MIX_BWD = '", e, "': expected rows or warp");
+}
+
+// Runs fn(integral_constant<int, Q>) for 1 <= Q <= kRowsMaxQ (the kernel's
+// per-query arrays have exactly Q entries).
+template <typename Fn>
+void with_queries(int Q, Fn&& fn) {
+  switch (Q) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 5: fn(std::integral_constant<int, 5>{}); break;
+    case 6: fn(std::integral_constant<int, 6>{}); break;
+    case 7: fn(std::integral_constant<int, 7>{}); break;
+    case 8: fn(std::integral_constant<int, 8>{}); break;
+    default: fail("mix: internal error, Q = ", Q);
+  }
+}
+
+// Shared memory of a rows-kernel block of G threads: the w and dout slots
+// [2][Q][G] (16 bytes each), then floats: the warps' partial dots
+// [k][G/32][2Q], xw, xd, a [Q][k], r [k] and the sums s [Q].
+__host__ __device__ inline size_t rows_smem(int Q, int k, int G) {
+  const size_t floats = size_t(k) * (G / 32) * 2 * Q + 3 * size_t(Q) * k + k + Q;
+  return 2 * size_t(Q) * G * 16 + floats * sizeof(float);
+}
+
+// (kRowsMaxThreads, 4): at most 64 registers (ptxas: 100 at Q = 6 without the
+// bound; with it a few bytes spilled at some Q), so at d = 1024 eight blocks
+// of 128 threads, 32 warps, per SM, against the warp kernel's 16.
+template <int Q>
+__global__ void __launch_bounds__(kRowsMaxThreads, 4)
+    mix_backward_rows_kernel(DSources<bf16> dsrc, float* coef, QueryGrads<bf16> qg,
+                             const float* dlse, Sources<bf16> src, const float* probs, int k,
+                             int64_t N, int64_t d) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int G = static_cast<int>(blockDim.x), W = G >> 5, t = static_cast<int>(threadIdx.x);
+  const int lane = t & 31, warp = t >> 5;
+  uint4* wsl = reinterpret_cast<uint4*>(smem);  // [Q][G]: w_q's slots
+  uint4* dsl = wsl + Q * G;                     // [Q][G]: this row's dout_q slots
+  float* red = reinterpret_cast<float*>(dsl + Q * G);  // [k][W][2Q]
+  float* xw = red + size_t(k) * W * 2 * Q;  // [Q][k]: w_q . v_j, then the coefficient of v_j
+  float* xd = xw + size_t(Q) * k;           // [Q][k]: dout_q . v_j, then the coefficient of w_q
+  float* av = xd + size_t(Q) * k;           // [Q][k]: a_qj
+  float* rv = av + size_t(Q) * k;           // [k]: r_j
+  float* ss = rv + k;                       // [Q]: sum_j a_qj dout_q . v_j
+  const int64_t base = int64_t(t) * 8;
+  const bool live = base < d;  // d % 8 == 0: a slot is all in or all out
+  const float fd = static_cast<float>(d);
+  auto load = [&](const bf16* row) {
+    return live ? *reinterpret_cast<const uint4*>(row + base) : make_uint4(0, 0, 0, 0);
+  };
+  auto unpack8 = [](const uint4& u, float* x) { unpack(Pack<bf16>{u}, x); };
+
+#pragma unroll
+  for (int q = 0; q < Q; ++q) wsl[q * G + t] = load(qg.w[q]);
+
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t off = row * d;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) dsl[q * G + t] = load(qg.dout[q] + off);
+
+    // Pass 1: the partial dots of each source slot, summed per warp.
+    uint4 cur = load(src.v[0] + off);
+    for (int j = 0; j < k; ++j) {
+      const uint4 nxt = j + 1 < k ? load(src.v[j + 1] + off) : make_uint4(0, 0, 0, 0);
+      float v[8];
+      unpack8(cur, v);
+      float pw[Q], pd[Q];
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        float w[8], y[8];
+        unpack8(wsl[q * G + t], w);
+        unpack8(dsl[q * G + t], y);
+        pw[q] = 0.0f, pd[q] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          pw[q] = fmaf(w[e], v[e], pw[q]);
+          pd[q] = fmaf(y[e], v[e], pd[q]);
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          pw[q] += __shfl_xor_sync(0xffffffffu, pw[q], o);
+          pd[q] += __shfl_xor_sync(0xffffffffu, pd[q], o);
+        }
+      if (lane == 0) {
+        float* r = red + (size_t(j) * W + warp) * 2 * Q;
+#pragma unroll
+        for (int q = 0; q < Q; ++q) r[2 * q] = pw[q], r[2 * q + 1] = pd[q];
+      }
+      cur = nxt;
+    }
+    __syncthreads();
+    // The dots: the warps' sums in warp order; a_qj and r_j beside them.
+    for (int i = t; i < Q * k; i += G) {
+      const int q = i / k, j = i % k;
+      float sw = 0.0f, sd = 0.0f;
+      for (int w = 0; w < W; ++w) {
+        sw += red[(size_t(j) * W + w) * 2 * Q + 2 * q];
+        sd += red[(size_t(j) * W + w) * 2 * Q + 2 * q + 1];
+      }
+      xw[i] = sw, xd[i] = sd;
+      av[i] = probs[(int64_t(q) * N + row) * k + j];
+      if (q == 0) rv[j] = src.rstd[j][row];
+    }
+    __syncthreads();
+    if (t < Q) {  // s_q = sum_j a_qj (dout_q . v_j), in source order
+      float s = 0.0f;
+      for (int j = 0; j < k; ++j) s = fmaf(av[t * k + j], xd[t * k + j], s);
+      ss[t] = s;
+    }
+    __syncthreads();
+    for (int i = t; i < Q * k; i += G) {
+      const int q = i / k, j = i % k;
+      const float a = av[i], r = rv[j];
+      const float dl = a * (xd[i] - ss[q] + (dlse ? dlse[int64_t(q) * N + row] : 0.0f));
+      const float cw = dl * r;                        // coefficient of w_q (and of v_j in dw_q)
+      const float cv = -dl * r * r * r * xw[i] / fd;  // coefficient of v_j
+      coef[(int64_t(q) * N + row) * k + j] = cw;
+      xw[i] = cv, xd[i] = cw;
+    }
+    __syncthreads();
+
+    // Pass 2: each dsource slot once, source by source in order.
+    uint4 dvc = load(dsrc.dv[0] + off), vc = load(src.v[0] + off);
+    for (int j = 0; j < k; ++j) {
+      const bool ahead = j + 1 < k && dsrc.dv[j + 1] != dsrc.dv[j];
+      uint4 dvn = make_uint4(0, 0, 0, 0), vn = dvn;
+      if (ahead) dvn = load(dsrc.dv[j + 1] + off), vn = load(src.v[j + 1] + off);
+      float v[8], dv[8];
+      unpack8(vc, v);
+      unpack8(dvc, dv);
+#pragma unroll
+      for (int q = Q - 1; q >= 0; --q) {
+        const int i = q * k + j;
+        const float cv = xw[i], cw = xd[i], a = av[i];
+        float w[8], y[8];
+        unpack8(wsl[q * G + t], w);
+        unpack8(dsl[q * G + t], y);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dv[e] += fmaf(cv, v[e], fmaf(cw, w[e], a * y[e]));
+      }
+      if (live) store8<bf16, true>(dsrc.dv[j] + off, base, d, dv);
+      if (j + 1 < k) {
+        if (!ahead) dvn = load(dsrc.dv[j + 1] + off), vn = load(src.v[j + 1] + off);  // after the store
+        dvc = dvn, vc = vn;
+      }
+    }
+    // (No barrier here: before the next row's first barrier a thread writes
+    // only its own dsl slots and, as lane 0, red, which nobody reads after
+    // this row's second barrier; xw, xd, av are rewritten after it.)
+  }
+}
+
 // dw of the depth queries, deterministic, in two kernels. mix_dw_kernel: one
 // block per (chunk of kDwRows rows, query), the query varying fastest (so the
 // Q blocks of the same rows share their source reads through L2):
@@ -483,11 +686,18 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
     }
     const int groups_per_block = lay.groups_per_block(), threads = lay.threads();
     const size_t row_bytes = size_t(lay.vpt) * lay.group_size() * sizeof(Pack<T>);
-    // Launches of up to kMaxQueries queries, the last queries first (the
-    // descending order of kernels/mix.h).
-    const int n_launches = static_cast<int>(ceil_div(n_queries, kMaxQueries));
+    // The rows kernel where it applies (see mix_backward_rows_kernel).
+    const int rows_threads = static_cast<int>(ceil_div(ceil_div(d, 8), 32) * 32);
+    bool rows = std::is_same_v<T, bf16> && aligned && d <= 8 * kRowsMaxThreads &&
+                rows_smem(kRowsMaxQ, k, rows_threads) <= kRowsMaxSmem && use_rows_kernel();
+    for (int q = 0; q < n_queries && rows; ++q)
+      rows = aligned16(dptr<T>(ws[q])) && aligned16(dptr<T>(douts[q]));
+    // Launches of up to kMaxQueries (rows kernel: kRowsMaxQ) queries, the
+    // last queries first (the descending order of kernels/mix.h).
+    const int per_launch = rows ? kRowsMaxQ : kMaxQueries;
+    const int n_launches = static_cast<int>(ceil_div(n_queries, per_launch));
     for (int c = n_launches - 1; c >= 0; --c) {
-      const int q0 = c * kMaxQueries, Q = std::min(kMaxQueries, n_queries - q0);
+      const int q0 = c * per_launch, Q = std::min(per_launch, n_queries - q0);
       QueryGrads<T> qg{};
       DwPtrs dwp{};
       bool al = aligned;
@@ -497,6 +707,23 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
         dwp.dw[q] = dptr<float>(dws[q0 + q]);
         al = al && aligned16(qg.w[q]) && aligned16(qg.dout[q]);
       }
+      Tensor coef = Tensor::empty({Q, N, k}, DType::F32, Device::CUDA);
+      const float* dl = dlse ? dptr<float>(*dlse) + int64_t(q0) * N : nullptr;
+      const float* pp = dptr<float>(probs) + int64_t(q0) * N * k;
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (rows) {
+          const size_t smem = rows_smem(Q, k, rows_threads);
+          with_queries(Q, [&](auto qn) {
+            auto kernel = mix_backward_rows_kernel<decltype(qn)::value>;
+            const int64_t grid = resident_grid(op, kernel, rows_threads, smem, N, 1);
+            kernel<<<static_cast<unsigned>(grid), rows_threads, smem, stream()>>>(
+                dsrc, coef.data<float>(), qg, dl, src, pp, k, N, d);
+            ATTNRES_CUDA_CHECK_LAUNCH();
+          });
+          launch_dw<T>(dwp, coef.data<float>(), src, Q, k, N, d, lay, src_aligned);
+          continue;
+        }
+      }
       // Shared memory per group: kc cached source rows, then the dots and
       // the softmax sums.
       const size_t db = dots_bytes(Q, k);
@@ -505,9 +732,6 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
                          ? static_cast<int>(std::min<size_t>(k, (per_group - db) / row_bytes))
                          : 0;
       const size_t smem = groups_per_block * (kc * row_bytes + db);
-      Tensor coef = Tensor::empty({Q, N, k}, DType::F32, Device::CUDA);
-      const float* dl = dlse ? dptr<float>(*dlse) + int64_t(q0) * N : nullptr;
-      const float* pp = dptr<float>(probs) + int64_t(q0) * N * k;
 
       with_variant(lay.vpt, al, [&](auto vpt, auto alc) {
         constexpr int VPT = decltype(vpt)::value;
