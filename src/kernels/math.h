@@ -53,6 +53,23 @@ struct OnlineSoftmax {
   }
 };
 
+// The backward of a depth Mix for one (query, source) pair, as coefficients
+// of the rows it combines (docs/model.md section 2; kernels/cpu/mix.cpp
+// derives them). a: the source's softmax weight, r: its key rstd, wv = w . v,
+// dv = dout . v, s = sum_i a_i (dout . v_i), dlse: the gradient of the
+// query's lse (0 without one), d: the row width. dlogit = a (dv - s + dlse);
+// the source's gradient gets a dout + cw w + cv v and the query's dw gets
+// cw v, with cw = dlogit r and cv = -dlogit r^3 wv / d.
+template <typename T>
+struct MixBackwardCoefs {
+  T cw, cv;
+};
+template <typename T>
+ATTNRES_HD MixBackwardCoefs<T> mix_backward_coefs(T a, T r, T wv, T dv, T s, T dlse, T d) {
+  const T g = a * (dv - s + dlse);
+  return {g * r, -g * r * r * r * wv / d};
+}
+
 // The per-step constants of an AdamW update, each computed in double and
 // rounded once to the element type (kernels/adamw.cpp): c1 = 1 - b1,
 // c2 = 1 - b2, bc1 = 1 - b1^t, bc2 = 1 - b2^t. (1 - b2 formed in float from b2

@@ -134,10 +134,8 @@ void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, cons
             const T* vj = sources[j] + n * d;
             T* dvj = dsources[j] + n * d;
             const T r = rstds[j][n];
-            const T g = a[j] * (da[j] - s + dl);        // dlogit_j
             const T aj = a[j];
-            const T cw = g * r;                          // coefficient of w
-            const T cv = -g * r * r * r * wv[j] / T(d);  // coefficient of v_j
+            const auto [cw, cv] = math::mix_backward_coefs(aj, r, wv[j], da[j], s, dl, T(d));
             // One pass over v_j for both its gradient and dw's partial.
 #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {

@@ -295,10 +295,9 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
       for (int q = Q - 1; q >= 0; --q) {
         const float4 dd = dots[q * k + j];
-        const float a = dd.z, r = dd.w;
-        const float dl = a * (dd.y - ssum[q] + (dlse ? dlse[int64_t(q) * N + row] : 0.0f));
-        const float cw = dl * r;                    // coefficient of w_q (and of v_j in dw_q)
-        const float cv = -dl * r * r * r * dd.x / fd;  // coefficient of v_j
+        const float a = dd.z;
+        const auto [cw, cv] = math::mix_backward_coefs(
+            a, dd.w, dd.x, dd.y, ssum[q], dlse ? dlse[int64_t(q) * N + row] : 0.0f, fd);
         if (g.tid == 0) coef[(int64_t(q) * N + row) * k + j] = cw;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
@@ -470,10 +469,8 @@ __global__ void __launch_bounds__(kRowsMaxThreads, 4)
     __syncthreads();
     for (int i = t; i < Q * k; i += G) {
       const int q = i / k, j = i % k;
-      const float a = av[i], r = rv[j];
-      const float dl = a * (xd[i] - ss[q] + (dlse ? dlse[int64_t(q) * N + row] : 0.0f));
-      const float cw = dl * r;                        // coefficient of w_q (and of v_j in dw_q)
-      const float cv = -dl * r * r * r * xw[i] / fd;  // coefficient of v_j
+      const auto [cw, cv] = math::mix_backward_coefs(
+          av[i], rv[j], xw[i], xd[i], ss[q], dlse ? dlse[int64_t(q) * N + row] : 0.0f, fd);
       coef[(int64_t(q) * N + row) * k + j] = cw;
       xw[i] = cv, xd[i] = cw;
     }
