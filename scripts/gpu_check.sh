@@ -29,7 +29,8 @@
 # Profiles are scripts/gpu_profile.sh's, the last step of the plan.
 #
 # The stages' steps are the rows of PLAN below, with their expected minutes
-# (from the 2026-11-26 H200 session: docs/cuda.md, docs/measurements/) and
+# (from the 2026-11-26 sessions, the H200's and then the H100's: docs/cuda.md,
+# docs/measurements/) and
 # time limits; --plan prints the same rows. Each step's output goes to its log
 # in the report folder, a summary line to steps.txt there (result, seconds,
 # expected minutes), and when $OUT is set (the device tool's folder, which
@@ -71,30 +72,30 @@ read -r -d '' PLAN <<'EOF'
 cpu|0.5|0|-|-||the Debian packages of the CPU side as .deb files in .deps/ (carried)|scripts/gpu_deps.sh
 cpu|0.5|0|-|-||GPT-2's vocabulary and the Brown corpus, if data/gpt2, data/brown/raw are missing|scripts/fetch_gpt2.sh && scripts/fetch_brown.sh
 cpu|0.1|0|-|-||the Brown corpus in GPT-2 tokens for the engine's train run and the logits comparison (carried)|build/attnres tokenize encode --tokenizer data/gpt2/encoder.json --input data/brown/raw --format brown --output-dir .shards/brown_gpt2 --val-fraction 0.05 --name brown
-build|1.8|560|build|build.log||configure (Release, sm_90) and build attnres, test_gpu and test_mpi|cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 $DEPS_CMAKE_ARGS && cmake --build build-gpu -j"$(nproc)" --target $(build_targets build-gpu)
+build|1.6|560|build|build.log||configure (Release, sm_90) and build attnres, test_gpu and test_mpi|cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 $DEPS_CMAKE_ARGS && cmake --build build-gpu -j"$(nproc)" --target $(build_targets build-gpu)
 tests|0.1|120|catch2|gpu_tests_matmul.log||GPU tests: matmul, each cuBLASLt plan's algorithm logged (ATTNRES_GEMM_LOG)|ATTNRES_GEMM_LOG=1 build-gpu/tests/test_gpu "[matmul]" -w NoTests --durations yes
-tests|1.3|240|catch2|gpu_tests_ce_swiglu_store.log||GPU tests: cross-entropy, SwiGLU, Store|build-gpu/tests/test_gpu "[cross_entropy],[swiglu],[store]" -w NoTests --durations yes
+tests|1.4|240|catch2|gpu_tests_ce_swiglu_store.log||GPU tests: cross-entropy, SwiGLU, Store|build-gpu/tests/test_gpu "[cross_entropy],[swiglu],[store]" -w NoTests --durations yes
 tests|0.1|240|catch2|gpu_tests_model.log||GPU tests: the model (training steps against the CPU, bf16, decoding)|build-gpu/tests/test_gpu "[model]~[recompute]" -w NoTests --durations yes
-tests|2.2|360|catch2|gpu_tests_rest.log||GPU tests: everything else (matmul, attention, mix, norms, AdamW, ...)|build-gpu/tests/test_gpu "~[cross_entropy]~[swiglu]~[store]~[model]" -w NoTests --durations yes
+tests|2.4|360|catch2|gpu_tests_rest.log||GPU tests: everything else (matmul, attention, mix, norms, AdamW, ...)|build-gpu/tests/test_gpu "~[cross_entropy]~[swiglu]~[store]~[model]" -w NoTests --durations yes
 engine|0.1|300|script|resume.log||exact resume and eval through the engine on the GPU in bf16|ATTNRES_TEST_DEVICE=cuda bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD"
 engine|0.2|300|text|bench_vs_train.txt||the engine's training tokens/s (30-step 124M train) against the benchmark's|bash scripts/bench_vs_train.sh --device cuda --preset 124m --steps 30 --rounds 1 --bin build-gpu/attnres --data .shards/brown_gpt2
 engine|0.1|180|catch2|gpu_tests_recompute.log||recomputation (none vs mix, layer) bit for bit on the GPU|build-gpu/tests/test_gpu "[recompute]" -w NoTests --durations yes
 multi|0.1|120|catch2|nccl.log|if_mpirun|the NCCL transport, 1 rank (self-exchange, P = 1 with two chunks)|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 mpirun -np 1 $MPIRUN_FLAGS build-gpu/tests/test_mpi "[nccl]" -s --use-colour no
-multi|1.1|240|script|pipeline_cuda.log|if_mpirun|pipeline and data-parallel layouts, 2 and 4 ranks on the visible GPUs, against one GPU|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/pipeline_cuda.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
+multi|1.2|240|script|pipeline_cuda.log|if_mpirun|pipeline and data-parallel layouts, 2 and 4 ranks on the visible GPUs, against one GPU|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/pipeline_cuda.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
 multi|0.2|180|script|zero_bf16.log|if_mpirun|ZeRO-1 in bf16, 2 ranks|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/zero_bf16.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
-bench|0.1|240|bench|bench_124m.txt||training steps, 124M, every residual mode (bf16, bf16 logits)|build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3
-bench|0.2|240|bench|bench_350m.txt||training steps, 350M|build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2
+bench|0.2|240|bench|bench_124m.txt||training steps, 124M, every residual mode (bf16, bf16 logits)|build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3
+bench|0.3|240|bench|bench_350m.txt||training steps, 350M|build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2
 bench|0.2|240|bench|bench_124m_recompute.txt||training steps, 124M, each mode with recompute none, mix and layer|build-gpu/attnres bench --device cuda --preset 124m --recompute all --steps 5 --warmup 2
-bench|1.0|240|bench|kernels_124m.txt||per-kernel benchmark against the floors, 124M shapes|build-gpu/attnres bench --device cuda --preset 124m --kernels
-bench|1.5|240|bench|kernels_350m.txt||per-kernel benchmark against the floors, 350M shapes|build-gpu/attnres bench --device cuda --preset 350m --kernels
+bench|0.2|240|bench|kernels_124m.txt||per-kernel benchmark against the floors, 124M shapes|build-gpu/attnres bench --device cuda --preset 124m --kernels
+bench|0.3|240|bench|kernels_350m.txt||per-kernel benchmark against the floors, 350M shapes|build-gpu/attnres bench --device cuda --preset 350m --kernels
 bench|0.5|180|text|attention_torch.txt|if_torch|reference attention (PyTorch SDPA, each backend) at the 124M and 350M shapes|python3 scripts/bench_attention_torch.py "$REPORT/bench_124m.txt" "$REPORT/bench_350m.txt"
 bench|0.1|60|text|targets.txt||the GPU performance targets (docs/cuda.md)|python3 scripts/gpu_targets.py "$REPORT"
 bench|0.6|300|text|logits_compare.log|if_shards|bf16 against fp32 logits, 124M, 3 runs of 400 steps on Brown (own archive gpu_logits_compare.tgz)|scripts/gpu_logits_compare.sh --data .shards/brown_gpt2
-1b3|0.7|330|bench_retry|bench_1b3.txt||training steps, 1b3 at the planner's micro-batch (again at 3/4 of it if that fails)|build-gpu/attnres bench --device cuda --preset 1b3 --steps 5 --warmup 2
-1b3|1.5|240|bench|kernels_1b3.txt||per-kernel benchmark, 1b3 shapes|build-gpu/attnres bench --device cuda --preset 1b3 --kernels
+1b3|0.5|330|bench_retry|bench_1b3.txt||training steps, 1b3 at the planner's micro-batch (again at 3/4 of it if that fails)|build-gpu/attnres bench --device cuda --preset 1b3 --steps 5 --warmup 2
+1b3|0.6|240|bench|kernels_1b3.txt||per-kernel benchmark, 1b3 shapes|build-gpu/attnres bench --device cuda --preset 1b3 --kernels
 1b3|0.5|180|text|attention_torch.txt|if_torch|reference attention at the 124M, 350M and 1b3 shapes (replaces --bench's)|python3 scripts/bench_attention_torch.py "$REPORT/bench_124m.txt" "$REPORT/bench_350m.txt" "$REPORT/bench_1b3.txt"
 1b3|0.1|60|text|targets.txt||the GPU performance targets, with the 1.3B rows|python3 scripts/gpu_targets.py "$REPORT"
-profile|6.0|600|-|-||Nsight Compute per kernel, 124M, baseline, block, full (at most 150 s each: --limit)|scripts/gpu_profile.sh --preset 124m
+profile|1.0|600|-|-||Nsight Compute per kernel, 124M, baseline, block, full (at most 150 s each: --limit)|scripts/gpu_profile.sh --preset 124m
 after|0.5|0|-|-||unpack the returned archives (their names sort in stage order) into one folder, then write its README|mkdir -p docs/measurements/DATE-h100-3 && for f in FILES/*.tgz; do tar xzf "$f" -C docs/measurements/DATE-h100-3; done && python3 scripts/gpu_report.py docs/measurements/DATE-h100-3 --commit SHA --date DATE > docs/measurements/DATE-h100-3/README.md
 EOF
 GPU_STAGES=(build tests engine multi bench 1b3)
@@ -153,8 +154,8 @@ print_cpu_steps() {
 print_plan() {
   local r stage min limit kind log cond what cmd s t cum total=0 start
   start=$(tenths $START_MIN)
-  echo "The next GPU session (scripts/gpu_check.sh --plan): expected minutes from the 2026-11-26 H200"
-  echo "session (docs/cuda.md, docs/measurements/2026-11-26-h200-3), each stage under 9 minutes."
+  echo "The next GPU session (scripts/gpu_check.sh --plan): expected minutes from the 2026-11-26 H100"
+  echo "session (docs/cuda.md, docs/measurements/2026-11-26-h100-4), each stage under 9 minutes."
   echo
   echo "1. On the CPU machine, before (not device time):"
   print_cpu_steps cpu cmd
