@@ -53,21 +53,19 @@ struct OnlineSoftmax {
   }
 };
 
-// The backward of a depth Mix for one (query, source) pair, as coefficients
-// of the rows it combines (docs/model.md section 2; kernels/cpu/mix.cpp
-// derives them). a: the source's softmax weight, r: its key rstd, wv = w . v,
-// dv = dout . v, s = sum_i a_i (dout . v_i), dlse: the gradient of the
-// query's lse (0 without one), d: the row width. dlogit = a (dv - s + dlse);
-// the source's gradient gets a dout + cw w + cv v and the query's dw gets
-// cw v, with cw = dlogit r and cv = -dlogit r^3 wv / d.
+// The backward of a depth Mix through one source's logit (docs/model.md
+// section 2; kernels/cpu/mix.cpp derives it), as coefficients of the rows it
+// combines: with dlogit the gradient of the logit (r_j w . v_j), r the source's
+// key rstd, wv = w . v and d the row width, the source's gradient gets
+// a dout + cw w + cv v and the query's dw gets cw v, where cw = dlogit r and
+// cv = -dlogit r^3 wv / d (the last through r = rstd(v)).
 template <typename T>
 struct MixBackwardCoefs {
   T cw, cv;
 };
 template <typename T>
-ATTNRES_HD MixBackwardCoefs<T> mix_backward_coefs(T a, T r, T wv, T dv, T s, T dlse, T d) {
-  const T g = a * (dv - s + dlse);
-  return {g * r, -g * r * r * r * wv / d};
+ATTNRES_HD MixBackwardCoefs<T> mix_backward_coefs(T dlogit, T r, T wv, T d) {
+  return {dlogit * r, -dlogit * r * r * r * wv / d};
 }
 
 // The per-step constants of an AdamW update, each computed in double and

@@ -135,7 +135,8 @@ void mix_backward(T* const* dsources, T* const* dws, const T* const* douts, cons
             T* dvj = dsources[j] + n * d;
             const T r = rstds[j][n];
             const T aj = a[j];
-            const auto [cw, cv] = math::mix_backward_coefs(aj, r, wv[j], da[j], s, dl, T(d));
+            const T g = aj * (da[j] - s + dl);  // dlogit_j
+            const auto [cw, cv] = math::mix_backward_coefs(g, r, wv[j], T(d));
             // One pass over v_j for both its gradient and dw's partial.
 #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
@@ -257,9 +258,8 @@ void mix_merge_norm_backward(T* d_o, T* dlse, T* const* drecent, T* dw, T* dgain
           const T* e = recent[j] + n * d;
           T* de = drecent[j] + n * d;
           const T aj = st[1 + j], rj = st[m + 1 + j];
-          const T dz = aj * (sj[j] - s);
-          const T cw = dz * rj;                           // coefficient of w
-          const T ce = -dz * rj * rj * rj * we[j] / T(d);  // coefficient of e_j (through rstd_j)
+          const T dz = aj * (sj[j] - s);  // dlogit_j
+          const auto [cw, ce] = math::mix_backward_coefs(dz, rj, we[j], T(d));
 #pragma omp simd
           for (int64_t c = 0; c < d; ++c) {
             de[c] += aj * dx[c] + cw * w[c] + ce * e[c];

@@ -296,8 +296,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int q = Q - 1; q >= 0; --q) {
         const float4 dd = dots[q * k + j];
         const float a = dd.z;
-        const auto [cw, cv] = math::mix_backward_coefs(
-            a, dd.w, dd.x, dd.y, ssum[q], dlse ? dlse[int64_t(q) * N + row] : 0.0f, fd);
+        const float dl = a * (dd.y - ssum[q] + (dlse ? dlse[int64_t(q) * N + row] : 0.0f));
+        const auto [cw, cv] = math::mix_backward_coefs(dl, dd.w, dd.x, fd);
         if (g.tid == 0) coef[(int64_t(q) * N + row) * k + j] = cw;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
@@ -469,8 +469,8 @@ __global__ void __launch_bounds__(kRowsMaxThreads, 4)
     __syncthreads();
     for (int i = t; i < Q * k; i += G) {
       const int q = i / k, j = i % k;
-      const auto [cw, cv] = math::mix_backward_coefs(
-          av[i], rv[j], xw[i], xd[i], ss[q], dlse ? dlse[int64_t(q) * N + row] : 0.0f, fd);
+      const float dl = av[i] * (xd[i] - ss[q] + (dlse ? dlse[int64_t(q) * N + row] : 0.0f));
+      const auto [cw, cv] = math::mix_backward_coefs(dl, rv[j], xw[i], fd);
       coef[(int64_t(q) * N + row) * k + j] = cw;
       xw[i] = cv, xd[i] = cw;
     }

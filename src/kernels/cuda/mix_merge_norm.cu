@@ -208,9 +208,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     for (int j = 0; j < m; ++j) {
       const float aj = st[1 + j], rj = st[m + 1 + j];
-      const float dz = aj * (sj[j] - s);
-      const float cw = dz * rj;                            // coefficient of w
-      const float ce = -dz * rj * rj * rj * we[j] / fd;  // coefficient of e_j (through rstd_j)
+      const float dz = aj * (sj[j] - s);  // dlogit_j
+      const auto [cw, ce] = math::mix_backward_coefs(dz, rj, we[j], fd);
       if (g.tid == 0) coef[row * m + j] = cw;
       T* der = drec.dv[j] + off;
 #pragma unroll
