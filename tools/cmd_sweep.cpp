@@ -5,6 +5,7 @@
 //   (here, or as a Slurm job array), then writes results.csv, fits.json and
 //   the plots (docs/sweeps.md).
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "data/shard.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 #include "train/sweep.h"
 #include "train/sweep_slurm.h"
 
@@ -59,16 +61,10 @@ const char* kSweepUsage =
 
 // A whole number >= `min` from a flag's value.
 int int_flag(const std::string& flag, const std::string& v, int min) {
-  size_t used = 0;
-  int n = 0;
-  try {
-    n = std::stoi(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || n < min)
+  const auto n = to_int(v);
+  if (!n || *n < min || *n > INT_MAX)
     fail("sweep: ", flag, " takes a whole number >= ", min, ", got '", v, "'");
-  return n;
+  return static_cast<int>(*n);
 }
 
 // This binary, for the plot script's `attnres inspect attention` calls.

@@ -2,7 +2,9 @@
 // `--name=value`, repeated flags collected in order, anything else positional.
 #pragma once
 #include <map>
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +12,17 @@
 #include "core/error.h"
 
 namespace attnres::tools {
+
+// All of `v` as a whole number, or nothing (empty, other characters, out of range).
+inline std::optional<long long> to_int(const std::string& v) {
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
 
 class Flags {
  public:
@@ -66,13 +79,8 @@ class Flags {
   }
   long long get_int(const std::string& name, long long fallback, const std::string& command) const {
     if (!has(name)) return fallback;
-    std::string v = get(name, "");
-    try {
-      size_t used = 0;
-      long long x = std::stoll(v, &used);
-      if (used == v.size()) return x;
-    } catch (...) {
-    }
+    const std::string v = get(name, "");
+    if (const auto x = to_int(v)) return *x;
     fail(command, ": option --", name, " needs an integer, got '", v, "'");
   }
   double get_double(const std::string& name, double fallback, const std::string& command) const {
