@@ -31,7 +31,9 @@ reads its inputs from DRAM once), and the same schedule with the Mix's dw
 summed in its row passes and no zero-filled gradient buffers. Estimates from
 the shapes, not measurements.
 
-The attention rows (ours against cuDNN's SDPA) are information, not targets.
+Information, not targets: our attention against cuDNN's SDPA at the kernel
+benchmark's shape, and each kernel row timed twice (the Mix phase-1 backward's
+default kernel, then the same row "... warp" with ATTNRES_MIX_BWD=warp).
 """
 import argparse
 import json
@@ -81,6 +83,19 @@ def kernel_ms(text, op):
         if line.startswith(op + " "):
             return float(line[len(op):].split()[0])
     return None
+
+
+def kernel_pairs(text, suffix=" warp"):
+    """(op, ms, other ms, floor ms) for each kernel row timed twice, the second time with
+    `suffix` on its name (bench --kernels: the Mix phase-1 backward's default kernel, then
+    the warp kernel with ATTNRES_MIX_BWD=warp)."""
+    rows = {}
+    for line in (text or "").splitlines():
+        m = re.match(r"^(.+?)\s+([\d.]+)\s+([\d.]+)\s+\d+\s+[\d.]+\s+[\d.]+% \(\w+\)$", line)
+        if m:
+            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    return [(op, ms, rows[op + suffix][0], floor) for op, (ms, floor) in rows.items()
+            if op + suffix in rows]
 
 
 def cudnn_fb_ms(text, shape):
@@ -216,7 +231,7 @@ def evaluate(d):
     # One machine, one set of ceilings: the first kernel report's.
     ceil = next((c for c in (ceilings(k) for _, k in texts.values()) if c), None)
     out = {"ceilings": ceil and {"copy_gbs": ceil[0], "gemm_tflops": ceil[1]},
-           "targets": [], "floors": [], "overheads": [], "attention": []}
+           "targets": [], "floors": [], "overheads": [], "attention": [], "mix_kernels": []}
 
     def target(name, measured, goal, goal_from, met):
         out["targets"].append({"target": name, "measured": measured, "goal": goal,
@@ -275,6 +290,10 @@ def evaluate(d):
             out["attention"].append({"preset": p.name, "label": p.label,
                                      "shape": attention_shape(kshape), "ours_ms": fwd + bwd,
                                      "cudnn_ms": ref, "ratio": (fwd + bwd) / ref})
+        # Information: the Mix phase-1 backward's two kernels on the same rows.
+        for op, ms, warp_ms, floor in kernel_pairs(ktext):
+            out["mix_kernels"].append({"preset": p.name, "label": p.label, "op": op, "ms": ms,
+                                       "warp_ms": warp_ms, "floor_ms": floor})
     return out
 
 
@@ -323,6 +342,15 @@ def markdown(r):
         for a in r["attention"]:
             lines.append(f"| {a['label']} | {a['shape']} | {a['ours_ms']:.3f} | "
                          f"{a['cudnn_ms']:.3f} | {a['ratio']:.2f}x |")
+    if r["mix_kernels"]:
+        lines += ["", "**Mix phase-1 backward, the default kernel against the warp kernel** "
+                  "(`bench --kernels`: each row again with ATTNRES_MIX_BWD=warp; information):", "",
+                  "| model | row | default ms | warp ms | floor ms | default / warp | default "
+                  "of floor |", "|---|---|---|---|---|---|---|"]
+        for k in r["mix_kernels"]:
+            lines.append(f"| {k['label']} | {k['op']} | {k['ms']:.3f} | {k['warp_ms']:.3f} | "
+                         f"{k['floor_ms']:.3f} | {k['ms'] / k['warp_ms']:.2f}x | "
+                         f"{100 * k['floor_ms'] / k['ms']:.1f}% |")
     return "\n".join(lines)
 
 

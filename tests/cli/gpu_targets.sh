@@ -231,6 +231,30 @@ floor_fp32=$(grep "^| 1.3B | 12 x 2048 |" <<<"$out" | cut -d'|' -f6)
 awk -v a="$floor_bf16" -v b="$floor_fp32" 'BEGIN { exit !(b + 0 > a + 0) }' ||
   fail "fp32 logits should raise the floor ($floor_bf16 -> $floor_fp32)"
 
+# The Mix phase-1 backward timed with both kernels (bench --kernels prints the
+# warp kernel's row, named "... warp", after the default kernel's): a row per
+# pair, default / warp and the default's share of the floor, by hand from the
+# input: 0.400 / 0.637 = 0.63x, 0.293 / 0.400 = 73.2%; 1.000 / 2.011 = 0.50x,
+# 0.736 / 1.000 = 73.6%. A row without its pair is not listed.
+mkdir rmix
+cat > rmix/kernels_124m.txt <<'REPORT'
+model: d=768 L=12 H=12 Hkv=12 d_ff=2048 V=50304 | T=1024 B=16 A=1 | median of 5 timed steps after 1 warm-up
+measured ceilings: copy 3009 GB/s (read+write), BF16 GEMM 8192^3 775 TFLOP/s
+
+op                                 ms   floor ms       GB/s   TFLOP/s  of floor (bound)
+mix phase-1 fwd (k=8, Q=3)      0.185      0.092       1500       6.5   49.8% (memory)
+mix phase-1 bwd (k=8, Q=3)      0.400      0.293       2000       7.0   73.3% (memory)
+mix phase-1 bwd (k=8, Q=3) warp      0.637      0.293       1382       4.7   45.9% (memory)
+mix phase-1 bwd (full, k=21, Q=4)      1.000      0.736       1101       5.3   73.6% (memory)
+mix phase-1 bwd (full, k=21, Q=4) warp      2.011      0.736       1101       5.3   36.6% (memory)
+REPORT
+out=$($PY "$SRC/scripts/gpu_targets.py" rmix)
+expect "| 124M | mix phase-1 bwd (k=8, Q=3) | 0.400 | 0.637 | 0.293 | 0.63x | 73.2% |"
+expect "| 124M | mix phase-1 bwd (full, k=21, Q=4) | 1.000 | 2.011 | 0.736 | 0.50x | 73.6% |"
+[[ $(grep -c "^| 124M | mix phase-1" <<<"$out") -eq 2 ]] || fail "only the two timed pairs should be listed"
+grep -q "default kernel against the warp kernel" <<<"$($PY "$SRC/scripts/gpu_targets.py" "$h100")" &&
+  fail "a report without '... warp' rows should print no kernel comparison"
+
 mkdir empty  # in $WORK, removed with it
 out=$($PY "$SRC/scripts/gpu_targets.py" empty)
 echo "$out"
