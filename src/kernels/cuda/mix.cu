@@ -354,23 +354,6 @@ bool use_rows_kernel() {
   fail("ATTNRES_MIX_BWD = '", e, "': expected rows or warp");
 }
 
-// Runs fn(integral_constant<int, Q>) for 1 <= Q <= kRowsMaxQ (the kernel's
-// per-query arrays have exactly Q entries).
-template <typename Fn>
-void with_queries(int Q, Fn&& fn) {
-  switch (Q) {
-    case 1: fn(std::integral_constant<int, 1>{}); break;
-    case 2: fn(std::integral_constant<int, 2>{}); break;
-    case 3: fn(std::integral_constant<int, 3>{}); break;
-    case 4: fn(std::integral_constant<int, 4>{}); break;
-    case 5: fn(std::integral_constant<int, 5>{}); break;
-    case 6: fn(std::integral_constant<int, 6>{}); break;
-    case 7: fn(std::integral_constant<int, 7>{}); break;
-    case 8: fn(std::integral_constant<int, 8>{}); break;
-    default: fail("mix: internal error, Q = ", Q);
-  }
-}
-
 // Shared memory of a rows-kernel block of G threads: the w and dout slots
 // [2][Q][G] (16 bytes each), then floats: the warps' partial dots
 // [k][G/32][2Q], xw, xd, a [Q][k], r [k] and the sums s [Q].
@@ -707,40 +690,44 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
       Tensor coef = Tensor::empty({Q, N, k}, DType::F32, Device::CUDA);
       const float* dl = dlse ? dptr<float>(*dlse) + int64_t(q0) * N : nullptr;
       const float* pp = dptr<float>(probs) + int64_t(q0) * N * k;
-      if constexpr (std::is_same_v<T, bf16>) {
-        if (rows) {
+      // The rows kernel where it applies (bf16 only), else the warp kernel.
+      auto launch_rows = [&]() -> bool {
+        if constexpr (!std::is_same_v<T, bf16>) {
+          return false;
+        } else {
+          if (!rows) return false;
           const size_t smem = rows_smem(Q, k, rows_threads);
-          with_queries(Q, [&](auto qn) {
+          with_int<1, kRowsMaxQ>("Q", Q, [&](auto qn) {
             auto kernel = mix_backward_rows_kernel<decltype(qn)::value>;
             const int64_t grid = resident_grid(op, kernel, rows_threads, smem, N, 1);
             kernel<<<static_cast<unsigned>(grid), rows_threads, smem, stream()>>>(
                 dsrc, coef.data<float>(), qg, dl, src, pp, k, N, d);
             ATTNRES_CUDA_CHECK_LAUNCH();
           });
-          launch_dw<T>(dwp, coef.data<float>(), src, Q, k, N, d, lay, src_aligned);
-          continue;
+          return true;
         }
+      };
+      if (!launch_rows()) {
+        // Shared memory per group: kc cached source rows, then the dots and
+        // the softmax sums.
+        const size_t db = dots_bytes(Q, k);
+        const size_t per_group = kSmemBudget / groups_per_block;
+        const int kc = per_group > db
+                           ? static_cast<int>(std::min<size_t>(k, (per_group - db) / row_bytes))
+                           : 0;
+        const size_t smem = groups_per_block * (kc * row_bytes + db);
+        with_variant(lay.vpt, al, [&](auto vpt, auto alc) {
+          constexpr int VPT = decltype(vpt)::value;
+          constexpr bool AL = decltype(alc)::value;
+          auto kernel = Q == 1 ? mix_backward_kernel<T, VPT, AL, true>
+                               : mix_backward_kernel<T, VPT, AL, false>;
+          // (The rows' results do not depend on the grid: dw is formed by launch_dw.)
+          const int64_t grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
+          kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
+              dsrc, coef.data<float>(), qg, Q, dl, src, pp, k, kc, N, d, lay.block_mode());
+          ATTNRES_CUDA_CHECK_LAUNCH();
+        });
       }
-      // Shared memory per group: kc cached source rows, then the dots and
-      // the softmax sums.
-      const size_t db = dots_bytes(Q, k);
-      const size_t per_group = kSmemBudget / groups_per_block;
-      const int kc = per_group > db
-                         ? static_cast<int>(std::min<size_t>(k, (per_group - db) / row_bytes))
-                         : 0;
-      const size_t smem = groups_per_block * (kc * row_bytes + db);
-
-      with_variant(lay.vpt, al, [&](auto vpt, auto alc) {
-        constexpr int VPT = decltype(vpt)::value;
-        constexpr bool AL = decltype(alc)::value;
-        auto kernel = Q == 1 ? mix_backward_kernel<T, VPT, AL, true>
-                             : mix_backward_kernel<T, VPT, AL, false>;
-        // (The rows' results do not depend on the grid: dw is formed by launch_dw.)
-        const int64_t grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
-        kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
-            dsrc, coef.data<float>(), qg, Q, dl, src, pp, k, kc, N, d, lay.block_mode());
-        ATTNRES_CUDA_CHECK_LAUNCH();
-      });
       launch_dw<T>(dwp, coef.data<float>(), src, Q, k, N, d, lay, src_aligned);
     }
   });

@@ -211,21 +211,27 @@ inline RowLayout row_layout(const char* op, int64_t d) {
   return {static_cast<int>(ceil_div(slots, 32 * wpr)), static_cast<int>(wpr)};
 }
 
+// Runs fn(integral_constant<int, n>) for the runtime n in [Lo, Hi], one
+// instantiation per value (kernels whose per-thread arrays have n entries).
+template <int Lo, int Hi, typename Fn>
+void with_int(const char* what, int n, Fn&& fn) {
+  if constexpr (Lo > Hi) {
+    fail("mix: internal error, ", what, " = ", n);
+  } else if (n == Lo) {
+    fn(std::integral_constant<int, Lo>{});
+  } else {
+    with_int<Lo + 1, Hi>(what, n, fn);
+  }
+}
+
 // Runs fn(integral_constant<int, VPT>, bool_constant<ALIGNED>) for the runtime
 // choice, instantiating every kernel variant once.
 template <typename Fn>
 void with_variant(int vpt, bool aligned, Fn&& fn) {
-  auto go = [&](auto v) {
+  with_int<1, kMaxVpt>("VPT", vpt, [&](auto v) {
     if (aligned) fn(v, std::true_type{});
     else fn(v, std::false_type{});
-  };
-  switch (vpt) {
-    case 1: go(std::integral_constant<int, 1>{}); break;
-    case 2: go(std::integral_constant<int, 2>{}); break;
-    case 3: go(std::integral_constant<int, 3>{}); break;
-    case 4: go(std::integral_constant<int, 4>{}); break;
-    default: fail("mix: internal error, VPT = ", vpt);
-  }
+  });
 }
 
 inline void check_capacity(const char* op, size_t k) {
