@@ -193,9 +193,11 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     add("mix phase-1 fwd" + tag,
         [&] { kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs); }, reps,
         e * double(kb + Q) * N * d, 4.0 * kb * Q * N * d);
-    // The default kernel (the rows kernel where it applies), then the warp
-    // kernel (ATTNRES_MIX_BWD, kernels/cuda/mix.cu).
+    // The default kernel (the rows kernel where it applies), then in bf16
+    // the warp kernel (ATTNRES_MIX_BWD, kernels/cuda/mix.cu); fp32 has only
+    // the warp kernel, so one row.
     for (const std::string kernel : {"rows", "warp"}) {
+      if (kernel == "warp" && dt != DType::BF16) break;
       ScopedEnv env("ATTNRES_MIX_BWD", kernel.c_str());
       add("mix phase-1 bwd" + tag + (kernel == "warp" ? " warp" : ""),
           [&] { kern::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); }, reps,
