@@ -3,7 +3,7 @@
 # Block AttnRes model on the CPU for a few minutes, evaluate it and sample from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh --corpus
+scripts/install_deps.sh train corpus   # what training needs (the tests' packages: scripts/test.sh)
 scripts/build.sh --target attnres   # the tests are built by scripts/test.sh
 scripts/prepare_brown.sh 4096
 

@@ -6,7 +6,7 @@
 # Extra arguments go to `attnres sweep`, e.g. --no-plots or --dry-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh --corpus
-scripts/build.sh
+scripts/install_deps.sh train corpus figures
+scripts/build.sh --target attnres
 scripts/prepare_brown.sh 4096
 build/attnres sweep configs/sweeps/cpu_small.json "$@"

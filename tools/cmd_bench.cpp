@@ -303,7 +303,7 @@ int cmd_bench(const Args& args) {
   } else {
     std::printf("attnres CPU benchmark, %d OpenMP threads; BLAS: %s\n", omp_get_max_threads(),
                 kernels::cpu::blas_description().c_str());
-    if (const std::string w = kernels::cpu::blas_warning(); !w.empty())
+    for (const std::string& w : kernels::cpu::blas_warnings())
       std::printf("warning: %s\n", w.c_str());
   }
   std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld V=%lld | T=%lld B=%lld A=%lld | "

@@ -1,6 +1,7 @@
 // attnres inspect checkpoint DIR        verify + summarise a checkpoint
 // attnres inspect config CONFIG.json    print the resolved, validated config
 // attnres inspect keys                  every config key as docs/config.md's Markdown table
+// attnres inspect cpu                   the CPU's instruction set and the BLAS kernels that run
 // attnres inspect attention --checkpoint DIR --data GLOB [--batches N]
 //                                       depth-attention weights (sublayer x source), JSON
 // attnres inspect compare DIR_A DIR_B [--rtol R]
@@ -21,11 +22,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu_features.h"
 #include "core/fileio.h"
 #include "core/safetensors.h"
 #include "core/worst.h"
 #include "data/loader.h"
 #include "data/shard.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/blas_cores.h"
 #include "kernels/reduce.h"
 #include "model/depth_attention.h"
 #include "parallel/layout.h"
@@ -233,6 +237,19 @@ int inspect_schedule(const Args& args) {
   return 0;
 }
 
+// What a CPU run's GEMMs run on: the CPU, its best instruction set, the BLAS
+// and its kernels (and who chose them), as "key: value" lines.
+int inspect_cpu() {
+  const CpuFeatures cpu = read_cpu_features();
+  std::printf("cpu: %s\n", cpu_identity(cpu).c_str());
+  std::printf("cpu instruction set: %s\n", isa_name(best_isa(cpu)));
+  std::printf("blas: %s\n", kernels::cpu::blas_description().c_str());
+  std::printf("blas kernels' instruction set: %s\n",
+              isa_name(kernels::cpu::blas_core_isa(kernels::cpu::blas_core_name())));
+  for (const std::string& w : kernels::cpu::blas_warnings()) std::printf("warning: %s\n", w.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_inspect(const Args& args) {
@@ -240,6 +257,7 @@ int cmd_inspect(const Args& args) {
     std::puts("usage: attnres inspect checkpoint DIR\n"
               "       attnres inspect config CONFIG.json [--section.key=value ...]\n"
               "       attnres inspect keys\n"
+              "       attnres inspect cpu\n"
               "       attnres inspect attention --checkpoint DIR --data GLOB [--batches N]\n"
               "       attnres inspect compare DIR_A DIR_B [--rtol 1e-5]\n"
               "       attnres inspect schedule --pipeline P --virtual V --microbatches M [--comm]\n"
@@ -269,13 +287,17 @@ int cmd_inspect(const Args& args) {
     std::fputs(train::config_reference_table().c_str(), stdout);
     return 0;
   }
+  if (what == "cpu") {
+    if (!rest.empty()) fail("inspect cpu: takes no arguments");
+    return inspect_cpu();
+  }
   if (what == "attention") return inspect_attention(rest);
   if (what == "schedule") return inspect_schedule(rest);
   if (what == "compare") return inspect_compare(rest);
   if (what == "plan") return inspect_plan(rest);
   if (what == "memory") return inspect_memory(rest);
   fail("inspect: unknown topic '", what,
-       "' (checkpoint, config, keys, attention, schedule, compare, plan or memory)");
+       "' (checkpoint, config, keys, cpu, attention, schedule, compare, plan or memory)");
 }
 
 }  // namespace attnres::tools

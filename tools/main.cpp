@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cpu/blas_cores.h"
 #include "parallel/mpi.h"
 #include "tools/commands.h"
 
@@ -38,6 +39,9 @@ or internal error, 2 bad input (config, data, checkpoint, arguments), 3 non-fini
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything else (MPI, threads): may start this program again with
+  // BLAS kernels that fit the CPU (kernels/cpu/blas_cores.h).
+  attnres::kernels::cpu::select_blas_kernels(argv);
   attnres::init_logging(0);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {

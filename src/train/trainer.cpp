@@ -102,7 +102,7 @@ DeviceChoice device_choice(const TrainingConfig& tc) {
 // The CPU's threads and BLAS, for the start-up log of a CPU run.
 void log_cpu_setup(const std::string& threads) {
   spdlog::info("cpu: {}; BLAS: {}", threads, kernels::cpu::blas_description());
-  if (const std::string w = kernels::cpu::blas_warning(); !w.empty()) spdlog::warn("{}", w);
+  for (const std::string& w : kernels::cpu::blas_warnings()) spdlog::warn("{}", w);
 }
 
 // The run's token streams (docs/model.md section 5), validated before any compute.

@@ -160,19 +160,29 @@ pass "no --jobs, $cpus CPU(s): $(grep -o "small CPU models: [0-9]* runs at once"
 
 # --jobs on cuda: each run gets GPUs of its own (CUDA_VISIBLE_DEVICES, a GPU
 # per rank, from those the sweep sees). Devices 7 and 9 exist on no test
-# machine, so every run stops at once naming the GPU it was given.
+# machine, so every run stops at once naming the GPU it was given. A build
+# without the CUDA backend (ATTNRES_TEST_HAVE_CUDA=OFF, from CMake) refuses
+# such a sweep before it starts, naming the key.
 sed 's/"out_dir": "out"/"out_dir": "out_gpu"/' sweep.json > gpu.json
-CUDA_VISIBLE_DEVICES=7,9 "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda > /dev/null 2> log_gpu.txt || true
-grep -q "2 at a time, .*, 1 GPU(s) each" log_gpu.txt || { cat log_gpu.txt; fail "--jobs 2 on cuda: no GPU share in the plan line"; }
-# The first two runs start together, in the two slots; later runs take a
-# freed slot. Every run names one GPU of the two, and both were given.
-given=$(for r in $runs; do grep -ho "CUDA_VISIBLE_DEVICES=[0-9,]*" out_gpu/runs/$r/train.log | tail -1; done | sort | uniq -c | awk '{print $2 " x" $1}' | tr '\n' ' ')
-[[ $given =~ ^CUDA_VISIBLE_DEVICES=7\ x[0-9]\ CUDA_VISIBLE_DEVICES=9\ x[0-9]\ $ && \
-   $(grep -lo "CUDA_VISIBLE_DEVICES=[79])" out_gpu/runs/*/train.log | wc -l) -eq 4 ]] \
-  || { grep -h error out_gpu/runs/*/train.log; fail "--jobs 2 on cuda: each run should get GPU 7 or 9, both in use (got: $given)"; }
-expect_error "--jobs on cuda with no GPU visible" "sees 0 GPU(s)" \
-  env CUDA_VISIBLE_DEVICES= "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda
-pass "--jobs 2 on cuda: each run its own GPU ($given)"
+if [[ ${ATTNRES_TEST_HAVE_CUDA:-} == OFF ]]; then
+  expect_error "--jobs 2 on cuda in a build without CUDA" \
+    'config key training.device: "cuda", but this build has no CUDA backend' \
+    env CUDA_VISIBLE_DEVICES=7,9 "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda
+  [[ ! -d out_gpu/runs ]] || fail "--jobs 2 on cuda in a build without CUDA started runs"
+else
+  [[ ${ATTNRES_TEST_HAVE_CUDA:-} == ON ]] || fail "ATTNRES_TEST_HAVE_CUDA is '${ATTNRES_TEST_HAVE_CUDA:-}' (ON or OFF, set by tests/CMakeLists.txt)"
+  CUDA_VISIBLE_DEVICES=7,9 "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda > /dev/null 2> log_gpu.txt || true
+  grep -q "2 at a time, .*, 1 GPU(s) each" log_gpu.txt || { cat log_gpu.txt; fail "--jobs 2 on cuda: no GPU share in the plan line"; }
+  # The first two runs start together, in the two slots; later runs take a
+  # freed slot. Every run names one GPU of the two, and both were given.
+  given=$(for r in $runs; do grep -ho "CUDA_VISIBLE_DEVICES=[0-9,]*" out_gpu/runs/$r/train.log | tail -1; done | sort | uniq -c | awk '{print $2 " x" $1}' | tr '\n' ' ')
+  [[ $given =~ ^CUDA_VISIBLE_DEVICES=7\ x[0-9]\ CUDA_VISIBLE_DEVICES=9\ x[0-9]\ $ && \
+     $(grep -lo "CUDA_VISIBLE_DEVICES=[79])" out_gpu/runs/*/train.log | wc -l) -eq 4 ]] \
+    || { grep -h error out_gpu/runs/*/train.log; fail "--jobs 2 on cuda: each run should get GPU 7 or 9, both in use (got: $given)"; }
+  expect_error "--jobs on cuda with no GPU visible" "sees 0 GPU(s)" \
+    env CUDA_VISIBLE_DEVICES= "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda
+  pass "--jobs 2 on cuda: each run its own GPU ($given)"
+fi
 
 # --dry-run on the started sweep with a changed config: every changed run is
 # named and the dry run fails as the real run would; unchanged, it passes.

@@ -6,8 +6,10 @@
 #include <cstdio>
 
 #include "core/device.h"
+#include "kernels/cpu/blas_cores.h"
 
 int main(int argc, char** argv) {
+  attnres::kernels::cpu::select_blas_kernels(argv);
   int n = attnres::cuda::device_count();
   if (n == 0) {
     std::printf("SKIPPED: no CUDA device found; GPU tests were NOT run.\n");

@@ -5,9 +5,11 @@
 #include <cstdio>
 
 #include "core/log.h"
+#include "kernels/cpu/blas_cores.h"
 #include "mpi_testing.h"
 
 int main(int argc, char** argv) {
+  attnres::kernels::cpu::select_blas_kernels(argv);  // before MPI: may re-run this program
   attnres::parallel::MpiSession session;
   attnres::init_logging(session.world_rank());
   if (session.world_rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;

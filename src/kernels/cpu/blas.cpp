@@ -1,8 +1,11 @@
 #include "kernels/cpu/blas.h"
 
+#include "kernels/cpu/blas_cores.h"
+
 #include <cblas.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace attnres::kernels::cpu {
 
@@ -117,12 +120,15 @@ std::string blas_threading() {
 
 int blas_threads() { return openblas_get_num_threads(); }
 
-std::string blas_warning() {
-  if (openblas_get_parallel() == 2) return "";
-  return "the " + blas_threading() +
-         " build of OpenBLAS is loaded; it runs single-threaded under our OpenMP tiles, but the "
-         "tested build is the OpenMP one (Debian: apt-get install libopenblas-openmp-dev, then "
-         "rebuild)";
+std::vector<std::string> blas_warnings() {
+  std::vector<std::string> w;
+  if (openblas_get_parallel() != 2)
+    w.push_back("the " + blas_threading() +
+                " build of OpenBLAS is loaded; it runs single-threaded under our OpenMP tiles, but "
+                "the tested build is the OpenMP one (Debian: apt-get install "
+                "libopenblas-openmp-dev, then rebuild)");
+  if (std::string k = blas_kernels_warning(); !k.empty()) w.push_back(std::move(k));
+  return w;
 }
 
 std::string blas_description() {
@@ -130,7 +136,7 @@ std::string blas_description() {
   // MAX_THREADS=64"; the first two words are the version.
   std::string config = openblas_get_config();
   const size_t v = config.find(' ', config.find(' ') + 1);
-  return config.substr(0, v) + ", " + openblas_get_corename() + " kernels, " + blas_threading() +
+  return config.substr(0, v) + ", " + blas_kernels_description() + ", " + blas_threading() +
          " build, called single-threaded on shape-only tiles";
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace attnres::kernels::cpu {
 
@@ -36,13 +37,15 @@ template <typename T>
 void gemm_serial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                  int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
-// The BLAS in use, e.g. "OpenBLAS 0.3.21, Cooperlake kernels, OpenMP build,
-// called single-threaded on shape-only tiles".
+// The BLAS in use, e.g. "OpenBLAS 0.3.21, Cooperlake kernels (OpenBLAS's own
+// choice), OpenMP build, called single-threaded on shape-only tiles"; who
+// chose the kernels: kernels/cpu/blas_cores.h.
 std::string blas_description();
 
-// A warning for the log when the loaded OpenBLAS is not the OpenMP build CI
-// tests (it works, single-threaded as every build here); "" when it is.
-std::string blas_warning();
+// Warnings for the log and the benchmark: the loaded OpenBLAS is not the
+// OpenMP build CI tests (it works, single-threaded as every build here); its
+// kernels are of a lower instruction set than the CPU's. Empty when neither.
+std::vector<std::string> blas_warnings();
 
 // Which threading the loaded OpenBLAS was built with: "OpenMP", "pthreads" or
 // "serial" (openblas_get_parallel()), and the thread count it would use by
