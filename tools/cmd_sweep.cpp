@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "data/shard.h"
+#include "kernels/cpu/blas_cores.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/sweep.h"
@@ -133,6 +134,7 @@ int cmd_sweep(const Args& args) {
     const char* ld = std::getenv("LD_LIBRARY_PATH");
     sl.path = path ? path : "/usr/local/bin:/usr/bin:/bin";
     sl.ld_library_path = ld ? ld : "";
+    sl.blas_env = kernels::cpu::user_blas_environment();
     return train::submit_sweep(plan, sl);
   }
   if (dry_run) {

@@ -51,6 +51,8 @@ std::string environment(const SlurmOptions& opt) {
   s += "export PATH=" + shell_quote(opt.path) + "\n";
   if (!opt.ld_library_path.empty())
     s += "export LD_LIBRARY_PATH=" + shell_quote(opt.ld_library_path) + "\n";
+  for (const auto& [name, value] : opt.blas_env)
+    s += "export " + name + "=" + shell_quote(value) + "\n";
   s += "attnres=" + shell_quote(opt.attnres_bin) + "\n";
   return s;
 }

@@ -23,6 +23,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/sweep_spec.h"
@@ -43,6 +44,11 @@ struct SlurmOptions {
   std::string attnres_bin, sweep_file, workdir;
   std::vector<std::string> overrides;
   std::string path, ld_library_path;
+  // The submitting user's OpenBLAS settings (kernels/cpu/blas_cores.h,
+  // user_blas_environment()), exported to the tasks: the same kernels as a
+  // local run. A kernel choice attnres made is not carried (a task's node
+  // chooses for itself).
+  std::vector<std::pair<std::string, std::string>> blas_env;
 };
 
 // The job array's script for plan.runs[runs[0..]] (task i trains runs[i]),

@@ -9,18 +9,40 @@
 # AutoTokenizer loads each export and must give `attnres tokenize encode
 # --special` the same ids on texts holding <|endoftext|>; skipped (exit 77)
 # where transformers is not installed.
+# ATTNRES_TEST_PART=tokenizers (its own CTest test): Hugging Face's tokenizers
+# library itself (npm tokenizers 0.23.2, its prebuilt x86-64 Linux binary;
+# scripts/fetch_hf_tokenizers.sh) loads each export's tokenizer.json and must
+# give `attnres tokenize encode --special` the same ids on the ~16,300 hard
+# texts of tests/data/test_gpt2_reference.cpp and on texts holding
+# <|endoftext|>, as far as the library carries the choice (what it does with
+# the token per choice, and what is left to transformers' split_special_tokens:
+# tests/cli/hf_tokenizer_lib.js); skipped (exit 77) where the package was not
+# fetched or the platform has no binary of it.
 source "$(dirname "$0")/lib.sh"
 GPT2="$SRC/data/gpt2"
 part="${ATTNRES_TEST_PART:-}"
 case "$part" in
-  ""|transformers) ;;
-  *) fail "unknown ATTNRES_TEST_PART '$part' (transformers, or unset)" ;;
+  ""|transformers|tokenizers) ;;
+  *) fail "unknown ATTNRES_TEST_PART '$part' (transformers, tokenizers, or unset)" ;;
 esac
 [[ -f $GPT2/encoder.json && -f $GPT2/vocab.bpe ]] \
   || { echo "skipped: no $GPT2/encoder.json + vocab.bpe (scripts/fetch_gpt2.sh)"; exit 77; }
 if [[ $part == transformers ]] && ! "$PY" -c "import transformers" 2>/dev/null; then
   echo "skipped: $PY cannot import transformers: AutoTokenizer.from_pretrained(export) not checked"
   exit 77
+fi
+HF_LIB="$SRC/data/hf_tokenizers"
+if [[ $part == tokenizers ]]; then
+  # The package ships a binary per platform; scripts/fetch_hf_tokenizers.sh
+  # keeps x86-64 Linux's (glibc) alone.
+  if [[ $(uname -s) != Linux || $(uname -m) != x86_64 ]] || ! getconf GNU_LIBC_VERSION >/dev/null 2>&1; then
+    echo "skipped: the tokenizers library is run from its x86-64 Linux (glibc) binary; this is $(uname -s) $(uname -m)$(getconf GNU_LIBC_VERSION >/dev/null 2>&1 || echo ' without glibc')"
+    exit 77
+  fi
+  for f in index.js package.json tokenizers.linux-x64-gnu.node; do
+    [[ -f $HF_LIB/$f ]] || { echo "skipped: no $HF_LIB/$f (scripts/fetch_hf_tokenizers.sh fetches Hugging Face's tokenizers library)"; exit 77; }
+  done
+  command -v node >/dev/null || { echo "skipped: node is not installed (scripts/install_deps.sh corpus)"; exit 77; }
 fi
 
 # ---- a checkpoint carrying GPT-2's vocabulary as tokenizer.json ----
@@ -69,7 +91,27 @@ grep -q '"split_special_tokens": false' hf_text/tokenizer_config.json || fail "-
 "$BIN" export hf --checkpoint $ck --out hf_text --special text --force 2>/dev/null || fail "export --force back"
 pass "--special refuse and unknown values exit 2; --force rewrites tokenizer_config.json"
 
-[[ $part == transformers ]] || { echo "all hf_tokenizer checks passed (transformers' ids: the test with ATTNRES_TEST_PART=transformers)"; exit 0; }
+[[ -n $part ]] || { echo "all hf_tokenizer checks passed (transformers' ids: the test with ATTNRES_TEST_PART=transformers; the tokenizers library's: ATTNRES_TEST_PART=tokenizers)"; exit 0; }
+
+if [[ $part == tokenizers ]]; then
+  # ---- the tokenizers library's ids = ours, per choice ----
+  # Both choices export the same tokenizer.json: the choice is tokenizer_config.json's.
+  cmp -s hf_text/tokenizer.json hf_allow/tokenizer.json || fail "--special text and allow exported different tokenizer.json files"
+  TEST_DATA="$(dirname "$BIN")/tests/test_data"
+  [[ -x $TEST_DATA ]] || fail "no $TEST_DATA (it writes the hard texts of tests/data/test_gpt2_reference.cpp)"
+  ATTNRES_GPT2_TEXTS_OUT="$PWD/hard.json" "$TEST_DATA" "[.gpt2_texts]" >texts.log 2>&1 \
+    || { cat texts.log; fail "writing the hard texts"; }
+  node "$SRC/tests/cli/hf_tokenizer_lib.js" docs hard.json all.json docs || fail "writing the texts as documents"
+  for mode in text allow; do
+    "$BIN" tokenize encode --tokenizer "$GPT2" --input docs --output-dir "enc_$mode" --val-fraction 0 --name x \
+      --special $mode >/dev/null || fail "tokenize encode --special $mode of the texts"
+    [[ $(ls "enc_$mode") == x_train_000000.bin ]] || fail "expected one shard from --special $mode, got: $(ls "enc_$mode")"
+  done
+  node "$SRC/tests/cli/hf_tokenizer_lib.js" check "$HF_LIB" all.json hf_text/tokenizer.json enc_text/x_train_000000.bin \
+    hf_allow/tokenizer.json enc_allow/x_train_000000.bin || fail "the tokenizers library gave other ids"
+  pass "Hugging Face's tokenizers library on the exports' tokenizer.json = attnres tokenize encode --special text / allow"
+  exit 0
+fi
 
 # ---- transformers' ids = ours, per choice ----
 texts=('a<|endoftext|>b' '<|endoftext|>' 'Hello <|endoftext|> world' '<|endoftext|><|endoftext|>x'

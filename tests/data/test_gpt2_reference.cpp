@@ -275,3 +275,17 @@ TEST_CASE("<|endoftext|> in text as tiktoken treats it: as text, allowed, or ref
     }
   }
 }
+
+// The texts above (tricky_texts(): about 16,300) for a test outside this
+// binary: tests/cli/hf_tokenizer.sh (ATTNRES_TEST_PART=tokenizers) compares
+// Hugging Face's tokenizers library on an export's tokenizer.json with
+// `attnres tokenize encode` on them. Writes them as one JSON array of strings
+// (all valid UTF-8) to the file $ATTNRES_GPT2_TEXTS_OUT. Hidden ([.gpt2_texts]):
+// not a test of its own; run by that script as `test_data "[.gpt2_texts]"`.
+TEST_CASE("GPT-2's hard texts written out for other tests", "[.gpt2_texts]") {
+  const char* out = std::getenv("ATTNRES_GPT2_TEXTS_OUT");
+  REQUIRE(out != nullptr);
+  const auto texts = tricky_texts();
+  write_bytes(out, json(texts).dump());
+  std::cout << texts.size() << " texts written to " << out << std::endl;
+}

@@ -75,7 +75,7 @@ inline std::string lp(int64_t l, const char* s) {
 
 // f_s applied to a whole sequence of sublayer inputs x[t].
 inline Seq sublayer(const model::ModelConfig& c, const ParamFn& P, int64_t s, const Seq& x) {
-  const size_t T = x.size(), H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim();
+  const size_t T = x.size(), H = c.n_heads, Hkv = c.n_kv_heads, hd = c.d_model / c.n_heads;
   const int64_t l = s / 2;
   Seq u(T), y(T);
   if (s % 2 == 0) {
@@ -119,16 +119,25 @@ inline Seq sublayer(const model::ModelConfig& c, const ParamFn& P, int64_t s, co
   return y;
 }
 
-// Summed token cross-entropy of one sequence, straight from docs/model.md section 2.
-inline double sequence_loss(const model::ModelConfig& c, const ParamFn& P,
-                            const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
-  const size_t T = tokens.size(), d = c.d_model, L2 = c.n_sublayers();
+// S, the sublayers per block, from the keys as docs/model.md section 1 gives
+// it (not ModelConfig::resolved_block_size: the reference reads every key
+// itself): 1 for full, model.residual.block_size, or ceil(2L / n_blocks).
+inline size_t block_size(const model::ModelConfig& c) {
+  if (c.mode == model::ResidualMode::Full) return 1;
+  if (c.block_size > 0) return static_cast<size_t>(c.block_size);
+  return static_cast<size_t>((2 * c.n_layers + c.n_blocks - 1) / c.n_blocks);
+}
+
+// The logits of every position of one sequence, straight from docs/model.md section 2.
+inline Seq sequence_logits(const model::ModelConfig& c, const ParamFn& P,
+                           const std::vector<int32_t>& tokens) {
+  const size_t T = tokens.size(), d = c.d_model, L2 = 2 * c.n_layers;
   Vec E = P("model.embed_tokens.weight");
   Seq e(T);
   for (size_t t = 0; t < T; ++t) e[t] = Vec(E.begin() + tokens[t] * d, E.begin() + (tokens[t] + 1) * d);
 
   Seq z(T);
-  if (!c.attnres()) {
+  if (c.mode == model::ResidualMode::Baseline) {
     Seq x = e;  // x_s = e + sum_{i<s} y_i
     for (size_t s = 0; s < L2; ++s) {
       Seq y = sublayer(c, P, s, x);
@@ -137,7 +146,7 @@ inline double sequence_loss(const model::ModelConfig& c, const ParamFn& P,
     z = x;
   } else {
     // Block AttnRes (full = S 1): blocks b_0 = e, b_n = sum of block n's outputs.
-    const size_t S = c.resolved_block_size();
+    const size_t S = block_size(c);
     std::vector<Seq> blocks{e};
     Seq partial;  // empty = no partial
     for (size_t s = 0; s < L2; ++s) {
@@ -168,12 +177,30 @@ inline double sequence_loss(const model::ModelConfig& c, const ParamFn& P,
   }
   Vec g = P("model.norm.weight");
   Vec W = P(c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  Seq logits(T);
+  for (size_t t = 0; t < T; ++t) logits[t] = linear(W, rmsnorm(z[t], &g, c.norm_eps));
+  return logits;
+}
+
+// log softmax of one row of logits.
+inline Vec log_softmax(const Vec& logits) {
+  double m = *std::max_element(logits.begin(), logits.end()), sum = 0;
+  for (double v : logits) sum += std::exp(v - m);
+  Vec out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - m - std::log(sum);
+  return out;
+}
+
+// Summed token cross-entropy of one sequence.
+inline double sequence_loss(const model::ModelConfig& c, const ParamFn& P,
+                            const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+  const Seq logits = sequence_logits(c, P, tokens);
   double loss = 0;
-  for (size_t t = 0; t < T; ++t) {
-    Vec logits = linear(W, rmsnorm(z[t], &g, c.norm_eps));
-    double m = *std::max_element(logits.begin(), logits.end()), sum = 0;
-    for (double v : logits) sum += std::exp(v - m);
-    loss += m + std::log(sum) - logits[targets[t]];
+  for (size_t t = 0; t < logits.size(); ++t) {
+    const Vec& l = logits[t];
+    double m = *std::max_element(l.begin(), l.end()), sum = 0;
+    for (double v : l) sum += std::exp(v - m);
+    loss += m + std::log(sum) - l[targets[t]];
   }
   return loss;
 }

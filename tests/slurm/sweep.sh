@@ -111,6 +111,18 @@ done
 [[ -z $(squeue --noheader) ]] || fail "--dry-run submitted a job"
 pass "--slurm --dry-run prints the array and collect scripts, writes and submits nothing"
 
+# The submitting user's OpenBLAS settings go to the tasks (--export=NONE
+# otherwise drops them): the same kernels, so the same bits, as a local run.
+# A kernel choice attnres made itself is not carried: each node chooses.
+env OPENBLAS_CORETYPE=Sandybridge OPENBLAS_L2_SIZE=1024 "$BIN" sweep sweep.json --slurm --dry-run \
+  > dry_blas.txt 2>/dev/null || fail "--slurm --dry-run with OPENBLAS_CORETYPE"
+grep -q "^export OPENBLAS_CORETYPE=.*Sandybridge" dry_blas.txt && grep -q "^export OPENBLAS_L2_SIZE=.*1024" dry_blas.txt \
+  || { grep export dry_blas.txt; fail "the user's OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are not exported to the tasks"; }
+env -u OPENBLAS_L2_SIZE OPENBLAS_CORETYPE=SkylakeX ATTNRES_BLAS_CHOICE="SkylakeX: a test's" \
+  "$BIN" sweep sweep.json --slurm --dry-run > dry_ours.txt 2>/dev/null || fail "--slurm --dry-run (attnres's kernels)"
+grep -q "OPENBLAS" dry_ours.txt && { grep OPENBLAS dry_ours.txt; fail "a kernel choice attnres made is carried to the tasks"; }
+pass "--slurm: the user's OpenBLAS settings are exported to the tasks, attnres's own choice is not"
+
 # --- Submit: one array of 8 tasks and a collect job.
 "$BIN" sweep sweep.json --slurm > sub1.txt 2> sub1.err || { cat sub1.err; show_logs; fail "--slurm"; }
 grep -q "submitted job array [0-9]*: 8 task(s) of 1 rank(s)" sub1.err || { cat sub1.err; fail "no array submitted"; }

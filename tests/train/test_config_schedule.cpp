@@ -32,7 +32,7 @@ json base() {
 
 }  // namespace
 
-TEST_CASE("a config with every key parses", "[train]") {
+TEST_CASE("a config with every key parses", "[train][backend]") {
   // Every key the parser declares, from its own enumeration (the key table
   // that for_each_key in src/train/config.cpp feeds to the parser, the
   // serialiser and config_reference_table): a key added there without a

@@ -47,6 +47,19 @@ std::string core_with_isa(std::string_view core) {
   return std::string(core) + " (" + isa_name(blas_core_isa(core)) + ")";
 }
 
+// Why attnres set OPENBLAS_CORETYPE, when the variable still holds the core
+// it set (ATTNRES_BLAS_CHOICE = "CORE: reason"); "" when the user set it, or
+// nobody did.
+std::string our_choice_reason() {
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  const char* ours = std::getenv(kChoiceVar);
+  if (!forced || !ours) return "";
+  const std::string choice = ours;
+  const size_t colon = choice.find(": ");
+  if (colon == std::string::npos || choice.compare(0, colon, forced) != 0) return "";
+  return choice.substr(colon + 2);
+}
+
 bool dynamic_arch_library() {
   return std::strstr(openblas_get_config(), "DYNAMIC_ARCH") != nullptr;
 }
@@ -104,19 +117,21 @@ void select_blas_kernels(char** argv) {
                choice.coretype.c_str(), std::strerror(err));
 }
 
+std::vector<std::pair<std::string, std::string>> user_blas_environment() {
+  std::vector<std::pair<std::string, std::string>> env;
+  if (const char* core = std::getenv("OPENBLAS_CORETYPE"); core && our_choice_reason().empty())
+    env.emplace_back("OPENBLAS_CORETYPE", core);
+  if (const char* l2 = std::getenv("OPENBLAS_L2_SIZE")) env.emplace_back("OPENBLAS_L2_SIZE", l2);
+  return env;
+}
+
 std::string blas_kernels_description() {
   const std::string core = openblas_get_corename();
-  const char* forced = std::getenv("OPENBLAS_CORETYPE");
-  const char* ours = std::getenv(kChoiceVar);
-  if (forced && ours) {
-    // Ours when the variable still holds the core we set.
-    const std::string choice = ours;
-    const size_t colon = choice.find(": ");
-    if (colon != std::string::npos && choice.compare(0, colon, forced) == 0)
-      return core + " kernels (chosen by attnres from the CPU's flags: " +
-             choice.substr(colon + 2) + "; OPENBLAS_CORETYPE overrides)";
-  }
-  if (forced) return core + " kernels (OPENBLAS_CORETYPE=" + forced + ")";
+  if (const std::string why = our_choice_reason(); !why.empty())
+    return core + " kernels (chosen by attnres from the CPU's flags: " + why +
+           "; OPENBLAS_CORETYPE overrides)";
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"))
+    return core + " kernels (OPENBLAS_CORETYPE=" + forced + ")";
   return core + " kernels (OpenBLAS's own choice)";
 }
 

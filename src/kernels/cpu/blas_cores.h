@@ -18,6 +18,8 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/cpu_features.h"
 
@@ -51,6 +53,12 @@ BlasCoreChoice choose_blas_core(const CpuFeatures& cpu, std::string_view library
 // ATTNRES_BLAS_ASSUME_CORE=NAME (for tests) stands for the library's own
 // choice, to exercise the re-run on a CPU that the library knows.
 void select_blas_kernels(char** argv);
+
+// The OpenBLAS variables the user set (OPENBLAS_CORETYPE unless attnres set
+// it, OPENBLAS_L2_SIZE), as name / value pairs: what a process started
+// elsewhere (a Slurm task, whose environment is written out) needs to run the
+// same kernels with the same blocking, hence the same bits, as this one.
+std::vector<std::pair<std::string, std::string>> user_blas_environment();
 
 // "SkylakeX kernels (chosen by attnres: ...)", "Haswell kernels
 // (OPENBLAS_CORETYPE=Haswell)" or "Cooperlake kernels (OpenBLAS's own
