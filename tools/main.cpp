@@ -23,7 +23,7 @@ usage:
   attnres score --checkpoint DIR --text TEXT      per-token log-probabilities, as JSON
   attnres export hf --checkpoint DIR --out DIR [--dtype fp32|bf16]   Hugging Face model directory
   attnres tokenize train|encode ...      (attnres tokenize --help)
-  attnres inspect checkpoint DIR | config CONFIG.json | keys | attention --checkpoint DIR --data GLOB
+  attnres inspect checkpoint DIR | config CONFIG.json | keys | cpu | attention --checkpoint DIR --data GLOB
                   | compare DIR_A DIR_B | schedule --pipeline P --virtual V --microbatches M
                                                      (attnres inspect --help)
   attnres bench [--device cpu|cuda] [--preset 124m|350m|1b3] [...]   training throughput (attnres bench --help)
