@@ -5,8 +5,11 @@
 // schedule, the step's activation high-water and the total. With
 // --gpu-memory: whether the largest rank fits, and the largest n_layers (at
 // this width and layout) and micro_batch_size that would.
+#include <algorithm>
 #include <cstdio>
+#include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -98,25 +101,33 @@ int inspect_memory(const Args& args) {
     const int64_t worst = largest_total(cfg);
     std::printf("\n--gpu-memory %.1f GiB: the largest rank needs %.2f GiB: %s\n", budget_gib,
                 worst / 1073741824.0, worst <= budget ? "fits" : "does NOT fit");
+    // Each plan replays every layer's tensors: a tiny model on a large GPU
+    // would otherwise search up to 10^5 layers (a minute); past the bound the
+    // answer says "or more".
     const int64_t min_layers = cfg.parallel.pipeline * cfg.parallel.virtual_stages;
+    const int64_t bound = std::max<int64_t>(4096, min_layers);
     const int64_t L = train::largest_fitting(min_layers, 1, [&](int64_t v) {
       train::Config c = cfg;
       c.model.n_layers = v;
       return largest_total(c) <= budget;
-    });
+    }, bound);
     const int64_t B = train::largest_fitting(1, 1, [&](int64_t v) {
       train::Config c = cfg;
       c.training.micro_batch_size = v;
       return largest_total(c) <= budget;
-    });
+    }, bound);
+    auto amount = [&](int64_t v) {
+      return v == bound ? fmt::format("{} or more (the search stops there)", bound)
+                        : std::to_string(v);
+    };
     if (L < min_layers)
       std::printf("  no n_layers fits at this width and layout\n");
     else
-      std::printf("  largest model.n_layers that fits (this width and layout): %lld\n", (long long)L);
+      std::printf("  largest model.n_layers that fits (this width and layout): %s\n", amount(L).c_str());
     if (B < 1)
       std::printf("  no micro_batch_size fits\n");
     else
-      std::printf("  largest training.micro_batch_size that fits: %lld\n", (long long)B);
+      std::printf("  largest training.micro_batch_size that fits: %s\n", amount(B).c_str());
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/reduce.h"
 #if ATTNRES_HAVE_CUDA

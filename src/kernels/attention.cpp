@@ -2,6 +2,7 @@
 #include "kernels/attention.h"
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/attention.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/attention.h"

@@ -47,15 +47,3 @@ void dispatch_cpu_float(const Tensor& t, const char* op, Fn&& fn) {
 }
 
 }  // namespace attnres::kernels
-
-// In a dispatcher, after the argument checks: CUDA tensors go to
-// cuda::<op>(...) (declared in kernels/cuda/<op>.h). `return call;` also works
-// for void calls. Without the CUDA backend, a CUDA tensor cannot exist, but the
-// message says what is missing anyway.
-#if ATTNRES_HAVE_CUDA
-#define ATTNRES_CUDA_DISPATCH(t, op, call) \
-  if ((t).is_cuda()) return call
-#else
-#define ATTNRES_CUDA_DISPATCH(t, op, call) \
-  if ((t).is_cuda()) ::attnres::kernels::fail_no_cuda(op)
-#endif

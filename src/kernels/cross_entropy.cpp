@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/cross_entropy.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/cross_entropy.h"

@@ -2,6 +2,7 @@
 #include "kernels/embedding.h"
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/embedding.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/embedding.h"

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/reduce.h"
 #include "kernels/cpu/matmul.h"
 #if ATTNRES_HAVE_CUDA

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/mix.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/mix.h"

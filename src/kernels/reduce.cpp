@@ -2,6 +2,7 @@
 #include "kernels/reduce.h"
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/reduce.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/reduce.h"

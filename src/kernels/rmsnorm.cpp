@@ -2,6 +2,7 @@
 #include "kernels/rmsnorm.h"
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/rmsnorm.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/rmsnorm.h"

@@ -2,6 +2,7 @@
 #include "kernels/rope.h"
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/rope.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/rope.h"

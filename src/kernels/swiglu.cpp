@@ -2,6 +2,7 @@
 #include "kernels/swiglu.h"
 
 #include "kernels/common.h"
+#include "kernels/dispatch.h"
 #include "kernels/cpu/swiglu.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/swiglu.h"

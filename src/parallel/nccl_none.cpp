@@ -1,4 +1,5 @@
 // Stand-in for parallel/cuda/nccl_transport.cu in builds without CUDA + NCCL + MPI.
+#include "core/build_config.h"
 #include "core/error.h"
 #include "parallel/nccl_transport.h"
 

@@ -338,12 +338,17 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
   return out;
 }
 
-int64_t largest_fitting(int64_t lo, int64_t step, const std::function<bool(int64_t)>& fits) {
+int64_t largest_fitting(int64_t lo, int64_t step, const std::function<bool(int64_t)>& fits,
+                        int64_t hi) {
+  ATTNRES_CHECK(step > 0 && hi >= lo, "largest_fitting: step ", step, ", bound ", hi, ", start ", lo);
+  hi = lo + (hi - lo) / step * step;  // the last value of the search's grid
   if (!fits(lo)) return lo - step;
+  if (hi == lo) return lo;
   int64_t good = lo, bad = lo + step;
-  while (fits(bad) && bad < (int64_t{1} << 30)) {
+  while (fits(bad)) {
     good = bad;
-    bad = lo + 2 * (bad - lo);
+    if (good == hi) return hi;
+    bad = std::min(lo + 2 * (bad - lo), hi);
   }
   while (bad - good > step) {
     const int64_t mid = good + (bad - good) / 2 / step * step;

@@ -52,6 +52,10 @@ std::vector<RankMemory> plan_memory(const Config& cfg);
 // The largest lo + k step (k >= 0) for which fits holds, where fits holds up
 // to some value and not beyond (memory grows with the key: n_layers,
 // micro_batch_size); lo - step when fits(lo) is false. Doubles, then bisects.
-int64_t largest_fitting(int64_t lo, int64_t step, const std::function<bool(int64_t)>& fits);
+// The search stops at hi (or the last lo + k step below it): the answer is then
+// that value, and fits is never asked beyond it (a plan's cost grows with the
+// key: inspect memory bounds its searches).
+int64_t largest_fitting(int64_t lo, int64_t step, const std::function<bool(int64_t)>& fits,
+                        int64_t hi = int64_t{1} << 30);
 
 }  // namespace attnres::train

@@ -51,7 +51,7 @@ JSON
   exit 0
 fi
 
-# Size b is slow enough (10000 steps, about 25 s; a checkpoint every 200) to be cancelled
+# Size b is slow enough (5000 steps, about 12 s; a checkpoint every 200) to be cancelled
 # mid-run; size a is quick.
 sweep_json() {
 cat <<JSON
@@ -66,7 +66,7 @@ cat <<JSON
           "eval": {"batches": 2},
           "run": {"log_every": 10, "depth_stats_every": 0}},
  "sizes": [{"name": "a", "model": {"d_model": 32, "n_layers": 2, "d_ff": 64}, "tokens": [1280]},
-           {"name": "b", "model": {"d_model": 64, "n_layers": 4, "d_ff": 128}, "tokens": [320000]}],
+           {"name": "b", "model": {"d_model": 64, "n_layers": 4, "d_ff": 128}, "tokens": [160000]}],
  "modes": [{"mode": "baseline"}, {"mode": "block", "block_size": 2}],
  "seeds": [1, 2],
  "warmup_fraction": 0.1}
@@ -104,7 +104,7 @@ pass "--status before submission: 8 runs not started"
   || { cat dry.err; fail "--slurm --dry-run"; }
 for want in "#SBATCH --array=0-7" "#SBATCH --export=NONE" "#SBATCH --requeue" "#SBATCH --time=10:00" \
             "#SBATCH --comment=attnres-test" "train \"\$dir/config.json\"" "sweep --finish" \
-            "--report" "'b_block_s2_320k_s2'"; do
+            "--report" "'b_block_s2_160k_s2'"; do
   grep -qF -- "$want" dry.txt || { cat dry.txt; fail "--dry-run scripts lack '$want'"; }
 done
 [[ ! -e out ]] || fail "--dry-run wrote $(find out | head -3)"
@@ -135,11 +135,16 @@ pass "submitted array $array; --status: $(tail -1 st1.txt)"
 
 # --- Cancel a size-b task once it has a checkpoint, mid-run.
 # running_b_run [EXCEPT]: sets victim and task to a size-b run that is running
-# with a checkpoint (not EXCEPT) and its Slurm task, from one --status.
+# with a checkpoint (not EXCEPT), in the first half of its steps (so that it is
+# still running when the signal comes), and its Slurm task, from one --status.
 victim="" task=""
 running_b_run() {
   local line
-  line=$(status | awk -v x="${1:-}" '$1 ~ /^b_/ && $1 != x && $2 == "running" && / job [0-9]+_[0-9]+/' | head -1)
+  line=$(status | awk -v x="${1:-}" '$1 ~ /^b_/ && $1 != x && $2 == "running" && / job [0-9]+_[0-9]+/ &&
+                                      match($0, /step [0-9]+\/[0-9]+/) {
+                                        split(substr($0, RSTART + 5, RLENGTH - 5), s, "/")
+                                        if (2 * s[1] < s[2] + 0) print
+                                      }' | head -1)
   [[ -n $line ]] || return 1
   victim=$(awk '{print $1}' <<< "$line")
   task=$(grep -o "job [0-9]*_[0-9]*" <<< "$line" | cut -d' ' -f2)
@@ -152,7 +157,7 @@ not_in_queue() { [[ -z $(squeue --noheader --array --jobs="$task" 2>/dev/null | 
 wait_for 60 "task $task leaving the queue" not_in_queue
 wait_for 30 "$victim reported failed" bash -c "[[ \$('$BIN' sweep sweep.json --status 2>&1 | awk -v r='$victim' '\$1 == r {print \$2}') == failed ]]"
 status > st2.txt
-grep -E "^ +$victim +failed +step [0-9]+/10000: .*the task ended with signal 15" st2.txt \
+grep -E "^ +$victim +failed +step [0-9]+/5000: .*the task ended with signal 15" st2.txt \
   || { cat st2.txt; show_logs; fail "--status: the cancelled run is not failed with the reason"; }
 pass "--status after scancel: $(grep -E "^ +$victim" st2.txt | sed 's/  */ /g')"
 

@@ -20,6 +20,7 @@
 //    read and a sent buffer freed or reused by compute.
 #include "parallel/nccl_transport.h"
 
+#include "core/build_config.h"
 #if ATTNRES_HAVE_NCCL && ATTNRES_HAVE_MPI
 #include <nccl.h>
 
