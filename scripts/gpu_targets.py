@@ -31,8 +31,16 @@ reads its inputs from DRAM once), and the same schedule with the Mix's dw
 summed in its row passes and no zero-filled gradient buffers. Estimates from
 the shapes, not measurements.
 
+The floor of a Mix kernel: the bytes it must move, every input read once and
+every output written once (kernels/mix_traffic.h; `bench --kernels` prints them
+in its MB column), at the measured copy bandwidth: its "floor ms". Per preset,
+the target holds the slowest Mix row (the rows named "mix ...", not the "...
+warp" rows of the kernel kept for comparison) to 1.3x its floor. Reports from
+before the MB column counted the kernels' designed traffic instead: for them
+the target is "not measured".
+
 Information, not targets: our attention against cuDNN's SDPA at the kernel
-benchmark's shape, and each kernel row timed twice (the Mix phase-1 backward's
+benchmark's shape, every Mix row against its floor, and each kernel row timed twice (the Mix phase-1 backward's
 default kernel, then the same row "... warp" with ATTNRES_MIX_BWD=warp).
 """
 import argparse
@@ -44,6 +52,7 @@ import re
 PEAK_TFLOPS = 989  # the H100's dense bf16 peak, which train/config.h takes for MFU
 FLOOR_RATIO = 1.1  # the baseline step may be this much slower than its floor
 FLOOR_FACTOR = 1.3  # an overhead goal is at least this times its trimmed floor
+MIX_FLOOR_RATIO = 1.3  # a Mix kernel may be this much slower than its traffic floor
 
 
 class Preset:
@@ -85,17 +94,34 @@ def kernel_ms(text, op):
     return None
 
 
+def kernel_rows(text):
+    """op -> (ms, floor ms, MB or None) for each row of a `bench --kernels` report: op, ms,
+    floor ms, [MB,] GB/s, TFLOP/s, of floor (bound). Reports from before the MB column
+    (the bytes the op must move) have none."""
+    rows = {}
+    for line in (text or "").splitlines():
+        m = re.match(r"^(.+?)\s+([\d.]+)\s+([\d.]+)(?:\s+([\d.]+))?\s+\d+\s+[\d.]+\s+[\d.]+% "
+                     r"\(\w+\)$", line)
+        if m:
+            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)),
+                                m.group(4) and float(m.group(4)))
+    return rows
+
+
 def kernel_pairs(text, suffix=" warp"):
     """(op, ms, other ms, floor ms) for each kernel row timed twice, the second time with
     `suffix` on its name (bench --kernels: the Mix phase-1 backward's default kernel, then
     the warp kernel with ATTNRES_MIX_BWD=warp)."""
-    rows = {}
-    for line in (text or "").splitlines():
-        m = re.match(r"^(.+?)\s+([\d.]+)\s+([\d.]+)\s+\d+\s+[\d.]+\s+[\d.]+% \(\w+\)$", line)
-        if m:
-            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)))
-    return [(op, ms, rows[op + suffix][0], floor) for op, (ms, floor) in rows.items()
+    rows = kernel_rows(text)
+    return [(op, ms, rows[op + suffix][0], floor) for op, (ms, floor, _) in rows.items()
             if op + suffix in rows]
+
+
+def mix_floor_rows(text, suffix=" warp"):
+    """(op, ms, MB, floor ms) of each Mix kernel row with its traffic floor (the MB
+    column): the rows named "mix ...", not those of the kernel kept for comparison."""
+    return [(op, ms, mb, floor) for op, (ms, floor, mb) in kernel_rows(text).items()
+            if op.startswith("mix ") and not op.endswith(suffix) and mb is not None]
 
 
 def cudnn_fb_ms(text, shape):
@@ -231,7 +257,8 @@ def evaluate(d):
     # One machine, one set of ceilings: the first kernel report's.
     ceil = next((c for c in (ceilings(k) for _, k in texts.values()) if c), None)
     out = {"ceilings": ceil and {"copy_gbs": ceil[0], "gemm_tflops": ceil[1]},
-           "targets": [], "floors": [], "overheads": [], "attention": [], "mix_kernels": []}
+           "targets": [], "floors": [], "overheads": [], "attention": [], "mix_kernels": [],
+           "mix_floors": []}
 
     def target(name, measured, goal, goal_from, met):
         out["targets"].append({"target": name, "measured": measured, "goal": goal,
@@ -281,6 +308,17 @@ def evaluate(d):
             vs = row and row[1]
             target(f"{p.label} {label} step vs baseline", vs is not None and f"{vs:+.1f}%" or None,
                    f"<= +{goal:.1f}%", goal_from, None if vs is None else vs <= goal)
+
+        # Every Mix kernel within 1.3x of its traffic floor: the slowest decides.
+        worst = None
+        for op, ms, mb, fl in mix_floor_rows(ktext):
+            out["mix_floors"].append({"preset": p.name, "label": p.label, "op": op, "ms": ms,
+                                      "mb": mb, "floor_ms": fl, "ratio": ms / fl})
+            if worst is None or ms / fl > worst[1]:
+                worst = (op, ms / fl)
+        target(f"{p.label} Mix kernels / traffic floor",
+               worst and f"{worst[1]:.2f}x ({worst[0]})", f"<= {MIX_FLOOR_RATIO:.2f}x", "issue",
+               None if worst is None else worst[1] <= MIX_FLOOR_RATIO)
 
         # Information: our attention against cuDNN at the shape the kernels were timed at.
         kshape = model_shape(ktext)
@@ -342,6 +380,14 @@ def markdown(r):
         for a in r["attention"]:
             lines.append(f"| {a['label']} | {a['shape']} | {a['ours_ms']:.3f} | "
                          f"{a['cudnn_ms']:.3f} | {a['ratio']:.2f}x |")
+    if r["mix_floors"]:
+        lines += ["", "**Mix kernels against their traffic floor** (`bench --kernels`: the bytes "
+                  "each must move, every input once and every output once, at the measured copy "
+                  "bandwidth):", "",
+                  "| model | row | MB | ms | floor ms | ms / floor |", "|---|---|---|---|---|---|"]
+        for k in r["mix_floors"]:
+            lines.append(f"| {k['label']} | {k['op']} | {k['mb']:.1f} | {k['ms']:.3f} | "
+                         f"{k['floor_ms']:.3f} | {k['ratio']:.2f}x |")
     if r["mix_kernels"]:
         lines += ["", "**Mix phase-1 backward, the default kernel against the warp kernel** "
                   "(`bench --kernels`: each row again with ATTNRES_MIX_BWD=warp; information):", "",

@@ -22,16 +22,16 @@
 #                 rebuilds incrementally (default: a new folder under /tmp, removed at the end)
 #   --list        print the faults and exit (no copy, no build)
 #   --jobs N      build and CTest parallelism (default 2)
-#   --timeout S   CTest's time limit per test, in seconds (default 900; the documented
-#                 commands, cli: docs, take 11 min on 2 busy cores)
+#   --timeout S   CTest's time limit per test, in seconds (default 900; the longest
+#                 tests take 1 to 3 min on 2 busy cores)
 #   --suite-passed  the whole suite has just passed on a CPU-only build of REV (CI runs
 #                 this right after it): the faults' tests are not run again on the
 #                 unchanged build, and none is left out
 #
 # Exit status: 0 every fault caught, 1 some survived, 2 an error (bad arguments, an anchor not
 # found exactly once, a fault that does not build or has no test left to run).
-# CI runs it after the test suite (.ci/run): 5.5 min on 2 cores with a cold ccache, 1 to 2
-# min warm (docs/testing.md). A fault whose anchor a change removed is an error: update
+# CI runs it after the test suite (.ci/run, with --suite-passed; its figures are in
+# docs/testing.md). A fault whose anchor a change removed is an error: update
 # scripts/mutants.txt with the code.
 set -euo pipefail
 

@@ -59,7 +59,9 @@ skipped_tests() {
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 rc=0
-ctest --output-on-failure -j"$(nproc)" "${ctest_args[@]}" 2>&1 | tee "$out" || rc=$?
+# One test more than CPUs: tests also wait (process starts, daemons, files),
+# and every test's OpenMP threads wait passively (tests/CMakeLists.txt).
+ctest --output-on-failure -j"$(($(nproc) + 1))" "${ctest_args[@]}" 2>&1 | tee "$out" || rc=$?
 echo
 skipped_tests "$out"
 exit "$rc"

@@ -17,6 +17,7 @@
 #include "kernels/embedding.h"
 #include "kernels/matmul.h"
 #include "kernels/mix.h"
+#include "kernels/mix_traffic.h"
 #include "kernels/reduce.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -71,6 +72,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
   const double e = static_cast<double>(dtype_size(dt));  // bytes per activation element
   const DType st = kern::stat_dtype(dt), gt = kern::grad_dtype(dt);
   const double gsz = static_cast<double>(dtype_size(gt));
+  const kern::MixBytes mb = kern::MixBytes::of(dt);
 
   // ---- the two ceilings, measured here ----
   double bw, peak;
@@ -91,8 +93,11 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
 
   // Each row is printed (and flushed) as soon as it is measured, so a run cut
   // off by a time limit keeps the rows it finished.
-  std::printf("\n%-26s %10s %10s %10s %9s  %s\n", "op", "ms", "floor ms", "GB/s", "TFLOP/s",
-              "of floor (bound)");
+  // MB: the bytes the op must move (1 MB = 1e6 B), its floor at copy
+  // bandwidth; for the Mix rows every input once and every output once
+  // (kernels/mix_traffic.h), so "of floor" is their achieved fraction of it.
+  std::printf("\n%-26s %10s %10s %10s %10s %9s  %s\n", "op", "ms", "floor ms", "MB", "GB/s",
+              "TFLOP/s", "of floor (bound)");
   // A row: times fn when its name contains `only` (all rows when empty).
   int64_t rows_run = 0;
   std::vector<std::string> skipped;
@@ -106,9 +111,9 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     const double ms = time_ms(fn, n_reps);
     const double t_bytes = bytes / bw * 1e3, t_flops = flops / peak * 1e3;
     const double floor_ms = std::max(t_bytes, t_flops);
-    std::printf("%-26s %10.3f %10.3f %10.0f %9.1f  %5.1f%% (%s)\n", op.c_str(), ms, floor_ms,
-                bytes / (ms * 1e-3) * 1e-9, flops / (ms * 1e-3) * 1e-12, 100.0 * floor_ms / ms,
-                t_flops > t_bytes ? "compute" : "memory");
+    std::printf("%-26s %10.3f %10.3f %10.1f %10.0f %9.1f  %5.1f%% (%s)\n", op.c_str(), ms, floor_ms,
+                bytes * 1e-6, bytes / (ms * 1e-3) * 1e-9, flops / (ms * 1e-3) * 1e-12,
+                100.0 * floor_ms / ms, t_flops > t_bytes ? "compute" : "memory");
     std::fflush(stdout);
   };
   const int reps = 20;
@@ -190,9 +195,10 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     // Run once untimed: the merge rows read these outputs even when --only
     // skips the timed rows.
     kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs);
+    const kern::MixQueries shape{N, d, kb, Q, true};
     add("mix phase-1 fwd" + tag,
         [&] { kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs); }, reps,
-        e * double(kb + Q) * N * d, 4.0 * kb * Q * N * d);
+        kern::mix_forward_traffic(shape, mb).total(), 4.0 * kb * Q * N * d);
     // The default kernel (the rows kernel where it applies), then in bf16
     // the warp kernel (ATTNRES_MIX_BWD, kernels/cuda/mix.cu); fp32 has only
     // the warp kernel, so one row.
@@ -201,7 +207,7 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       ScopedEnv env("ATTNRES_MIX_BWD", kernel.c_str());
       add("mix phase-1 bwd" + tag + (kernel == "warp" ? " warp" : ""),
           [&] { kern::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); }, reps,
-          e * (4.0 * kb + Q) * N * d, 10.0 * kb * Q * N * d);  // + the dw pass over the sources
+          kern::mix_backward_traffic(shape, mb).total(), 10.0 * kb * Q * N * d);
     }
     return r;
   };
@@ -228,11 +234,13 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     Tensor dw = Tensor::zeros({d}, gt, Device::CUDA);
     const std::string tag = " (k=" + std::to_string(ks) + ")";
     kern::mix_forward(out, probs, w, src, rs);  // probs for the bwd row, whatever --only runs
+    const kern::MixQueries final_mix{N, d, ks, 1, false};
     add("mix fwd" + tag, [&] { kern::mix_forward(out, probs, w, src, rs); }, reps,
-        e * (ks + 1.0) * N * d, 4.0 * ks * N * d);
+        kern::mix_forward_traffic(final_mix, mb).total(), 4.0 * ks * N * d);
     add("mix bwd" + tag, [&] { kern::mix_backward(dsrc, dw, dout, w, src, rs, probs); }, reps,
-        e * (1.0 + 3.0 * ks) * N * d, 8.0 * ks * N * d);
-    add("mix source rstd", [&] { kern::mix_source_rstd(rs[0], src[0], 1e-5f); }, reps, e * N * d, 0);
+        kern::mix_backward_traffic(final_mix, mb).total(), 8.0 * ks * N * d);
+    add("mix source rstd", [&] { kern::mix_source_rstd(rs[0], src[0], 1e-5f); }, reps,
+        kern::mix_source_rstd_traffic(N, d, mb).total(), 0);
 
     // Block AttnRes's two phases for the last block: phase 1 runs the block's
     // Q = S queries over its kb = ks - 1 completed blocks in one pass, phase 2
@@ -259,14 +267,15 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       Tensor d_o = Tensor::empty({N, d}, dt, Device::CUDA), gain = rand_dev({d}, dt, 81);
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
       kern::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f);  // mstats, as above
+      const kern::MixMerge merge{N, d, mp};
       add("mix merge + rmsnorm fwd",
           [&] { kern::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f); }, reps,
-          e * 3.0 * N * d, 9.0 * N * d);  // o, p read, u written
+          kern::mix_merge_norm_forward_traffic(merge, mb).total(), 9.0 * N * d);
       add("mix merge + rmsnorm bwd",
           [&] {
             kern::mix_merge_norm_backward(d_o, dlse0, dpart, dw, dgain, dout, w, outs[0], part, gain, mstats);
           }, reps,
-          e * 7.0 * N * d, 20.0 * N * d);  // du, o, p read, d_o written, dp read + written; p again for dw
+          kern::mix_merge_norm_backward_traffic(merge, mb).total(), 20.0 * N * d);
     }
     // Full AttnRes's phase 1 at its last Mix group: Q = the group's sublayers
     // over k = 1 + (sublayers before the group) sources, the most of any group.
@@ -291,15 +300,15 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
       const std::string mtag = " (full, m=" + std::to_string(m) + ")";
       kern::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f);  // mstats, as above
+      const kern::MixMerge merge{N, d, m};
       add("mix merge + rmsnorm fwd" + mtag,
           [&] { kern::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f); }, reps,
-          e * (m + 2.0) * N * d, (4.0 * m + 5.0) * N * d);  // o, recent read, u written
+          kern::mix_merge_norm_forward_traffic(merge, mb).total(), (4.0 * m + 5.0) * N * d);
       add("mix merge + rmsnorm bwd" + mtag,
           [&] {
             kern::mix_merge_norm_backward(d_o, dl, drecent, dw, dgain, dout, w, o, recent, gain, mstats);
           }, reps,
-          e * (4.0 + 4.0 * m) * N * d, (10.0 * m + 12.0) * N * d);  // du, o, recent read, d_o written,
-                                                                 // drecent read + written; recent again for dw
+          kern::mix_merge_norm_backward_traffic(merge, mb).total(), (10.0 * m + 12.0) * N * d);
     }
   }
   {

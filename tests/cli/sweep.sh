@@ -9,11 +9,15 @@
 #     without it, the sweep must say so);
 #   ATTNRES_TEST_PART=mpirun: the same grid under mpirun (pipeline of 2) gives
 #     bit-identical metrics and depth statistics (needs mpirun and MPI in the build).
+# ATTNRES_TEST_PART=cuda runs only the checks whose outcome depends on the build
+# (a sweep on cuda: refused, or each run given its GPU; the shipped GPU sweeps'
+# validation): CI runs the whole script on the CPU-only build and this part on
+# the build with CUDA (label backend).
 source "$(dirname "$0")/lib.sh"
 part="${ATTNRES_TEST_PART:-}"
 case "$part" in
-  ""|figures|mpirun) ;;
-  *) fail "unknown ATTNRES_TEST_PART '$part' (figures, mpirun, or unset)" ;;
+  ""|figures|mpirun|cuda) ;;
+  *) fail "unknown ATTNRES_TEST_PART '$part' (figures, mpirun, cuda, or unset)" ;;
 esac
 if [[ $part == mpirun ]] && ! command -v mpirun > /dev/null; then
   echo "skipped: sweep under mpirun: mpirun not found (apt-get install openmpi-bin)"
@@ -53,6 +57,63 @@ run_sweep() {
   grep -q "power-law fits" table.txt && grep -q "compute multiplier over baseline" table.txt \
     || { cat table.txt; fail "fit table not printed"; }
 }
+
+# The checks whose outcome depends on the build (also the "cuda" part).
+check_cuda_jobs() {
+  # --jobs on cuda: each run gets GPUs of its own (CUDA_VISIBLE_DEVICES, a GPU
+  # per rank, from those the sweep sees). Devices 7 and 9 exist on no test
+  # machine, so every run stops at once naming the GPU it was given. A build
+  # without the CUDA backend (ATTNRES_TEST_HAVE_CUDA=OFF, from CMake) refuses
+  # such a sweep before it starts, naming the key.
+  sed 's/"out_dir": "out"/"out_dir": "out_gpu"/' sweep.json > gpu.json
+  if [[ ${ATTNRES_TEST_HAVE_CUDA:-} == OFF ]]; then
+    expect_error "--jobs 2 on cuda in a build without CUDA" \
+      'config key training.device: "cuda", but this build has no CUDA backend' \
+      env CUDA_VISIBLE_DEVICES=7,9 "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda
+    [[ ! -d out_gpu/runs ]] || fail "--jobs 2 on cuda in a build without CUDA started runs"
+  else
+    [[ ${ATTNRES_TEST_HAVE_CUDA:-} == ON ]] || fail "ATTNRES_TEST_HAVE_CUDA is '${ATTNRES_TEST_HAVE_CUDA:-}' (ON or OFF, set by tests/CMakeLists.txt)"
+    CUDA_VISIBLE_DEVICES=7,9 "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda > /dev/null 2> log_gpu.txt || true
+    grep -q "2 at a time, .*, 1 GPU(s) each" log_gpu.txt || { cat log_gpu.txt; fail "--jobs 2 on cuda: no GPU share in the plan line"; }
+    # The first two runs start together, in the two slots; later runs take a
+    # freed slot. Every run names one GPU of the two, and both were given.
+    given=$(for r in $runs; do grep -ho "CUDA_VISIBLE_DEVICES=[0-9,]*" out_gpu/runs/$r/train.log | tail -1; done | sort | uniq -c | awk '{print $2 " x" $1}' | tr '\n' ' ')
+    [[ $given =~ ^CUDA_VISIBLE_DEVICES=7\ x[0-9]\ CUDA_VISIBLE_DEVICES=9\ x[0-9]\ $ && \
+       $(grep -lo "CUDA_VISIBLE_DEVICES=[79])" out_gpu/runs/*/train.log | wc -l) -eq 4 ]] \
+      || { grep -h error out_gpu/runs/*/train.log; fail "--jobs 2 on cuda: each run should get GPU 7 or 9, both in use (got: $given)"; }
+    expect_error "--jobs on cuda with no GPU visible" "sees 0 GPU(s)" \
+      env CUDA_VISIBLE_DEVICES= "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda
+    pass "--jobs 2 on cuda: each run its own GPU ($given)"
+  fi
+}
+check_shipped_sweeps() {
+  # The shipped sweeps validate. Without CUDA in this build the GPU sweep is
+  # checked with the device and precision overridden (everything else as is).
+  "$BIN" sweep "$SRC/configs/sweeps/cpu_small.json" --dry-run > cpu_plan.txt 2>&1 \
+    || { cat cpu_plan.txt; fail "configs/sweeps/cpu_small.json does not validate"; }
+  grep -q "27 runs" cpu_plan.txt || { cat cpu_plan.txt; fail "cpu_small: expected 27 runs"; }
+  gpu=(sweep "$SRC/configs/sweeps/gpu_paper.json" --dry-run)
+  if ! "$BIN" "${gpu[@]}" > gpu_plan.txt 2>&1; then
+    grep -q "no CUDA backend" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper.json does not validate"; }
+    "$BIN" "${gpu[@]}" --training.device=cpu --training.precision=fp32 > gpu_plan.txt 2>&1 \
+      || { cat gpu_plan.txt; fail "gpu_paper.json does not validate (device overridden to cpu)"; }
+  fi
+  grep -q "15 runs" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper: expected 15 runs"; }
+  h100=(sweep "$SRC/configs/sweeps/gpu_h100.json" --dry-run)
+  if ! "$BIN" "${h100[@]}" > h100_plan.txt 2>&1; then
+    grep -q "no CUDA backend" h100_plan.txt || { cat h100_plan.txt; fail "gpu_h100.json does not validate"; }
+    "$BIN" "${h100[@]}" --training.device=cpu --training.precision=fp32 > h100_plan.txt 2>&1 \
+      || { cat h100_plan.txt; fail "gpu_h100.json does not validate (device overridden to cpu)"; }
+  fi
+  grep -q "18 runs" h100_plan.txt || { cat h100_plan.txt; fail "gpu_h100: expected 18 runs"; }
+  pass "configs/sweeps/cpu_small.json (27 runs), gpu_paper.json (15) and gpu_h100.json (18) validate"
+}
+if [[ $part == cuda ]]; then
+  check_cuda_jobs
+  check_shipped_sweeps
+  echo "all build-dependent sweep checks passed"
+  exit 0
+fi
 
 if [[ $part == figures ]]; then
   run_sweep
@@ -158,32 +219,6 @@ fi
 diff <(wallless out/results.csv | sed 1d) <(wallless out_auto/results.csv | sed 1d) || fail "no --jobs: results.csv differs"
 pass "no --jobs, $cpus CPU(s): $(grep -o "small CPU models: [0-9]* runs at once" log_auto.txt || echo "one run at a time"), the same results"
 
-# --jobs on cuda: each run gets GPUs of its own (CUDA_VISIBLE_DEVICES, a GPU
-# per rank, from those the sweep sees). Devices 7 and 9 exist on no test
-# machine, so every run stops at once naming the GPU it was given. A build
-# without the CUDA backend (ATTNRES_TEST_HAVE_CUDA=OFF, from CMake) refuses
-# such a sweep before it starts, naming the key.
-sed 's/"out_dir": "out"/"out_dir": "out_gpu"/' sweep.json > gpu.json
-if [[ ${ATTNRES_TEST_HAVE_CUDA:-} == OFF ]]; then
-  expect_error "--jobs 2 on cuda in a build without CUDA" \
-    'config key training.device: "cuda", but this build has no CUDA backend' \
-    env CUDA_VISIBLE_DEVICES=7,9 "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda
-  [[ ! -d out_gpu/runs ]] || fail "--jobs 2 on cuda in a build without CUDA started runs"
-else
-  [[ ${ATTNRES_TEST_HAVE_CUDA:-} == ON ]] || fail "ATTNRES_TEST_HAVE_CUDA is '${ATTNRES_TEST_HAVE_CUDA:-}' (ON or OFF, set by tests/CMakeLists.txt)"
-  CUDA_VISIBLE_DEVICES=7,9 "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda > /dev/null 2> log_gpu.txt || true
-  grep -q "2 at a time, .*, 1 GPU(s) each" log_gpu.txt || { cat log_gpu.txt; fail "--jobs 2 on cuda: no GPU share in the plan line"; }
-  # The first two runs start together, in the two slots; later runs take a
-  # freed slot. Every run names one GPU of the two, and both were given.
-  given=$(for r in $runs; do grep -ho "CUDA_VISIBLE_DEVICES=[0-9,]*" out_gpu/runs/$r/train.log | tail -1; done | sort | uniq -c | awk '{print $2 " x" $1}' | tr '\n' ' ')
-  [[ $given =~ ^CUDA_VISIBLE_DEVICES=7\ x[0-9]\ CUDA_VISIBLE_DEVICES=9\ x[0-9]\ $ && \
-     $(grep -lo "CUDA_VISIBLE_DEVICES=[79])" out_gpu/runs/*/train.log | wc -l) -eq 4 ]] \
-    || { grep -h error out_gpu/runs/*/train.log; fail "--jobs 2 on cuda: each run should get GPU 7 or 9, both in use (got: $given)"; }
-  expect_error "--jobs on cuda with no GPU visible" "sees 0 GPU(s)" \
-    env CUDA_VISIBLE_DEVICES= "$BIN" sweep gpu.json --no-plots --jobs 2 --training.device=cuda
-  pass "--jobs 2 on cuda: each run its own GPU ($given)"
-fi
-
 # --dry-run on the started sweep with a changed config: every changed run is
 # named and the dry run fails as the real run would; unchanged, it passes.
 rc=0
@@ -232,24 +267,6 @@ steps=$(grep '"loss"' long/runs/b_block_s2_96k/metrics.jsonl | grep -o '"step":[
 [[ $steps -eq 3000 ]] || fail "resumed run logged $steps distinct steps, expected 3000"
 pass "SIGTERM at $stopped: exit 143, then the same command resumed it to step 3000"
 
-# The shipped sweeps validate. Without CUDA in this build the GPU sweep is
-# checked with the device and precision overridden (everything else as is).
-"$BIN" sweep "$SRC/configs/sweeps/cpu_small.json" --dry-run > cpu_plan.txt 2>&1 \
-  || { cat cpu_plan.txt; fail "configs/sweeps/cpu_small.json does not validate"; }
-grep -q "27 runs" cpu_plan.txt || { cat cpu_plan.txt; fail "cpu_small: expected 27 runs"; }
-gpu=(sweep "$SRC/configs/sweeps/gpu_paper.json" --dry-run)
-if ! "$BIN" "${gpu[@]}" > gpu_plan.txt 2>&1; then
-  grep -q "no CUDA backend" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper.json does not validate"; }
-  "$BIN" "${gpu[@]}" --training.device=cpu --training.precision=fp32 > gpu_plan.txt 2>&1 \
-    || { cat gpu_plan.txt; fail "gpu_paper.json does not validate (device overridden to cpu)"; }
-fi
-grep -q "15 runs" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper: expected 15 runs"; }
-h100=(sweep "$SRC/configs/sweeps/gpu_h100.json" --dry-run)
-if ! "$BIN" "${h100[@]}" > h100_plan.txt 2>&1; then
-  grep -q "no CUDA backend" h100_plan.txt || { cat h100_plan.txt; fail "gpu_h100.json does not validate"; }
-  "$BIN" "${h100[@]}" --training.device=cpu --training.precision=fp32 > h100_plan.txt 2>&1 \
-    || { cat h100_plan.txt; fail "gpu_h100.json does not validate (device overridden to cpu)"; }
-fi
-grep -q "18 runs" h100_plan.txt || { cat h100_plan.txt; fail "gpu_h100: expected 18 runs"; }
-pass "configs/sweeps/cpu_small.json (27 runs), gpu_paper.json (15) and gpu_h100.json (18) validate"
+check_cuda_jobs
+check_shipped_sweeps
 echo "all sweep checks passed"

@@ -36,6 +36,9 @@ start_slurm() {
   host=$(hostname -s)
   cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc heeds OMP_NUM_THREADS
   # Ports of our own, away from a system Slurm's 6817/6818 and from each other.
+  # SchedulerParameters: the main and backfill schedulers every second, not
+  # every 60 s and 30 s, so that a freed CPU or a requeued task is taken at
+  # once (the sweep test took 92 s before, 60 s after).
   port=$((20000 + ($$ % 20000) * 2))
   cat > "$SLURM_DIR/slurm.conf" <<CONF
 ClusterName=attnres-test
@@ -66,6 +69,7 @@ ReturnToService=2
 KillWait=20
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
+SchedulerParameters=sched_interval=1,bf_interval=1
 NodeName=$host CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF

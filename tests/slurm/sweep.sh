@@ -51,7 +51,7 @@ JSON
   exit 0
 fi
 
-# Size b is slow enough (5000 steps, about 12 s; a checkpoint every 200) to be cancelled
+# Size b is slow enough (3000 steps, about 8 s; a checkpoint every 200) to be cancelled
 # mid-run; size a is quick.
 sweep_json() {
 cat <<JSON
@@ -66,7 +66,7 @@ cat <<JSON
           "eval": {"batches": 2},
           "run": {"log_every": 10, "depth_stats_every": 0}},
  "sizes": [{"name": "a", "model": {"d_model": 32, "n_layers": 2, "d_ff": 64}, "tokens": [1280]},
-           {"name": "b", "model": {"d_model": 64, "n_layers": 4, "d_ff": 128}, "tokens": [160000]}],
+           {"name": "b", "model": {"d_model": 64, "n_layers": 4, "d_ff": 128}, "tokens": [96000]}],
  "modes": [{"mode": "baseline"}, {"mode": "block", "block_size": 2}],
  "seeds": [1, 2],
  "warmup_fraction": 0.1}
@@ -104,7 +104,7 @@ pass "--status before submission: 8 runs not started"
   || { cat dry.err; fail "--slurm --dry-run"; }
 for want in "#SBATCH --array=0-7" "#SBATCH --export=NONE" "#SBATCH --requeue" "#SBATCH --time=10:00" \
             "#SBATCH --comment=attnres-test" "train \"\$dir/config.json\"" "sweep --finish" \
-            "--report" "'b_block_s2_160k_s2'"; do
+            "--report" "'b_block_s2_96k_s2'"; do
   grep -qF -- "$want" dry.txt || { cat dry.txt; fail "--dry-run scripts lack '$want'"; }
 done
 [[ ! -e out ]] || fail "--dry-run wrote $(find out | head -3)"
@@ -157,7 +157,7 @@ not_in_queue() { [[ -z $(squeue --noheader --array --jobs="$task" 2>/dev/null | 
 wait_for 60 "task $task leaving the queue" not_in_queue
 wait_for 30 "$victim reported failed" bash -c "[[ \$('$BIN' sweep sweep.json --status 2>&1 | awk -v r='$victim' '\$1 == r {print \$2}') == failed ]]"
 status > st2.txt
-grep -E "^ +$victim +failed +step [0-9]+/5000: .*the task ended with signal 15" st2.txt \
+grep -E "^ +$victim +failed +step [0-9]+/3000: .*the task ended with signal 15" st2.txt \
   || { cat st2.txt; show_logs; fail "--status: the cancelled run is not failed with the reason"; }
 pass "--status after scancel: $(grep -E "^ +$victim" st2.txt | sed 's/  */ /g')"
 

@@ -1,0 +1,640 @@
+#!/usr/bin/python3
+"""The PyTorch peer: the training run of `attnres train CONFIG.json`, written the
+way a PyTorch user would write it, to race a whole training step of ours against
+it on the same card, at the same work.
+
+    scripts/peer_torch.py CONFIG.json [--steps N] [--device cpu|cuda] [--compile]
+                          [--attnres BIN] [--section.key=value ...]
+
+Same model, same initial weights, same token units in the same order, same
+optimizer, schedule and clipping, so that its per-step losses equal the ones
+attnres writes to metrics.jsonl (within rounding: the test
+tests/cli/peer_torch.sh requires 1e-4 relative in fp32 on the CPU). What a
+PyTorch user would use, and this uses: nn.Linear / nn.Embedding modules,
+torch.optim.AdamW (fused=True on CUDA), torch.nn.utils.clip_grad_norm_, bf16
+autocast on CUDA when the config trains in bf16 (fp32 parameters, as autocast
+wants them), scaled_dot_product_attention, and torch.compile with --compile.
+
+How it gets there:
+- The config is resolved by `attnres inspect config CONFIG.json [overrides]`
+  (defaults filled in, the same validation as `attnres train`).
+- The initial weights are attnres's own: `attnres train` on the CPU with
+  checkpoint.save_initial (which writes step_00000000 before the first
+  update) and a one-step run of one token (training.steps must be > 0; the
+  initial values depend on the seed and the model only, docs/model.md section
+  3, or come from model.init_from), then `attnres export hf` of that
+  checkpoint, whose model.safetensors is read here.
+- The units are read from the shards as src/data/loader.cpp reads them
+  (docs/model.md section 5), shuffled by the same counter-based permutation.
+- The step is the trainer's (src/train/trainer.cpp): the mean cross-entropy of
+  the A x D microbatches (A = training.grad_accum, D = parallel.data: a
+  data-parallel run's global batch, which a single process runs as A x D
+  microbatches of the same units), the global gradient norm, clipping, AdamW
+  at the schedule's learning rate (src/train/lr_schedule.cpp).
+
+Output: one JSON line per optimizer step on stdout,
+  {"step": s, "loss": L, "tokens_per_sec": x, "lr": lr, "grad_norm": g}
+(step counted from 1, loss and grad_norm as metrics.jsonl has them: before
+that step's update, the norm before clipping); what it ran and what it could
+not use (no SDPA or torch.compile in this torch, a compile that failed) on
+stderr. --steps N stops after the first N steps of the configured run (the
+schedule still spans training.steps, as attnres's run.stop_after);
+--training.steps=N changes the run itself. The peer neither evaluates nor
+writes checkpoints, and always starts from the initial weights
+(checkpoint.resume is not followed).
+Exit codes as attnres's: 0 done, 1 runtime error, 2 bad input, 3 non-finite
+loss or gradient norm (the step is printed, no update is made).
+
+Needs Python 3 and torch only.
+"""
+import argparse
+import bisect
+import contextlib
+import glob
+import inspect
+import json
+import math
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class InputError(Exception):
+    """Bad input (exit code 2, as attnres)."""
+
+
+def note(msg):
+    print(f"peer_torch: {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# The config and the initial weights, from the attnres binary
+# ---------------------------------------------------------------------------
+
+def run_attnres(binary, args, what):
+    proc = subprocess.run([binary] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise InputError(f"{what}: `{binary} {' '.join(args[:2])} ...` exited {proc.returncode}")
+    return proc.stdout
+
+
+def resolve_config(binary, path, overrides):
+    """The config as `attnres train` would run it: every key, defaults filled in."""
+    return json.loads(run_attnres(binary, ["inspect", "config", path] + overrides,
+                                  "resolving the config"))
+
+
+def initial_export(binary, cfg, workdir):
+    """Runs attnres for the initial weights and exports them; returns the export
+    directory. The run keeps the model, the seed, model.init_from and the data
+    (relative paths resolve against this working directory, as the user's run's
+    would) and changes only what does not touch the initial values: one step of
+    one token on the CPU, no evaluation, checkpoints into workdir."""
+    init = json.loads(json.dumps(cfg))  # a deep copy
+    init["training"].update(steps=1, micro_batch_size=1, seq_len=1, grad_accum=1, device="cpu",
+                            precision="fp32", logits="auto", recompute="none")
+    init["parallel"] = {"pipeline": 1, "virtual_stages": 1, "data": 1, "zero": 0}
+    ckpt = os.path.join(workdir, "ckpt")
+    init["checkpoint"] = {"dir": ckpt, "save_initial": True, "async": False, "every": 0,
+                          "keep_last": 0, "resume": "never"}
+    init["eval"] = {"every": 0}
+    init["data"].pop("val", None)
+    init["run"] = {"dir": os.path.join(workdir, "run")}
+    path = os.path.join(workdir, "init.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(init, f)
+    run_attnres(binary, ["train", path], "writing the initial weights")
+    out = os.path.join(workdir, "hf")
+    run_attnres(binary, ["export", "hf", "--checkpoint", os.path.join(ckpt, "step_00000000"),
+                         "--out", out], "exporting the initial weights")
+    return out
+
+
+def read_safetensors(path):
+    """{name: tensor} of one safetensors file (8-byte header length, JSON header,
+    then the little-endian data), read with torch alone."""
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+              "F64": torch.float64}
+    out = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as data:
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin = info["data_offsets"][0]
+            dtype = dtypes[info["dtype"]]
+            count = math.prod(info["shape"])
+            t = torch.frombuffer(data, dtype=dtype, count=count, offset=8 + n + begin)
+            out[name] = t.reshape(info["shape"]).clone()
+    return out
+
+
+def read_export(directory):
+    """(config.json, {name: tensor}) of an `attnres export hf` directory, one
+    file or shards."""
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        tensors.update(read_safetensors(os.path.join(directory, name)))
+    return config, tensors
+
+
+# ---------------------------------------------------------------------------
+# The token units (src/data/loader.cpp, src/data/shard.cpp, src/core/rng.h)
+# ---------------------------------------------------------------------------
+
+MASK64 = (1 << 64) - 1
+
+
+def mix64(x):
+    """SplitMix64's finaliser, on Python ints kept to 64 bits."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def fnv1a64(text):
+    h = 0xCBF29CE484222325
+    for byte in text.encode("utf-8"):
+        h = ((h ^ byte) * 0x100000001B3) & MASK64
+    return h
+
+
+def shuffled_units(n, seed, epoch):
+    """Epoch `epoch`'s permutation of the n units: Fisher-Yates with j drawn
+    from the counter-based generator by a 64 x 64 -> 128-bit multiply-high."""
+    perm = list(range(n))
+    stream = mix64(fnv1a64("attnres.data.shuffle") ^ (epoch & MASK64))
+    key = mix64(mix64(seed & MASK64) ^ stream)  # random_u64(seed, stream, i) = mix64(key ^ i)
+    for i in range(n - 1, 0, -1):
+        j = (mix64(key ^ i) * (i + 1)) >> 64
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+def resolve_data_spec(spec):
+    """A file, a directory's *.bin files (not hidden) or a glob; byte-sorted."""
+    if os.path.isfile(spec):
+        paths = [spec]
+    elif os.path.isdir(spec):
+        prefix = spec if spec.endswith("/") else spec + "/"
+        paths = [prefix + n for n in os.listdir(spec)
+                 if not n.startswith(".") and len(n) > 4 and n.endswith(".bin")
+                 and os.path.isfile(prefix + n)]
+    else:
+        paths = [p for p in glob.glob(spec) if os.path.isfile(p)]
+    if not paths:
+        raise InputError(f"data.train = '{spec}': no token shards")
+    return sorted(paths, key=os.fsencode)
+
+
+class TokenUnits:
+    """Unit u of the run: B x T + 1 consecutive tokens of one shard (units
+    advance by B T and never straddle shards), inputs the first B T, targets the
+    last B T; with shuffling, each epoch visits the units in its permutation."""
+
+    FORMATS = {(20240520, 1): (2, torch.int16), (20240801, 7): (4, torch.int32)}
+
+    def __init__(self, spec, B, T, shuffle, seed):
+        self.span, self.B, self.T, self.shuffle, self.seed = B * T, B, T, shuffle, seed
+        self.shards, self.starts = [], [0]  # starts[i]: the first stream unit of shard i
+        for path in resolve_data_spec(spec):
+            with open(path, "rb") as f:
+                header = f.read(1024)
+                magic, version, count = struct.unpack("<3i", header[:12].ljust(12, b"\0"))
+                if len(header) != 1024 or (magic, version) not in self.FORMATS or count < 0:
+                    raise InputError(f"{path}: not a token shard in llm.c's format")
+                size, dtype = self.FORMATS[(magic, version)]
+                if os.fstat(f.fileno()).st_size != 1024 + count * size:
+                    raise InputError(f"{path}: size does not match its header's {count} tokens")
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if count else None
+            self.shards.append((data, size, dtype))
+            units = (count - 1) // self.span if count >= self.span + 1 else 0
+            self.starts.append(self.starts[-1] + units)
+        self.units_per_epoch = self.starts[-1]
+        if self.units_per_epoch == 0:
+            raise InputError(f"data.train = '{spec}': no shard holds B*T+1 = {self.span + 1} "
+                             "tokens")
+        self.perm, self.perm_epoch = None, -1
+
+    def unit(self, u):
+        epoch, pos = divmod(u, self.units_per_epoch)
+        if self.shuffle:
+            if epoch != self.perm_epoch:
+                self.perm, self.perm_epoch = shuffled_units(self.units_per_epoch, self.seed,
+                                                            epoch), epoch
+            pos = self.perm[pos]
+        shard = bisect.bisect_right(self.starts, pos) - 1
+        data, size, dtype = self.shards[shard]
+        begin = 1024 + (pos - self.starts[shard]) * self.span * size
+        raw = bytearray(data[begin:begin + (self.span + 1) * size])
+        tokens = torch.frombuffer(raw, dtype=dtype).long()
+        if size == 2:
+            tokens &= 0xFFFF  # uint16 ids read as int16
+        return (tokens[:-1].view(self.B, self.T), tokens[1:].view(self.B, self.T))
+
+
+# ---------------------------------------------------------------------------
+# The learning rate (src/train/lr_schedule.cpp)
+# ---------------------------------------------------------------------------
+
+def learning_rate(sched, lr, k, K):
+    """At step k (from 0) of K: linear warmup lr (k+1)/W, then constant, cosine
+    down towards lr_min, or wsd (lr, then linear to lr_min over the last
+    ceil(decay_ratio K) steps, reaching it at the last step)."""
+    W = sched["warmup_steps"]
+    if k < W:
+        return lr * (k + 1) / W
+    lr_min = lr * sched["min_lr_ratio"]
+    if sched["type"] == "cosine":
+        q = (k - W) / max(1, K - W)
+        return lr_min + (lr - lr_min) * (1.0 + math.cos(math.pi * q)) / 2.0
+    if sched["type"] == "wsd":
+        D = int(math.ceil(sched["decay_ratio"] * K))
+        if D <= 0 or k < K - D:
+            return lr
+        return lr + (lr_min - lr) * min(1.0, (k - (K - D) + 1) / D)
+    return lr
+
+
+# ---------------------------------------------------------------------------
+# The model (docs/model.md section 2), under the export's parameter names
+# ---------------------------------------------------------------------------
+
+HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        # In float32 whatever autocast does around it: the statistics of
+        # attnres are fp32 in a bf16 run too.
+        x = x.float()
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class DepthQuery(nn.Module):
+    """The pseudo-query w of one depth Mix (`*.attn_res.query` and the like)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(d))
+
+
+def rotate(x, cos, sin):
+    """Hugging Face's rotate-half RoPE: the pair (x[i], x[i + hd/2]) turned by
+    the angle of its position and frequency."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, d, H, Hkv):
+        super().__init__()
+        self.H, self.Hkv, self.hd = H, Hkv, d // H
+        self.q_proj = nn.Linear(d, H * self.hd, bias=False)
+        self.k_proj = nn.Linear(d, Hkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d, Hkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(H * self.hd, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.H, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.Hkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.Hkv, self.hd).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.Hkv != self.H:
+            # GQA: query head h reads KV head h // (H / Hkv). Expanded to H
+            # heads (as Hugging Face's Llama does before SDPA): every SDPA
+            # backend takes that, while enable_gqa (torch >= 2.5) is not taken
+            # by all of them.
+            g = self.H // self.Hkv
+            k = k[:, :, None].expand(B, self.Hkv, g, T, self.hd).reshape(B, self.H, T, self.hd)
+            v = v[:, :, None].expand(B, self.Hkv, g, T, self.hd).reshape(B, self.H, T, self.hd)
+        if HAVE_SDPA:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            # torch < 2.0 has no SDPA: the same causal softmax attention written out.
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            probs = torch.softmax(scores.float().masked_fill(causal, float("-inf")), dim=-1)
+            out = probs.to(v.dtype) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.H * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, d, f):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, m, attnres):
+        super().__init__()
+        d, eps = m["d_model"], m["norm_eps"]
+        self.input_layernorm = RMSNorm(d, eps)
+        self.self_attn = Attention(d, m["n_heads"], m["n_kv_heads"])
+        self.post_attention_layernorm = RMSNorm(d, eps)
+        self.mlp = MLP(d, m["d_ff"])
+        if attnres:
+            self.attn_res = DepthQuery(d)
+            self.mlp_res = DepthQuery(d)
+
+
+class Body(nn.Module):
+    """`model.*`: the embedding, the layers, the final query and norm."""
+
+    def __init__(self, m, attnres):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(m["vocab_size"], m["d_model"])
+        self.layers = nn.ModuleList(Layer(m, attnres) for _ in range(m["n_layers"]))
+        if attnres:
+            self.final_res = DepthQuery(m["d_model"])
+        self.norm = RMSNorm(m["d_model"], m["norm_eps"])
+
+
+def source(v, eps):
+    """A depth source: (v, its key RMSNorm(v) without gain), in float32. The
+    key is computed once, when the source is made, and read by every later Mix."""
+    v = v.float()
+    return v, v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def depth_mix(w, sources):
+    """Mix(w, [v_j]) = sum_j softmax_j(w . key_j) v_j, in float32 (elementwise
+    products and sums, which autocast leaves in float32: attnres keeps the
+    Mix's statistics in fp32 in a bf16 run too)."""
+    logits = torch.stack([(key * w).sum(-1) for _, key in sources])  # [n, B, T]
+    a = torch.softmax(logits, dim=0).unsqueeze(-1)
+    out = a[0] * sources[0][0]
+    for j in range(1, len(sources)):
+        out = out + a[j] * sources[j][0]
+    return out
+
+
+class CausalLM(nn.Module):
+    """forward(inputs [B, T], targets [B, T]) -> the mean token cross-entropy."""
+
+    def __init__(self, m, seq_len, fp32_logits):
+        super().__init__()
+        self.mode = m["residual"]["mode"]
+        self.eps = m["norm_eps"]
+        L = m["n_layers"]
+        if self.mode == "full":
+            self.S = 1
+        elif self.mode == "block":
+            r = m["residual"]
+            self.S = r["block_size"] if "block_size" in r else -(-2 * L // r["n_blocks"])
+        self.model = Body(m, self.mode != "baseline")
+        self.tied = m["tie_embeddings"]
+        if not self.tied:
+            self.lm_head = nn.Linear(m["d_model"], m["vocab_size"], bias=False)
+        self.fp32_logits = fp32_logits
+        # RoPE's angles t theta^(-2i/hd), in float64 and rounded once.
+        hd = m["d_model"] // m["n_heads"]
+        inv_freq = m["rope_theta"] ** (-2.0 * torch.arange(hd // 2, dtype=torch.float64) / hd)
+        angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def head_weight(self):
+        return self.model.embed_tokens.weight if self.tied else self.lm_head.weight
+
+    def forward(self, inputs, targets):
+        body = self.model
+        e = body.embed_tokens(inputs)
+        T = inputs.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = e                            # baseline: the residual stream
+        sources = [source(e, self.eps)]  # AttnRes: e and the completed blocks
+        partial = None                   # the current block's sum of outputs
+        s = 0                            # the sublayer: 2l attention, 2l+1 MLP
+        for layer in body.layers:
+            for is_attn in (True, False):
+                norm = layer.input_layernorm if is_attn else layer.post_attention_layernorm
+                if self.mode == "baseline":
+                    u = norm(x)
+                else:
+                    i = s % self.S  # position in its block; i > 0 also reads the partial sum
+                    here = sources + ([source(partial, self.eps)] if i > 0 else [])
+                    w = (layer.attn_res if is_attn else layer.mlp_res).query
+                    u = norm(depth_mix(w, here))
+                y = layer.self_attn(u, cos, sin) if is_attn else layer.mlp(u)
+                if self.mode == "baseline":
+                    x = x + y
+                else:
+                    # Block sums in float32, as the baseline's stream (e + bf16
+                    # outputs) is under autocast.
+                    partial = y.float() if i == 0 else partial + y
+                    if i == self.S - 1:  # the block is complete: a source of its own
+                        sources.append(source(partial, self.eps))
+                        partial = None
+                s += 1
+        if self.mode == "baseline":
+            z = x
+        else:
+            last = [source(partial, self.eps)] if partial is not None else []
+            z = depth_mix(body.final_res.query, sources + last)
+        h = body.norm(z)
+        if self.fp32_logits and torch.is_autocast_enabled():
+            # training.logits = "fp32" in a bf16 run: the head in float32.
+            with torch.autocast(device_type=h.device.type, enabled=False):
+                logits = F.linear(h, self.head_weight().float())
+        else:
+            logits = F.linear(h, self.head_weight())
+        V = logits.shape[-1]
+        return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))
+
+
+# ---------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="scripts/peer_torch.py", allow_abbrev=False,
+        description="Train the model of an attnres config as a PyTorch user would, printing "
+                    "one JSON line per step (step, loss, tokens_per_sec, lr, grad_norm).",
+        epilog="Other arguments are attnres config overrides, --section.key=value, resolved by "
+               "`attnres inspect config` as `attnres train` takes them.")
+    p.add_argument("config", help="the attnres config (JSON)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="stop after the first N steps of the run (default: training.steps)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: the config's training.device")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--attnres", default=os.path.join(REPO, "build", "attnres"),
+                   help="the attnres binary (default: build/attnres of this repository)")
+    args, rest = p.parse_known_args(argv)
+    for r in rest:
+        if not (r.startswith("--") and "=" in r and "." in r.split("=", 1)[0]):
+            p.error(f"unrecognised argument '{r}' (config overrides are --section.key=value)")
+    args.overrides = rest
+    return args
+
+
+def adamw(model, opt_cfg, device):
+    """torch.optim.AdamW with decay on the tensors of two or more dims only
+    (norm gains and depth queries undecayed, docs/model.md section 4); fused
+    on CUDA where this torch has it."""
+    params = list(model.parameters())  # a tied embedding is listed once
+    groups = [{"params": [p for p in params if p.dim() >= 2],
+               "weight_decay": opt_cfg["weight_decay"]},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    extra = {}
+    if device.type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters:
+        extra["fused"] = True
+    opt = torch.optim.AdamW(groups, lr=opt_cfg["lr"], betas=(opt_cfg["beta1"], opt_cfg["beta2"]),
+                            eps=opt_cfg["eps"], **extra)
+    return opt, ("fused" if extra else "default")
+
+
+def train(args):
+    if not (os.path.isfile(args.attnres) and os.access(args.attnres, os.X_OK)):
+        raise InputError(f"no attnres binary at '{args.attnres}' (build it, or give --attnres BIN)")
+    cfg = resolve_config(args.attnres, args.config, args.overrides)
+    m, tc, opt_cfg = cfg["model"], cfg["training"], cfg["optimizer"]
+    K = tc["steps"]
+    steps = K if args.steps is None else args.steps
+    if not 0 < steps <= K:
+        raise InputError(f"--steps {steps}: must be in [1, training.steps = {K}]")
+    device = torch.device(args.device or tc["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: torch sees no CUDA device")
+    bf16 = tc["precision"] == "bf16" and device.type == "cuda"
+    if tc["precision"] == "bf16" and not bf16:
+        note("training.precision bf16 is for CUDA: on the CPU the peer runs fp32")
+    fp32_logits = tc["logits"] == "fp32"
+    B, T, A, D = tc["micro_batch_size"], tc["seq_len"], tc["grad_accum"], cfg["parallel"]["data"]
+    M = A * D  # microbatches per step: the D replicas' A each, units k M .. k M + M - 1
+
+    with tempfile.TemporaryDirectory(prefix="peer_torch.") as work:
+        export_cfg, weights = read_export(initial_export(args.attnres, cfg, work))
+    model = CausalLM(m, T, fp32_logits)
+    if model.mode != "baseline" and export_cfg["attn_res"]["block_size"] != model.S:
+        raise InputError(f"block size {model.S} here, {export_cfg['attn_res']['block_size']} in "
+                         "the export")
+    model.load_state_dict(weights, strict=True)
+    model.to(device)
+    opt, kind = adamw(model, opt_cfg, device)
+    data = TokenUnits(cfg["data"]["train"], B, T, cfg["data"]["shuffle"], tc["seed"])
+
+    forward = model
+    compiled = False
+    if args.compile:
+        if hasattr(torch, "compile"):
+            forward, compiled = torch.compile(model), True
+        else:
+            note(f"torch {torch.__version__} has no torch.compile: running eager")
+    autocast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if bf16 \
+        else contextlib.nullcontext
+    n_params = sum(p.numel() for p in model.parameters())
+    on = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device
+    attention = ("scaled_dot_product_attention" if HAVE_SDPA
+                 else "written out (this torch has no scaled_dot_product_attention)")
+    note(f"torch {torch.__version__} on {on}, {'bf16 autocast' if bf16 else 'fp32'}, attention "
+         f"{attention}, {'torch.compile' if compiled else 'eager'}, AdamW {kind}; {n_params} "
+         f"parameters, {m['residual']['mode']} residual; {M} x {B} x {T} tokens per step; "
+         f"{steps} of {K} steps")
+
+    def microbatches(k):
+        """The step's forward and backward passes; the mean loss (a tensor)."""
+        total = torch.zeros((), device=device)
+        for j in range(M):
+            inputs, targets = data.unit(k * M + j)
+            if device.type == "cuda":
+                inputs = inputs.pin_memory().to(device, non_blocking=True)
+                targets = targets.pin_memory().to(device, non_blocking=True)
+            with autocast():
+                loss = forward(inputs, targets) / M
+            loss.backward()
+            total += loss.detach()
+        return total
+
+    params = [p for g in opt.param_groups for p in g["params"]]
+    clip = opt_cfg["grad_clip"]
+    tokens = M * B * T
+    times = []
+    for k in range(steps):
+        t0 = time.perf_counter()
+        try:
+            total = microbatches(k)
+        except Exception as e:  # noqa: BLE001: any compiler failure
+            if not (compiled and k == 0):
+                raise
+            first_line = (str(e).splitlines() or [""])[0]
+            note(f"torch.compile failed ({type(e).__name__}: {first_line}); running eager")
+            forward, compiled = model, False
+            opt.zero_grad(set_to_none=True)
+            total = microbatches(k)
+        # The global norm before clipping (clip_grad_norm_ returns it; with
+        # clipping off, an infinite bound leaves the gradients as they are).
+        # torch clips by clip / (norm + 1e-6) capped at 1, attnres only when
+        # norm > clip: the two differ only for norms within 1e-6 below clip.
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        loss, gnorm = torch.stack([total.float(), norm.float()]).tolist()
+        lr = learning_rate(cfg["schedule"], opt_cfg["lr"], k, K)
+        if not (math.isfinite(loss) and math.isfinite(gnorm)):
+            print(json.dumps({"step": k + 1, "loss": loss, "tokens_per_sec": 0.0, "lr": lr,
+                              "grad_norm": gnorm}), flush=True)
+            note(f"step {k + 1}: non-finite loss {loss} or gradient norm {gnorm}; stopping "
+                 "without an update")
+            return 3
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        rate = tokens / times[-1]
+        print(json.dumps({"step": k + 1, "loss": loss, "tokens_per_sec": rate, "lr": lr,
+                          "grad_norm": gnorm}), flush=True)
+    if len(times) > 1:
+        note(f"steps 2-{len(times)}: {tokens * (len(times) - 1) / sum(times[1:]):.0f} tokens/s "
+             "(the first step, with its warm-up and any compilation, left out)")
+    return 0
+
+
+def main(argv):
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except InputError as e:
+        print(f"peer_torch: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

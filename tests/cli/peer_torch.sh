@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The PyTorch peer (scripts/peer_torch.py) trains what `attnres train` trains:
+# for a tiny model in each residual mode (baseline with tied embeddings, Block
+# AttnRes with uneven blocks under a wsd schedule, Full AttnRes with GQA), 5
+# steps of 2 microbatches of 2 x 32 tokens from shuffled shards, with warmup,
+# decay, weight decay and clipping all acting (the gradient norms are above
+# the clip), each step's loss and gradient norm from the peer (Debian's
+# python3-torch, CPU, fp32, eager) must equal those of the binary's
+# metrics.jsonl within |a - b| <= 1e-4 max(|a|, |b|) + 1e-6 (a NaN fails), and
+# the learning rates within 1e-9. Then --steps 3 gives the first 3 steps of
+# the same run, and bad arguments are refused (exit code 2). Skipped (exit
+# code 77) where python3 cannot import torch.
+source "$(dirname "$0")/lib.sh"
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "skipped: $PY cannot import torch (apt-get install python3-torch; scripts/install_deps.sh)"
+  exit 77
+fi
+PEER=("$PY" "$SRC/scripts/peer_torch.py")
+make_corpus
+
+# Not lib.sh's base config: a larger learning rate, so that a peer that
+# differs in a detail of the optimizer (e.g. decays the norm gains) moves the
+# loss by more than the tolerance within 5 steps.
+cat > cfg.json <<'JSON'
+{"model": {"vocab_size": 320, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+           "d_ff": 64},
+ "optimizer": {"lr": 1e-2, "weight_decay": 0.1, "grad_clip": 1.0},
+ "schedule": {"type": "cosine", "warmup_steps": 2},
+ "training": {"steps": 5, "micro_batch_size": 2, "seq_len": 32, "grad_accum": 2, "seed": 11},
+ "data": {"train": "shards/tiny_train_*.bin", "shuffle": true},
+ "run": {"dir": "run"}}
+JSON
+
+# compare NAME METRICS PEER_OUT: the step records of both, step by step.
+compare() {
+  "$PY" - "$@" <<'PYEOF'
+import json, math, sys
+name, metrics, peer = sys.argv[1:4]
+ref = [json.loads(l) for l in open(metrics) if l.strip()]
+ref = [r for r in ref if "loss" in r and "event" not in r]
+got = [json.loads(l) for l in open(peer) if l.strip()]
+if not got or len(got) > len(ref):
+    sys.exit(f"FAIL: {name}: the peer printed {len(got)} steps, attnres {len(ref)}")
+def close(a, b, rtol=1e-4, atol=1e-6):  # False for a NaN
+    return abs(a - b) <= rtol * max(abs(a), abs(b)) + atol
+def rel(a, b):
+    d = abs(a - b) / max(abs(a), abs(b), 1e-30)
+    return d if not math.isnan(d) else math.inf
+worst = {"loss": 0.0, "grad_norm": 0.0}
+bad = []
+for r, g in zip(ref, got):
+    if g["step"] != r["step"]:
+        sys.exit(f"FAIL: {name}: peer step {g['step']} against attnres step {r['step']}")
+    for key in worst:
+        worst[key] = max(worst[key], rel(r[key], g[key]))
+        if not close(r[key], g[key]):
+            bad.append(f"step {r['step']} {key}: attnres {r[key]!r}, peer {g[key]!r}")
+    if not abs(r["lr"] - g["lr"]) <= 1e-9 * r["lr"]:
+        bad.append(f"step {r['step']} lr: attnres {r['lr']!r}, peer {g['lr']!r}")
+    if not g["tokens_per_sec"] > 0:
+        bad.append(f"step {r['step']}: tokens_per_sec {g['tokens_per_sec']!r}")
+    print(f"  {name} step {r['step']}: loss attnres {r['loss']:.9f} peer {g['loss']:.9f} "
+          f"(rel {rel(r['loss'], g['loss']):.2e}), grad norm {r['grad_norm']:.6f} / "
+          f"{g['grad_norm']:.6f}, lr {r['lr']:.3e}")
+print(f"  {name}: max relative difference: loss {worst['loss']:.2e}, grad norm "
+      f"{worst['grad_norm']:.2e} over {len(got)} steps")
+if bad:
+    sys.exit("FAIL: " + name + ": " + "; ".join(bad))
+PYEOF
+}
+
+# run_case NAME OVERRIDES...: both trainers on the same config, compared.
+run_case() {
+  local name="$1"; shift
+  "$BIN" train cfg.json --run.dir="run_$name" "$@" 2> "train_$name.log" \
+    || { cat "train_$name.log"; fail "$name: attnres train"; }
+  "${PEER[@]}" cfg.json --attnres "$BIN" "$@" > "peer_$name.jsonl" 2> "peer_$name.log" \
+    || { cat "peer_$name.log"; fail "$name: the peer exited non-zero"; }
+  compare "$name" "run_$name/metrics.jsonl" "peer_$name.jsonl" || fail "$name: the peer's steps differ"
+  pass "$name: the peer's 5 steps equal attnres's"
+}
+
+run_case baseline --model.tie_embeddings=true
+# L = 3, S = 4: blocks of 4 and 2 sublayers, the final Mix reads a partial sum;
+# wsd: the last ceil(0.4 x 5) = 2 steps decay linearly to lr_min.
+run_case block --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 4}' \
+  --schedule.type=wsd --schedule.decay_ratio=0.4 --schedule.warmup_steps=1
+# Full AttnRes, 4 query heads on 1 KV head, cosine down to 0.
+run_case full --model.n_kv_heads=1 --model.residual='{"mode": "full"}' --schedule.min_lr_ratio=0
+
+# --steps 3: the first 3 steps of the 5-step run (the schedule unchanged).
+"${PEER[@]}" cfg.json --attnres "$BIN" --steps 3 --model.n_kv_heads=1 \
+  --model.residual='{"mode": "full"}' --schedule.min_lr_ratio=0 > peer_full3.jsonl 2> peer_full3.log \
+  || { cat peer_full3.log; fail "full --steps 3: the peer exited non-zero"; }
+[[ $(wc -l < peer_full3.jsonl) -eq 3 ]] || fail "--steps 3 printed $(wc -l < peer_full3.jsonl) steps"
+compare "full --steps 3" run_full/metrics.jsonl peer_full3.jsonl || fail "--steps 3 differs"
+pass "--steps 3: the first 3 steps of the run"
+
+expect_error "peer: --steps past training.steps" "--steps 6" "${PEER[@]}" cfg.json --attnres "$BIN" --steps 6
+expect_error "peer: an override attnres refuses" "model.n_layers" "${PEER[@]}" cfg.json --attnres "$BIN" \
+  --model.n_layers=0
+expect_error "peer: no binary" "no attnres binary" "${PEER[@]}" cfg.json --attnres ./nope
+echo "all peer checks passed"
