@@ -23,7 +23,8 @@ How it gets there:
   update) and a one-step run of one token (training.steps must be > 0; the
   initial values depend on the seed and the model only, docs/model.md section
   3, or come from model.init_from), then `attnres export hf` of that
-  checkpoint, whose model.safetensors is read here.
+  checkpoint, whose model.safetensors the export's own modeling_attnres.py
+  reads (read_weights).
 - The units are read from the shards as src/data/loader.cpp reads them
   (docs/model.md section 5), shuffled by the same counter-based permutation.
 - The step is the trainer's (src/train/trainer.cpp): the mean cross-entropy of
@@ -51,6 +52,7 @@ import argparse
 import bisect
 import contextlib
 import glob
+import importlib.util
 import inspect
 import json
 import math
@@ -122,41 +124,16 @@ def initial_export(binary, cfg, workdir):
     return out
 
 
-def read_safetensors(path):
-    """{name: tensor} of one safetensors file (8-byte header length, JSON header,
-    then the little-endian data), read with torch alone."""
-    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
-              "F64": torch.float64}
-    out = {}
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as data:
-        (n,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8:8 + n].decode("utf-8"))
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            begin = info["data_offsets"][0]
-            dtype = dtypes[info["dtype"]]
-            count = math.prod(info["shape"])
-            t = torch.frombuffer(data, dtype=dtype, count=count, offset=8 + n + begin)
-            out[name] = t.reshape(info["shape"]).clone()
-    return out
-
-
 def read_export(directory):
     """(config.json, {name: tensor}) of an `attnres export hf` directory, one
-    file or shards."""
+    file or shards, read by the export's own modeling_attnres.py (torch alone)."""
     with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index, encoding="utf-8") as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    tensors = {}
-    for name in files:
-        tensors.update(read_safetensors(os.path.join(directory, name)))
-    return config, tensors
+    spec = importlib.util.spec_from_file_location(
+        "attnres_export_modeling", os.path.join(directory, "modeling_attnres.py"))
+    modeling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(modeling)
+    return config, modeling.read_weights(directory)
 
 
 # ---------------------------------------------------------------------------
