@@ -16,6 +16,9 @@
 #              per-kernel tables, PyTorch's attention at the same shapes, the
 #              targets (scripts/gpu_targets.py), bf16 against fp32 logits
 #              (scripts/gpu_logits_compare.sh, when .shards/brown_gpt2 is there)
+#   --race     the race: attnres train against the PyTorch peer (torch.compile,
+#              bf16) at 124M and 350M, each residual mode (scripts/race_torch.py),
+#              then the targets again
 #   --1b3      the 1b3 training steps (the planner's micro-batch, once more at
 #              3/4 of it if that fails) and its kernel table
 #   --only SPEC  --tests with one run of the GPU tests a Catch2 spec selects,
@@ -23,7 +26,7 @@
 #   --report DIR where logs and tables go (default build-gpu/report)
 #   --plan     print the next GPU session's commands with their expected minutes
 #              (no GPU, builds nothing) and exit
-# Without a stage flag: every stage above in that order (~26 min: for a GPU
+# Without a stage flag: every stage above in that order (~35 min: for a GPU
 # machine without the device tool's 10-minute limit). Later stages never
 # build: a binary they need that is missing stops them at once (run --build).
 # Profiles are scripts/gpu_profile.sh's, the last step of the plan.
@@ -91,6 +94,9 @@ bench|0.3|240|bench|kernels_350m.txt||per-kernel benchmark against the floors, 3
 bench|0.5|180|text|attention_torch.txt|if_torch|reference attention (PyTorch SDPA, each backend) at the 124M and 350M shapes|python3 scripts/bench_attention_torch.py "$REPORT/bench_124m.txt" "$REPORT/bench_350m.txt"
 bench|0.1|60|text|targets.txt||the GPU performance targets (docs/cuda.md)|python3 scripts/gpu_targets.py "$REPORT"
 bench|0.6|300|text|logits_compare.log|if_shards|bf16 against fp32 logits, 124M, 3 runs of 400 steps on Brown (own archive gpu_logits_compare.tgz)|scripts/gpu_logits_compare.sh --data .shards/brown_gpt2
+race|4.0|420|text|race_124m.txt|if_torch|the race: attnres train against the PyTorch peer (torch.compile, bf16), 124M, baseline / Block N=8 / Full, 20 steps of 16 x 1024 tokens each on Brown (estimate: never run)|python3 scripts/race_torch.py configs/gpu_124m.json --device cuda --compile --steps 20 --skip 5 --attnres build-gpu/attnres --training.grad_accum=1 --data.train='.shards/brown_gpt2/brown_train_*.bin' --data.val='.shards/brown_gpt2/brown_val_*.bin'
+race|4.5|480|text|race_350m.txt|if_torch|the race at 350M (8 x 2048 tokens a step)|python3 scripts/race_torch.py configs/gpu_350m.json --device cuda --compile --steps 20 --skip 5 --attnres build-gpu/attnres --training.grad_accum=1 --data.train='.shards/brown_gpt2/brown_train_*.bin' --data.val='.shards/brown_gpt2/brown_val_*.bin'
+race|0.1|60|text|targets.txt||the GPU performance targets, with the race|python3 scripts/gpu_targets.py "$REPORT"
 1b3|0.5|330|bench_retry|bench_1b3.txt||training steps, 1b3 at the planner's micro-batch (again at 3/4 of it if that fails)|build-gpu/attnres bench --device cuda --preset 1b3 --steps 5 --warmup 2
 1b3|0.6|240|bench|kernels_1b3.txt||per-kernel benchmark, 1b3 shapes|build-gpu/attnres bench --device cuda --preset 1b3 --kernels
 1b3|0.5|180|text|attention_torch.txt|if_torch|reference attention at the 124M, 350M and 1b3 shapes (replaces --bench's)|python3 scripts/bench_attention_torch.py "$REPORT/bench_124m.txt" "$REPORT/bench_350m.txt" "$REPORT/bench_1b3.txt"
@@ -98,7 +104,7 @@ bench|0.6|300|text|logits_compare.log|if_shards|bf16 against fp32 logits, 124M, 
 profile|1.0|600|-|-||Nsight Compute per kernel, 124M, baseline, block, full (at most 150 s each: --limit)|scripts/gpu_profile.sh --preset 124m
 after|0.5|0|-|-||unpack the returned archives (their names sort in stage order) into one folder, then write its README|mkdir -p docs/measurements/DATE-h100-3 && for f in FILES/*.tgz; do tar xzf "$f" -C docs/measurements/DATE-h100-3; done && python3 scripts/gpu_report.py docs/measurements/DATE-h100-3 --commit SHA --date DATE > docs/measurements/DATE-h100-3/README.md
 EOF
-GPU_STAGES=(build tests engine multi bench 1b3)
+GPU_STAGES=(build tests engine multi bench race 1b3)
 START_MIN=1.0       # a fresh machine's start, counted as device time (~35 s seen)
 BUDGET_MIN=15       # device time of a session
 CARRY='[".deps", ".shards"]'
@@ -212,7 +218,7 @@ out=build-gpu/report
 stages=()
 only=""
 usage() {
-  echo "usage: scripts/gpu_check.sh [--build] [--tests] [--engine] [--multi] [--bench] [--1b3]" >&2
+  echo "usage: scripts/gpu_check.sh [--build] [--tests] [--engine] [--multi] [--bench] [--race] [--1b3]" >&2
   echo "                            [--only SPEC] [--report DIR] | --plan" >&2
   echo "(--tests SPEC is now --only SPEC; --quick is --build, then --tests, then --engine)" >&2
   exit 2
@@ -220,7 +226,7 @@ usage() {
 plan=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --build|--tests|--engine|--multi|--bench|--1b3) stages+=("${1#--}") ;;
+    --build|--tests|--engine|--multi|--bench|--race|--1b3) stages+=("${1#--}") ;;
     --only) [[ $# -ge 2 ]] || usage; only=$2; shift ;;
     --report) [[ $# -ge 2 ]] || usage; out=$2; shift ;;
     --plan) plan=1 ;;

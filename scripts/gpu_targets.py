@@ -39,6 +39,11 @@ warp" rows of the kernel kept for comparison) to 1.3x its floor. Reports from
 before the MB column counted the kernels' designed traffic instead: for them
 the target is "not measured".
 
+The race (124M and 350M): race_P.txt (scripts/race_torch.py on the preset's
+config) gives attnres's and the PyTorch peer's tokens/s per residual mode; the
+baseline must be at least the torch.compile peer's, Block and Full 1.25x the
+peer's (a peer that ran eager is said so).
+
 Information, not targets: our attention against cuDNN's SDPA at the kernel
 benchmark's shape, every Mix row against its floor, and each kernel row timed twice (the Mix phase-1 backward's
 default kernel, then the same row "... warp" with ATTNRES_MIX_BWD=warp).
@@ -55,14 +60,19 @@ FLOOR_FACTOR = 1.3  # an overhead goal is at least this times its trimmed floor
 MIX_FLOOR_RATIO = 1.3  # a Mix kernel may be this much slower than its traffic floor
 
 
+RACE_BASELINE = 1.0  # our baseline tokens/s over the torch.compile peer's, at least
+RACE_ATTNRES = 1.25  # our Block / Full tokens/s over the peer's Block / Full, at least
+
+
 class Preset:
-    def __init__(self, name, label, mfu, block, full):
+    def __init__(self, name, label, mfu, block, full, race):
         self.name, self.label = name, label
         self.mfu, self.block, self.full = mfu, block, full  # the owner's targets, %
+        self.race = race  # the race against the PyTorch peer is a target here
 
 
-PRESETS = (Preset("124m", "124M", 40, 8, 18), Preset("350m", "350M", 42, 5, 20),
-           Preset("1b3", "1.3B", 50, 3, 10))
+PRESETS = (Preset("124m", "124M", 40, 8, 18, True), Preset("350m", "350M", 42, 5, 20, True),
+           Preset("1b3", "1.3B", 50, 3, 10, False))
 
 
 def read(path):
@@ -92,6 +102,22 @@ def kernel_ms(text, op):
         if line.startswith(op + " "):
             return float(line[len(op):].split()[0])
     return None
+
+
+def race_rows(text):
+    """mode -> (attnres tok/s, peer tok/s, max loss rel diff), and whether the peer ran
+    under torch.compile, from a scripts/race_torch.py table (race_P.txt)."""
+    rows, compiled = {}, None
+    for line in (text or "").splitlines():
+        m = re.match(r"^(baseline|block|full)\s+(\d+)\s+(\d+)\s+[\d.]+x\s+(\S+)$", line)
+        if m:
+            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)), float(m.group(4)))
+        if line.startswith("race: "):
+            compiled = "with torch.compile" in line
+        if line.startswith("peer (") and ("torch.compile failed" in line or
+                                          "has no torch.compile" in line):
+            compiled = False
+    return rows, compiled
 
 
 def kernel_rows(text):
@@ -258,7 +284,7 @@ def evaluate(d):
     ceil = next((c for c in (ceilings(k) for _, k in texts.values()) if c), None)
     out = {"ceilings": ceil and {"copy_gbs": ceil[0], "gemm_tflops": ceil[1]},
            "targets": [], "floors": [], "overheads": [], "attention": [], "mix_kernels": [],
-           "mix_floors": []}
+           "mix_floors": [], "race": []}
 
     def target(name, measured, goal, goal_from, met):
         out["targets"].append({"target": name, "measured": measured, "goal": goal,
@@ -308,6 +334,22 @@ def evaluate(d):
             vs = row and row[1]
             target(f"{p.label} {label} step vs baseline", vs is not None and f"{vs:+.1f}%" or None,
                    f"<= +{goal:.1f}%", goal_from, None if vs is None else vs <= goal)
+
+        # The race against the PyTorch peer (scripts/race_torch.py, same config and card).
+        if p.race:
+            race, compiled = race_rows(read(os.path.join(d, f"race_{p.name}.txt")))
+            peer = "the torch.compile peer" if compiled is not False else "the peer (eager)"
+            for mode, goal in (("baseline", RACE_BASELINE), ("block", RACE_ATTNRES),
+                               ("full", RACE_ATTNRES)):
+                r = race.get(mode)
+                ratio = r and r[0] / r[1]
+                target(f"{p.label} {mode} tokens/s vs the PyTorch peer's",
+                       r and f"{ratio:.2f}x ({r[0]:.0f} / {r[1]:.0f}, {peer})", f">= {goal:.2f}x",
+                       "issue", None if r is None else ratio >= goal)
+                if r:
+                    out["race"].append({"preset": p.name, "label": p.label, "mode": mode,
+                                        "attnres": r[0], "peer": r[1], "ratio": ratio,
+                                        "loss_diff": r[2], "compiled": compiled})
 
         # Every Mix kernel within 1.3x of its traffic floor: the slowest decides.
         worst = None
@@ -380,6 +422,16 @@ def markdown(r):
         for a in r["attention"]:
             lines.append(f"| {a['label']} | {a['shape']} | {a['ours_ms']:.3f} | "
                          f"{a['cudnn_ms']:.3f} | {a['ratio']:.2f}x |")
+    if r["race"]:
+        lines += ["", "**The race**: a whole training step, attnres against the PyTorch peer "
+                  "(`scripts/race_torch.py`: the same config, initial weights and data on the "
+                  "same card; median tokens/s past the first steps):", "",
+                  "| model | mode | attnres tok/s | peer tok/s | attnres / peer | peer compiled | "
+                  "max loss rel diff |", "|---|---|---|---|---|---|---|"]
+        for x in r["race"]:
+            lines.append(f"| {x['label']} | {x['mode']} | {x['attnres']:.0f} | {x['peer']:.0f} | "
+                         f"{x['ratio']:.2f}x | {'no' if x['compiled'] is False else 'yes'} | "
+                         f"{x['loss_diff']:.1e} |")
     if r["mix_floors"]:
         lines += ["", "**Mix kernels against their traffic floor** (`bench --kernels`: the bytes "
                   "each must move, every input once and every output once, at the measured copy "

@@ -32,12 +32,12 @@ pass "--plan prints $(wc -l < plan.txt) lines without a GPU, building nothing"
 
 # The stages, in order, each under 9 minutes, with their commands.
 stages=$(awk '$1 == "stage" { print $2 }' plan.txt | tr '\n' ' ')
-[[ "$stages" == "build tests engine multi bench 1b3 profile " ]] || fail "stages: '$stages'"
+[[ "$stages" == "build tests engine multi bench race 1b3 profile " ]] || fail "stages: '$stages'"
 while read -r name min; do
   [[ $min =~ ^[0-9]+(\.[0-9]+)?$ ]] || fail "stage $name: estimate '$min' is not a number"
   awk -v m="$min" 'BEGIN { exit !(m > 0 && m < 9) }' || fail "stage $name: $min min is not under 9"
 done < <(awk '$1 == "stage" { print $2, $3 }' plan.txt)
-for s in build tests engine multi bench 1b3; do
+for s in build tests engine multi bench race 1b3; do
   grep -qE "^stage $s +[0-9.]+ min \(at +[0-9.]+\)  scripts/gpu_check.sh --$s( |$)" plan.txt \
     || fail "stage $s without its command scripts/gpu_check.sh --$s"
 done
@@ -68,6 +68,8 @@ order=('scripts/gpu_deps.sh'
        'bench --device cuda --preset 350m --steps'
        '--recompute all'
        'scripts/gpu_logits_compare.sh'
+       'scripts/race_torch.py configs/gpu_124m.json --device cuda --compile'
+       'scripts/race_torch.py configs/gpu_350m.json --device cuda --compile'
        'bench --device cuda --preset 1b3 --steps'
        'scripts/gpu_profile.sh --preset 124m'
        'scripts/gpu_report.py')
@@ -90,7 +92,7 @@ grep -qF 'carry [".deps", ".shards"]' plan.txt || fail "no carry list"
 pass "CPU steps (shards command as in gpu_logits_compare.sh) and carry list"
 
 # The total: printed, the stages' sum plus the machine's start, against 15 minutes.
-total_line=$(grep -E '^total: [0-9.]+ min in 7 stages \+ [0-9.]+ min machine start = [0-9.]+ min against the 15-minute budget' plan.txt) \
+total_line=$(grep -E '^total: [0-9.]+ min in 8 stages \+ [0-9.]+ min machine start = [0-9.]+ min against the 15-minute budget' plan.txt) \
   || fail "no total line"
 awk -v line="$total_line" '$1 == "stage" { s += $3 } $1 == "start" { st = $2 }
   END { split(line, w, " "); d = s - w[2]; e = s + st - w[13]

@@ -8,7 +8,8 @@
 # python3-torch, CPU, fp32, eager) must equal those of the binary's
 # metrics.jsonl within |a - b| <= 1e-4 max(|a|, |b|) + 1e-6 (a NaN fails), and
 # the learning rates within 1e-9. Then --steps 3 gives the first 3 steps of
-# the same run, and bad arguments are refused (exit code 2). Skipped (exit
+# the same run, and bad arguments are refused (exit code 2). Last, the race
+# (scripts/race_torch.py) prints its table for the three modes. Skipped (exit
 # code 77) where python3 cannot import torch.
 source "$(dirname "$0")/lib.sh"
 if ! "$PY" -c "import torch" 2>/dev/null; then
@@ -100,4 +101,25 @@ expect_error "peer: --steps past training.steps" "--steps 6" "${PEER[@]}" cfg.js
 expect_error "peer: an override attnres refuses" "model.n_layers" "${PEER[@]}" cfg.json --attnres "$BIN" \
   --model.n_layers=0
 expect_error "peer: no binary" "no attnres binary" "${PEER[@]}" cfg.json --attnres ./nope
+# The race (scripts/race_torch.py): both trainers, each residual mode, a table
+# of tokens/s whose rows say the two did the same work (fp32 on the CPU: the
+# losses within 1e-4 relative).
+"$PY" "$SRC/scripts/race_torch.py" cfg.json --attnres "$BIN" --steps 3 --skip 1 --model.n_layers=3 \
+  > race.txt 2> race.log || { cat race.log; fail "race_torch.py"; }
+cat race.txt
+"$PY" - race.txt <<'PYEOF' || fail "the race table"
+import sys
+rows = {}
+for line in open(sys.argv[1]):
+    w = line.split()
+    if w and w[0] in ("baseline", "block", "full") and len(w) == 5:
+        rows[w[0]] = (float(w[1]), float(w[2]), float(w[3].rstrip("x")), float(w[4]))
+if sorted(rows) != ["baseline", "block", "full"]:
+    sys.exit(f"FAIL: race rows {sorted(rows)}, expected baseline, block and full")
+for mode, (ours, peer, ratio, diff) in rows.items():
+    if not (ours > 0 and peer > 0 and abs(ratio - ours / peer) <= 0.006 * ratio + 0.005 and diff <= 1e-4):
+        sys.exit(f"FAIL: race {mode}: {ours} / {peer} tok/s, ratio {ratio}, loss difference {diff}")
+PYEOF
+grep -q "^peer (block): torch .* block residual" race.txt || fail "the race does not say what the peer ran"
+pass "race_torch.py: baseline, block and full, the same losses, tokens/s side by side"
 echo "all peer checks passed"
