@@ -199,13 +199,20 @@ echo "   built in $(secs "$t0") s"
 # The CTest regex of a fault ("" = every test).
 regex_of() { [[ $FULL -eq 1 ]] && echo "" || echo "${TESTS[$1]}"; }
 
+# Every test, "number<TAB>name", listed once: a fault changes no test's name,
+# and `ctest -N` three times per fault cost a minute of CI.
+ctest --test-dir "$BUILD" -N | sed -nE 's/^ *Test +#([0-9]+): (.*)$/\1\t\2/p' > "$STATE/tests.txt"
+# The tests whose names match a regex ("" = every test), as listed above.
+# (ENVIRON, not awk -v: -v would take the regex's backslashes as escapes.)
+tests_matching() { RE="$1" awk -F'\t' 'ENVIRON["RE"] == "" || $2 ~ ENVIRON["RE"]' "$STATE/tests.txt"; }
+
 # The build targets that the tests matching a regex run: test_<layer> for a
 # layer's Catch2 cases, the attnres binary for the CLI scripts, test_mpi and
 # attnres under mpirun; everything for anything else.
 targets_of() {
   local regex=$1 names prefix out=()
   [[ -n "$regex" ]] || { echo all; return; }
-  names=$(ctest --test-dir "$BUILD" -N -R "$regex" | sed -nE 's/^ *Test +#[0-9]+: //p')
+  names=$(tests_matching "$regex" | cut -f2)
   while IFS= read -r prefix; do
     case "$prefix" in
       core|kernels|model|data|parallel|train) out+=("test_$prefix") ;;
@@ -222,10 +229,7 @@ targets_of() {
 # tests that fail on the unchanged build are left out by number.
 BROKEN=""  # numbers of the tests that fail without any fault, one a line
 numbers_of() {  # regex ("" = every test) -> the numbers of the tests it matches, one a line
-  local sel=()
-  [[ -z "$1" ]] || sel=(-R "$1")
-  ctest --test-dir "$BUILD" -N "${sel[@]}" | sed -nE 's/^ *Test +#([0-9]+): .*/\1/p' \
-    | { grep -vxF -f <(echo "${BROKEN:-none}") || true; }
+  tests_matching "$1" | cut -f1 | { grep -vxF -f <(echo "${BROKEN:-none}") || true; }
 }
 SEL=()  # CTest's arguments selecting the numbers on stdin (sorted, once each)
 select_numbers() { SEL=(-I "0,0,0,$(sort -nu | paste -sd, -)"); }
