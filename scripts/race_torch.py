@@ -71,11 +71,10 @@ def main(argv):
     ap.add_argument("--attnres", default=os.path.join(HERE, "..", "build", "attnres"))
     args, overrides = ap.parse_known_args(argv)
     modes = args.modes.split(",")
-    bad = [m for m in modes if m not in ("baseline", "block", "full")]
-    if bad or not 0 <= args.skip < args.steps:
-        ap.error(f"--modes takes baseline, block, full (got {args.modes}); "
-                 f"--skip must be below --steps ({args.skip} >= {args.steps})" if bad else
-                 f"--skip {args.skip} must be in [0, --steps = {args.steps})")
+    if any(m not in ("baseline", "block", "full") for m in modes):
+        ap.error(f"--modes takes baseline, block and full, got {args.modes}")
+    if not 0 <= args.skip < args.steps:
+        ap.error(f"--skip {args.skip} must be in [0, --steps = {args.steps})")
     for o in overrides:
         if not o.startswith("--") or "=" not in o:
             ap.error(f"unknown argument '{o}' (overrides are --section.key=value)")

@@ -92,20 +92,17 @@ check_shipped_sweeps() {
   "$BIN" sweep "$SRC/configs/sweeps/cpu_small.json" --dry-run > cpu_plan.txt 2>&1 \
     || { cat cpu_plan.txt; fail "configs/sweeps/cpu_small.json does not validate"; }
   grep -q "27 runs" cpu_plan.txt || { cat cpu_plan.txt; fail "cpu_small: expected 27 runs"; }
-  gpu=(sweep "$SRC/configs/sweeps/gpu_paper.json" --dry-run)
-  if ! "$BIN" "${gpu[@]}" > gpu_plan.txt 2>&1; then
-    grep -q "no CUDA backend" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper.json does not validate"; }
-    "$BIN" "${gpu[@]}" --training.device=cpu --training.precision=fp32 > gpu_plan.txt 2>&1 \
-      || { cat gpu_plan.txt; fail "gpu_paper.json does not validate (device overridden to cpu)"; }
-  fi
-  grep -q "15 runs" gpu_plan.txt || { cat gpu_plan.txt; fail "gpu_paper: expected 15 runs"; }
-  h100=(sweep "$SRC/configs/sweeps/gpu_h100.json" --dry-run)
-  if ! "$BIN" "${h100[@]}" > h100_plan.txt 2>&1; then
-    grep -q "no CUDA backend" h100_plan.txt || { cat h100_plan.txt; fail "gpu_h100.json does not validate"; }
-    "$BIN" "${h100[@]}" --training.device=cpu --training.precision=fp32 > h100_plan.txt 2>&1 \
-      || { cat h100_plan.txt; fail "gpu_h100.json does not validate (device overridden to cpu)"; }
-  fi
-  grep -q "18 runs" h100_plan.txt || { cat h100_plan.txt; fail "gpu_h100: expected 18 runs"; }
+  local name count plan
+  for name_count in "gpu_paper 15" "gpu_h100 18"; do
+    read -r name count <<<"$name_count"
+    plan=(sweep "$SRC/configs/sweeps/$name.json" --dry-run)
+    if ! "$BIN" "${plan[@]}" > "${name}_plan.txt" 2>&1; then
+      grep -q "no CUDA backend" "${name}_plan.txt" || { cat "${name}_plan.txt"; fail "$name.json does not validate"; }
+      "$BIN" "${plan[@]}" --training.device=cpu --training.precision=fp32 > "${name}_plan.txt" 2>&1 \
+        || { cat "${name}_plan.txt"; fail "$name.json does not validate (device overridden to cpu)"; }
+    fi
+    grep -q "$count runs" "${name}_plan.txt" || { cat "${name}_plan.txt"; fail "$name: expected $count runs"; }
+  done
   pass "configs/sweeps/cpu_small.json (27 runs), gpu_paper.json (15) and gpu_h100.json (18) validate"
 }
 if [[ $part == cuda ]]; then
