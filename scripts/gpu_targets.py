@@ -45,8 +45,8 @@ baseline must be at least the torch.compile peer's, Block and Full 1.25x the
 peer's (a peer that ran eager is said so).
 
 Information, not targets: our attention against cuDNN's SDPA at the kernel
-benchmark's shape, every Mix row against its floor, and each kernel row timed twice (the Mix phase-1 backward's
-default kernel, then the same row "... warp" with ATTNRES_MIX_BWD=warp).
+benchmark's shape, every Mix row against its floor, and each kernel row timed twice (every Mix row in bf16:
+the default (rows) kernels, then the same row "... warp" with ATTNRES_MIX_KERNELS=warp).
 """
 import argparse
 import json
@@ -136,8 +136,8 @@ def kernel_rows(text):
 
 def kernel_pairs(text, suffix=" warp"):
     """(op, ms, other ms, floor ms) for each kernel row timed twice, the second time with
-    `suffix` on its name (bench --kernels: the Mix phase-1 backward's default kernel, then
-    the warp kernel with ATTNRES_MIX_BWD=warp)."""
+    `suffix` on its name (bench --kernels: each Mix row's default (rows) kernels, then the
+    warp kernels with ATTNRES_MIX_KERNELS=warp)."""
     rows = kernel_rows(text)
     return [(op, ms, rows[op + suffix][0], floor) for op, (ms, floor, _) in rows.items()
             if op + suffix in rows]
@@ -370,7 +370,7 @@ def evaluate(d):
             out["attention"].append({"preset": p.name, "label": p.label,
                                      "shape": attention_shape(kshape), "ours_ms": fwd + bwd,
                                      "cudnn_ms": ref, "ratio": (fwd + bwd) / ref})
-        # Information: the Mix phase-1 backward's two kernels on the same rows.
+        # Information: the Mix kernels' two families on the same rows.
         for op, ms, warp_ms, floor in kernel_pairs(ktext):
             out["mix_kernels"].append({"preset": p.name, "label": p.label, "op": op, "ms": ms,
                                        "warp_ms": warp_ms, "floor_ms": floor})
@@ -441,8 +441,8 @@ def markdown(r):
             lines.append(f"| {k['label']} | {k['op']} | {k['mb']:.1f} | {k['ms']:.3f} | "
                          f"{k['floor_ms']:.3f} | {k['ratio']:.2f}x |")
     if r["mix_kernels"]:
-        lines += ["", "**Mix phase-1 backward, the default kernel against the warp kernel** "
-                  "(`bench --kernels`: each row again with ATTNRES_MIX_BWD=warp; information):", "",
+        lines += ["", "**Mix kernels, the default (rows) kernels against the warp kernels** "
+                  "(`bench --kernels`: each row again with ATTNRES_MIX_KERNELS=warp; information):", "",
                   "| model | row | default ms | warp ms | floor ms | default / warp | default "
                   "of floor |", "|---|---|---|---|---|---|---|"]
         for k in r["mix_kernels"]:

@@ -172,6 +172,18 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     add("swiglu bwd", [&] { kern::swiglu_backward(dgu, dh, gu, kern::Store::Set); }, reps,
         e * 5.0 * N * F, 0);  // read dh, gate, up; write dgate, dup
   }
+  // A Mix row: the default kernels (the rows kernels where they apply,
+  // kernels/mix_rows.h), then in bf16 the same row "... warp" with
+  // ATTNRES_MIX_KERNELS=warp (the kernels kept for comparison until the rows
+  // kernels have run on a GPU; fp32 has only the warp kernels, so one row).
+  auto add_mix = [&](const std::string& op, const std::function<void()>& fn, double bytes,
+                     double flops) {
+    for (const std::string kernel : {"rows", "warp"}) {
+      if (kernel == "warp" && dt != DType::BF16) break;
+      ScopedEnv env("ATTNRES_MIX_KERNELS", kernel.c_str());
+      add(op + (kernel == "warp" ? " warp" : ""), fn, reps, bytes, flops);
+    }
+  };
   // Phase 1 of a Mix group: Q queries over k sources, forward and backward
   // rows; returns the queries' outputs and lse for the merge rows.
   struct Phase1 {
@@ -196,19 +208,12 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     // skips the timed rows.
     kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs);
     const kern::MixQueries shape{N, d, kb, Q, true};
-    add("mix phase-1 fwd" + tag,
-        [&] { kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs); }, reps,
-        kern::mix_forward_traffic(shape, mb).total(), 4.0 * kb * Q * N * d);
-    // The default kernel (the rows kernel where it applies), then in bf16
-    // the warp kernel (ATTNRES_MIX_BWD, kernels/cuda/mix.cu); fp32 has only
-    // the warp kernel, so one row.
-    for (const std::string kernel : {"rows", "warp"}) {
-      if (kernel == "warp" && dt != DType::BF16) break;
-      ScopedEnv env("ATTNRES_MIX_BWD", kernel.c_str());
-      add("mix phase-1 bwd" + tag + (kernel == "warp" ? " warp" : ""),
-          [&] { kern::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); }, reps,
-          kern::mix_backward_traffic(shape, mb).total(), 10.0 * kb * Q * N * d);
-    }
+    add_mix("mix phase-1 fwd" + tag,
+            [&] { kern::mix_forward(r.outs, gprobs, &r.lse, ws, done, done_rs); },
+            kern::mix_forward_traffic(shape, mb).total(), 4.0 * kb * Q * N * d);
+    add_mix("mix phase-1 bwd" + tag,
+            [&] { kern::mix_backward(ddone, dws, douts, &r.dlse, ws, done, done_rs, gprobs); },
+            kern::mix_backward_traffic(shape, mb).total(), 10.0 * kb * Q * N * d);
     return r;
   };
   // `count` random source rows [N, d] with their rstds, and zeroed gradients.
@@ -235,10 +240,10 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     const std::string tag = " (k=" + std::to_string(ks) + ")";
     kern::mix_forward(out, probs, w, src, rs);  // probs for the bwd row, whatever --only runs
     const kern::MixQueries final_mix{N, d, ks, 1, false};
-    add("mix fwd" + tag, [&] { kern::mix_forward(out, probs, w, src, rs); }, reps,
-        kern::mix_forward_traffic(final_mix, mb).total(), 4.0 * ks * N * d);
-    add("mix bwd" + tag, [&] { kern::mix_backward(dsrc, dw, dout, w, src, rs, probs); }, reps,
-        kern::mix_backward_traffic(final_mix, mb).total(), 8.0 * ks * N * d);
+    add_mix("mix fwd" + tag, [&] { kern::mix_forward(out, probs, w, src, rs); },
+            kern::mix_forward_traffic(final_mix, mb).total(), 4.0 * ks * N * d);
+    add_mix("mix bwd" + tag, [&] { kern::mix_backward(dsrc, dw, dout, w, src, rs, probs); },
+            kern::mix_backward_traffic(final_mix, mb).total(), 8.0 * ks * N * d);
     add("mix source rstd", [&] { kern::mix_source_rstd(rs[0], src[0], 1e-5f); }, reps,
         kern::mix_source_rstd_traffic(N, d, mb).total(), 0);
 
@@ -268,14 +273,15 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       Tensor dgain = Tensor::zeros({d}, gt, Device::CUDA);
       kern::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f);  // mstats, as above
       const kern::MixMerge merge{N, d, mp};
-      add("mix merge + rmsnorm fwd",
-          [&] { kern::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f); }, reps,
-          kern::mix_merge_norm_forward_traffic(merge, mb).total(), 9.0 * N * d);
-      add("mix merge + rmsnorm bwd",
-          [&] {
-            kern::mix_merge_norm_backward(d_o, dlse0, dpart, dw, dgain, dout, w, outs[0], part, gain, mstats);
-          }, reps,
-          kern::mix_merge_norm_backward_traffic(merge, mb).total(), 20.0 * N * d);
+      add_mix("mix merge + rmsnorm fwd",
+              [&] { kern::mix_merge_norm_forward(u, mstats, w, outs[0], lse0, part, gain, 1e-5f); },
+              kern::mix_merge_norm_forward_traffic(merge, mb).total(), 9.0 * N * d);
+      add_mix("mix merge + rmsnorm bwd",
+              [&] {
+                kern::mix_merge_norm_backward(d_o, dlse0, dpart, dw, dgain, dout, w, outs[0], part,
+                                              gain, mstats);
+              },
+              kern::mix_merge_norm_backward_traffic(merge, mb).total(), 20.0 * N * d);
     }
     // Full AttnRes's phase 1 at its last Mix group: Q = the group's sublayers
     // over k = 1 + (sublayers before the group) sources, the most of any group.
@@ -301,14 +307,15 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
       const std::string mtag = " (full, m=" + std::to_string(m) + ")";
       kern::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f);  // mstats, as above
       const kern::MixMerge merge{N, d, m};
-      add("mix merge + rmsnorm fwd" + mtag,
-          [&] { kern::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f); }, reps,
-          kern::mix_merge_norm_forward_traffic(merge, mb).total(), (4.0 * m + 5.0) * N * d);
-      add("mix merge + rmsnorm bwd" + mtag,
-          [&] {
-            kern::mix_merge_norm_backward(d_o, dl, drecent, dw, dgain, dout, w, o, recent, gain, mstats);
-          }, reps,
-          kern::mix_merge_norm_backward_traffic(merge, mb).total(), (10.0 * m + 12.0) * N * d);
+      add_mix("mix merge + rmsnorm fwd" + mtag,
+              [&] { kern::mix_merge_norm_forward(u, mstats, w, o, lse, recent, gain, 1e-5f); },
+              kern::mix_merge_norm_forward_traffic(merge, mb).total(), (4.0 * m + 5.0) * N * d);
+      add_mix("mix merge + rmsnorm bwd" + mtag,
+              [&] {
+                kern::mix_merge_norm_backward(d_o, dl, drecent, dw, dgain, dout, w, o, recent, gain,
+                                              mstats);
+              },
+              kern::mix_merge_norm_backward_traffic(merge, mb).total(), (10.0 * m + 12.0) * N * d);
     }
   }
   {

@@ -1,6 +1,6 @@
 // An environment variable put back as it was when the scope ends (RAII), for
 // tests and benchmarks that run the same code under different settings
-// (e.g. ATTNRES_MIX_BWD). Not thread-safe, like setenv itself.
+// (e.g. ATTNRES_MIX_KERNELS). Not thread-safe, like setenv itself.
 #pragma once
 #include <cstdlib>
 #include <string>

@@ -21,6 +21,10 @@ class Span {
   template <typename U, size_t N,
             typename = std::enable_if_t<std::is_convertible_v<U (*)[], T (*)[]>>>
   constexpr Span(std::array<U, N>& a) : data_(a.data()), size_(N) {}
+  // Span<T> -> Span<const T>.
+  template <typename U, typename = std::enable_if_t<!std::is_same_v<U, T> &&
+                                                    std::is_convertible_v<U (*)[], T (*)[]>>>
+  constexpr Span(const Span<U>& s) : data_(s.data()), size_(s.size()) {}
 
   constexpr T* data() const { return data_; }
   constexpr size_t size() const { return size_; }

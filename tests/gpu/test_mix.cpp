@@ -2,11 +2,14 @@
 // mix_source_rstd, forward (out and probs) and backward (every dsource and dw,
 // accumulated into random values) in F32 and BF16 for warp-per-row and
 // block-per-row shapes, d not a multiple of 8, k from 1 to the 64-source
-// capacity (and beyond the shared-memory cache), the realistic size; the
-// k == 1 identity bit for bit, aliased dsources, repeatability, limits.
+// capacity (and beyond the shared-memory cache), the realistic size; both
+// kernel families (rows and warp, ATTNRES_MIX_KERNELS) for every op; the
+// k == 1 identity bit for bit, aliased dsources, repeatability, a query's
+// independence from the queries beside it, limits.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/scoped_env.h"
@@ -261,6 +264,35 @@ TEST_CASE("cuda mix is bitwise repeatable", "[gpu][mix]") {
       CHECK(gt::same_bits(probs[0], probs[1]));
       CHECK(gt::same_bits(dw[0], dw[1]));
       for (int64_t j = 0; j < kk; ++j) CHECK(gt::same_bits(ds[0][j], ds[1][j]));
+
+      // The merge + norm (m = 2 recent sources: the first two sources; o =
+      // the output above), its per-block dw and dgain sums included.
+      const int64_t m = 2;
+      std::vector<Tensor> rec(s.src_d.begin(), s.src_d.begin() + m);
+      Tensor lse = Tensor::zeros({N}, DType::F32, Device::CUDA);
+      Tensor gain_h = gt::randn_f32({d}, 60600 + d);
+      const Tensor gain = gt::to_device(gain_h, dt);
+      Tensor u[2], st[2], d_o[2], dlse[2], dwm[2], dg[2];
+      std::vector<Tensor> de[2];
+      for (int r = 0; r < 2; ++r) {
+        u[r] = gt::poisoned({N, d}, dt);
+        st[r] = gt::poisoned({N, 2 * m + 2}, DType::F32);
+        kern::mix_merge_norm_forward(u[r], st[r], s.w_d, out[0], lse, rec, gain, kMixEps);
+        d_o[r] = gt::poisoned({N, d}, dt);
+        dlse[r] = gt::poisoned({N}, DType::F32);
+        for (int64_t j = 0; j < m; ++j) de[r].push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
+        dwm[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
+        dg[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
+        kern::mix_merge_norm_backward(d_o[r], dlse[r], de[r], dwm[r], dg[r], dout, s.w_d, out[0],
+                                      rec, gain, st[r]);
+      }
+      CHECK(gt::same_bits(u[0], u[1]));
+      CHECK(gt::same_bits(st[0], st[1]));
+      CHECK(gt::same_bits(d_o[0], d_o[1]));
+      CHECK(gt::same_bits(dlse[0], dlse[1]));
+      CHECK(gt::same_bits(dwm[0], dwm[1]));
+      CHECK(gt::same_bits(dg[0], dg[1]));
+      for (int64_t j = 0; j < m; ++j) CHECK(gt::same_bits(de[0][j], de[1][j]));
     }
 }
 
@@ -436,24 +468,66 @@ TEST_CASE("cuda mix with Q queries (phase 1) matches the CPU", "[gpu][mix]") {
     for (DType dt : {DType::F32, DType::BF16}) check_group(c.N, c.d, c.kk, c.Q, dt, seed += 1000);
 }
 
-TEST_CASE("cuda mix backward: both phase-1 kernels match the CPU", "[gpu][mix]") {
-  // bf16 with d % 8 == 0 and d <= 2048 takes the rows kernel (a block per
-  // row) by default, the warp kernel with ATTNRES_MIX_BWD=warp; fp32 and the
-  // other shapes always the warp kernel. Q = 11 spans two rows-kernel
-  // launches (of at most 8 queries); k = 43, 64 as Full AttnRes's late groups.
+TEST_CASE("cuda mix: both kernel families (rows, warp) match the CPU", "[gpu][mix]") {
+  // bf16 rows with d % 4 == 0 and d <= 4096 take the rows kernels
+  // (kernels/mix_rows.h: a block per row) by default, the warp kernels with
+  // ATTNRES_MIX_KERNELS=warp; fp32 and the other shapes always the warp
+  // kernels. Phase 1 forward and backward: Q = 1 (the final Mix) and many,
+  // Q = 11 spans two rows launches (of at most 8 queries), k = 1 and
+  // k = 43, 64 as Full AttnRes's late groups, d = 36 and 1000 (d % 8 != 0),
+  // 4096 (1024 threads). The merge: m = 1 (Block) to 8 (the rows kernels'
+  // most) and 9 (the warp kernel under either setting).
   struct C { int64_t N, d, kk, Q; };
   for (const char* kernel : {"rows", "warp"}) {
-    ScopedEnv env("ATTNRES_MIX_BWD", kernel);
-    INFO("ATTNRES_MIX_BWD=" << kernel);
+    ScopedEnv env("ATTNRES_MIX_KERNELS", kernel);
+    INFO("ATTNRES_MIX_KERNELS=" << kernel);
     uint64_t seed = 75000;
     for (const C& c : {C{300, 768, 4, 3}, C{37, 64, 2, 11}, C{5, 2048, 3, 2}, C{999, 1024, 8, 6},
-                       C{4096, 768, 43, 7}, C{40, 1024, 64, 8}, C{17, 1000, 5, 1}})
+                       C{4096, 768, 43, 7}, C{40, 1024, 64, 8}, C{17, 1000, 5, 1},
+                       C{33, 36, 1, 2}, C{9, 4096, 9, 1}, C{3000, 768, 21, 4}})
       check_group(c.N, c.d, c.kk, c.Q, DType::BF16, seed += 1000);
+    for (int64_t m : {int64_t(1), int64_t(2), int64_t(5), int64_t(8), int64_t(9)})
+      check_merge(3000, 768, m, DType::BF16, seed += 100);
+    check_merge(257, 36, 1, DType::BF16, seed += 100);
+    check_merge(257, 1000, 3, DType::BF16, seed += 100);
+    check_merge(65, 4096, 2, DType::BF16, seed += 100);
   }
   // Any other value is an error that names the variable.
-  ScopedEnv env("ATTNRES_MIX_BWD", "fast");
+  ScopedEnv env("ATTNRES_MIX_KERNELS", "fast");
   REQUIRE_THROWS_WITH(check_group(8, 64, 2, 2, DType::BF16, 76000),
-                      Catch::Contains("ATTNRES_MIX_BWD = 'fast': expected rows or warp"));
+                      Catch::Contains("ATTNRES_MIX_KERNELS = 'fast': expected rows or warp"));
+}
+
+TEST_CASE("cuda mix: a query's results do not depend on the queries beside it", "[gpu][mix]") {
+  // kernels/mix.h: the Q queries of one call give each query, bit for bit,
+  // what it gives alone (so a Mix group split over calls repeats itself).
+  for (const char* kernel : {"rows", "warp"})
+    for (DType dt : {DType::BF16, DType::F32}) {
+      ScopedEnv env("ATTNRES_MIX_KERNELS", kernel);
+      INFO("ATTNRES_MIX_KERNELS=" << kernel << " " << dtype_name(dt));
+      const int64_t N = 513, d = 768, kk = 7, Q = 5;
+      MixSetup s = make_setup(N, d, kk, dt, 77000);
+      const std::vector<Tensor> rs_d = on_device(rstds_f32(s));
+      std::vector<Tensor> ws, outs;
+      for (int64_t q = 0; q < Q; ++q) {
+        Tensor w = gt::randn_f32({d}, 77100 + q, 2.0 / std::sqrt(double(d)));
+        ws.push_back(gt::to_device(w, dt));
+        outs.push_back(gt::poisoned({N, d}, dt));
+      }
+      Tensor probs = gt::poisoned({Q, N, kk}, DType::F32), lse = gt::poisoned({Q, N}, DType::F32);
+      kern::mix_forward(outs, probs, &lse, ws, s.src_d, rs_d);
+      const Tensor ph = probs.to(Device::CPU), lh = lse.to(Device::CPU);
+      for (int64_t q = 0; q < Q; ++q) {
+        INFO("query " << q);
+        std::vector<Tensor> one_w{ws[q]}, one_out{gt::poisoned({N, d}, dt)};
+        Tensor p1 = gt::poisoned({1, N, kk}, DType::F32), l1 = gt::poisoned({1, N}, DType::F32);
+        kern::mix_forward(one_out, p1, &l1, one_w, s.src_d, rs_d);
+        CHECK(gt::same_bits(one_out[0], outs[q]));
+        const Tensor p1h = p1.to(Device::CPU), l1h = l1.to(Device::CPU);
+        CHECK(std::memcmp(p1h.raw(), ph.data<float>() + q * N * kk, sizeof(float) * N * kk) == 0);
+        CHECK(std::memcmp(l1h.raw(), lh.data<float>() + q * N, sizeof(float) * N) == 0);
+      }
+    }
 }
 
 TEST_CASE("cuda mix merge + rmsnorm (phase 2) matches the CPU", "[gpu][mix]") {

@@ -23,17 +23,20 @@
 //   sublayer at a time. Each thread updates only its own elements, source by
 //   source in order, so dsources that alias each other receive both
 //   contributions.
-// - Phase 1 backward, the rows kernel (the default for bf16 rows of
-//   d <= 2048, d % 8 == 0, up to 8 queries a launch): a block per row, each
-//   thread one 8-element slot, the queries' w and dout slots parked in shared
-//   memory and read once per row instead of once per source; same passes and
-//   coefficients (see mix_backward_rows_kernel). ATTNRES_MIX_BWD=warp keeps
-//   the kernel above everywhere.
-// - dw of the queries (sums over rows) is deterministic: the row kernels
+// - The rows kernels of phase 1 (the default for bf16 rows of d % 4 == 0,
+//   d <= 4096, up to 8 queries a launch; kernels/mix_rows.h): a block per
+//   row, each thread 4 elements, the queries' w (and dout) slots parked in
+//   shared memory and read once per row instead of once per source, the
+//   queries' fp32 accumulators in registers, dw summed in the backward's row
+//   pass (per-block partials), 64 registers. ATTNRES_MIX_KERNELS=warp keeps
+//   the kernels above everywhere (until the rows kernels have run on a GPU).
+// - dw of the queries (sums over rows) is deterministic. The warp kernels
 //   store each row's coefficient (dlogit r), mix_dw_kernel sums coef * v over
 //   fixed chunks of rows in order, and dw_reduce_kernel sums the chunks
-//   column by column in a fixed order (in double). Phase 2 uses the same two
-//   kernels (launch_dw, launch_dw_reduce).
+//   column by column in a fixed order (in double); phase 2's warp kernel uses
+//   the same two (launch_dw, launch_dw_reduce). The rows kernels write one
+//   partial row per block (their grid depends only on the device and the
+//   shapes) for dw_reduce_kernel.
 #include "kernels/cuda/mix.h"
 
 #include <algorithm>
@@ -314,125 +317,173 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// Phase 1 backward with a block per row (the "rows" kernel; bf16, d % 8 == 0,
-// d <= 2048, Q <= kRowsMaxQ: the default there, ATTNRES_MIX_BWD=warp picks
-// the kernel above). Why: the warp kernel re-reads the Q queries' w and dout
-// rows for every source in both passes, 4 k Q row reads per row from L1/L2
-// against 3 k + Q rows of DRAM traffic, and at 128 registers (16 warps per SM)
-// it waits on those loads: DRAM at 39% of peak, 5 of every 8.4 cycles stalled
-// on global loads (Nsight Compute, docs/measurements/2026-11-26-h100-4).
-// Here thread t of a block owns the one 8-element slot [8 t, 8 t + 8) of the
-// row. The Q queries' w slots (once per block) and dout slots (once per row)
-// are parked in shared memory, each thread reading back only its own (so no
-// bank conflicts, and no registers held: kept in registers as floats they
-// took 175 at Q = 6):
-// - pass 1 reads each source slot once (the next one in flight), forms its 2Q
-//   partial dots, sums them over the warp (the Q sums interleaved) and parks
-//   the warp's sums in shared memory; the warps' sums are added in warp order
-//   after the pass (barriers per row, not per source);
-// - the coefficients (the warp kernel's formulas, once per (q, j) instead of
-//   once per thread) go to shared memory and to coef for the dw kernels;
-// - pass 2 updates each dsource slot once, the queries' terms added in
-//   descending q in fp32 and rounded once; v_j is read again (from L2: the
-//   row's sources were read a moment before), and the next source's dv and v
-//   are loaded while this one is computed (unless the two dsources are one
-//   tensor: then after this one's store).
-constexpr int kRowsMaxQ = 8;
-constexpr int kRowsMaxThreads = 256;  // d <= 2048
-// At most this much shared memory per block (else the warp kernel): 36 KiB
-// at d = 1024, Q = 6, k = 43 (350M Full's last group); 51 KiB at d = 2048,
-// Q = 6, k = 8 (1.3B Block).
-constexpr size_t kRowsMaxSmem = 96 << 10;
+// ---- phase 1, the rows kernels (kernels/mix_rows.h) -----------------------------
+// A block per row at a time (rows strided over a grid of resident blocks),
+// thread t the 4 elements [4 t, 4 t + 4). Why: the warp kernels above re-read
+// the Q queries' w (and dout) rows for every source, 4 k Q row reads per token
+// row from L1/L2 against 3 k + Q rows of DRAM traffic in the backward, and at
+// 128 registers (16 warps per SM) they wait on those loads: DRAM at 39% of
+// peak, 5 of every 8.4 cycles stalled on global loads (Nsight Compute,
+// docs/measurements/2026-11-26-h100-4). Here the queries' w slots are parked
+// in shared memory once per block (and dout's once per row), each thread
+// reading back only its own; the fp32 accumulators of the Q queries (outputs
+// forward, dw backward) are Q x 4 registers. __launch_bounds__(1024, 1)
+// holds a kernel to 64 registers, so at d = 768 (192 threads) 5 blocks of 6
+// warps are resident per SM (30 warps), against the warp kernels' 16.
 
-// ATTNRES_MIX_BWD: "rows" (or unset) uses the rows kernel where it applies,
-// "warp" always the warp kernel (to compare the two; read at every call, so
-// a test can switch).
-bool use_rows_kernel() {
-  const char* e = std::getenv("ATTNRES_MIX_BWD");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "rows") == 0) return true;
-  if (std::strcmp(e, "warp") == 0) return false;
-  fail("ATTNRES_MIX_BWD = '", e, "': expected rows or warp");
-}
-
-// Shared memory of a rows-kernel block of G threads: the w and dout slots
-// [2][Q][G] (16 bytes each), then floats: the warps' partial dots
-// [k][G/32][2Q], xw, xd, a [Q][k], r [k] and the sums s [Q].
-__host__ __device__ inline size_t rows_smem(int Q, int k, int G) {
-  const size_t floats = size_t(k) * (G / 32) * 2 * Q + 3 * size_t(Q) * k + k + Q;
-  return 2 * size_t(Q) * G * 16 + floats * sizeof(float);
-}
-
-// (kRowsMaxThreads, 4): at most 64 registers (ptxas: 100 at Q = 6 without the
-// bound; with it a few bytes spilled at some Q), so at d = 1024 eight blocks
-// of 128 threads, 32 warps, per SM, against the warp kernel's 16.
+// Forward, Q queries (a launch of at most kMaxQueries). Per row:
+// - pass 1 reads each source slot once (the next in flight), forms its Q
+//   partial dots, sums them over the warp and parks the warp sums in shared
+//   memory (no barrier per source);
+// - the logits (warp sums added in warp order, times r_j), then per query a
+//   plain softmax over the k logits in source order by one thread: the
+//   weights a_qj to shared memory and probs, lse = max + log(sum);
+// - pass 2 reads each source slot again (from L2: the row's sources were read
+//   a moment before) and accumulates out_q = sum_j a_qj v_j in registers.
+// With k == 1 the weight is exactly 1 and out is the source bit for bit.
+// A query's arithmetic does not depend on Q: the same bits alone or with others.
 template <int Q>
-__global__ void __launch_bounds__(kRowsMaxThreads, 4)
-    mix_backward_rows_kernel(DSources<bf16> dsrc, float* coef, QueryGrads<bf16> qg,
+__global__ void __launch_bounds__(rows::kMaxThreads, 1)
+    mix_forward_rows_kernel(Queries<bf16> qs, float* probs, float* lse, Sources<bf16> src, int k,
+                            int64_t N, int64_t d) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int G = static_cast<int>(blockDim.x), W = G >> 5, t = static_cast<int>(threadIdx.x);
+  const int lane = t & 31, warp = t >> 5;
+  uint2* wsl = reinterpret_cast<uint2*>(smem);          // [Q][G]: w_q's slots
+  float* red = reinterpret_cast<float*>(wsl + Q * G);   // [k][W][Q]: warp partial dots
+  float* lg = red + size_t(k) * W * Q;                  // [Q][k]: logits, then weights
+  const rows::Slot sl(d);
+#pragma unroll
+  for (int q = 0; q < Q; ++q) wsl[q * G + t] = sl.load(qs.w[q]);
+
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t off = row * d;
+    uint2 cur = sl.load(src.v[0] + off);
+    for (int j = 0; j < k; ++j) {
+      const uint2 nxt = j + 1 < k ? sl.load(src.v[j + 1] + off) : make_uint2(0, 0);
+      float v[rows::kEpt], p[Q];
+      rows::unpack(cur, v);
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        float w[rows::kEpt];
+        rows::unpack(wsl[q * G + t], w);
+        p[q] = rows::dot(w, v);
+      }
+      rows::warp_sums<Q>(p);
+      if (lane == 0)
+#pragma unroll
+        for (int q = 0; q < Q; ++q) red[(size_t(j) * W + warp) * Q + q] = p[q];
+      cur = nxt;
+    }
+    __syncthreads();
+    for (int i = t; i < Q * k; i += G) {
+      const int q = i / k, j = i % k;
+      float s = 0.0f;
+      for (int w = 0; w < W; ++w) s += red[(size_t(j) * W + w) * Q + q];
+      lg[i] = s * src.rstd[j][row];
+    }
+    __syncthreads();
+    if (t < Q) {  // query t's softmax over its k logits, in source order
+      float* l = lg + t * k;
+      float mx = -INFINITY, sum = 0.0f;
+      for (int j = 0; j < k; ++j) mx = fmaxf(mx, l[j]);
+      for (int j = 0; j < k; ++j) sum += expf(l[j] - mx);
+      const float inv = 1.0f / sum;
+      float* pr = probs + (int64_t(t) * N + row) * k;
+      for (int j = 0; j < k; ++j) pr[j] = l[j] = expf(l[j] - mx) * inv;
+      if (lse) lse[int64_t(t) * N + row] = mx + logf(sum);
+    }
+    __syncthreads();
+    float acc[Q][rows::kEpt];
+#pragma unroll
+    for (int q = 0; q < Q; ++q)
+#pragma unroll
+      for (int e = 0; e < rows::kEpt; ++e) acc[q][e] = 0.0f;
+    cur = sl.load(src.v[0] + off);
+    for (int j = 0; j < k; ++j) {
+      const uint2 nxt = j + 1 < k ? sl.load(src.v[j + 1] + off) : make_uint2(0, 0);
+      float v[rows::kEpt];
+      rows::unpack(cur, v);
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        const float a = lg[q * k + j];
+#pragma unroll
+        for (int e = 0; e < rows::kEpt; ++e) acc[q][e] = fmaf(a, v[e], acc[q][e]);
+      }
+      cur = nxt;
+    }
+#pragma unroll
+    for (int q = 0; q < Q; ++q) sl.store(qs.out[q] + off, acc[q]);
+    // (No barrier: the next row writes red (lane 0s) after every thread has
+    // passed this row's second barrier, and lg after its own first one.)
+  }
+}
+
+// Backward, Q queries (a launch of at most kMaxQueries; the warp kernel's
+// formulas). Per row:
+// - the queries' dout slots to shared memory;
+// - pass 1 reads each source slot once, forms its 2Q partial dots (w_q . v_j,
+//   dout_q . v_j), sums them over the warp and parks the warp sums;
+// - the dots (warps in order), then the coefficients, once per (q, j);
+// - pass 2 updates each dsource slot once, source by source in order (the
+//   next source's dv and v in flight unless the two dsources are one tensor),
+//   the queries' terms added in descending q in fp32 and rounded once; v_j is
+//   read again (from L2), and dw_q's accumulator (registers, over all the
+//   block's rows) takes coef_qj v_j from it: no other pass reads the sources.
+// At the end each thread writes its dw slots to the block's partial row
+// dw_partial[q][block], which launch_dw_reduce sums in block order.
+template <int Q>
+__global__ void __launch_bounds__(rows::kMaxThreads, 1)
+    mix_backward_rows_kernel(DSources<bf16> dsrc, float* dw_partial, QueryGrads<bf16> qg,
                              const float* dlse, Sources<bf16> src, const float* probs, int k,
                              int64_t N, int64_t d) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int G = static_cast<int>(blockDim.x), W = G >> 5, t = static_cast<int>(threadIdx.x);
   const int lane = t & 31, warp = t >> 5;
-  uint4* wsl = reinterpret_cast<uint4*>(smem);  // [Q][G]: w_q's slots
-  uint4* dsl = wsl + Q * G;                     // [Q][G]: this row's dout_q slots
+  uint2* wsl = reinterpret_cast<uint2*>(smem);  // [Q][G]: w_q's slots
+  uint2* dsl = wsl + Q * G;                     // [Q][G]: this row's dout_q slots
   float* red = reinterpret_cast<float*>(dsl + Q * G);  // [k][W][2Q]
   float* xw = red + size_t(k) * W * 2 * Q;  // [Q][k]: w_q . v_j, then the coefficient of v_j
   float* xd = xw + size_t(Q) * k;           // [Q][k]: dout_q . v_j, then the coefficient of w_q
   float* av = xd + size_t(Q) * k;           // [Q][k]: a_qj
   float* rv = av + size_t(Q) * k;           // [k]: r_j
   float* ss = rv + k;                       // [Q]: sum_j a_qj dout_q . v_j
-  const int64_t base = int64_t(t) * 8;
-  const bool live = base < d;  // d % 8 == 0: a slot is all in or all out
+  const rows::Slot sl(d);
   const float fd = static_cast<float>(d);
-  auto load = [&](const bf16* row) {
-    return live ? *reinterpret_cast<const uint4*>(row + base) : make_uint4(0, 0, 0, 0);
-  };
-  auto unpack8 = [](const uint4& u, float* x) { unpack(Pack<bf16>{u}, x); };
-
 #pragma unroll
-  for (int q = 0; q < Q; ++q) wsl[q * G + t] = load(qg.w[q]);
+  for (int q = 0; q < Q; ++q) wsl[q * G + t] = sl.load(qg.w[q]);
+  float dw[Q][rows::kEpt];
+#pragma unroll
+  for (int q = 0; q < Q; ++q)
+#pragma unroll
+    for (int e = 0; e < rows::kEpt; ++e) dw[q][e] = 0.0f;
 
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const int64_t off = row * d;
 #pragma unroll
-    for (int q = 0; q < Q; ++q) dsl[q * G + t] = load(qg.dout[q] + off);
+    for (int q = 0; q < Q; ++q) dsl[q * G + t] = sl.load(qg.dout[q] + off);
 
-    // Pass 1: the partial dots of each source slot, summed per warp.
-    uint4 cur = load(src.v[0] + off);
+    uint2 cur = sl.load(src.v[0] + off);
     for (int j = 0; j < k; ++j) {
-      const uint4 nxt = j + 1 < k ? load(src.v[j + 1] + off) : make_uint4(0, 0, 0, 0);
-      float v[8];
-      unpack8(cur, v);
-      float pw[Q], pd[Q];
+      const uint2 nxt = j + 1 < k ? sl.load(src.v[j + 1] + off) : make_uint2(0, 0);
+      float v[rows::kEpt], p[2 * Q];
+      rows::unpack(cur, v);
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
-        float w[8], y[8];
-        unpack8(wsl[q * G + t], w);
-        unpack8(dsl[q * G + t], y);
-        pw[q] = 0.0f, pd[q] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          pw[q] = fmaf(w[e], v[e], pw[q]);
-          pd[q] = fmaf(y[e], v[e], pd[q]);
-        }
+        float w[rows::kEpt], y[rows::kEpt];
+        rows::unpack(wsl[q * G + t], w);
+        rows::unpack(dsl[q * G + t], y);
+        p[2 * q] = rows::dot(w, v);
+        p[2 * q + 1] = rows::dot(y, v);
       }
+      rows::warp_sums<2 * Q>(p);
+      if (lane == 0)
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          pw[q] += __shfl_xor_sync(0xffffffffu, pw[q], o);
-          pd[q] += __shfl_xor_sync(0xffffffffu, pd[q], o);
-        }
-      if (lane == 0) {
-        float* r = red + (size_t(j) * W + warp) * 2 * Q;
-#pragma unroll
-        for (int q = 0; q < Q; ++q) r[2 * q] = pw[q], r[2 * q + 1] = pd[q];
-      }
+        for (int i = 0; i < 2 * Q; ++i) red[(size_t(j) * W + warp) * 2 * Q + i] = p[i];
       cur = nxt;
     }
     __syncthreads();
-    // The dots: the warps' sums in warp order; a_qj and r_j beside them.
-    for (int i = t; i < Q * k; i += G) {
+    for (int i = t; i < Q * k; i += G) {  // the dots: the warps' sums in warp order
       const int q = i / k, j = i % k;
       float sw = 0.0f, sd = 0.0f;
       for (int w = 0; w < W; ++w) {
@@ -454,40 +505,44 @@ __global__ void __launch_bounds__(kRowsMaxThreads, 4)
       const int q = i / k, j = i % k;
       const float dl = av[i] * (xd[i] - ss[q] + (dlse ? dlse[int64_t(q) * N + row] : 0.0f));
       const auto [cw, cv] = math::mix_backward_coefs(dl, rv[j], xw[i], fd);
-      coef[(int64_t(q) * N + row) * k + j] = cw;
       xw[i] = cv, xd[i] = cw;
     }
     __syncthreads();
 
-    // Pass 2: each dsource slot once, source by source in order.
-    uint4 dvc = load(dsrc.dv[0] + off), vc = load(src.v[0] + off);
+    uint2 dvc = sl.load(dsrc.dv[0] + off), vc = sl.load(src.v[0] + off);
     for (int j = 0; j < k; ++j) {
       const bool ahead = j + 1 < k && dsrc.dv[j + 1] != dsrc.dv[j];
-      uint4 dvn = make_uint4(0, 0, 0, 0), vn = dvn;
-      if (ahead) dvn = load(dsrc.dv[j + 1] + off), vn = load(src.v[j + 1] + off);
-      float v[8], dv[8];
-      unpack8(vc, v);
-      unpack8(dvc, dv);
+      uint2 dvn = make_uint2(0, 0), vn = dvn;
+      if (ahead) dvn = sl.load(dsrc.dv[j + 1] + off), vn = sl.load(src.v[j + 1] + off);
+      float v[rows::kEpt], dv[rows::kEpt];
+      rows::unpack(vc, v);
+      rows::unpack(dvc, dv);
 #pragma unroll
       for (int q = Q - 1; q >= 0; --q) {
         const int i = q * k + j;
         const float cv = xw[i], cw = xd[i], a = av[i];
-        float w[8], y[8];
-        unpack8(wsl[q * G + t], w);
-        unpack8(dsl[q * G + t], y);
+        float w[rows::kEpt], y[rows::kEpt];
+        rows::unpack(wsl[q * G + t], w);
+        rows::unpack(dsl[q * G + t], y);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dv[e] += fmaf(cv, v[e], fmaf(cw, w[e], a * y[e]));
+        for (int e = 0; e < rows::kEpt; ++e) {
+          dv[e] += fmaf(cv, v[e], fmaf(cw, w[e], a * y[e]));
+          dw[q][e] = fmaf(cw, v[e], dw[q][e]);
+        }
       }
-      if (live) store8<bf16, true>(dsrc.dv[j] + off, base, d, dv);
+      sl.store(dsrc.dv[j] + off, dv);
       if (j + 1 < k) {
-        if (!ahead) dvn = load(dsrc.dv[j + 1] + off), vn = load(src.v[j + 1] + off);  // after the store
+        if (!ahead) dvn = sl.load(dsrc.dv[j + 1] + off), vn = sl.load(src.v[j + 1] + off);  // after the store
         dvc = dvn, vc = vn;
       }
     }
-    // (No barrier here: before the next row's first barrier a thread writes
-    // only its own dsl slots and, as lane 0, red, which nobody reads after
-    // this row's second barrier; xw, xd, av are rewritten after it.)
+    // (No barrier: a thread reads back only its own dsl slots; red is written
+    // after every thread has passed this row's second barrier, xw, xd, av
+    // after the next row's first.)
   }
+#pragma unroll
+  for (int q = 0; q < Q; ++q)
+    sl.store_f32(dw_partial + (int64_t(q) * gridDim.x + blockIdx.x) * d, dw[q]);
 }
 
 // dw of the depth queries, deterministic, in two kernels. mix_dw_kernel: one
@@ -617,11 +672,38 @@ void mix_forward(Span<Tensor> outs, Tensor& probs, Tensor* lse, Span<const Tenso
   const int64_t N = sources[0].dim(0), d = ws[0].dim(0);
   const int k = static_cast<int>(sources.size()), n_queries = static_cast<int>(ws.size());
   if (N == 0) return;
-  const RowLayout lay = row_layout(op, d);
   dispatch_float(ws[0], op, [&](auto tag) {
     using T = decltype(tag);
     bool aligned = d % 8 == 0;
     const Sources<T> src = source_ptrs<T>(sources, rstds, aligned);
+    // The rows kernel where it applies (kernels/mix_rows.h).
+    const mix_rows::Plan plan =
+        mix_rows::plan_phase1(false, std::is_same_v<T, bf16>, rows_aligned(d, {outs, ws, sources}),
+                              d, n_queries, k);
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (plan.rows) {
+        for (int q0 = 0; q0 < n_queries; q0 += plan.queries) {
+          const int Q = std::min(plan.queries, n_queries - q0);
+          Queries<bf16> qs{};
+          for (int q = 0; q < Q; ++q) {
+            qs.w[q] = dptr<bf16>(ws[q0 + q]);
+            qs.out[q] = dptr<bf16>(outs[q0 + q]);
+          }
+          float* pp = dptr<float>(probs) + int64_t(q0) * N * k;
+          float* lp = lse ? dptr<float>(*lse) + int64_t(q0) * N : nullptr;
+          const size_t smem = mix_rows::forward_smem(Q, k, plan.threads);
+          with_int<1, mix_rows::kMaxQueries>("Q", Q, [&](auto qn) {
+            auto kernel = mix_forward_rows_kernel<decltype(qn)::value>;
+            const int64_t grid = resident_grid(op, kernel, plan.threads, smem, N, 1);
+            kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream()>>>(qs, pp, lp, src,
+                                                                                 k, N, d);
+            ATTNRES_CUDA_CHECK_LAUNCH();
+          });
+        }
+        return;
+      }
+    }
+    const RowLayout lay = row_layout(op, d);
     for (int q0 = 0; q0 < n_queries; q0 += kMaxQueries) {
       const int Q = std::min(kMaxQueries, n_queries - q0);
       Queries<T> qs{};
@@ -653,7 +735,6 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
   const int64_t N = sources[0].dim(0), d = ws[0].dim(0);
   const int k = static_cast<int>(sources.size()), n_queries = static_cast<int>(ws.size());
   if (N == 0 || d == 0) return;  // nothing to add anywhere
-  const RowLayout lay = row_layout(op, d);
   dispatch_float(ws[0], op, [&](auto tag) {
     using T = decltype(tag);
     bool src_aligned = d % 8 == 0;
@@ -664,17 +745,13 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
       dsrc.dv[j] = dptr<T>(dsources[j]);
       aligned = aligned && aligned16(dsrc.dv[j]);
     }
-    const int groups_per_block = lay.groups_per_block(), threads = lay.threads();
-    const size_t row_bytes = size_t(lay.vpt) * lay.group_size() * sizeof(Pack<T>);
-    // The rows kernel where it applies (see mix_backward_rows_kernel).
-    const int rows_threads = static_cast<int>(ceil_div(ceil_div(d, 8), 32) * 32);
-    bool rows = std::is_same_v<T, bf16> && aligned && d <= 8 * kRowsMaxThreads &&
-                rows_smem(kRowsMaxQ, k, rows_threads) <= kRowsMaxSmem && use_rows_kernel();
-    for (int q = 0; q < n_queries && rows; ++q)
-      rows = aligned16(dptr<T>(ws[q])) && aligned16(dptr<T>(douts[q]));
-    // Launches of up to kMaxQueries (rows kernel: kRowsMaxQ) queries, the
-    // last queries first (the descending order of kernels/mix.h).
-    const int per_launch = rows ? kRowsMaxQ : kMaxQueries;
+    const mix_rows::Plan plan = mix_rows::plan_phase1(
+        true, std::is_same_v<T, bf16>, rows_aligned(d, {dsources, douts, ws, sources}), d,
+        n_queries, k);
+    const RowLayout lay = row_layout(op, d);
+    // Launches of up to plan.queries (rows) or kMaxQueries (warp) queries,
+    // the last queries first (the descending order of kernels/mix.h).
+    const int per_launch = plan.rows ? plan.queries : kMaxQueries;
     const int n_launches = static_cast<int>(ceil_div(n_queries, per_launch));
     for (int c = n_launches - 1; c >= 0; --c) {
       const int q0 = c * per_launch, Q = std::min(per_launch, n_queries - q0);
@@ -687,47 +764,44 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
         dwp.dw[q] = dptr<float>(dws[q0 + q]);
         al = al && aligned16(qg.w[q]) && aligned16(qg.dout[q]);
       }
-      Tensor coef = Tensor::empty({Q, N, k}, DType::F32, Device::CUDA);
       const float* dl = dlse ? dptr<float>(*dlse) + int64_t(q0) * N : nullptr;
       const float* pp = dptr<float>(probs) + int64_t(q0) * N * k;
-      // The rows kernel where it applies (bf16 only), else the warp kernel.
-      auto launch_rows = [&]() -> bool {
-        if constexpr (!std::is_same_v<T, bf16>) {
-          return false;
-        } else {
-          if (!rows) return false;
-          const size_t smem = rows_smem(Q, k, rows_threads);
-          with_int<1, kRowsMaxQ>("Q", Q, [&](auto qn) {
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (plan.rows) {  // dw summed in the row passes: per-block partials, then the reduction
+          const size_t smem = mix_rows::backward_smem(Q, k, plan.threads);
+          with_int<1, mix_rows::kMaxQueries>("Q", Q, [&](auto qn) {
             auto kernel = mix_backward_rows_kernel<decltype(qn)::value>;
-            const int64_t grid = resident_grid(op, kernel, rows_threads, smem, N, 1);
-            kernel<<<static_cast<unsigned>(grid), rows_threads, smem, stream()>>>(
-                dsrc, coef.data<float>(), qg, dl, src, pp, k, N, d);
+            const int64_t grid = resident_grid(op, kernel, plan.threads, smem, N, 1);
+            Tensor partial = Tensor::empty({Q, grid, d}, DType::F32, Device::CUDA);
+            kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream()>>>(
+                dsrc, partial.data<float>(), qg, dl, src, pp, k, N, d);
             ATTNRES_CUDA_CHECK_LAUNCH();
+            launch_dw_reduce(dwp, partial.data<float>(), grid, d, Q);
           });
-          return true;
+          continue;
         }
-      };
-      if (!launch_rows()) {
-        // Shared memory per group: kc cached source rows, then the dots and
-        // the softmax sums.
-        const size_t db = dots_bytes(Q, k);
-        const size_t per_group = kSmemBudget / groups_per_block;
-        const int kc = per_group > db
-                           ? static_cast<int>(std::min<size_t>(k, (per_group - db) / row_bytes))
-                           : 0;
-        const size_t smem = groups_per_block * (kc * row_bytes + db);
-        with_variant(lay.vpt, al, [&](auto vpt, auto alc) {
-          constexpr int VPT = decltype(vpt)::value;
-          constexpr bool AL = decltype(alc)::value;
-          auto kernel = Q == 1 ? mix_backward_kernel<T, VPT, AL, true>
-                               : mix_backward_kernel<T, VPT, AL, false>;
-          // (The rows' results do not depend on the grid: dw is formed by launch_dw.)
-          const int64_t grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
-          kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
-              dsrc, coef.data<float>(), qg, Q, dl, src, pp, k, kc, N, d, lay.block_mode());
-          ATTNRES_CUDA_CHECK_LAUNCH();
-        });
       }
+      // The warp kernel. Shared memory per group: kc cached source rows, then
+      // the dots and the softmax sums.
+      Tensor coef = Tensor::empty({Q, N, k}, DType::F32, Device::CUDA);
+      const int groups_per_block = lay.groups_per_block(), threads = lay.threads();
+      const size_t row_bytes = size_t(lay.vpt) * lay.group_size() * sizeof(Pack<T>);
+      const size_t db = dots_bytes(Q, k);
+      const size_t per_group = kSmemBudget / groups_per_block;
+      const int kc =
+          per_group > db ? static_cast<int>(std::min<size_t>(k, (per_group - db) / row_bytes)) : 0;
+      const size_t smem = groups_per_block * (kc * row_bytes + db);
+      with_variant(lay.vpt, al, [&](auto vpt, auto alc) {
+        constexpr int VPT = decltype(vpt)::value;
+        constexpr bool AL = decltype(alc)::value;
+        auto kernel = Q == 1 ? mix_backward_kernel<T, VPT, AL, true>
+                             : mix_backward_kernel<T, VPT, AL, false>;
+        // (The rows' results do not depend on the grid: dw is formed by launch_dw.)
+        const int64_t grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
+        kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
+            dsrc, coef.data<float>(), qg, Q, dl, src, pp, k, kc, N, d, lay.block_mode());
+        ATTNRES_CUDA_CHECK_LAUNCH();
+      });
       launch_dw<T>(dwp, coef.data<float>(), src, Q, k, N, d, lay, src_aligned);
     }
   });

@@ -25,10 +25,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include "core/span.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/mix_rows.h"
 
 namespace attnres::kernels::cuda::mix {
 
@@ -243,6 +245,17 @@ inline void check_capacity(const char* op, size_t k) {
 // common.cuh's aligned()).
 inline bool aligned16(const void* p) { return aligned(p, 16); }
 
+// The rows kernels' alignment condition (kernels/mix_rows.h): d % 4 == 0 and
+// the data of every tensor of the groups 8-byte aligned.
+inline bool rows_aligned(int64_t d, std::initializer_list<Span<const Tensor>> groups) {
+  if (d % mix_rows::kEpt != 0) return false;
+  for (const Span<const Tensor>& g : groups)
+    for (const Tensor& t : g)
+      if (!aligned(t.raw(), 8)) return false;
+  return true;
+}
+inline Span<const Tensor> one(const Tensor& t) { return Span<const Tensor>(&t, 1); }
+
 // Source row and rstd pointers; clears `aligned` if a row pointer is not
 // 16-byte aligned.
 template <typename T>
@@ -281,6 +294,79 @@ int64_t resident_grid(const char* op, Kernel kernel, int threads, size_t smem, i
   const int64_t sms = ::attnres::cuda::device_properties().multiProcessorCount;
   return std::min<int64_t>(ceil_div(rows, rows_per_block), sms * per_sm);
 }
+
+// ---- the rows layout (kernels/mix_rows.h) --------------------------------------
+// Thread t of a block owns the 4 elements [4 t, 4 t + 4) of a bf16 row: one
+// 8-byte load or store. d % 4 == 0, so a slot is all in or all out.
+namespace rows {
+using mix_rows::kEpt;
+constexpr int kMaxThreads = mix_rows::kMaxThreads;
+
+struct Slot {
+  int64_t base;
+  bool live;
+  __device__ explicit Slot(int64_t d) : base(int64_t(threadIdx.x) * kEpt), live(base < d) {}
+  __device__ uint2 load(const bf16* row) const {
+    return live ? *reinterpret_cast<const uint2*>(row + base) : make_uint2(0, 0);
+  }
+  __device__ void store(bf16* row, const float (&x)[kEpt]) const {
+    if (!live) return;
+    bf16 tmp[kEpt];
+#pragma unroll
+    for (int e = 0; e < kEpt; ++e) tmp[e] = from_f32<bf16>(x[e]);
+    uint2 u;
+    memcpy(&u, tmp, sizeof u);
+    *reinterpret_cast<uint2*>(row + base) = u;
+  }
+  // A per-block partial row of fp32 (dw, dgain): this thread's 4 elements.
+  __device__ void store_f32(float* row, const float (&x)[kEpt]) const {
+    if (live) *reinterpret_cast<float4*>(row + base) = make_float4(x[0], x[1], x[2], x[3]);
+  }
+};
+
+__device__ __forceinline__ void unpack(const uint2& u, float (&x)[kEpt]) {
+  bf16 tmp[kEpt];
+  memcpy(tmp, &u, sizeof u);
+#pragma unroll
+  for (int e = 0; e < kEpt; ++e) x[e] = to_f32(tmp[e]);
+}
+
+__device__ __forceinline__ float dot(const float (&a)[kEpt], const float (&b)[kEpt]) {
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kEpt; ++e) s = fmaf(a[e], b[e], s);
+  return s;
+}
+
+// Sums each of v[0..R) over the warp (xor butterflies: every lane the same bits).
+template <int R>
+__device__ __forceinline__ void warp_sums(float (&v)[R]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+}
+
+// Sums each of v[0..R) over the block: the warps' sums meet in red [32][R]
+// and every thread adds them in warp order (the same bits everywhere). Starts
+// with a barrier, so consecutive calls may share red.
+template <int R>
+__device__ void block_sums(float (&v)[R], float* red) {
+  warp_sums<R>(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r) red[warp * R + r] = v[r];
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float s = 0.0f;
+    for (int w = 0; w < W; ++w) s += red[w * R + r];
+    v[r] = s;
+  }
+}
+}  // namespace rows
 
 // ---- dw (mix.cu) -------------------------------------------------------------------
 // dws.dw[q] += sum over rows and sources of coef[q, row, j] v_j[row] (q < Q):

@@ -231,6 +231,186 @@ __global__ void __launch_bounds__(kMaxThreads)
                            dgacc, g, d);
 }
 
+// ---- the rows kernels (kernels/mix_rows.h) ------------------------------------
+// A block per row at a time (rows strided over a grid of resident blocks),
+// thread t the 4 elements [4 t, 4 t + 4); M = m recent sources, a template
+// parameter so the rows of o and the recent sources stay in registers (8
+// bytes each) for the whole row. Same formulas as the warp kernels above.
+// Why: the warp backward holds 175 registers (12.5% occupancy) and reads the
+// recent rows three times and again in mix_dw_kernel; here each input row is
+// read once, dw and dgain are summed in registers over the block's rows and
+// written as per-block partials, and the kernels stay within 64 registers.
+
+// Forward: the M paired dots {e_j . e_j, w . e_j} in one block reduction
+// (they do not depend on the softmax), then the online softmax from phase
+// 1's state (lse, o) over the recent sources in order, x = acc / l, and
+// u = RMSNorm(x; gain) with x . x in a second reduction: 4 barriers per row.
+template <int M>
+__global__ void __launch_bounds__(rows::kMaxThreads, 1)
+    merge_norm_forward_rows_kernel(bf16* u, float* stats, const bf16* w, const bf16* o,
+                                   const float* lse, Sources<bf16> rec, const bf16* gain,
+                                   int64_t N, int64_t d, float eps) {
+  __shared__ float red[32 * 2 * M];
+  const rows::Slot sl(d);
+  const long long dl = static_cast<long long>(d);
+  float wf[rows::kEpt], gf[rows::kEpt];
+  rows::unpack(sl.load(w), wf);
+  rows::unpack(sl.load(gain), gf);
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t off = row * d;
+    const uint2 ob = sl.load(o + off);
+    uint2 eb[M];
+#pragma unroll
+    for (int j = 0; j < M; ++j) eb[j] = sl.load(rec.v[j] + off);
+    float p[2 * M];  // {e_j . e_j, w . e_j}
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      float e[rows::kEpt];
+      rows::unpack(eb[j], e);
+      p[2 * j] = rows::dot(e, e);
+      p[2 * j + 1] = rows::dot(wf, e);
+    }
+    rows::block_sums<2 * M>(p, red);
+    float acc[rows::kEpt];
+    rows::unpack(ob, acc);
+    const float lse_row = lse[row];
+    math::OnlineSoftmax<float> sm;
+    float weight;
+    sm.push(lse_row, weight);  // weight 1: the accumulator starts as o
+    float z[M], rs[M];
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      rs[j] = math::rstd_from_sum_sq(p[2 * j], dl, eps);
+      z[j] = p[2 * j + 1] * rs[j];
+      const float scale = sm.push(z[j], weight);
+      float e[rows::kEpt];
+      rows::unpack(eb[j], e);
+#pragma unroll
+      for (int c = 0; c < rows::kEpt; ++c) acc[c] = fmaf(weight, e[c], acc[c] * scale);
+    }
+    const float inv = 1.0f / sm.l;
+#pragma unroll
+    for (int c = 0; c < rows::kEpt; ++c) acc[c] *= inv;  // x
+    float ss[1] = {rows::dot(acc, acc)};
+    rows::block_sums<1>(ss, red);
+    const float rx = math::rstd_from_sum_sq(ss[0], dl, eps);
+    float uv[rows::kEpt];
+#pragma unroll
+    for (int c = 0; c < rows::kEpt; ++c) uv[c] = acc[c] * rx * gf[c];
+    sl.store(u + off, uv);
+    if (threadIdx.x == 0) {
+      float* st = stats + row * (2 * M + 2);
+      st[0] = expf(lse_row - sm.m) * inv;
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        st[1 + j] = expf(z[j] - sm.m) * inv;
+        st[M + 1 + j] = rs[j];
+      }
+      st[2 * M + 1] = rx;
+    }
+  }
+}
+
+// Backward (the warp kernel's formulas): x recomputed from o and the recent
+// rows held in registers; t = du . g x in one block reduction; then dx and
+// the 1 + 2M dots {dx . o, dx . e_j, w . e_j} in a second; d_o, dlse and
+// each de_j's read-add-write (source by source, so drecent may alias: the
+// rows of de_j are loaded ahead only when every drecent is its own tensor,
+// `distinct`, and M <= 2). dgain += du x r and dw += coef_j e_j in registers over the
+// block's rows; at the end partial[0][block] = dgain's, partial[1][block] =
+// dw's, summed by launch_dw_reduce in block order.
+template <int M>
+__global__ void __launch_bounds__(rows::kMaxThreads, 1)
+    merge_norm_backward_rows_kernel(bf16* d_o, float* dlse, DSources<bf16> drec, float* partial,
+                                    const bf16* du, const bf16* w, const bf16* o,
+                                    Sources<bf16> rec, const bf16* gain, const float* stats,
+                                    int64_t N, int64_t d, bool distinct) {
+  __shared__ float red[32 * (1 + 2 * M)];
+  const rows::Slot sl(d);
+  const float fd = static_cast<float>(d);
+  float wf[rows::kEpt], gf[rows::kEpt], dg[rows::kEpt], dw[rows::kEpt];
+  rows::unpack(sl.load(w), wf);
+  rows::unpack(sl.load(gain), gf);
+#pragma unroll
+  for (int c = 0; c < rows::kEpt; ++c) dg[c] = 0.0f, dw[c] = 0.0f;
+
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t off = row * d;
+    const uint2 ob = sl.load(o + off), dub = sl.load(du + off);
+    // The rows of de_j ahead too where registers allow (ptxas: spills from
+    // M = 3 with them, from M = 5 without).
+    constexpr bool kAhead = M <= 2;
+    uint2 eb[M], deb[kAhead ? M : 1];
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      eb[j] = sl.load(rec.v[j] + off);
+      if constexpr (kAhead) deb[j] = distinct ? sl.load(drec.dv[j] + off) : make_uint2(0, 0);
+    }
+    const float* st = stats + row * (2 * M + 2);
+    const float a0 = st[0], r = st[2 * M + 1];
+    float ov[rows::kEpt], x[rows::kEpt], gx[rows::kEpt];
+    rows::unpack(ob, ov);
+#pragma unroll
+    for (int c = 0; c < rows::kEpt; ++c) x[c] = a0 * ov[c];
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      const float aj = st[1 + j];
+      float e[rows::kEpt];
+      rows::unpack(eb[j], e);
+#pragma unroll
+      for (int c = 0; c < rows::kEpt; ++c) x[c] = fmaf(aj, e[c], x[c]);
+    }
+    float dy[rows::kEpt];
+    rows::unpack(dub, dy);
+#pragma unroll
+    for (int c = 0; c < rows::kEpt; ++c) {
+      gx[c] = gf[c] * dy[c];
+      dg[c] = fmaf(dy[c] * x[c], r, dg[c]);
+    }
+    float t[1] = {rows::dot(gx, x)};
+    rows::block_sums<1>(t, red);
+    const float c3 = r * r * r * t[0] / fd;
+#pragma unroll
+    for (int c = 0; c < rows::kEpt; ++c) gx[c] = r * gx[c] - c3 * x[c];  // dx
+    float p[1 + 2 * M];  // {dx . o, dx . e_j, w . e_j}
+    p[0] = rows::dot(gx, ov);
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      float e[rows::kEpt];
+      rows::unpack(eb[j], e);
+      p[1 + j] = rows::dot(gx, e);
+      p[1 + M + j] = rows::dot(wf, e);
+    }
+    rows::block_sums<1 + 2 * M>(p, red);
+    float s = a0 * p[0];
+#pragma unroll
+    for (int j = 0; j < M; ++j) s = fmaf(st[1 + j], p[1 + j], s);
+    if (threadIdx.x == 0) dlse[row] = a0 * (p[0] - s);
+    float od[rows::kEpt];
+#pragma unroll
+    for (int c = 0; c < rows::kEpt; ++c) od[c] = a0 * gx[c];
+    sl.store(d_o + off, od);
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      const float aj = st[1 + j], rj = st[M + 1 + j];
+      const float dz = aj * (p[1 + j] - s);  // dlogit_j
+      const auto [cw, ce] = math::mix_backward_coefs(dz, rj, p[1 + M + j], fd);
+      float e[rows::kEpt], de[rows::kEpt];
+      rows::unpack(eb[j], e);
+      if constexpr (kAhead) rows::unpack(distinct ? deb[j] : sl.load(drec.dv[j] + off), de);
+      else rows::unpack(sl.load(drec.dv[j] + off), de);  // (after the last store: drecent may alias)
+#pragma unroll
+      for (int c = 0; c < rows::kEpt; ++c) {
+        de[c] += fmaf(ce, e[c], fmaf(cw, wf[c], aj * gx[c]));
+        dw[c] = fmaf(cw, e[c], dw[c]);
+      }
+      sl.store(drec.dv[j] + off, de);
+    }
+  }
+  sl.store_f32(partial + int64_t(blockIdx.x) * d, dg);
+  sl.store_f32(partial + (int64_t(gridDim.x) + blockIdx.x) * d, dw);
+}
+
 }  // namespace
 
 }  // namespace attnres::kernels::cuda::mix
@@ -247,12 +427,28 @@ void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Ten
   const int64_t N = o.dim(0), d = w.dim(0);
   const int m = static_cast<int>(recent.size());
   if (N == 0) return;
-  const RowLayout lay = row_layout(op, d);
   dispatch_float(w, op, [&](auto tag) {
     using T = decltype(tag);
     bool aligned = d % 8 == 0 && aligned16(u.raw()) && aligned16(w.raw()) && aligned16(o.raw()) &&
                    aligned16(gain.raw());
     const Sources<T> rec = source_ptrs<T>(recent, {}, aligned);
+    // The rows kernel where it applies (kernels/mix_rows.h).
+    const mix_rows::Plan plan = mix_rows::plan_merge(
+        std::is_same_v<T, bf16>, rows_aligned(d, {one(u), one(w), one(o), recent, one(gain)}), d, m);
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (plan.rows) {
+        with_int<1, mix_rows::kMaxRecent>("m", m, [&](auto mn) {
+          auto kernel = merge_norm_forward_rows_kernel<decltype(mn)::value>;
+          const int64_t grid = resident_grid(op, kernel, plan.threads, 0, N, 1);
+          kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream()>>>(
+              dptr<bf16>(u), dptr<float>(stats), dptr<bf16>(w), dptr<bf16>(o), dptr<float>(lse),
+              rec, dptr<bf16>(gain), N, d, eps);
+          ATTNRES_CUDA_CHECK_LAUNCH();
+        });
+        return;
+      }
+    }
+    const RowLayout lay = row_layout(op, d);
     const RowGrid grid = row_grid(lay, N);
     with_variant(lay.vpt, aligned, [&](auto vpt, auto al) {
       constexpr int VPT = decltype(vpt)::value;
@@ -273,7 +469,6 @@ void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Te
   const int64_t N = o.dim(0), d = w.dim(0);
   const int m = static_cast<int>(recent.size());
   if (N == 0 || d == 0) return;
-  const RowLayout lay = row_layout(op, d);
   dispatch_float(w, op, [&](auto tag) {
     using T = decltype(tag);
     bool rec_aligned = d % 8 == 0;
@@ -285,6 +480,34 @@ void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Te
       drec.dv[j] = dptr<T>(drecent[j]);
       aligned = aligned && aligned16(drec.dv[j]);
     }
+    // The rows kernel where it applies (kernels/mix_rows.h): dgain and dw
+    // from its per-block partials, no pass of their own.
+    const mix_rows::Plan plan = mix_rows::plan_merge(
+        std::is_same_v<T, bf16>,
+        rows_aligned(d, {one(d_o), drecent, one(du), one(w), one(o), recent, one(gain)}), d, m);
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (plan.rows) {
+        bool distinct = true;
+        for (int j = 0; j < m; ++j)
+          for (int i = 0; i < j; ++i) distinct = distinct && drec.dv[i] != drec.dv[j];
+        with_int<1, mix_rows::kMaxRecent>("m", m, [&](auto mn) {
+          auto kernel = merge_norm_backward_rows_kernel<decltype(mn)::value>;
+          const int64_t grid = resident_grid(op, kernel, plan.threads, 0, N, 1);
+          Tensor partial = Tensor::empty({2, grid, d}, DType::F32, Device::CUDA);
+          kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream()>>>(
+              dptr<bf16>(d_o), dptr<float>(dlse), drec, partial.data<float>(), dptr<bf16>(du),
+              dptr<bf16>(w), dptr<bf16>(o), rec, dptr<bf16>(gain), dptr<float>(stats), N, d,
+              distinct);
+          ATTNRES_CUDA_CHECK_LAUNCH();
+          DwPtrs grads{};
+          grads.dw[0] = dptr<float>(dgain);
+          grads.dw[1] = dptr<float>(dw);
+          launch_dw_reduce(grads, partial.data<float>(), grid, d, 2);
+        });
+        return;
+      }
+    }
+    const RowLayout lay = row_layout(op, d);
     const int groups_per_block = lay.groups_per_block(), threads = lay.threads();
     // Warp mode: the block's per-group dgain rows meet in shared memory.
     const size_t smem = lay.block_mode() ? 0 : size_t(groups_per_block) * d * sizeof(float);
