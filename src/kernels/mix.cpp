@@ -52,6 +52,24 @@ std::vector<T*> mut_ptrs(Span<Tensor> ts) {
   return p;
 }
 
+// Store::Set writes every gradient of the list: two entries that are one
+// tensor would each overwrite the other's contribution.
+void check_distinct_for_set(const char* op, const char* name, Span<Tensor> grads, Store store) {
+  if (store != Store::Set) return;
+  for (size_t j = 0; j < grads.size(); ++j)
+    for (size_t i = 0; i < j; ++i)
+      if (grads[i].raw() == grads[j].raw())
+        fail(op, ": ", name, "[", i, "] and ", name, "[", j,
+             "] are one tensor, which Store::Set cannot write (use Store::Add)");
+}
+
+// The CPU kernels accumulate; Store::Set is "zero, then add" there (the same
+// numbers: x + 0 == x), a pass the CUDA kernels skip.
+void zero_for_set(Span<Tensor> grads, Store store) {
+  if (store != Store::Set) return;
+  for (Tensor& g : grads) g.zero_();
+}
+
 }  // namespace
 
 void mix_source_rstd(Tensor& rstd, const Tensor& v, float eps) {
@@ -98,7 +116,7 @@ void mix_forward(Span<Tensor> outs, Tensor& probs, Tensor* lse, Span<const Tenso
 
 void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> douts,
                   const Tensor* dlse, Span<const Tensor> ws, Span<const Tensor> sources,
-                  Span<const Tensor> rstds, const Tensor& probs) {
+                  Span<const Tensor> rstds, const Tensor& probs, Store store) {
   const char* op = "mix_backward";
   if (ws.empty()) fail(op, ": needs at least one query");
   if (dws.size() != ws.size() || douts.size() != ws.size())
@@ -118,8 +136,11 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
   }
   check_arg(op, "probs", probs, ws[0].device(), sdt, {Q, N, k});
   if (dlse) check_arg(op, "dlse", *dlse, ws[0].device(), sdt, {Q, N});
+  check_distinct_for_set(op, "dsources", dsources, store);
   ATTNRES_CUDA_DISPATCH(ws[0], op,
-                        cuda::mix_backward(dsources, dws, douts, dlse, ws, sources, rstds, probs));
+                        cuda::mix_backward(dsources, dws, douts, dlse, ws, sources, rstds, probs,
+                                           store));
+  zero_for_set(dsources, store);
   dispatch_cpu_float(ws[0], op, [&](auto tag) {
     using T = decltype(tag);
     const std::vector<const T*> src = const_ptrs<T>(sources), rs = const_ptrs<T>(rstds),
@@ -195,7 +216,8 @@ void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Ten
 
 void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Tensor& dw,
                              Tensor& dgain, const Tensor& du, const Tensor& w, const Tensor& o,
-                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats) {
+                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats,
+                             Store drecent_store) {
   const char* op = "mix_merge_norm_backward";
   const std::pair<int64_t, int64_t> Nd = check_merge(op, w, o, recent, gain, stats);
   const int64_t N = Nd.first, d = Nd.second, m = static_cast<int64_t>(recent.size());
@@ -208,9 +230,11 @@ void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Te
   check_arg(op, "dlse", dlse, w.device(), stat_dtype(w.dtype()), {N});
   check_arg(op, "dw", dw, w.device(), grad_dtype(w.dtype()), {d});
   check_arg(op, "dgain", dgain, w.device(), grad_dtype(w.dtype()), {d});
+  check_distinct_for_set(op, "drecent", drecent, drecent_store);
   ATTNRES_CUDA_DISPATCH(w, op,
                         cuda::mix_merge_norm_backward(d_o, dlse, drecent, dw, dgain, du, w, o,
-                                                      recent, gain, stats));
+                                                      recent, gain, stats, drecent_store));
+  zero_for_set(drecent, drecent_store);
   dispatch_cpu_float(w, op, [&](auto tag) {
     using T = decltype(tag);
     const std::vector<const T*> e = const_ptrs<T>(recent);

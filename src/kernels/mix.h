@@ -32,6 +32,7 @@
 #pragma once
 #include "core/span.h"
 #include "core/tensor.h"
+#include "kernels/store.h"
 
 namespace attnres::kernels {
 
@@ -51,10 +52,13 @@ void mix_forward(Span<Tensor> outs, Tensor& probs, Tensor* lse, Span<const Tenso
 // dL/dw_i, from douts[i] = dL/dout_i and, when given, dlse [Q, N] = dL/dlse.
 // The queries' contributions to a source are added in descending query order,
 // so a group split over two calls (later queries first) adds the same terms
-// in the same order (bit-identical on the CPU).
+// in the same order (bit-identical on the CPU). With Store::Set (the first
+// backward to reach the sources: the final Mix) dsources[j] = dL/dv_j
+// instead, their old contents never read (kernels/store.h); they must then
+// be distinct tensors.
 void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> douts,
                   const Tensor* dlse, Span<const Tensor> ws, Span<const Tensor> sources,
-                  Span<const Tensor> rstds, const Tensor& probs);
+                  Span<const Tensor> rstds, const Tensor& probs, Store store = Store::Add);
 
 // One query (the Q = 1 case, with probs [N, k]): out [N, d], w [d].
 void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor> sources,
@@ -74,9 +78,12 @@ void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Ten
 
 // From du = dL/du: d_o = dL/do and dlse = dL/dlse are written (Store::Set
 // semantics); drecent[j] += dL/de_j (the recent sources' gradients are running
-// sums too; they may alias each other), dw += dL/dw, dgain += dL/dgain.
+// sums too; they may alias each other), dw += dL/dw, dgain += dL/dgain. With
+// drecent_store Set (the final Mix's partial sum) drecent[j] = dL/de_j, the
+// old contents never read; they must then be distinct tensors.
 void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Tensor& dw,
                              Tensor& dgain, const Tensor& du, const Tensor& w, const Tensor& o,
-                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats);
+                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats,
+                             Store drecent_store = Store::Add);
 
 }  // namespace attnres::kernels

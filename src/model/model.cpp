@@ -401,7 +401,7 @@ void Model::norm_forward(SublayerActs& a, const Tensor* w, const Tensor& gain) c
 }
 
 void Model::norm_backward(SublayerActs& a, const Tensor& du, Param* query, Param& gain,
-                          Span<Tensor> drecent, Tensor* stream) {
+                          Span<Tensor> drecent, Tensor* stream, kern::Store drecent_store) {
   if (stream) {
     kern::rmsnorm_backward(*stream, &gain.grad, du, a.x, a.norm_rstd, &gain.value);
     return;
@@ -415,7 +415,8 @@ void Model::norm_backward(SublayerActs& a, const Tensor& du, Param* query, Param
   ATTNRES_CHECK(drecent.size() == a.mix_recent.size(), drecent.size(),
                 " recent source gradients for ", a.mix_recent.size(), " recent sources");
   kern::mix_merge_norm_backward(a.d_o, a.mix_dlse_row, drecent, query->grad, gain.grad, du,
-                             query->value, a.mix_o, a.mix_recent, gain.value, a.mix_stats);
+                                query->value, a.mix_o, a.mix_recent, gain.value, a.mix_stats,
+                                drecent_store);
 }
 
 void Model::mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad) {
@@ -429,7 +430,8 @@ void Model::mix_phase1_backward(int64_t s, Span<SublayerActs> g, DepthGrad& grad
   phase1_backward(g, queries, grad);
 }
 
-void Model::phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, DepthGrad& grad) {
+void Model::phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, DepthGrad& grad,
+                            kern::Store sources_store) {
   SublayerActs& leader = g[0];
   std::vector<Tensor> dws, douts, ws;
   for (size_t q = 0; q < g.size(); ++q) {
@@ -442,7 +444,7 @@ void Model::phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, De
   }
   kern::mix_backward(Span<Tensor>(grad.sources.data(), leader.mix_sources.size()), dws, douts,
                   leader.mix_dlse.defined() ? &leader.mix_dlse : nullptr, ws, leader.mix_sources,
-                  leader.mix_rstd, leader.mix_probs);
+                  leader.mix_rstd, leader.mix_probs, sources_store);
 }
 
 // ---------------------------------------------------------------------------
@@ -585,14 +587,18 @@ double Model::head_forward_backward(const DepthState& st, const Tensor& targets,
     grad.hidden = a.d_o;
     return loss;
   }
-  // The head is the first backward to reach the sources: their gradients start here.
-  for (size_t j = 0; j < st.sources.size(); ++j) grad.sources.push_back(zero_act(N, d));
-  if (a.mix_stats.defined()) grad.partial = zero_act(N, d);
+  // The head is the first backward to reach the sources: its ops write their
+  // gradients (Store::Set), so no buffer is zero-filled first. The final Mix
+  // reads every source (a source it did not read would be zeroed here).
+  const size_t k = a.mix_sources.size();
+  for (size_t j = 0; j < st.sources.size(); ++j)
+    grad.sources.push_back(j < k ? new_act(N, d) : zero_act(N, d));
+  if (a.mix_stats.defined()) grad.partial = new_act(N, d);
   Param* q = w_.final_query;
   norm_backward(a, dh, q, g_final, a.mix_stats.defined() ? Span<Tensor>(&grad.partial, 1)
                                                          : Span<Tensor>(),
-                nullptr);
-  phase1_backward(Span<SublayerActs>(&a, 1), Span<Param* const>(&q, 1), grad);
+                nullptr, kern::Store::Set);
+  phase1_backward(Span<SublayerActs>(&a, 1), Span<Param* const>(&q, 1), grad, kern::Store::Set);
   return loss;
 }
 

@@ -11,6 +11,7 @@
 
 #include "core/span.h"
 #include "core/tensor.h"
+#include "kernels/store.h"
 #include "model/config.h"
 #include "model/depth_state.h"
 #include "model/params.h"
@@ -182,18 +183,21 @@ class Model {
   // Phase 1 of the group g[0..Q) of queries ws over the first k of st's
   // sources; merging[q]: whether g[q] merges recent sources afterwards (it
   // then reads lse, and its backward writes its row of dlse). The backward
-  // adds into the first k source gradients and the queries' gradients.
+  // adds into the first k source gradients (writes them with Store::Set: the
+  // head's, the first backward to reach them) and the queries' gradients.
   void phase1_forward(Span<SublayerActs> g, Span<const Tensor> ws, int64_t k,
                       const std::vector<bool>& merging, const DepthState& st) const;
-  void phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, DepthGrad& grad);
+  void phase1_backward(Span<SublayerActs> g, Span<Param* const> queries, DepthGrad& grad,
+                       kernels::Store sources_store = kernels::Store::Add);
   // The input norm of a sublayer or the head: a.u = RMSNorm(x; gain), x being
   // the merge of a.mix_o with a.mix_recent (one op, query w) when there are
   // recent sources, else a.x. Its backward from du: with `stream` (baseline)
   // stream += dL/dx; else a.d_o written and, after a merge, a.mix_dlse_row
-  // written and drecent += (query's gradient too).
+  // written and drecent += (query's gradient too; drecent = with Store::Set).
   void norm_forward(SublayerActs& a, const Tensor* w, const Tensor& gain) const;
   void norm_backward(SublayerActs& a, const Tensor& du, Param* query, Param& gain,
-                     Span<Tensor> drecent, Tensor* stream);
+                     Span<Tensor> drecent, Tensor* stream,
+                     kernels::Store drecent_store = kernels::Store::Add);
   void sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
                         DecodeCache* cache = nullptr) const;
   // h = RMSNorm(z; g_final) of the final Mix z over all sources (AttnRes) or

@@ -498,6 +498,62 @@ TEST_CASE("cuda mix: both kernel families (rows, warp) match the CPU", "[gpu][mi
                       Catch::Contains("ATTNRES_MIX_KERNELS = 'fast': expected rows or warp"));
 }
 
+TEST_CASE("cuda mix backward with Store::Set writes what zeroing then adding gives", "[gpu][mix]") {
+  // The head's final Mix writes its sources' and partial's gradients
+  // (kernels/store.h): over poisoned (NaN) buffers, never read under Set, the
+  // same bits as Add into zeros, in both kernel families; Q = 11 spans two
+  // rows launches (the first writes, the second adds).
+  for (const char* kernel : {"rows", "warp"})
+    for (DType dt : {DType::BF16, DType::F32}) {
+      ScopedEnv env("ATTNRES_MIX_KERNELS", kernel);
+      INFO("ATTNRES_MIX_KERNELS=" << kernel << " " << dtype_name(dt));
+      const int64_t N = 301, d = 768, kk = 9, Q = 11;
+      MixSetup s = make_setup(N, d, kk, dt, 78000);
+      const std::vector<Tensor> rs_d = on_device(rstds_f32(s));
+      std::vector<Tensor> ws, douts, outs;
+      for (int64_t q = 0; q < Q; ++q) {
+        Tensor w = gt::randn_f32({d}, 78100 + q, 2.0 / std::sqrt(double(d)));
+        ws.push_back(gt::to_device(w, dt));
+        Tensor dy = gt::randn_f32({N, d}, 78200 + q);
+        douts.push_back(gt::to_device(dy, dt));
+        outs.push_back(gt::poisoned({N, d}, dt));
+      }
+      Tensor probs = gt::poisoned({Q, N, kk}, DType::F32), lse = gt::poisoned({Q, N}, DType::F32);
+      kern::mix_forward(outs, probs, &lse, ws, s.src_d, rs_d);
+      const Tensor dlse = gt::randn_f32({Q, N}, 78300).to(Device::CUDA);
+      std::vector<Tensor> ds[2], dws[2];
+      for (int r = 0; r < 2; ++r) {
+        for (int64_t j = 0; j < kk; ++j)
+          ds[r].push_back(r == 0 ? Tensor::zeros({N, d}, dt, Device::CUDA) : gt::poisoned({N, d}, dt));
+        for (int64_t q = 0; q < Q; ++q) dws[r].push_back(Tensor::zeros({d}, DType::F32, Device::CUDA));
+        kern::mix_backward(ds[r], dws[r], douts, &dlse, ws, s.src_d, rs_d, probs,
+                           r == 0 ? kern::Store::Add : kern::Store::Set);
+      }
+      for (int64_t j = 0; j < kk; ++j) CHECK(gt::same_bits(ds[0][j], ds[1][j]));
+      for (int64_t q = 0; q < Q; ++q) CHECK(gt::same_bits(dws[0][q], dws[1][q]));
+
+      // The merge's recent source (Block AttnRes's partial sum at the head).
+      std::vector<Tensor> rec{s.src_d[0]};
+      Tensor gain_h = gt::randn_f32({d}, 78400);
+      const Tensor gain = gt::to_device(gain_h, dt), lse0 = lse.rows(0, 1).reshape({N});
+      Tensor st = gt::poisoned({N, 4}, DType::F32), u = gt::poisoned({N, d}, dt);
+      kern::mix_merge_norm_forward(u, st, ws[0], outs[0], lse0, rec, gain, kMixEps);
+      std::vector<Tensor> de[2];
+      Tensor d_o[2], dl[2], dwm[2], dg[2];
+      for (int r = 0; r < 2; ++r) {
+        de[r].push_back(r == 0 ? Tensor::zeros({N, d}, dt, Device::CUDA) : gt::poisoned({N, d}, dt));
+        d_o[r] = gt::poisoned({N, d}, dt);
+        dl[r] = gt::poisoned({N}, DType::F32);
+        dwm[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
+        dg[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
+        kern::mix_merge_norm_backward(d_o[r], dl[r], de[r], dwm[r], dg[r], douts[0], ws[0], outs[0],
+                                      rec, gain, st, r == 0 ? kern::Store::Add : kern::Store::Set);
+      }
+      CHECK(gt::same_bits(de[0][0], de[1][0]));
+      CHECK(gt::same_bits(dwm[0], dwm[1]));
+    }
+}
+
 TEST_CASE("cuda mix: a query's results do not depend on the queries beside it", "[gpu][mix]") {
   // kernels/mix.h: the Q queries of one call give each query, bit for bit,
   // what it gives alone (so a Mix group split over calls repeats itself).

@@ -354,6 +354,67 @@ TEST_CASE("two-phase mix + norm equals the one-pass softmax over all sources, th
   }
 }
 
+TEST_CASE("mix backward with Store::Set writes what zeroing then adding gives", "[kernels]") {
+  // The final Mix is the first backward to reach the sources: it writes
+  // their gradients instead of adding (kernels/store.h). Over NaN-filled
+  // buffers (never read under Set), the same bits as Add into zeros.
+  const int64_t N = 7, d = 10, k = 3, m = 2;
+  std::vector<Tensor> src = random_sources(k + m, N, d, 300);
+  std::vector<Tensor> first(src.begin(), src.begin() + k), recent(src.begin() + k, src.end());
+  const Tensor w = randn({d}, 310), g = randn({d}, 311), du = randn({N, d}, 312);
+  Tensor stats;
+  GroupOut grp;
+  two_phase(w, first, recent, g, &stats, &grp);
+  auto nan_like = [](const std::vector<Tensor>& ts) {
+    std::vector<Tensor> r;
+    for (const Tensor& t : ts) {
+      r.push_back(Tensor::empty(t.shape(), t.dtype()));
+      for (int64_t i = 0; i < t.numel(); ++i) r.back().data<double>()[i] = std::nan("");
+    }
+    return r;
+  };
+  // The merge's recent sources, then phase 1's sources.
+  std::vector<Tensor> de_add = zeros_like(recent), de_set = nan_like(recent);
+  Tensor d_o[2], dlse[2], dw[2], dg[2];
+  for (int r = 0; r < 2; ++r) {
+    d_o[r] = Tensor::empty({N, d}, DType::F64);
+    dlse[r] = Tensor::empty({1, N}, DType::F64);
+    dw[r] = Tensor::zeros({d}, DType::F64);
+    dg[r] = Tensor::zeros({d}, DType::F64);
+    Tensor dlse_row = dlse[r].reshape({N});
+    kern::mix_merge_norm_backward(d_o[r], dlse_row, r == 0 ? de_add : de_set, dw[r], dg[r], du, w,
+                                  grp.outs[0], recent, g, stats,
+                                  r == 0 ? kern::Store::Add : kern::Store::Set);
+  }
+  for (int64_t j = 0; j < m; ++j) CHECK(same_bits(de_add[j], de_set[j]));
+  CHECK(same_bits(dw[0], dw[1]));
+  std::vector<Tensor> ds_add = zeros_like(first), ds_set = nan_like(first);
+  const std::vector<Tensor> rs = rstds_of(first);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<Tensor> dws{Tensor::zeros({d}, DType::F64)}, douts{d_o[0]}, qs{w};
+    kern::mix_backward(r == 0 ? ds_add : ds_set, dws, douts, &dlse[0], qs, first, rs, grp.probs,
+                       r == 0 ? kern::Store::Add : kern::Store::Set);
+  }
+  for (int64_t j = 0; j < k; ++j) {
+    INFO("source " << j);
+    CHECK(same_bits(ds_add[j], ds_set[j]));
+    double largest = 0;  // every element finite, some not 0
+    bool finite = true;
+    for (int64_t i = 0; i < ds_set[j].numel(); ++i) {
+      finite = finite && std::isfinite(at(ds_set[j], i));
+      largest = std::max(largest, std::fabs(at(ds_set[j], i)));
+    }
+    CHECK(finite);
+    CHECK(largest > 0);
+  }
+  // Set cannot write one tensor twice: aliased gradients are refused.
+  std::vector<Tensor> aliased{ds_set[0], ds_set[1], ds_set[0]};
+  std::vector<Tensor> dws{Tensor::zeros({d}, DType::F64)}, douts{d_o[0]}, qs{w};
+  CHECK_THROWS_WITH(kern::mix_backward(aliased, dws, douts, &dlse[0], qs, first, rs, grp.probs,
+                                       kern::Store::Set),
+                    Catch::Contains("dsources[0] and dsources[2] are one tensor"));
+}
+
 TEST_CASE("mix merge + norm backward matches finite differences", "[kernels]") {
   const int64_t N = 6, d = 10;
   for (int64_t m : {int64_t(1), int64_t(3)}) {

@@ -204,7 +204,7 @@ template <typename T, int VPT, bool ALIGNED, bool kOne>
 __global__ void __launch_bounds__(kMaxThreads)
     mix_backward_kernel(DSources<T> dsrc, float* coef, QueryGrads<T> qg, int Q, const float* dlse,
                         Sources<T> src, const float* probs, int k, int kc, int64_t N, int64_t d,
-                        bool block_mode) {
+                        bool block_mode, bool set) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float2 scratch[32];
   const Group g = Group::make(block_mode);
@@ -294,7 +294,12 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int i = 0; i < VPT; ++i) {
         const int64_t sb = g.slot_base(i);
         unpack(j < kc ? cached(j, i) : load_pack<T, ALIGNED>(src.v[j] + off, sb, d), v[i]);
-        unpack(load_pack<T, ALIGNED>(dvr, sb, d), dv[i]);
+        if (set) {  // Store::Set: the sum starts from 0, the old contents unread
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dv[i][e] = 0.0f;
+        } else {
+          unpack(load_pack<T, ALIGNED>(dvr, sb, d), dv[i]);
+        }
       }
       for (int q = Q - 1; q >= 0; --q) {
         const float4 dd = dots[q * k + j];
@@ -436,7 +441,7 @@ template <int Q>
 __global__ void __launch_bounds__(rows::kMaxThreads, 1)
     mix_backward_rows_kernel(DSources<bf16> dsrc, float* dw_partial, QueryGrads<bf16> qg,
                              const float* dlse, Sources<bf16> src, const float* probs, int k,
-                             int64_t N, int64_t d) {
+                             int64_t N, int64_t d, bool set) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int G = static_cast<int>(blockDim.x), W = G >> 5, t = static_cast<int>(threadIdx.x);
   const int lane = t & 31, warp = t >> 5;
@@ -450,6 +455,8 @@ __global__ void __launch_bounds__(rows::kMaxThreads, 1)
   float* ss = rv + k;                       // [Q]: sum_j a_qj dout_q . v_j
   const rows::Slot sl(d);
   const float fd = static_cast<float>(d);
+  // A dsource slot: its old contents, or 0 under Store::Set (not read).
+  auto load_dv = [&](const bf16* row) { return set ? make_uint2(0, 0) : sl.load(row); };
 #pragma unroll
   for (int q = 0; q < Q; ++q) wsl[q * G + t] = sl.load(qg.w[q]);
   float dw[Q][rows::kEpt];
@@ -509,11 +516,11 @@ __global__ void __launch_bounds__(rows::kMaxThreads, 1)
     }
     __syncthreads();
 
-    uint2 dvc = sl.load(dsrc.dv[0] + off), vc = sl.load(src.v[0] + off);
+    uint2 dvc = load_dv(dsrc.dv[0] + off), vc = sl.load(src.v[0] + off);
     for (int j = 0; j < k; ++j) {
       const bool ahead = j + 1 < k && dsrc.dv[j + 1] != dsrc.dv[j];
       uint2 dvn = make_uint2(0, 0), vn = dvn;
-      if (ahead) dvn = sl.load(dsrc.dv[j + 1] + off), vn = sl.load(src.v[j + 1] + off);
+      if (ahead) dvn = load_dv(dsrc.dv[j + 1] + off), vn = sl.load(src.v[j + 1] + off);
       float v[rows::kEpt], dv[rows::kEpt];
       rows::unpack(vc, v);
       rows::unpack(dvc, dv);
@@ -532,7 +539,7 @@ __global__ void __launch_bounds__(rows::kMaxThreads, 1)
       }
       sl.store(dsrc.dv[j] + off, dv);
       if (j + 1 < k) {
-        if (!ahead) dvn = sl.load(dsrc.dv[j + 1] + off), vn = sl.load(src.v[j + 1] + off);  // after the store
+        if (!ahead) dvn = load_dv(dsrc.dv[j + 1] + off), vn = sl.load(src.v[j + 1] + off);  // after the store
         dvc = dvn, vc = vn;
       }
     }
@@ -729,7 +736,7 @@ void mix_forward(Span<Tensor> outs, Tensor& probs, Tensor* lse, Span<const Tenso
 
 void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> douts,
                   const Tensor* dlse, Span<const Tensor> ws, Span<const Tensor> sources,
-                  Span<const Tensor> rstds, const Tensor& probs) {
+                  Span<const Tensor> rstds, const Tensor& probs, Store store) {
   const char* op = "mix_backward";
   check_capacity(op, sources.size());
   const int64_t N = sources[0].dim(0), d = ws[0].dim(0);
@@ -766,6 +773,9 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
       }
       const float* dl = dlse ? dptr<float>(*dlse) + int64_t(q0) * N : nullptr;
       const float* pp = dptr<float>(probs) + int64_t(q0) * N * k;
+      // Store::Set: the first launch writes (the dsources are distinct,
+      // kernels/mix.cpp), the later ones add.
+      const bool set = store == Store::Set && c == n_launches - 1;
       if constexpr (std::is_same_v<T, bf16>) {
         if (plan.rows) {  // dw summed in the row passes: per-block partials, then the reduction
           const size_t smem = mix_rows::backward_smem(Q, k, plan.threads);
@@ -774,7 +784,7 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
             const int64_t grid = resident_grid(op, kernel, plan.threads, smem, N, 1);
             Tensor partial = Tensor::empty({Q, grid, d}, DType::F32, Device::CUDA);
             kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream()>>>(
-                dsrc, partial.data<float>(), qg, dl, src, pp, k, N, d);
+                dsrc, partial.data<float>(), qg, dl, src, pp, k, N, d, set);
             ATTNRES_CUDA_CHECK_LAUNCH();
             launch_dw_reduce(dwp, partial.data<float>(), grid, d, Q);
           });
@@ -799,7 +809,7 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
         // (The rows' results do not depend on the grid: dw is formed by launch_dw.)
         const int64_t grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
         kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
-            dsrc, coef.data<float>(), qg, Q, dl, src, pp, k, kc, N, d, lay.block_mode());
+            dsrc, coef.data<float>(), qg, Q, dl, src, pp, k, kc, N, d, lay.block_mode(), set);
         ATTNRES_CUDA_CHECK_LAUNCH();
       });
       launch_dw<T>(dwp, coef.data<float>(), src, Q, k, N, d, lay, src_aligned);

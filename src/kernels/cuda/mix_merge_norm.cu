@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     merge_norm_backward_kernel(T* d_o, float* dlse, DSources<T> drec, float* coef,
                                float* dgain_partial, const T* du, const T* w, const T* o,
                                Sources<T> rec, int m, const T* gain, const float* stats,
-                               int64_t N, int64_t d, bool block_mode) {
+                               int64_t N, int64_t d, bool block_mode, bool set) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float2 scratch[32];
   const Group g = Group::make(block_mode);
@@ -218,7 +218,12 @@ __global__ void __launch_bounds__(kMaxThreads)
         float wf[8], ev[8], de[8];
         unpack(load_pack<T, ALIGNED>(w, sb, d), wf);
         unpack(load_pack<T, ALIGNED>(rec.v[j] + off, sb, d), ev);
-        unpack(load_pack<T, ALIGNED>(der, sb, d), de);
+        if (set) {  // Store::Set: the sum starts from 0, the old contents unread
+#pragma unroll
+          for (int c = 0; c < 8; ++c) de[c] = 0.0f;
+        } else {
+          unpack(load_pack<T, ALIGNED>(der, sb, d), de);
+        }
 #pragma unroll
         for (int c = 0; c < 8; ++c) de[c] += fmaf(ce, ev[c], fmaf(cw, wf[c], aj * gx[i][c]));
         store8<T, ALIGNED>(der, sb, d, de);
@@ -324,7 +329,7 @@ __global__ void __launch_bounds__(rows::kMaxThreads, 1)
     merge_norm_backward_rows_kernel(bf16* d_o, float* dlse, DSources<bf16> drec, float* partial,
                                     const bf16* du, const bf16* w, const bf16* o,
                                     Sources<bf16> rec, const bf16* gain, const float* stats,
-                                    int64_t N, int64_t d, bool distinct) {
+                                    int64_t N, int64_t d, bool distinct, bool set) {
   __shared__ float red[32 * (1 + 2 * M)];
   const rows::Slot sl(d);
   const float fd = static_cast<float>(d);
@@ -344,7 +349,7 @@ __global__ void __launch_bounds__(rows::kMaxThreads, 1)
 #pragma unroll
     for (int j = 0; j < M; ++j) {
       eb[j] = sl.load(rec.v[j] + off);
-      if constexpr (kAhead) deb[j] = distinct ? sl.load(drec.dv[j] + off) : make_uint2(0, 0);
+      if constexpr (kAhead) deb[j] = distinct && !set ? sl.load(drec.dv[j] + off) : make_uint2(0, 0);
     }
     const float* st = stats + row * (2 * M + 2);
     const float a0 = st[0], r = st[2 * M + 1];
@@ -397,8 +402,10 @@ __global__ void __launch_bounds__(rows::kMaxThreads, 1)
       const auto [cw, ce] = math::mix_backward_coefs(dz, rj, p[1 + M + j], fd);
       float e[rows::kEpt], de[rows::kEpt];
       rows::unpack(eb[j], e);
-      if constexpr (kAhead) rows::unpack(distinct ? deb[j] : sl.load(drec.dv[j] + off), de);
-      else rows::unpack(sl.load(drec.dv[j] + off), de);  // (after the last store: drecent may alias)
+      // (Loaded after the last store: drecent may alias. Store::Set: 0, unread.)
+      if (set) rows::unpack(make_uint2(0, 0), de);
+      else if constexpr (kAhead) rows::unpack(distinct ? deb[j] : sl.load(drec.dv[j] + off), de);
+      else rows::unpack(sl.load(drec.dv[j] + off), de);
 #pragma unroll
       for (int c = 0; c < rows::kEpt; ++c) {
         de[c] += fmaf(ce, e[c], fmaf(cw, wf[c], aj * gx[c]));
@@ -463,8 +470,10 @@ void mix_merge_norm_forward(Tensor& u, Tensor& stats, const Tensor& w, const Ten
 
 void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Tensor& dw,
                              Tensor& dgain, const Tensor& du, const Tensor& w, const Tensor& o,
-                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats) {
+                             Span<const Tensor> recent, const Tensor& gain, const Tensor& stats,
+                             Store drecent_store) {
   const char* op = "mix_merge_norm_backward";
+  const bool set = drecent_store == Store::Set;
   check_capacity(op, recent.size());
   const int64_t N = o.dim(0), d = w.dim(0);
   const int m = static_cast<int>(recent.size());
@@ -497,7 +506,7 @@ void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Te
           kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream()>>>(
               dptr<bf16>(d_o), dptr<float>(dlse), drec, partial.data<float>(), dptr<bf16>(du),
               dptr<bf16>(w), dptr<bf16>(o), rec, dptr<bf16>(gain), dptr<float>(stats), N, d,
-              distinct);
+              distinct, set);
           ATTNRES_CUDA_CHECK_LAUNCH();
           DwPtrs grads{};
           grads.dw[0] = dptr<float>(dgain);
@@ -523,7 +532,7 @@ void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Te
       kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
           dptr<T>(d_o), dptr<float>(dlse), drec, coef.data<float>(), partial.data<float>(),
           dptr<T>(du), dptr<T>(w), dptr<T>(o), rec, m, dptr<T>(gain), dptr<float>(stats), N, d,
-          lay.block_mode());
+          lay.block_mode(), set);
       ATTNRES_CUDA_CHECK_LAUNCH();
     });
     DwPtrs dg{};
