@@ -235,7 +235,7 @@ def depth_passes(L, S, lower_bound=False):
     # The source counts are src/model/config.h's, written again here (this
     # script reads benchmark files, not the binary): ModelConfig::mix_sources
     # is 1 + s // S + (s % S > 0), the count the FLOPs and the planner use.
-    G = S if S > 1 else math.isqrt(n - 1) + 1  # ModelConfig::mix_group_size
+    G = S if S > 1 else min(math.isqrt(n - 1) + 1, 8)  # ModelConfig::mix_group_size
     first = lambda s: 1 + (s // G * G) // S     # ModelConfig::phase1_sources
     recent = lambda s: 1 + s // S - first(s) + (s % S > 0)  # ModelConfig::recent_sources
     rw = 3 if lower_bound else 4  # backward passes per source: read, read-add-write (, dw)

@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include "core/error.h"
+#include "kernels/mix_rows.h"
 
 namespace attnres::model {
 
@@ -56,7 +57,7 @@ int64_t ModelConfig::mix_group_size() const {
   const int64_t S = resolved_block_size();
   if (S > 1) return S;
   int64_t G = 1;
-  while (G * G < n_sublayers()) ++G;
+  while (G * G < n_sublayers() && G < kernels::mix_rows::kMaxQueries) ++G;
   return G;
 }
 

@@ -57,13 +57,17 @@ struct ModelConfig {
   int64_t mix_sources(int64_t s) const;
   // Sublayers whose depth Mix shares one phase-1 pass (kernels/mix.h, "two-phase
   // form"), aligned from sublayer 0: Block AttnRes's block (S), and for Full
-  // AttnRes (S = 1) groups of G = ceil(sqrt(2L)) sublayers. A group of G reads
-  // each older source once instead of G times, and each of its sublayers also
-  // merges the up to G - 1 sources added inside the group: per sublayer about
-  // s / G + G / 2 + 3 row passes instead of s + 4 (s = its number of sources),
-  // least near G = sqrt(2L). A computation choice: the function is the same
-  // for any grouping, the rounding is not, so it is fixed by the config rather
-  // than by where a pipeline chunk starts.
+  // AttnRes (S = 1) groups of G = min(ceil(sqrt(2L)), 8) sublayers. A group of
+  // G reads each older source once instead of G times, and each of its
+  // sublayers also merges the up to G - 1 sources added inside the group: per
+  // sublayer about s / G + G / 2 + 3 row passes instead of s + 4 (s = its
+  // number of sources), least near G = sqrt(2L). At most 8 (only deeper
+  // models than L = 32 reach it): the CUDA rows kernels take 8 queries a
+  // launch and merge at most 8 recent sources (kernels/mix_rows.h), and a
+  // group of 10 at L = 48 would read every older source twice per group,
+  // 37% more passes than groups of 8 (docs/cuda.md). A computation choice:
+  // the function is the same for any grouping, the rounding is not, so it is
+  // fixed by the config rather than by where a pipeline chunk starts.
   int64_t mix_group_size() const;
   // AttnRes sublayer s's sources read by its Mix group's phase 1 (a prefix of
   // the depth state's sources), and its recent sources, merged in phase 2:

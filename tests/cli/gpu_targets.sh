@@ -76,7 +76,7 @@ def passes(L, S):
     if S is None:
         t = n * (2 + 1 + 4) + 2 + 3  # norm fwd 2, epilogue read 1, norm bwd 4; final norm
         return t, t
-    G = S if S > 1 else next(g for g in range(1, n + 1) if g * g >= n)
+    G = S if S > 1 else min(8, next(g for g in range(1, n + 1) if g * g >= n))
     out = []
     for dw_and_zero in (True, False):
         per_src_bwd = 4 if dw_and_zero else 3  # read, read-add-write (, dw re-read)

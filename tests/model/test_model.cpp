@@ -56,6 +56,8 @@ TEST_CASE("block sizes and final source counts follow docs/model.md", "[model]")
   CHECK(tiny(ResidualMode::Full, 0, 0, false, 5).mix_group_size() == 4);
   CHECK(tiny(ResidualMode::Full, 0, 0, false, 12).mix_group_size() == 5);
   CHECK(tiny(ResidualMode::Full, 0, 0, false, 24).mix_group_size() == 7);
+  CHECK(tiny(ResidualMode::Full, 0, 0, false, 32).mix_group_size() == 8);
+  CHECK(tiny(ResidualMode::Full, 0, 0, false, 48).mix_group_size() == 8);  // not ceil(sqrt(96)) = 10
   CHECK(tiny(ResidualMode::Baseline).mix_group_size() == 0);
   CHECK(tiny(ResidualMode::Block, 3).final_sources() == 3);  // e, b_1, partial
 }
