@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/build_config.h"
 #include "core/device.h"
 #include "core/rng.h"
 #include "core/scoped_env.h"
@@ -22,6 +23,9 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/attention_cudnn.h"
+#endif
 
 namespace attnres::tools {
 
@@ -150,6 +154,20 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     add("attention bwd",
         [&] { kern::attention_backward(dq, dk, dv, dout, q, key, v, out, lse, s, kern::Store::Set); }, reps,
         2 * io + e * 2.0 * N * H * hd, 2.5 * fwd_flops);
+#if ATTNRES_HAVE_CUDA
+    // The same op on cuDNN's fused attention engines, where they run this shape.
+    namespace cudnn = kern::cuda::cudnn;
+    if (const std::string why = cudnn::sdpa_unsupported(s, dt); !why.empty()) {
+      std::printf("(attention fwd/bwd (cudnn) skipped: %s)\n", why.c_str());
+    } else {
+      add("attention fwd (cudnn)", [&] { cudnn::sdpa_forward(out, lse, q, key, v, s); }, reps, io,
+          fwd_flops);
+      cudnn::sdpa_forward(out, lse, q, key, v, s);
+      add("attention bwd (cudnn)",
+          [&] { cudnn::sdpa_backward(dq, dk, dv, dout, q, key, v, out, lse, s, kern::Store::Set); },
+          reps, 2 * io + e * 2.0 * N * H * hd, 2.5 * fwd_flops);
+    }
+#endif
   }
 
   // ---- row-wise ops ----

@@ -21,6 +21,7 @@
 
 #include "core/device.h"
 #include "core/rng.h"
+#include "kernels/attention.h"
 #include "kernels/cpu/blas.h"
 #include "model/flops.h"
 #include "model/model.h"
@@ -56,10 +57,10 @@ struct RunSpec {
 class ModeRunner {
  public:
   ModeRunner(const RunSpec& run, int64_t B, int64_t T, int64_t A, Device device, DType dtype,
-             train::Logits logits)
+             train::Logits logits, kernels::AttentionKernel attention)
       : label_(run.label), cfg_(run.cfg), B_(B), T_(T), A_(A), device_(device),
-        grid_(solo_, 1, 1), stepper_(grid_, config(run, B, T, A, device, dtype, logits),
-                                     options(run)) {
+        grid_(solo_, 1, 1),
+        stepper_(grid_, config(run, B, T, A, device, dtype, logits, attention), options(run)) {
     batch_.inputs = random_ids(B * T, run.cfg.vocab_size, 1);
     batch_.targets = random_ids(B * T, run.cfg.vocab_size, 2);
     stepper_.init_weights(1);
@@ -92,12 +93,14 @@ class ModeRunner {
 
  private:
   static train::Config config(const RunSpec& run, int64_t B, int64_t T, int64_t A, Device device,
-                              DType dtype, train::Logits logits) {
+                              DType dtype, train::Logits logits,
+                              kernels::AttentionKernel attention) {
     train::Config c;
     c.model = run.cfg;
     c.training.micro_batch_size = B, c.training.seq_len = T, c.training.grad_accum = A;
     c.training.device = device, c.training.precision = dtype, c.training.recompute = run.recompute;
     c.training.logits = logits;
+    c.training.attention_kernel = attention;
     return c;
   }
   static parallel::RuntimeOptions options(const RunSpec& run) {
@@ -158,7 +161,8 @@ const char* kHelp =
     "  [--mode baseline|full|block|all] [--steps 5] [--warmup 1] [--d-model 256]\n"
     "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
     "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
-    "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--kernels [--only TEXT]]\n"
+    "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--attention own|auto|cudnn]\n"
+    "  [--kernels [--only TEXT]]\n"
     "  [--gpu-memory GiB] [--plan]\n"
     "Training throughput (forward, backward, AdamW) on synthetic tokens, one row per residual\n"
     "mode, on the CPU (the default) or a GPU (--device cuda). Block mode defaults to S = 4\n"
@@ -174,6 +178,7 @@ const char* kHelp =
     "(no GPU needed with --gpu-memory).\n"
     "--recompute all runs each mode with none, mix and layer (training.recompute);\n"
     "--logits: the LM head's logits as training.logits (auto: bf16 in a bf16 run);\n"
+    "--attention: which attention runs, as training.attention_kernel (own: ours);\n"
     "the act MiB column is the step's tensor high-water above weights, gradients and\n"
     "AdamW state (activations and workspace), measured by the allocator.";
 
@@ -183,7 +188,7 @@ int cmd_bench(const Args& args) {
   Flags f(args, "bench",
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
-           "preset", "only", "recompute", "logits", "gpu-memory"},
+           "preset", "only", "recompute", "logits", "attention", "gpu-memory"},
           {"help", "kernels", "plan"});
   if (f.has("help")) {
     std::puts(kHelp);
@@ -236,6 +241,10 @@ int cmd_bench(const Args& args) {
   if (logits_arg == train::Logits::BF16 && dtype != DType::BF16)
     fail("bench: --logits bf16 needs --precision bf16 (an fp32 run keeps fp32 logits)");
   const DType logits = train::logit_dtype(logits_arg, dtype);
+  const kernels::AttentionKernel attention =
+      train::parse_attention_kernel(f.get("attention", "own"), "bench: --attention");
+  if (attention == kernels::AttentionKernel::Cudnn && device != Device::CUDA)
+    fail("bench: --attention cudnn needs --device cuda");
   const double gpu_gib = f.get_double("gpu-memory", 0, "bench");
   if (f.has("gpu-memory") && !(gpu_gib > 0)) fail("bench: --gpu-memory must be a positive number of GiB");
   if (f.has("gpu-memory") && device != Device::CUDA) fail("bench: --gpu-memory plans for a GPU: add --device cuda");
@@ -306,6 +315,13 @@ int cmd_bench(const Args& args) {
     for (const std::string& w : kernels::cpu::blas_warnings())
       std::printf("warning: %s\n", w.c_str());
   }
+  if (device == Device::CUDA) {  // which attention runs (an error under cudnn where it cannot)
+    std::string why;
+    const bool cudnn = kernels::attention_uses_cudnn(
+        attention, {std::max<int64_t>(B, 1), T, c.n_heads, c.n_kv_heads, c.head_dim()}, dtype,
+        Device::CUDA, &why);
+    std::printf("attention: %s\n", cudnn ? "cuDNN's fused attention" : ("ours (" + why + ")").c_str());
+  }
   std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld V=%lld | T=%lld B=%lld A=%lld | "
               "median of %d timed steps after %d warm-up\n",
               (long long)c.d_model, (long long)c.n_layers, (long long)c.n_heads,
@@ -356,7 +372,7 @@ int cmd_bench(const Args& args) {
     for (const auto& r : rs) results.push_back(result(*r));
   };
   auto runner = [&](const RunSpec& run) {
-    return std::make_unique<ModeRunner>(run, B, T, A, device, dtype, logits_arg);
+    return std::make_unique<ModeRunner>(run, B, T, A, device, dtype, logits_arg, attention);
   };
   if (one_at_a_time) {
     // Each run's model lives only for its own steps.

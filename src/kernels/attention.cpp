@@ -6,6 +6,7 @@
 #include "kernels/cpu/attention.h"
 #if ATTNRES_HAVE_CUDA
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_cudnn.h"
 #endif
 
 namespace attnres::kernels {
@@ -37,10 +38,39 @@ void check_qkv_out(const char* op, const AttnShape& s, const Tensor& q, const Te
 
 }  // namespace
 
+bool attention_uses_cudnn(AttentionKernel kernel, const AttnShape& s, DType dt, Device dev,
+                          std::string* why) {
+  std::string reason;
+  if (kernel == AttentionKernel::Own) {
+    reason = "training.attention_kernel = \"own\"";
+  } else if (dev != Device::CUDA) {
+    reason = "cuDNN runs on cuda only";
+  } else {
+#if ATTNRES_HAVE_CUDA
+    reason = cuda::cudnn::sdpa_unsupported(s, dt);  // cached per shape
+#else
+    reason = "this build has no CUDA backend";
+#endif
+  }
+  if (reason.empty()) return true;
+  if (kernel == AttentionKernel::Cudnn)
+    fail("attention: training.attention_kernel is \"cudnn\", but cuDNN's fused attention cannot "
+         "run B=", s.B, " T=", s.T, " H=", s.H, " Hkv=", s.Hkv, " hd=", s.hd, " in ",
+         dtype_name(dt), ": ", reason, " (use \"auto\" or \"own\")");
+  if (why) *why = reason;
+  return false;
+}
+
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttnShape& s) {
+                       const AttnShape& s, AttentionKernel kernel) {
   const char* op = "attention_forward";
   check_qkv_out(op, s, q, k, v, out, lse);
+#if ATTNRES_HAVE_CUDA
+  if (q.is_cuda() && attention_uses_cudnn(kernel, s, q.dtype(), Device::CUDA))
+    return cuda::cudnn::sdpa_forward(out, lse, q, k, v, s);
+#else
+  (void)kernel;  // the CPU runs its own
+#endif
   ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_forward(out, lse, q, k, v, s));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
@@ -51,7 +81,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s, Store store) {
+                        const AttnShape& s, Store store, AttentionKernel kernel) {
   const char* op = "attention_backward";
   check_qkv_out(op, s, q, k, v, out, lse);
   const int64_t N = s.B * s.T;
@@ -59,6 +89,12 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   check_arg(op, "dq", dq, q, {N, s.H * s.hd});
   check_arg(op, "dk", dk, q, {N, s.Hkv * s.hd});
   check_arg(op, "dv", dv, q, {N, s.Hkv * s.hd});
+#if ATTNRES_HAVE_CUDA
+  if (q.is_cuda() && attention_uses_cudnn(kernel, s, q.dtype(), Device::CUDA))
+    return cuda::cudnn::sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, s, store);
+#else
+  (void)kernel;
+#endif
   ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, store));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);

@@ -132,7 +132,7 @@ void Model::attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T,
     kern::attention_decode(a.att, a.q, cache->k[l], cache->v[l], cache->pos + 1, {1, 1, H, Hkv, hd});
   } else {
     a.lse = new_stat({B, H, T});
-    kern::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd});
+    kern::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd}, attention_kernel_);
   }
 }
 
@@ -152,7 +152,7 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
   Tensor dk = new_act(N, Hkv * hd);
   Tensor dv = new_act(N, Hkv * hd);
   kern::attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, {B, T, H, Hkv, hd},
-                        kern::Store::Set);
+                           kern::Store::Set, attention_kernel_);
   kern::rope_backward(dq, B, T, H, hd, theta);
   kern::rope_backward(dk, B, T, Hkv, hd, theta);
   // du = dq Wq + dk Wk + dv Wv, each sum written into the other buffer: a

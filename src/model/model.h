@@ -11,6 +11,7 @@
 
 #include "core/span.h"
 #include "core/tensor.h"
+#include "kernels/attention.h"
 #include "kernels/store.h"
 #include "model/config.h"
 #include "model/depth_state.h"
@@ -171,6 +172,10 @@ class Model {
   // BF16 model (kernels/cross_entropy.h). Scoring (head_logprobs) keeps fp32.
   void set_logits(DType logits);
   DType logits() const { return logits_; }
+  // Which attention runs on CUDA in training (training.attention_kernel;
+  // kernels/attention.h): Own (the default: scoring, evaluation, generation),
+  // Auto or Cudnn. The CPU always runs its own kernels.
+  void set_attention_kernel(kernels::AttentionKernel k) { attention_kernel_ = k; }
 
  private:
   // Sublayers [s0, s1) on `st`; subs[s - s0] receives sublayer s's record.
@@ -239,6 +244,7 @@ class Model {
   DepthStats* depth_stats_ = nullptr;  // not owned; see set_depth_stats
   Recompute recompute_ = Recompute::None;
   DType logits_ = DType::F32;
+  kernels::AttentionKernel attention_kernel_ = kernels::AttentionKernel::Own;
 };
 
 }  // namespace attnres::model

@@ -65,6 +65,13 @@ struct Names<Logits> {
       {Logits::Auto, "auto"}, {Logits::F32, "fp32"}, {Logits::BF16, "bf16"}};
 };
 template <>
+struct Names<kernels::AttentionKernel> {
+  static constexpr EnumName<kernels::AttentionKernel> all[] = {
+      {kernels::AttentionKernel::Auto, "auto"},
+      {kernels::AttentionKernel::Own, "own"},
+      {kernels::AttentionKernel::Cudnn, "cudnn"}};
+};
+template <>
 struct Names<Device> {
   static inline const EnumName<Device> all[] = {{Device::CPU, device_name(Device::CPU)},
                                                 {Device::CUDA, device_name(Device::CUDA)}};
@@ -98,6 +105,7 @@ template <typename E>
 constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> || std::is_same_v<E, model::Recompute> ||
                                std::is_same_v<E, ScheduleType> || std::is_same_v<E, TransportKind> ||
                                std::is_same_v<E, Logits> ||
+                               std::is_same_v<E, kernels::AttentionKernel> ||
                                std::is_same_v<E, Device> || std::is_same_v<E, DType>;
 
 // ---------------------------------------------------------------------------
@@ -169,6 +177,11 @@ void for_each_key(C& c, V&& v) {
             "(the exact reference) or `bf16` (needs `precision` = `bf16`); the loss and softmax are "
             "computed in fp32 either way, and scoring (`attnres score`, `eval.tasks`) always uses "
             "fp32 logits ([cuda.md](cuda.md))"});
+  v("training.attention_kernel", t.attention_kernel,
+    KeySpec{"attention on `cuda`: `own` (ours), `auto` (cuDNN's fused attention where it runs "
+            "the shape and dtype on the GPU, else ours; the log says which) or `cudnn` (an error "
+            "where cuDNN cannot run; needs `device` = `cuda`); the CPU runs its own. `own` is the "
+            "default until cuDNN's path has run on a GPU ([cuda.md](cuda.md))"});
   v("training.recompute", t.recompute,
     KeySpec{"what the backward recomputes instead of keeping: `none`, `mix` (the Mix, norms and "
             "SwiGLU; GEMM and attention outputs kept) or `layer` (everything but each sublayer's "
@@ -384,6 +397,9 @@ model::Recompute parse_recompute(const std::string& name, const std::string& whe
 Logits parse_logits(const std::string& name, const std::string& where) {
   return parse_name<Logits>(name, where);
 }
+kernels::AttentionKernel parse_attention_kernel(const std::string& name, const std::string& where) {
+  return parse_name<kernels::AttentionKernel>(name, where);
+}
 DType logit_dtype(Logits logits, DType compute) {
   return logits == Logits::F32 ? DType::F32 : compute;
 }
@@ -444,6 +460,9 @@ void Config::validate() const {
   if (training.logits == Logits::BF16 && training.precision != DType::BF16)
     fail("config key training.logits: \"bf16\" needs training.precision = \"bf16\" (on cuda); an "
          "fp32 run keeps fp32 logits (use \"auto\" or \"fp32\")");
+  if (training.attention_kernel == kernels::AttentionKernel::Cudnn && training.device != Device::CUDA)
+    fail("config key training.attention_kernel: \"cudnn\" needs training.device = \"cuda\" (the "
+         "CPU runs its own attention; use \"auto\" or \"own\")");
   if (data.train.empty()) fail("config key data.train: missing (a shard file, directory or glob)");
   if (parallel.pipeline * parallel.virtual_stages > model.n_layers)
     fail("config key parallel.pipeline: pipeline * virtual_stages = ",

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
+#include "kernels/attention.h"
 #include "model/config.h"
 #include "parallel/transport.h"
 
@@ -42,6 +43,10 @@ struct TrainingConfig {
   Device device = Device::CPU;
   DType precision = DType::F32;  // F32, or BF16 (mixed precision) on CUDA
   Logits logits = Logits::Auto;
+  // training.attention_kernel (kernels/attention.h): ours (Own), cuDNN's fused
+  // attention where it runs (Auto), or cuDNN or an error (Cudnn: cuda only).
+  // Own by default until cuDNN's path has run on a GPU (docs/cuda.md).
+  kernels::AttentionKernel attention_kernel = kernels::AttentionKernel::Own;
   model::Recompute recompute = model::Recompute::None;
   // Peak FLOP/s of the device for the MFU figure, in TFLOP/s; 0 = look it up
   // from the GPU's name (H100/H200: 989 bf16 dense, 67 fp32).
@@ -115,6 +120,7 @@ Device parse_device(const std::string& name, const std::string& where);
 DType parse_precision(const std::string& name, const std::string& where);
 model::Recompute parse_recompute(const std::string& name, const std::string& where);
 Logits parse_logits(const std::string& name, const std::string& where);
+kernels::AttentionKernel parse_attention_kernel(const std::string& name, const std::string& where);
 // The logits' dtype for a model computing in `compute` (training.precision, or
 // the fp32 an evaluation on the cpu falls back to): fp32 when fp32 logits are
 // asked for or the model computes in fp32, else bf16. (A config asking for bf16

@@ -10,6 +10,7 @@ Stepper::Stepper(const parallel::ProcessGrid& grid, const Config& cfg,
   auto& rm = rt_->model();
   for (int v = 0; v < rm.size(); ++v) {
     rm.chunk(v).set_logits(logit_dtype(tc.logits, tc.precision));
+    rm.chunk(v).set_attention_kernel(tc.attention_kernel);
     // AdamW takes the table's shapes; its moments start at zero.
     opts_.push_back(std::make_unique<AdamW>(rm.chunk(v).params(), cfg.optimizer, rt_->zero_shard(v)));
   }

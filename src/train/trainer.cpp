@@ -267,6 +267,15 @@ void Engine::choose_device() {
                  cuda::device_description(), precision_name(tc_.precision),
                  precision_name(logit_dtype(tc_.logits, dev_.dtype)), dev_.peak_flops * 1e-12,
                  dev_.peak_flops == 0 ? ": unknown GPU, set training.peak_tflops" : "");
+  if (dev_.on_gpu) {  // which attention runs (an error here under "cudnn" where it cannot)
+    const model::ModelConfig& m = cfg_.model;
+    const kernels::AttnShape shape{tc_.micro_batch_size, tc_.seq_len, m.n_heads, m.n_kv_heads,
+                                   m.head_dim()};
+    std::string why;
+    const bool cudnn =
+        kernels::attention_uses_cudnn(tc_.attention_kernel, shape, dev_.dtype, Device::CUDA, &why);
+    if (root_) spdlog::info("attention: {}", cudnn ? "cuDNN's fused attention" : "ours (" + why + ")");
+  }
 }
 
 parallel::RuntimeOptions Engine::runtime_options() {

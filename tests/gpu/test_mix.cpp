@@ -484,7 +484,7 @@ TEST_CASE("cuda mix: both kernel families (rows, warp) match the CPU", "[gpu][mi
     uint64_t seed = 75000;
     for (const C& c : {C{300, 768, 4, 3}, C{37, 64, 2, 11}, C{5, 2048, 3, 2}, C{999, 1024, 8, 6},
                        C{4096, 768, 43, 7}, C{40, 1024, 64, 8}, C{17, 1000, 5, 1},
-                       C{33, 36, 1, 2}, C{9, 4096, 9, 1}, C{3000, 768, 21, 4}})
+                       C{33, 36, 1, 2}, C{9, 4096, 9, 1}, C{3000, 768, 21, 4}, C{71, 772, 6, 5}})
       check_group(c.N, c.d, c.kk, c.Q, DType::BF16, seed += 1000);
     for (int64_t m : {int64_t(1), int64_t(2), int64_t(5), int64_t(8), int64_t(9)})
       check_merge(3000, 768, m, DType::BF16, seed += 100);

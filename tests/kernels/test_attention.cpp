@@ -270,3 +270,28 @@ TEST_CASE("attention rejects bad shapes and arguments", "[kernels]") {
   REQUIRE_THROWS_WITH(kern::attention_decode(out1, q1, kc, vc_bad, 3, {2, 1, 4, 2, 6}),
                       Catch::Contains("v_cache has shape [2, 7, 12], expected [2, 8, 12]"));
 }
+
+TEST_CASE("attention on the CPU runs its own kernels whatever training.attention_kernel says",
+          "[kernels]") {
+  const kern::AttnShape s{2, 5, 4, 2, 8};
+  std::string why;
+  CHECK_FALSE(kern::attention_uses_cudnn(kern::AttentionKernel::Auto, s, DType::F32, Device::CPU, &why));
+  CHECK(why == "cuDNN runs on cuda only");
+  CHECK_FALSE(kern::attention_uses_cudnn(kern::AttentionKernel::Own, s, DType::BF16, Device::CUDA, &why));
+  CHECK(why == "training.attention_kernel = \"own\"");
+  CHECK_THROWS_WITH(
+      kern::attention_uses_cudnn(kern::AttentionKernel::Cudnn, s, DType::F32, Device::CPU),
+      Catch::Contains("training.attention_kernel is \"cudnn\"") &&
+          Catch::Contains("B=2 T=5 H=4 Hkv=2 hd=8") && Catch::Contains("cuda only"));
+  // Auto and Own give the CPU kernels' bits (one code path).
+  const Tensor q = randn({10, 32}, 1), k = randn({10, 16}, 2), v = randn({10, 16}, 3);
+  Tensor out[2], lse[2];
+  const kern::AttentionKernel kinds[2] = {kern::AttentionKernel::Auto, kern::AttentionKernel::Own};
+  for (int r = 0; r < 2; ++r) {
+    out[r] = Tensor::empty({10, 32}, DType::F64);
+    lse[r] = Tensor::empty({2, 4, 5}, DType::F64);
+    kern::attention_forward(out[r], lse[r], q, k, v, s, kinds[r]);
+  }
+  CHECK(same_bits(out[0], out[1]));
+  CHECK(same_bits(lse[0], lse[1]));
+}

@@ -65,7 +65,8 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
       {"schedule.decay_ratio", 0.3},
       {"training.steps", 8}, {"training.micro_batch_size", 2}, {"training.seq_len", 16},
       {"training.grad_accum", 4}, {"training.seed", 7}, {"training.device", "cuda"},
-      {"training.precision", "bf16"}, {"training.logits", "bf16"}, {"training.recompute", "mix"},
+      {"training.precision", "bf16"}, {"training.logits", "bf16"}, {"training.attention_kernel", "cudnn"},
+      {"training.recompute", "mix"},
       {"training.peak_tflops", 500.0},
       {"data.train", "train.bin"}, {"data.val", "val.bin"}, {"data.tokenizer", "tok.json"},
       {"data.shuffle", true},
@@ -249,6 +250,28 @@ TEST_CASE("enum-valued keys take exactly their names", "[train]") {
   CHECK(c.training.precision == DType::BF16);
   CHECK(c.training.device == Device::CUDA);
   CHECK(c.to_json()["training"]["precision"] == "bf16");
+  CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
+}
+
+TEST_CASE("training.attention_kernel: own, auto, or cudnn on cuda only", "[train]") {
+  json j = base();
+  Config c = Config::from_json(j, "cfg.json");
+  CHECK(c.training.attention_kernel == kernels::AttentionKernel::Own);
+  CHECK(c.to_json()["training"]["attention_kernel"] == "own");
+  j["training"]["attention_kernel"] = "auto";
+  CHECK(config_error(j).empty());
+  CHECK(Config::from_json(j, "cfg.json").training.attention_kernel == kernels::AttentionKernel::Auto);
+  j["training"]["attention_kernel"] = "cudnn";  // on the cpu
+  CHECK_THAT(config_error(j), Catch::Contains("config key training.attention_kernel") &&
+                              Catch::Contains("\"cudnn\" needs training.device = \"cuda\""));
+  j["training"]["attention_kernel"] = "flash";
+  CHECK_THAT(config_error(j), Catch::Contains("training.attention_kernel") &&
+                              Catch::Contains("auto, own, cudnn"));
+  j["training"]["attention_kernel"] = "cudnn";
+  j["training"]["precision"] = "bf16";
+  j["training"]["device"] = "cuda";
+  c = Config::from_json(j, "cfg.json");  // (validate() needs a CUDA build: not called)
+  CHECK(c.training.attention_kernel == kernels::AttentionKernel::Cudnn);
   CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
 }
 

@@ -1,0 +1,703 @@
+// Causal GQA attention on cuDNN's fused flash-attention engines, through the
+// backend graph API (cudnnBackend*: tensor and operation descriptors, an
+// operation graph, engine heuristics, an execution plan, a variant pack).
+//
+// Why a composed graph and not the SDPA operation descriptors. cuDNN 9.19's
+// CUDNN_BACKEND_OPERATION_SDPA_FWD/BWD_DESCRIPTOR take Q, K, V, O, stats, a
+// scale, sequence lengths, page tables and (forward) a block mask, but no
+// attribute for a causal mask (cudnn_graph_v9.h: attributes 2800-2862; the
+// causal/score-modifier "subgraph" attribute comes in later versions), and a
+// block mask is per tile, not per element. So both passes are the documented
+// "flash fused attention" patterns that the runtime-fusion engines recognise
+// and run as one fused kernel (docs: "Graph API", Specialized Runtime Fusion
+// Engines, Fused Attention fprop/bprop,
+// https://docs.nvidia.com/deeplearning/cudnn/developer/graph-api.html; the
+// support matrix: SM80+, bf16, head dim <= 128 for the Ampere backward,
+// https://docs.nvidia.com/deeplearning/cudnn/frontend/latest/operations/Attention.html):
+//
+// forward  S = Q K^T (fp32)  * scale  -> causal mask (gen-index row, col;
+//          row >= col; binary-select S or -inf) -> softmax with stats:
+//          m = max_j S, E = exp(S - m), l = sum_j E, stats = m + log l,
+//          P = E / l (bf16) -> O = P V.
+// backward D = sum_d dO * O (fp32, in our workspace)
+//          P = exp(mask(S * scale - stats))       (recomputed; S as above)
+//          dV = P^T dO      dP = dO V^T      dS = P (dP - D) * scale
+//          dK = dS^T Q      dQ = dS K  (fp32 accumulator in our workspace,
+//          then an identity op to bf16)
+//          With GQA (H > Hkv) dK and dV are first formed per query head and
+//          summed over each KV head's group by a reduction op.
+// K^T and V^T are never materialised: they are the same memory with two
+// strides swapped, and the transposes of P and dS are reshape ops (views).
+//
+// Layout: q rows are [B, T, H, hd], so q as the 4-D [B, H, T, hd] tensor cuDNN
+// wants has strides (T H hd, hd, H hd, 1); k and v likewise with Hkv. cuDNN
+// serves GQA by broadcasting K/V heads (h_q a multiple of h_kv).
+//
+// lse: cuDNN's softmax "stats" output is, by the pattern above, m + log(l) =
+// log sum_j exp(S_ij) with S already scaled and masked, natural log (the
+// backend's docs call it the log-sum-exp, "natural-log LSE"): exactly our lse
+// [B, H, T] fp32, so the forward writes lse directly and the backward reads it.
+//
+// Plans: built once per (shape, dtype, direction) and kept, like gemm.cu's
+// cuBLASLt plans (building one asks the heuristics and may compile a kernel:
+// milliseconds to seconds). Store::Add does not change the graph: cuDNN
+// writes dq, dk, dv into temporaries that a small kernel adds on.
+//
+// Determinism: the fused backward may accumulate dQ with atomics (the
+// heuristics' numerical notes say whether the engine is deterministic);
+// ATTNRES_CUDNN_LOG=1 prints each plan's engine and notes once.
+#include "kernels/cuda/attention_cudnn.h"
+
+#include "core/build_config.h"
+
+#if ATTNRES_HAVE_CUDNN
+
+#include <cudnn.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/device.h"
+#include "kernels/cuda/common.cuh"
+
+namespace attnres::kernels::cuda::cudnn {
+
+namespace {
+
+// A failed cuDNN call throws attnres::InternalError naming the call, the status and cuDNN's
+// own last message (which says which attribute or pattern it rejected).
+[[noreturn]] void cudnn_fail(const char* file, int line, const char* call, cudnnStatus_t st) {
+  char msg[1024] = {0};
+  cudnnGetLastErrorString(msg, sizeof msg);
+  fail_internal(file, ":", line, ": ", call, " failed: ", cudnnGetErrorString(st), " (status ",
+                static_cast<int>(st), ")", msg[0] ? ": " : "", msg);
+}
+#define ATTNRES_CUDNN_CHECK(call)                                                  \
+  do {                                                                             \
+    const cudnnStatus_t st_ = (call);                                              \
+    if (st_ != CUDNN_STATUS_SUCCESS) cudnn_fail(__FILE__, __LINE__, #call, st_);    \
+  } while (0)
+
+// ---- descriptors ------------------------------------------------------------------
+
+// Owner of one backend descriptor. Destruction errors are ignored (at exit only).
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    ATTNRES_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+  }
+  ~Desc() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(Desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  Desc& operator=(Desc&&) = delete;
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+         cudnnBackendAttributeType_t type, int64_t count, const void* values) {
+  ATTNRES_CUDNN_CHECK(cudnnBackendSetAttribute(d, name, type, count, values));
+}
+void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+              cudnnBackendDescriptor_t value) {
+  set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value);
+}
+void set_type(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnDataType_t t) {
+  set(d, name, CUDNN_TYPE_DATA_TYPE, 1, &t);
+}
+void finalize(cudnnBackendDescriptor_t d) { ATTNRES_CUDNN_CHECK(cudnnBackendFinalize(d)); }
+
+using Dims = std::vector<int64_t>;
+
+// Unique ids of the tensors a plan's variant pack binds; virtual tensors count up from kVirtual.
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV, kRowSum, kdQAcc, kScale, kNegInf, kOne,
+  kVirtual = 100
+};
+
+// Every descriptor of one graph, created in dependency order and destroyed in reverse (the
+// graph and the plan keep references to the tensors and operations).
+class Graph {
+ public:
+  explicit Graph(cudnnHandle_t handle) : handle_(handle) {}
+  ~Graph() {
+    plan_.reset();
+    while (!descs_.empty()) descs_.pop_back();
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // A tensor: real (uid given, bound in the variant pack), virtual (an intermediate that
+  // stays inside the fused kernel) or a by-value fp32 scalar (the variant pack points at a
+  // host float).
+  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t t, const Dims& dims,
+                                  const Dims& strides, bool is_virtual = false,
+                                  bool by_value = false) {
+    Desc& d = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t align = 16, rank = static_cast<int64_t>(dims.size());
+    set_type(d.get(), CUDNN_ATTR_TENSOR_DATA_TYPE, t);
+    set(d.get(), CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims.data());
+    set(d.get(), CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides.data());
+    set(d.get(), CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    set(d.get(), CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+    set(d.get(), CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
+    if (by_value) set(d.get(), CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    finalize(d.get());
+    return d.get();
+  }
+  cudnnBackendDescriptor_t virt(cudnnDataType_t t, const Dims& dims, const Dims& strides) {
+    return tensor(next_virtual_++, t, dims, strides, true);
+  }
+  cudnnBackendDescriptor_t scalar(int64_t uid) {
+    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
+
+  // y = op(x[, b[, t]]) elementwise (b, t broadcast). math: the precision it computes in.
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                 cudnnBackendDescriptor_t y, cudnnDataType_t math = CUDNN_DATA_FLOAT,
+                 cudnnBackendDescriptor_t t = nullptr, int64_t axis = -1) {
+    Desc& pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pw.get(), CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    set_type(pw.get(), CUDNN_ATTR_POINTWISE_MATH_PREC, math);
+    if (axis >= 0) set(pw.get(), CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    finalize(pw.get());
+    Desc& op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw.get());
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b) set_desc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    if (t) set_desc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
+    finalize(op.get());
+    ops_.push_back(op.get());
+  }
+  // c = a b over the last two dims (batched over the first two), fp32 accumulation.
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    Desc& mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    set_type(mm.get(), CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
+    finalize(mm.get());
+    Desc& op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_DESC, mm.get());
+    finalize(op.get());
+    ops_.push_back(op.get());
+  }
+  // y = reduce(x) over the dims where y has extent 1 (or a group of heads: [B, H] -> [B, Hkv]).
+  void reduce(cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    Desc& red = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    set(red.get(), CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how);
+    set_type(red.get(), CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
+    finalize(red.get());
+    Desc& op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_DESC, red.get());
+    finalize(op.get());
+    ops_.push_back(op.get());
+  }
+  // y = x seen with y's dims and strides (a transpose without a copy).
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    Desc& op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    set_desc(op.get(), CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    finalize(op.get());
+    ops_.push_back(op.get());
+  }
+
+  // The operation graph, the heuristics' engine configurations in their order, and the
+  // first one that finalizes into an execution plan. "" on success, else why not.
+  std::string build_plan() {
+    Desc& graph = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        static_cast<int64_t>(ops_.size()), ops_.data());
+    set(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+    if (cudnnBackendFinalize(graph.get()) != CUDNN_STATUS_SUCCESS)
+      return "cuDNN does not take the attention graph (" + last_error() + ")";
+    std::string why = "cuDNN's heuristics found no engine for the attention graph";
+    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+      Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+      set_desc(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph.get());
+      set(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+      if (cudnnBackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) continue;
+      int64_t count = 0;
+      ATTNRES_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                                   nullptr));
+      if (count <= 0) continue;
+      std::vector<Desc> cfgs;
+      std::vector<cudnnBackendDescriptor_t> raw;
+      for (int64_t i = 0; i < count; ++i) {
+        cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+        raw.push_back(cfgs.back().get());
+      }
+      int64_t got = 0;
+      ATTNRES_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                                                   raw.data()));
+      for (int64_t i = 0; i < got; ++i) {
+        auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+        set_desc(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[i]);
+        // An engine the heuristics rank may still refuse this shape (or fail to compile):
+        // the next one is tried.
+        if (cudnnBackendFinalize(plan->get()) != CUDNN_STATUS_SUCCESS) {
+          why = "no cuDNN engine finalizes the attention graph (" + last_error() + ")";
+          continue;
+        }
+        ATTNRES_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(),
+                                                     CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                     CUDNN_TYPE_INT64, 1, nullptr, &workspace_));
+        engine_notes(raw[i]);
+        plan_ = std::move(plan);
+        // The configs (and the heuristics descriptor) go out of scope here: the finalized
+        // plan holds what it needs of its engine config.
+        return "";
+      }
+    }
+    return why;
+  }
+
+  cudnnBackendDescriptor_t plan() const { return plan_ ? plan_->get() : nullptr; }
+  int64_t workspace() const { return workspace_; }
+  const std::string& notes() const { return notes_; }
+
+ private:
+  Desc& make(cudnnBackendDescriptorType_t type) {
+    descs_.push_back(std::make_unique<Desc>(type));
+    return *descs_.back();
+  }
+  static std::string last_error() {
+    char msg[1024] = {0};
+    cudnnGetLastErrorString(msg, sizeof msg);
+    return msg[0] ? std::string(msg) : std::string("no message");
+  }
+  // The chosen engine's global index and numerical notes, for ATTNRES_CUDNN_LOG.
+  void engine_notes(cudnnBackendDescriptor_t cfg) {
+    Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    cudnnBackendDescriptor_t e = engine.get();
+    int64_t n = 0;
+    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                 1, &n, &e) != CUDNN_STATUS_SUCCESS)
+      return;
+    int64_t index = -1;
+    cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
+    cudnnBackendNumericalNote_t note[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    int64_t nn = 0;
+    cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                             CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &nn, note);
+    notes_ = "engine " + std::to_string(index);
+    for (int64_t i = 0; i < nn; ++i)
+      if (note[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) notes_ += ", nondeterministic";
+  }
+
+  cudnnHandle_t handle_;
+  std::vector<std::unique_ptr<Desc>> descs_;
+  std::vector<cudnnBackendDescriptor_t> ops_;
+  std::unique_ptr<Desc> plan_;
+  int64_t workspace_ = 0;
+  int64_t next_virtual_ = kVirtual;
+  std::string notes_;
+};
+
+// ---- the two graphs ---------------------------------------------------------------
+
+// [B, H, T, hd] views of the row-major [B*T, heads*hd] activations, and of their transposes.
+Dims bhtd(const AttnShape& s, int64_t heads) { return {s.B, heads, s.T, s.hd}; }
+Dims bhtd_strides(const AttnShape& s, int64_t heads) {
+  return {s.T * heads * s.hd, s.hd, heads * s.hd, 1};
+}
+Dims bhdt(const AttnShape& s, int64_t heads) { return {s.B, heads, s.hd, s.T}; }
+Dims bhdt_strides(const AttnShape& s, int64_t heads) {
+  return {s.T * heads * s.hd, s.hd, 1, heads * s.hd};
+}
+
+// Bytes of the backward's own fp32 tensors in the workspace (after the engine's part): the
+// row sums D = sum_d dO * O [B, H, T] and the dQ accumulator [B, H, T, hd].
+constexpr int64_t kAlign = 256;
+int64_t round_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+int64_t rowsum_bytes(const AttnShape& s) { return round_up(s.B * s.H * s.T * 4); }
+int64_t dqacc_bytes(const AttnShape& s) { return round_up(s.B * s.H * s.T * s.hd * 4); }
+
+// S = Q K^T * scale, causally masked with -inf: [B, H, T, T] fp32, virtual.
+cudnnBackendDescriptor_t masked_scores(Graph& g, const AttnShape& s, cudnnBackendDescriptor_t q,
+                                       cudnnBackendDescriptor_t kt, cudnnBackendDescriptor_t scale,
+                                       cudnnBackendDescriptor_t neg_inf, bool subtract_stats,
+                                       cudnnBackendDescriptor_t stats) {
+  const Dims sd{s.B, s.H, s.T, s.T}, ss{s.H * s.T * s.T, s.T * s.T, s.T, 1};
+  auto scores = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.matmul(q, kt, scores);
+  auto scaled = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, scores, scale, scaled);
+  if (subtract_stats) {  // the backward masks S - stats (the order cuDNN's pattern has)
+    auto shifted = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+    g.pointwise(CUDNN_POINTWISE_SUB, scaled, stats, shifted);
+    scaled = shifted;
+  }
+  // Causal: keep column j of row i where i >= j (top-left aligned diagonal, T_q = T_kv).
+  auto row = g.virt(CUDNN_DATA_INT32, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, row, CUDNN_DATA_INT32, nullptr, 2);
+  auto col = g.virt(CUDNN_DATA_INT32, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, col, CUDNN_DATA_INT32, nullptr, 3);
+  auto keep = g.virt(CUDNN_DATA_BOOLEAN, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, CUDNN_DATA_BOOLEAN);
+  auto masked = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, scaled, neg_inf, masked, CUDNN_DATA_FLOAT, keep);
+  return masked;
+}
+
+std::string build_forward(Graph& g, const AttnShape& s) {
+  const Dims stat_d{s.B, s.H, s.T, 1}, stat_s{s.H * s.T, s.T, 1, 1};
+  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, s.Hkv));
+  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
+  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
+  auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stat_d, stat_s);
+  auto scale = g.scalar(kScale), neg_inf = g.scalar(kNegInf);
+  auto x = masked_scores(g, s, q, kt, scale, neg_inf, false, nullptr);
+
+  // Softmax with stats, as cuDNN's flash pattern spells it.
+  const Dims sd{s.B, s.H, s.T, s.T}, ss{s.H * s.T * s.T, s.T * s.T, s.T, 1};
+  auto m = g.virt(CUDNN_DATA_FLOAT, stat_d, stat_s);
+  g.reduce(CUDNN_REDUCE_TENSOR_MAX, x, m);
+  auto xm = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_SUB, x, m, xm);
+  auto e = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_EXP, xm, nullptr, e);
+  auto l = g.virt(CUDNN_DATA_FLOAT, stat_d, stat_s);
+  g.reduce(CUDNN_REDUCE_TENSOR_ADD, e, l);
+  auto log_l = g.virt(CUDNN_DATA_FLOAT, stat_d, stat_s);
+  g.pointwise(CUDNN_POINTWISE_LOG, l, nullptr, log_l);
+  g.pointwise(CUDNN_POINTWISE_ADD, m, log_l, stats);
+  auto p = g.virt(CUDNN_DATA_BFLOAT16, sd, ss);  // P feeds the tensor cores in bf16
+  g.pointwise(CUDNN_POINTWISE_DIV, e, l, p);
+  g.matmul(p, v, o);
+  return g.build_plan();
+}
+
+std::string build_backward(Graph& g, const AttnShape& s) {
+  const Dims stat_d{s.B, s.H, s.T, 1}, stat_s{s.H * s.T, s.T, 1, 1};
+  const Dims sd{s.B, s.H, s.T, s.T}, ss{s.H * s.T * s.T, s.T * s.T, s.T, 1};
+  const Dims st_s{s.H * s.T * s.T, s.T * s.T, 1, s.T};  // [B, H, Tkv, Tq] view of an S-shaped tensor
+  const Dims full_d{s.B, s.H, s.T, s.hd}, full_s{s.H * s.T * s.hd, s.T * s.hd, s.hd, 1};
+  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, s.Hkv));
+  auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, s.Hkv));
+  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
+  auto d_o = g.tensor(kdO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
+  auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stat_d, stat_s);
+  auto dq = g.tensor(kdQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
+  auto dk = g.tensor(kdK, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
+  auto dv = g.tensor(kdV, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
+  auto scale = g.scalar(kScale), neg_inf = g.scalar(kNegInf), one = g.scalar(kOne);
+
+  // D = sum_d dO * O, kept in the workspace (the fused kernel reads it per row block).
+  auto d_o_o = g.virt(CUDNN_DATA_FLOAT, full_d, full_s);
+  g.pointwise(CUDNN_POINTWISE_MUL, d_o, o, d_o_o);
+  auto d_sum = g.virt(CUDNN_DATA_FLOAT, stat_d, stat_s);
+  g.reduce(CUDNN_REDUCE_TENSOR_ADD, d_o_o, d_sum);
+  auto rowsum = g.tensor(kRowSum, CUDNN_DATA_FLOAT, stat_d, stat_s);
+  g.pointwise(CUDNN_POINTWISE_MUL, d_sum, one, rowsum);  // (the pattern's dropout-scale slot)
+
+  // P = exp(mask(S * scale - stats)).
+  auto x = masked_scores(g, s, q, kt, scale, neg_inf, true, stats);
+  auto p = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_EXP, x, nullptr, p);
+
+  // dV = P^T dO (per query head, then summed over each KV head's group under GQA).
+  auto pt = g.virt(CUDNN_DATA_BFLOAT16, {s.B, s.H, s.T, s.T}, st_s);
+  g.reshape(p, pt);
+  if (s.H == s.Hkv) {
+    g.matmul(pt, d_o, dv);
+  } else {
+    auto dv_full = g.virt(CUDNN_DATA_BFLOAT16, full_d, full_s);
+    g.matmul(pt, d_o, dv_full);
+    g.reduce(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
+  }
+
+  // dS = P (dO V^T - D) * scale.
+  auto dp = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.matmul(d_o, vt, dp);
+  auto dp_d = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_SUB, dp, rowsum, dp_d);
+  auto ds_raw = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, dp_d, p, ds_raw);
+  auto ds = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, ds_raw, scale, ds);
+
+  // dK = dS^T Q.
+  auto dst = g.virt(CUDNN_DATA_BFLOAT16, {s.B, s.H, s.T, s.T}, st_s);
+  g.reshape(ds, dst);
+  if (s.H == s.Hkv) {
+    g.matmul(dst, q, dk);
+  } else {
+    auto dk_full = g.virt(CUDNN_DATA_BFLOAT16, full_d, full_s);
+    g.matmul(dst, q, dk_full);
+    g.reduce(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
+  }
+
+  // dQ = dS K, accumulated in fp32 in the workspace, then rounded into dq once.
+  auto k = g.virt(CUDNN_DATA_FLOAT, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
+  g.reshape(kt, k);
+  auto dq_acc = g.tensor(kdQAcc, CUDNN_DATA_FLOAT, full_d, full_s);
+  g.matmul(ds, k, dq_acc);
+  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, nullptr, dq);
+  return g.build_plan();
+}
+
+// ---- plans and the handle -----------------------------------------------------------
+
+struct Key {
+  int64_t B, T, H, Hkv, hd;
+  bool operator==(const Key& o) const {
+    return B == o.B && T == o.T && H == o.H && Hkv == o.Hkv && hd == o.hd;
+  }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+    for (int64_t v : {k.B, k.T, k.H, k.Hkv, k.hd}) {
+      h ^= static_cast<uint64_t>(v);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// Both passes of one shape (BF16 is the only dtype, so the shape is the key), or why not.
+struct Plans {
+  std::unique_ptr<Graph> fwd, bwd;
+  std::string why;  // "" when both built
+};
+
+// What rules a shape out before any graph is built.
+std::string precheck(const AttnShape& s) {
+  if (s.B <= 0 || s.T <= 0 || s.H <= 0 || s.Hkv <= 0 || s.hd <= 0 || s.H % s.Hkv != 0)
+    return "invalid shape";
+  if (cudnnGetVersion() < 90600)
+    return "cuDNN " + std::to_string(cudnnGetVersion()) + " is older than 9.6";
+  const cudaDeviceProp& p = ::attnres::cuda::device_properties();
+  if (p.major < 8)
+    return "device sm_" + std::to_string(p.major * 10 + p.minor) + " is below sm_80";
+  // The fused engines' support matrix: head dim a multiple of 8, at most 128 for the
+  // Ampere/Ada backward and 256 on Hopper and later.
+  const int64_t max_hd = p.major >= 9 ? 256 : 128;
+  if (s.hd % 8 != 0 || s.hd > max_hd)
+    return "head dim " + std::to_string(s.hd) + " not supported";
+  return "";
+}
+
+// The cuDNN handle (on the compute stream) and the plans. A function-local static, like
+// gemm.cu's cuBLASLt state: one device, one stream, shared by every attention call.
+class Cudnn {
+ public:
+  static Cudnn& get() {
+    static Cudnn c;
+    return c;
+  }
+
+  // The plans of a shape, built on first use (failures are kept too, with the reason).
+  const Plans& plans(const AttnShape& s) {
+    const Key key{s.B, s.T, s.H, s.Hkv, s.hd};
+    std::lock_guard<std::mutex> lock(mu_);  // the map may be used from several host threads
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return *it->second;  // plans are never removed: stays valid
+    auto p = std::make_unique<Plans>();
+    p->why = precheck(s);
+    if (p->why.empty()) {
+      p->fwd = std::make_unique<Graph>(handle_);
+      try {
+        p->why = build_forward(*p->fwd, s);
+        if (p->why.empty()) {
+          p->bwd = std::make_unique<Graph>(handle_);
+          p->why = build_backward(*p->bwd, s);
+        }
+      } catch (const std::exception& e) {  // a descriptor cuDNN refused: not supported
+        p->why = e.what();
+      }
+      if (!p->why.empty()) p->fwd.reset(), p->bwd.reset();
+    }
+    if (const char* log = std::getenv("ATTNRES_CUDNN_LOG"); log && *log && std::string(log) != "0")
+      std::fprintf(stderr, "cudnn sdpa plan: B %lld T %lld H %lld Hkv %lld hd %lld: %s%s%s\n",
+                   (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.Hkv,
+                   (long long)s.hd, p->why.empty() ? "fwd " : p->why.c_str(),
+                   p->why.empty() ? p->fwd->notes().c_str() : "",
+                   p->why.empty() ? (", bwd " + p->bwd->notes()).c_str() : "");
+    return *plans_.emplace(key, std::move(p)).first->second;
+  }
+
+  // Runs a plan: binds the uids to pointers and the workspace, on the compute stream.
+  void execute(const Graph& g, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
+               void* workspace) {
+    Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
+        static_cast<int64_t>(uids.size()), uids.data());
+    set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+        static_cast<int64_t>(ptrs.size()), ptrs.data());
+    set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    finalize(pack.get());
+    ATTNRES_CUDNN_CHECK(cudnnBackendExecute(handle_, g.plan(), pack.get()));
+  }
+
+ private:
+  Cudnn() {
+    stream();  // the runtime (device, stream, pool) first, so it outlives this object
+    ATTNRES_CUDNN_CHECK(cudnnCreate(&handle_));
+    ATTNRES_CUDNN_CHECK(cudnnSetStream(handle_, stream()));
+  }
+  ~Cudnn() {
+    plans_.clear();
+    cudnnDestroy(handle_);  // at exit: errors are ignored
+  }
+  Cudnn(const Cudnn&) = delete;
+  Cudnn& operator=(const Cudnn&) = delete;
+
+  cudnnHandle_t handle_ = nullptr;
+  std::mutex mu_;
+  std::unordered_map<Key, std::unique_ptr<Plans>, KeyHash> plans_;
+};
+
+const Plans& supported_plans(const AttnShape& s, const char* op) {
+  const Plans& p = Cudnn::get().plans(s);
+  if (!p.why.empty()) fail(op, ": cuDNN attention does not run this shape: ", p.why);
+  return p;
+}
+
+void check_tensor(const Tensor& t, DType dt, const Shape& shape, const char* op,
+                  const char* name) {
+  ATTNRES_CHECK(t.defined() && t.is_cuda() && t.dtype() == dt && t.shape() == shape, op, ": ",
+                name, " must be a ", dtype_name(dt), " CUDA tensor of the attention's shape, got ",
+                t.describe());
+  ATTNRES_CHECK(reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0, op, ": ", name,
+                " is not 16-byte aligned (cuDNN's tensors are declared so)");
+}
+
+// Device memory of at least `bytes` from our allocator (cudaMallocAsync: 256-byte aligned).
+Tensor workspace(int64_t bytes) {
+  return Tensor::empty({std::max<int64_t>(1, (bytes + 3) / 4)}, DType::F32, Device::CUDA);
+}
+
+// a += b elementwise in bf16 (fp32 sum, one rounding): Store::Add after cuDNN wrote b.
+__global__ void add_bf16_kernel(int64_t n, bf16* __restrict__ a, const bf16* __restrict__ b) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    a[i] = from_f32<bf16>(to_f32(a[i]) + to_f32(b[i]));
+}
+void add_into(Tensor& a, const Tensor& b) {
+  const int64_t n = a.numel();
+  constexpr int kT = 256;
+  add_bf16_kernel<<<grid_for(n, kT), kT, 0, stream()>>>(n, dptr<bf16>(a), dptr<bf16>(b));
+  ATTNRES_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+std::string sdpa_unsupported(const AttnShape& s, DType dt) {
+  if (dt != DType::BF16) return dt == DType::F32 ? "fp32" : dtype_name(dt);
+  if (::attnres::cuda::device_count() == 0) return "no CUDA device";
+  return Cudnn::get().plans(s).why;
+}
+
+void sdpa_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const AttnShape& s) {
+  const char* op = "cudnn sdpa_forward";
+  const Plans& p = supported_plans(s, op);
+  const int64_t N = s.B * s.T;
+  check_tensor(q, DType::BF16, {N, s.H * s.hd}, op, "q");
+  check_tensor(k, DType::BF16, {N, s.Hkv * s.hd}, op, "k");
+  check_tensor(v, DType::BF16, {N, s.Hkv * s.hd}, op, "v");
+  check_tensor(out, DType::BF16, {N, s.H * s.hd}, op, "out");
+  check_tensor(lse, DType::F32, {s.B, s.H, s.T}, op, "lse");
+  // The scale as the CPU and CUDA kernels compute it (in float).
+  float scale = 1.f / std::sqrt(static_cast<float>(s.hd));
+  float neg_inf = -std::numeric_limits<float>::infinity();
+  Tensor ws = workspace(p.fwd->workspace());
+  Cudnn::get().execute(*p.fwd, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
+                       {q.raw(), k.raw(), v.raw(), out.raw(), lse.raw(), &scale, &neg_inf},
+                       ws.raw());
+}
+
+void sdpa_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                   const AttnShape& s, Store store) {
+  const char* op = "cudnn sdpa_backward";
+  const Plans& p = supported_plans(s, op);
+  const int64_t N = s.B * s.T;
+  for (auto [t, name] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&out, "out"},
+                         {&dout, "dout"}, {&dq, "dq"}})
+    check_tensor(*t, DType::BF16, {N, s.H * s.hd}, op, name);
+  for (auto [t, name] :
+       {std::pair<const Tensor*, const char*>{&k, "k"}, {&v, "v"}, {&dk, "dk"}, {&dv, "dv"}})
+    check_tensor(*t, DType::BF16, {N, s.Hkv * s.hd}, op, name);
+  check_tensor(lse, DType::F32, {s.B, s.H, s.T}, op, "lse");
+  float scale = 1.f / std::sqrt(static_cast<float>(s.hd));
+  float neg_inf = -std::numeric_limits<float>::infinity();
+  float one = 1.f;
+  // One allocation: the engine's workspace, then D (row sums) and the fp32 dQ accumulator.
+  // The accumulator is zeroed here: whether the engine zeroes it itself is not in the
+  // backend's documentation, and a pass over it costs less than a wrong dQ (to measure).
+  const int64_t eng = round_up(p.bwd->workspace());
+  Tensor ws = workspace(eng + rowsum_bytes(s) + dqacc_bytes(s));
+  char* base = static_cast<char*>(ws.raw());
+  ATTNRES_CUDA_CHECK(
+      cudaMemsetAsync(base + eng + rowsum_bytes(s), 0, dqacc_bytes(s), stream()));
+  Tensor tq, tk, tv;  // Store::Add: cuDNN writes these, then they are added on
+  Tensor& wq = store == Store::Add ? (tq = Tensor::empty(dq.shape(), DType::BF16, Device::CUDA)) : dq;
+  Tensor& wk = store == Store::Add ? (tk = Tensor::empty(dk.shape(), DType::BF16, Device::CUDA)) : dk;
+  Tensor& wv = store == Store::Add ? (tv = Tensor::empty(dv.shape(), DType::BF16, Device::CUDA)) : dv;
+  Cudnn::get().execute(
+      *p.bwd,
+      {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kRowSum, kdQAcc, kScale, kNegInf, kOne},
+      {q.raw(), k.raw(), v.raw(), out.raw(), dout.raw(), lse.raw(), wq.raw(), wk.raw(), wv.raw(),
+       base + eng, base + eng + rowsum_bytes(s), &scale, &neg_inf, &one},
+      base);
+  if (store == Store::Add) {
+    add_into(dq, tq);
+    add_into(dk, tk);
+    add_into(dv, tv);
+  }
+}
+
+size_t sdpa_workspace_bytes(const AttnShape& s, DType dt) {
+  if (!sdpa_unsupported(s, dt).empty()) return 0;
+  const Plans& p = Cudnn::get().plans(s);
+  const int64_t fwd = std::max<int64_t>(1, p.fwd->workspace());
+  const int64_t add_tmp = 2 * (s.B * s.T * (s.H + 2 * s.Hkv) * s.hd);  // bf16 dq, dk, dv
+  const int64_t bwd = round_up(p.bwd->workspace()) + rowsum_bytes(s) + dqacc_bytes(s) + add_tmp;
+  return static_cast<size_t>(std::max(fwd, bwd));
+}
+
+}  // namespace attnres::kernels::cuda::cudnn
+
+#else  // !ATTNRES_HAVE_CUDNN: the interface, refusing.
+
+namespace attnres::kernels::cuda::cudnn {
+
+std::string sdpa_unsupported(const AttnShape&, DType) { return "this build has no cuDNN"; }
+
+void sdpa_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                  const AttnShape&) {
+  fail("cudnn sdpa_forward: this build has no cuDNN");
+}
+void sdpa_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                   const Tensor&, const Tensor&, const Tensor&, const AttnShape&, Store) {
+  fail("cudnn sdpa_backward: this build has no cuDNN");
+}
+size_t sdpa_workspace_bytes(const AttnShape&, DType) { return 0; }
+
+}  // namespace attnres::kernels::cuda::cudnn
+
+#endif  // ATTNRES_HAVE_CUDNN
