@@ -37,6 +37,9 @@ inline Tensor to_host_f32(const Tensor& dev) {
   Tensor h = dev.to(Device::CPU);
   return h.dtype() == DType::F32 ? h : h.to(DType::F32);
 }
+// A device tensor's values in F64 on the host (through F32: bf16 values are
+// exact there), for comparisons with the CPU reference run in F64.
+inline Tensor host_f64(const Tensor& dev) { return to_host_f32(dev).to(DType::F64); }
 
 // An uninitialised device tensor filled with NaN bit patterns.
 inline Tensor poisoned(const Shape& shape, DType dtype) {

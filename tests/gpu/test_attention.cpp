@@ -17,8 +17,8 @@ namespace gt = attnres::gpu_testing;
 
 namespace {
 
+using gt::host_f64;
 Tensor to_f64(const Tensor& host_f32) { return host_f32.to(DType::F64); }
-Tensor host_f64(const Tensor& dev) { return gt::to_host_f32(dev).to(DType::F64); }
 
 struct DevRun {
   Tensor out, lse, dq, dk, dv;

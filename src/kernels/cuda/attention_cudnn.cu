@@ -417,16 +417,21 @@ std::string build_backward(Graph& g, const AttnShape& s) {
   auto p = g.virt(CUDNN_DATA_FLOAT, sd, ss);
   g.pointwise(CUDNN_POINTWISE_EXP, x, nullptr, p);
 
-  // dV = P^T dO (per query head, then summed over each KV head's group under GQA).
-  auto pt = g.virt(CUDNN_DATA_BFLOAT16, {s.B, s.H, s.T, s.T}, st_s);
-  g.reshape(p, pt);
-  if (s.H == s.Hkv) {
-    g.matmul(pt, d_o, dv);
-  } else {
-    auto dv_full = g.virt(CUDNN_DATA_BFLOAT16, full_d, full_s);
-    g.matmul(pt, d_o, dv_full);
-    g.reduce(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-  }
+  // out = a^T b for a [B, H, T, T] score-shaped tensor (transposed by a reshape, in bf16),
+  // per query head; under GQA the per-head products (fp32: rounded once, after the sum) are
+  // summed over each KV head's group. dV from P, dK from dS.
+  auto transposed_matmul = [&](cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                               cudnnBackendDescriptor_t out) {
+    auto at = g.virt(CUDNN_DATA_BFLOAT16, {s.B, s.H, s.T, s.T}, st_s);
+    g.reshape(a, at);
+    if (s.H == s.Hkv) return g.matmul(at, b, out);
+    auto full = g.virt(CUDNN_DATA_FLOAT, full_d, full_s);
+    g.matmul(at, b, full);
+    g.reduce(CUDNN_REDUCE_TENSOR_ADD, full, out);
+  };
+
+  // dV = P^T dO.
+  transposed_matmul(p, d_o, dv);
 
   // dS = P (dO V^T - D) * scale.
   auto dp = g.virt(CUDNN_DATA_FLOAT, sd, ss);
@@ -439,15 +444,7 @@ std::string build_backward(Graph& g, const AttnShape& s) {
   g.pointwise(CUDNN_POINTWISE_MUL, ds_raw, scale, ds);
 
   // dK = dS^T Q.
-  auto dst = g.virt(CUDNN_DATA_BFLOAT16, {s.B, s.H, s.T, s.T}, st_s);
-  g.reshape(ds, dst);
-  if (s.H == s.Hkv) {
-    g.matmul(dst, q, dk);
-  } else {
-    auto dk_full = g.virt(CUDNN_DATA_BFLOAT16, full_d, full_s);
-    g.matmul(dst, q, dk_full);
-    g.reduce(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-  }
+  transposed_matmul(ds, q, dk);
 
   // dQ = dS K, accumulated in fp32 in the workspace, then rounded into dq once.
   auto k = g.virt(CUDNN_DATA_FLOAT, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
