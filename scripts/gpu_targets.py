@@ -362,14 +362,18 @@ def evaluate(d):
                worst and f"{worst[1]:.2f}x ({worst[0]})", f"<= {MIX_FLOOR_RATIO:.2f}x", "issue",
                None if worst is None else worst[1] <= MIX_FLOOR_RATIO)
 
-        # Information: our attention against cuDNN at the shape the kernels were timed at.
+        # Information: our attention against cuDNN at the shape the kernels were timed at,
+        # and cuDNN's engines run by attnres (training.attention_kernel = auto / cudnn: the
+        # rows "attention fwd (cudnn)", "attention bwd (cudnn)") where the report has them.
         kshape = model_shape(ktext)
-        fwd, bwd = kernel_ms(ktext, "attention fwd"), kernel_ms(ktext, "attention bwd")
         ref = kshape and cudnn_fb_ms(torch_text, attention_shape(kshape))
-        if fwd and bwd and ref:
-            out["attention"].append({"preset": p.name, "label": p.label,
-                                     "shape": attention_shape(kshape), "ours_ms": fwd + bwd,
-                                     "cudnn_ms": ref, "ratio": (fwd + bwd) / ref})
+        for suffix, label in (("", p.label), (" (cudnn)", p.label + ", attnres on cuDNN")):
+            fwd = kernel_ms(ktext, "attention fwd" + suffix)
+            bwd = kernel_ms(ktext, "attention bwd" + suffix)
+            if fwd and bwd and ref:
+                out["attention"].append({"preset": p.name, "label": label,
+                                         "shape": attention_shape(kshape), "ours_ms": fwd + bwd,
+                                         "cudnn_ms": ref, "ratio": (fwd + bwd) / ref})
         # Information: the Mix kernels' two families on the same rows.
         for op, ms, warp_ms, floor in kernel_pairs(ktext):
             out["mix_kernels"].append({"preset": p.name, "label": p.label, "op": op, "ms": ms,

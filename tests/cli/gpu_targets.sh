@@ -19,7 +19,7 @@ source "$(dirname "$0")/lib.sh"
 expect() { grep -qF -- "$1" <<<"$out" || fail "output lacks: $1"; }
 
 cat > expected.py <<'PYEOF'
-import math, os, sys
+import math, os, re, sys
 
 # Inputs as gpu_check.sh writes them (see the script's doc); everything else
 # is arithmetic written out here from docs/cuda.md and the script's documented
@@ -158,13 +158,16 @@ def expected(d):
         k = lines(os.path.join(d, f"kernels_{p}.txt"))
         ks = next(({kk: int(v) for kk, v in (t.split("=") for t in ln.split() if "=" in t and t.split("=")[1].isdigit())}
                    for ln in k if ln.startswith("model:")), None)
-        ops = {" ".join(ln.split()[:2]): float(ln.split()[2]) for ln in k if ln.startswith("attention ")}
-        if ks and "attention fwd" in ops and "attention bwd" in ops:
-            ref = cudnn_ms(d, ks["B"], ks["H"], ks["T"], ks["d"] // ks["H"])
-            if ref:
-                ours = ops["attention fwd"] + ops["attention bwd"]
-                yield (f"| {label} | ({ks['B']}, {ks['H']}, {ks['T']}, {ks['d'] // ks['H']}) | {ours:.3f} | "
-                       f"{ref:.3f} | {ours / ref:.2f}x |")
+        # (the rows "attention fwd" and "attention bwd"; "attention fwd (cudnn)" is another row)
+        ops = {m.group(1): float(m.group(2)) for m in
+               (re.match(r"^(attention (?:fwd|bwd)(?: \(cudnn\))?)\s+([\d.]+)\s", ln) for ln in k) if m}
+        for suffix, name in (("", label), (" (cudnn)", label + ", attnres on cuDNN")):
+            if ks and "attention fwd" + suffix in ops and "attention bwd" + suffix in ops:
+                ref = cudnn_ms(d, ks["B"], ks["H"], ks["T"], ks["d"] // ks["H"])
+                if ref:
+                    ours = ops["attention fwd" + suffix] + ops["attention bwd" + suffix]
+                    yield (f"| {name} | ({ks['B']}, {ks['H']}, {ks['T']}, {ks['d'] // ks['H']}) | "
+                           f"{ours:.3f} | {ref:.3f} | {ours / ref:.2f}x |")
         # The Mix kernels against their traffic floor (MB column: op ms floor MB GB/s
         # TFLOP/s pct (bound); reports without it count as not measured).
         worst = None
@@ -268,6 +271,17 @@ grep -q "^| 1.3B | 12 x 2048 | fp32 |" <<<"$out" || fail "an old header should r
 floor_fp32=$(grep "^| 1.3B | 12 x 2048 |" <<<"$out" | cut -d'|' -f6)
 awk -v a="$floor_bf16" -v b="$floor_fp32" 'BEGIN { exit !(b + 0 > a + 0) }' ||
   fail "fp32 logits should raise the floor ($floor_bf16 -> $floor_fp32)"
+
+# cuDNN's engines run by attnres (bench --kernels' "attention fwd (cudnn)" rows,
+# training.attention_kernel = auto): a second attention row beside ours.
+cat >> r1b3/kernels_124m.txt <<'ROWS'
+attention fwd (cudnn)           0.100      0.033        710     181.8   33.0% (memory)
+attention bwd (cudnn)           0.300      0.084        493     126.2   28.0% (memory)
+ROWS
+out=$($PY "$SRC/scripts/gpu_targets.py" r1b3)
+expect_derived r1b3 27
+grep -q "^| 124M, attnres on cuDNN | .* | 0.400 | " <<<"$out" ||
+  fail "the cuDNN attention rows (0.100 + 0.300 ms) should have their own attention row"
 
 # The Mix phase-1 backward timed with both kernels (bench --kernels prints the
 # warp kernel's row, named "... warp", after the default kernel's): a row per
