@@ -45,9 +45,16 @@ struct ChunkReplay {
 
 class ChunkModel {
  public:
-  ChunkModel(const model::ModelConfig& m, model::Recompute r, int64_t N, DType act)
+  // cudnn_attention: the attention backward may run cuDNN's fused attention
+  // (training.attention_kernel auto or cudnn on cuda), whose workspace holds
+  // fp32 row sums [B, H, T] and an fp32 dQ accumulator [N, H hd] while it
+  // runs (kernels/cuda/attention_cudnn.cu; the engine's own part, unknown
+  // before its plan is built, is not counted).
+  ChunkModel(const model::ModelConfig& m, model::Recompute r, int64_t N, DType act,
+             bool cudnn_attention)
       : m_(m), r_(r), N_(N), e_(static_cast<int64_t>(dtype_size(act))),
-        f_(static_cast<int64_t>(dtype_size(kernels::stat_dtype(act)))) {}
+        f_(static_cast<int64_t>(dtype_size(kernels::stat_dtype(act)))),
+        attn_ws_(cudnn_attention ? N * m.n_heads * 4 + N * m.n_heads * m.head_dim() * 4 : 0) {}
 
   // Sublayers [s0, s1), with the embedding before them and the head after
   // them when the chunk has those.
@@ -146,6 +153,10 @@ class ChunkModel {
       // second buffer of du's sums), then du; the norm backward writes d_o.
       const int64_t tmp = s % 2 == 0 ? 3 * Nd + 2 * N_ * kv * e_ : 3 * N_ * F * e_;
       t.alloc(tmp + Nd);
+      if (s % 2 == 0) {  // cuDNN's attention backward workspace, while it runs
+        t.alloc(attn_ws_);
+        t.free(attn_ws_);
+      }
       t.free(tmp);
       if (ar) {
         t.alloc(Nd);  // d_o, held until the group's phase-1 backward
@@ -172,6 +183,7 @@ class ChunkModel {
   parallel::DepthPlan plan_ = parallel::DepthPlan::of(m_);
   model::Recompute r_;
   int64_t N_, e_, f_;
+  int64_t attn_ws_;
 };
 
 }  // namespace
@@ -188,7 +200,9 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
   const parallel::PipelineLayout layout(m.n_layers, P, V);
   const auto plan = parallel::DepthPlan::of(m);
   const int C = layout.C();
-  const ChunkModel chunk_model(m, tc.recompute, N, act);
+  const bool cudnn_attention =
+      tc.device == Device::CUDA && tc.attention_kernel != kernels::AttentionKernel::Own;
+  const ChunkModel chunk_model(m, tc.recompute, N, act, cudnn_attention);
   const auto lists = parallel::pipeline_schedule({P, V, M, false});
 
   std::vector<RankMemory> out;

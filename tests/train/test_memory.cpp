@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "train/config.h"
 #include "train/memory.h"
 
 using attnres::train::largest_fitting;
@@ -46,4 +47,25 @@ TEST_CASE("largest_fitting stops at its bound and asks nothing beyond it", "[mem
   // A bound off the grid: the last grid value below it.
   CHECK(largest_fitting(2, 5, [](int64_t) { return true; }, 20) == 17);
   CHECK(largest_fitting(2, 5, [](int64_t v) { return v <= 13; }, 20) == 12);
+}
+
+TEST_CASE("the planner counts cuDNN's attention workspace where it may run", "[memory]") {
+  // A bf16 cuda run whose peak is an attention backward (d_ff small): with
+  // training.attention_kernel auto the plan holds cuDNN's fp32 row sums
+  // [N, H] and dQ accumulator [N, H hd] on top, at most that much more.
+  attnres::train::Config c;
+  c.model.vocab_size = 64, c.model.d_model = 128, c.model.n_layers = 2, c.model.n_heads = 4;
+  c.model.n_kv_heads = 4, c.model.d_ff = 32;
+  c.training.micro_batch_size = 2, c.training.seq_len = 64;
+  c.training.device = attnres::Device::CUDA, c.training.precision = attnres::DType::BF16;
+  const int64_t N = 2 * 64, ws = N * 4 * 4 + N * 128 * 4;
+  const int64_t own = attnres::train::plan_memory(c).at(0).activations;
+  c.training.attention_kernel = attnres::kernels::AttentionKernel::Auto;
+  const int64_t with = attnres::train::plan_memory(c).at(0).activations;
+  CHECK(with > own);
+  CHECK(with - own <= ws);
+  c.training.device = attnres::Device::CPU, c.training.precision = attnres::DType::F32;
+  const int64_t cpu_auto = attnres::train::plan_memory(c).at(0).activations;
+  c.training.attention_kernel = attnres::kernels::AttentionKernel::Own;
+  CHECK(attnres::train::plan_memory(c).at(0).activations == cpu_auto);  // the CPU runs its own
 }
