@@ -164,14 +164,15 @@ void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor>
 }
 
 void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const Tensor& w,
-                  Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs) {
+                  Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs,
+                  Store store) {
   const int64_t N = check_sources("mix_backward", w, sources, rstds).first;
   check_arg("mix_backward", "probs", probs, w.device(), stat_dtype(w.dtype()),
             {N, static_cast<int64_t>(sources.size())});
   check_arg("mix_backward", "dw", dw, w.device(), grad_dtype(w.dtype()), {w.dim(0)});
   mix_backward(dsources, Span<Tensor>(&dw, 1), Span<const Tensor>(&dout, 1), nullptr,
                Span<const Tensor>(&w, 1), sources, rstds,
-               probs.reshape({1, probs.dim(0), probs.dim(1)}));
+               probs.reshape({1, probs.dim(0), probs.dim(1)}), store);
 }
 
 namespace {

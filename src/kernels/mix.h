@@ -64,7 +64,8 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
 void mix_forward(Tensor& out, Tensor& probs, const Tensor& w, Span<const Tensor> sources,
                  Span<const Tensor> rstds);
 void mix_backward(Span<Tensor> dsources, Tensor& dw, const Tensor& dout, const Tensor& w,
-                  Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs);
+                  Span<const Tensor> sources, Span<const Tensor> rstds, const Tensor& probs,
+                  Store store = Store::Add);
 
 // ---- phase 2: merge with the recent sources, fused with the RMSNorm after it ----
 // The merged input x (above; o [N, d] and lse [N] from phase 1, recent
