@@ -42,7 +42,6 @@ Plan plan_phase1(bool backward, bool bf16, bool aligned, int64_t d, int Q, int k
   }
   p.rows = true;
   p.queries = q;
-  p.smem = smem(q);
   return p;
 }
 

@@ -68,10 +68,10 @@ bool rows_from_env();
 
 struct Plan {
   bool rows = false;       // the rows kernels apply
-  std::string why;         // when not: the reason, for the benchmark and errors
+  std::string why;         // when not: the reason
   int threads = 0;         // block size
-  int queries = 0;         // queries per launch (phase 1)
-  size_t smem = 0;         // dynamic shared memory per block, bytes
+  int queries = 0;         // queries per launch (phase 1; forward_smem / backward_smem of a
+                           // launch of that many fit in kMaxSmem)
 };
 
 // What a phase-1 call of Q queries over k sources takes (forward or backward):

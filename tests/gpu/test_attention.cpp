@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention_testing.h"
 #include "gpu_testing.h"
 #include "kernels/attention.h"
 
@@ -18,7 +19,7 @@ namespace gt = attnres::gpu_testing;
 namespace {
 
 using gt::host_f64;
-Tensor to_f64(const Tensor& host_f32) { return host_f32.to(DType::F64); }
+using gt::to_f64;
 
 struct DevRun {
   Tensor out, lse, dq, dk, dv;
@@ -44,19 +45,11 @@ DevRun run_gpu(const kern::AttnShape& s, DType dt, const Tensor& q, const Tensor
 // peaked softmax rows).
 void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double stddev = 1.0) {
   const int64_t N = s.B * s.T;
-  // Host F32 inputs; to_device rounds them in place to bf16 for BF16 runs, so
-  // the CPU reference sees exactly the values the GPU sees.
-  Tensor q = gt::randn_f32({N, s.H * s.hd}, seed, stddev);
-  Tensor kk = gt::randn_f32({N, s.Hkv * s.hd}, seed + 1, stddev);
-  Tensor v = gt::randn_f32({N, s.Hkv * s.hd}, seed + 2);
-  Tensor dout = gt::randn_f32({N, s.H * s.hd}, seed + 3);
-  Tensor dq0 = gt::randn_f32({N, s.H * s.hd}, seed + 4, 0.5);
-  Tensor dk0 = gt::randn_f32({N, s.Hkv * s.hd}, seed + 5, 0.5);
-  Tensor dv0 = gt::randn_f32({N, s.Hkv * s.hd}, seed + 6, 0.5);
-  const Tensor qd = gt::to_device(q, dt), kd = gt::to_device(kk, dt), vd = gt::to_device(v, dt);
-  const Tensor dod = gt::to_device(dout, dt);
-  const Tensor dq0d = gt::to_device(dq0, dt), dk0d = gt::to_device(dk0, dt),
-               dv0d = gt::to_device(dv0, dt);
+  const gt::AttnInputs in = gt::attn_inputs(s, dt, seed, stddev);
+  const Tensor &q = in.q, &kk = in.k, &v = in.v, &dout = in.dout, &dq0 = in.dq0, &dk0 = in.dk0,
+               &dv0 = in.dv0;
+  const Tensor &qd = in.qd, &kd = in.kd, &vd = in.vd, &dod = in.dod, &dq0d = in.dq0d,
+               &dk0d = in.dk0d, &dv0d = in.dv0d;
 
   const DevRun g = run_gpu(s, dt, qd, kd, vd, dod, dq0d, dk0d, dv0d);
 

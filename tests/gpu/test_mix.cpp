@@ -498,6 +498,28 @@ TEST_CASE("cuda mix: both kernel families (rows, warp) match the CPU", "[gpu][mi
                       Catch::Contains("ATTNRES_MIX_KERNELS = 'fast': expected rows or warp"));
 }
 
+namespace {
+// Phase 1 forward of Q random queries w_q (seed + q; |w| ~ 2 / sqrt(d), as
+// make_setup's) over s's sources, on the device.
+struct GroupForward {
+  std::vector<Tensor> ws, outs;
+  Tensor probs, lse;
+};
+GroupForward group_forward(const MixSetup& s, const std::vector<Tensor>& rs_d, int64_t Q,
+                           uint64_t seed) {
+  GroupForward g;
+  for (int64_t q = 0; q < Q; ++q) {
+    Tensor w = gt::randn_f32({s.d}, seed + q, 2.0 / std::sqrt(double(s.d)));
+    g.ws.push_back(gt::to_device(w, s.dt));
+    g.outs.push_back(gt::poisoned({s.N, s.d}, s.dt));
+  }
+  g.probs = gt::poisoned({Q, s.N, s.kk}, DType::F32);
+  g.lse = gt::poisoned({Q, s.N}, DType::F32);
+  kern::mix_forward(g.outs, g.probs, &g.lse, g.ws, s.src_d, rs_d);
+  return g;
+}
+}  // namespace
+
 TEST_CASE("cuda mix backward with Store::Set writes what zeroing then adding gives", "[gpu][mix]") {
   // The head's final Mix writes its sources' and partial's gradients
   // (kernels/store.h): over poisoned (NaN) buffers, never read under Set, the
@@ -510,16 +532,14 @@ TEST_CASE("cuda mix backward with Store::Set writes what zeroing then adding giv
       const int64_t N = 301, d = 768, kk = 9, Q = 11;
       MixSetup s = make_setup(N, d, kk, dt, 78000);
       const std::vector<Tensor> rs_d = on_device(rstds_f32(s));
-      std::vector<Tensor> ws, douts, outs;
+      const GroupForward g = group_forward(s, rs_d, Q, 78100);
+      const std::vector<Tensor>&ws = g.ws, &outs = g.outs;
+      const Tensor &probs = g.probs, &lse = g.lse;
+      std::vector<Tensor> douts;
       for (int64_t q = 0; q < Q; ++q) {
-        Tensor w = gt::randn_f32({d}, 78100 + q, 2.0 / std::sqrt(double(d)));
-        ws.push_back(gt::to_device(w, dt));
         Tensor dy = gt::randn_f32({N, d}, 78200 + q);
         douts.push_back(gt::to_device(dy, dt));
-        outs.push_back(gt::poisoned({N, d}, dt));
       }
-      Tensor probs = gt::poisoned({Q, N, kk}, DType::F32), lse = gt::poisoned({Q, N}, DType::F32);
-      kern::mix_forward(outs, probs, &lse, ws, s.src_d, rs_d);
       const Tensor dlse = gt::randn_f32({Q, N}, 78300).to(Device::CUDA);
       std::vector<Tensor> ds[2], dws[2];
       for (int r = 0; r < 2; ++r) {
@@ -564,15 +584,9 @@ TEST_CASE("cuda mix: a query's results do not depend on the queries beside it", 
       const int64_t N = 513, d = 768, kk = 7, Q = 5;
       MixSetup s = make_setup(N, d, kk, dt, 77000);
       const std::vector<Tensor> rs_d = on_device(rstds_f32(s));
-      std::vector<Tensor> ws, outs;
-      for (int64_t q = 0; q < Q; ++q) {
-        Tensor w = gt::randn_f32({d}, 77100 + q, 2.0 / std::sqrt(double(d)));
-        ws.push_back(gt::to_device(w, dt));
-        outs.push_back(gt::poisoned({N, d}, dt));
-      }
-      Tensor probs = gt::poisoned({Q, N, kk}, DType::F32), lse = gt::poisoned({Q, N}, DType::F32);
-      kern::mix_forward(outs, probs, &lse, ws, s.src_d, rs_d);
-      const Tensor ph = probs.to(Device::CPU), lh = lse.to(Device::CPU);
+      const GroupForward g = group_forward(s, rs_d, Q, 77100);
+      const std::vector<Tensor>&ws = g.ws, &outs = g.outs;
+      const Tensor ph = g.probs.to(Device::CPU), lh = g.lse.to(Device::CPU);
       for (int64_t q = 0; q < Q; ++q) {
         INFO("query " << q);
         std::vector<Tensor> one_w{ws[q]}, one_out{gt::poisoned({N, d}, dt)};

@@ -41,7 +41,7 @@
 // Plans: built once per (shape, dtype, direction) and kept, like gemm.cu's
 // cuBLASLt plans (building one asks the heuristics and may compile a kernel:
 // milliseconds to seconds). Store::Add does not change the graph: cuDNN
-// writes dq, dk, dv into temporaries that a small kernel adds on.
+// writes dq, dk, dv into temporaries that cuda::add_ adds on.
 //
 // Determinism: the fused backward may accumulate dQ with atomics (the
 // heuristics' numerical notes say whether the engine is deterministic);
@@ -67,6 +67,7 @@
 
 #include "core/device.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/reduce.h"
 
 namespace attnres::kernels::cuda::cudnn {
 
@@ -587,19 +588,6 @@ Tensor workspace(int64_t bytes) {
   return Tensor::empty({std::max<int64_t>(1, (bytes + 3) / 4)}, DType::F32, Device::CUDA);
 }
 
-// a += b elementwise in bf16 (fp32 sum, one rounding): Store::Add after cuDNN wrote b.
-__global__ void add_bf16_kernel(int64_t n, bf16* __restrict__ a, const bf16* __restrict__ b) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    a[i] = from_f32<bf16>(to_f32(a[i]) + to_f32(b[i]));
-}
-void add_into(Tensor& a, const Tensor& b) {
-  const int64_t n = a.numel();
-  constexpr int kT = 256;
-  add_bf16_kernel<<<grid_for(n, kT), kT, 0, stream()>>>(n, dptr<bf16>(a), dptr<bf16>(b));
-  ATTNRES_CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
 std::string sdpa_unsupported(const AttnShape& s, DType dt) {
@@ -662,9 +650,9 @@ void sdpa_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
        base + eng, base + eng + rowsum_bytes(s), &scale, &neg_inf, &one},
       base);
   if (store == Store::Add) {
-    add_into(dq, tq);
-    add_into(dk, tk);
-    add_into(dv, tv);
+    cuda::add_(dq, tq);  // (kernels/cuda/reduce.h)
+    cuda::add_(dk, tk);
+    cuda::add_(dv, tv);
   }
 }
 
