@@ -123,8 +123,9 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
   const int reps = 20;
 
   // ---- linear layers ----
-  // (gate_up: the MLP's gate and up projections as one GEMM, as the model runs them.)
-  for (auto [name, in, out] : {std::tuple<const char*, int64_t, int64_t>{"q_proj", d, H * hd},
+  // (qkv_proj, gate_up: attention's q, k and v projections and the MLP's gate
+  // and up projections, each as one GEMM, as the model runs them.)
+  for (auto [name, in, out] : {std::tuple<const char*, int64_t, int64_t>{"qkv_proj", d, (H + 2 * Hkv) * hd},
                                {"gate_up_proj", d, 2 * F}, {"down_proj", F, d}}) {
     Tensor x = rand_dev({N, in}, dt, 4), w = rand_dev({out, in}, dt, 5, 0.02);
     Tensor y = Tensor::empty({N, out}, dt, Device::CUDA), dy = rand_dev({N, out}, dt, 6);
@@ -141,18 +142,18 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
 
   // ---- attention ----
   {
-    Tensor q = rand_dev({N, H * hd}, dt, 7), key = rand_dev({N, Hkv * hd}, dt, 8), v = rand_dev({N, Hkv * hd}, dt, 9);
+    // q | k | v in one tensor, as the model's one GEMM writes them (kernels/attention.h).
+    const int64_t W = (H + 2 * Hkv) * hd;
+    Tensor qkv = rand_dev({N, W}, dt, 7), dqkv = Tensor::zeros({N, W}, dt, Device::CUDA);
     Tensor out = Tensor::empty({N, H * hd}, dt, Device::CUDA), lse = Tensor::empty({B, H, T}, st, Device::CUDA);
     Tensor dout = rand_dev({N, H * hd}, dt, 10);
-    Tensor dq = Tensor::zeros({N, H * hd}, dt, Device::CUDA), dk = Tensor::zeros({N, Hkv * hd}, dt, Device::CUDA),
-           dv = Tensor::zeros({N, Hkv * hd}, dt, Device::CUDA);
     const kern::AttnShape s{B, T, H, Hkv, hd};
     const double fwd_flops = 2.0 * B * H * T * T * hd;  // causal: half of 4 B H T^2 hd
     const double io = e * (2.0 * N * H * hd + 2.0 * N * Hkv * hd);
-    add("attention fwd", [&] { kern::attention_forward(out, lse, q, key, v, s); }, reps, io, fwd_flops);
-    kern::attention_forward(out, lse, q, key, v, s);
+    add("attention fwd", [&] { kern::attention_forward(out, lse, qkv, s); }, reps, io, fwd_flops);
+    kern::attention_forward(out, lse, qkv, s);
     add("attention bwd",
-        [&] { kern::attention_backward(dq, dk, dv, dout, q, key, v, out, lse, s, kern::Store::Set); }, reps,
+        [&] { kern::attention_backward(dqkv, dout, qkv, out, lse, s, kern::Store::Set); }, reps,
         2 * io + e * 2.0 * N * H * hd, 2.5 * fwd_flops);
 #if ATTNRES_HAVE_CUDA
     // The same op on cuDNN's fused attention engines, where they run this shape.
@@ -160,11 +161,11 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
     if (const std::string why = cudnn::sdpa_unsupported(s, dt); !why.empty()) {
       std::printf("(attention fwd/bwd (cudnn) skipped: %s)\n", why.c_str());
     } else {
-      add("attention fwd (cudnn)", [&] { cudnn::sdpa_forward(out, lse, q, key, v, s); }, reps, io,
+      add("attention fwd (cudnn)", [&] { cudnn::sdpa_forward(out, lse, qkv, s); }, reps, io,
           fwd_flops);
-      cudnn::sdpa_forward(out, lse, q, key, v, s);
+      cudnn::sdpa_forward(out, lse, qkv, s);
       add("attention bwd (cudnn)",
-          [&] { cudnn::sdpa_backward(dq, dk, dv, dout, q, key, v, out, lse, s, kern::Store::Set); },
+          [&] { cudnn::sdpa_backward(dqkv, dout, qkv, out, lse, s, kern::Store::Set); },
           reps, 2 * io + e * 2.0 * N * H * hd, 2.5 * fwd_flops);
     }
 #endif
@@ -180,8 +181,10 @@ void bench_kernels(const model::ModelConfig& c, int64_t B, int64_t T, DType dt, 
         e * 3.0 * N * d, 0);  // read dy, x; write dx
   }
   {
-    Tensor q = rand_dev({N, H * hd}, dt, 14);
-    add("rope fwd (q)", [&] { kern::rope_forward(q, B, T, H, hd, 10000.f); }, reps, e * 2.0 * N * H * hd, 0);
+    // q's and k's heads of the joint q | k | v rows, in one pass as the model runs it.
+    Tensor qkv = rand_dev({N, (H + 2 * Hkv) * hd}, dt, 14);
+    add("rope fwd (q, k)", [&] { kern::rope_forward(qkv, B, T, H + Hkv, hd, 10000.f); }, reps,
+        e * 2.0 * N * (H + Hkv) * hd, 0);
   }
   {
     Tensor gu = rand_dev({N, 2 * F}, dt, 15), h = Tensor::empty({N, F}, dt, Device::CUDA);

@@ -168,15 +168,20 @@ Tensor Tensor::rows(int64_t begin, int64_t count) const {
   return t;
 }
 
-Tensor Tensor::joined_rows(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.storage_ != b.storage_ || a.dtype_ != b.dtype_ ||
-      a.ndim() < 1 || a.ndim() != b.ndim() ||
-      !std::equal(a.shape_.begin() + 1, a.shape_.end(), b.shape_.begin() + 1) ||
-      b.offset_bytes_ != a.offset_bytes_ + a.nbytes())
-    return Tensor();
-  Tensor t = a;
-  t.shape_[0] += b.shape_[0];
-  t.numel_ += b.numel_;
+Tensor Tensor::joined_rows(const std::vector<Tensor>& parts) {
+  if (parts.empty()) return Tensor();
+  Tensor t = parts[0];
+  if (!t.defined() || t.ndim() < 1) return Tensor();
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const Tensor& b = parts[i];
+    if (!b.defined() || b.storage_ != t.storage_ || b.dtype_ != t.dtype_ ||
+        b.ndim() != t.ndim() ||
+        !std::equal(t.shape_.begin() + 1, t.shape_.end(), b.shape_.begin() + 1) ||
+        b.offset_bytes_ != t.offset_bytes_ + t.nbytes())
+      return Tensor();
+    t.shape_[0] += b.shape_[0];
+    t.numel_ += b.numel_;
+  }
   return t;
 }
 

@@ -94,11 +94,11 @@ class Tensor {
 
   Tensor reshape(const Shape& shape) const;           // same numel, shares storage
   Tensor rows(int64_t begin, int64_t count) const;    // slice of dim 0, shares storage
-  // One view of a's rows followed by b's, when b's elements start where a's
-  // end in the same allocation with the same dtype and row shape (e.g. two
-  // rows() slices of one tensor, model/params.h's joined weights); an
-  // undefined tensor otherwise.
-  static Tensor joined_rows(const Tensor& a, const Tensor& b);
+  // One view of the parts' rows, one part after the other, when each part's
+  // elements start where the one before it ends, in the same allocation with
+  // the same dtype and row shape (e.g. consecutive rows() slices of one
+  // tensor, model/params.h's joined weights); an undefined tensor otherwise.
+  static Tensor joined_rows(const std::vector<Tensor>& parts);
   Tensor clone() const;                               // deep copy
   Tensor to(DType dtype) const;                       // host conversion (copy)
   Tensor to(Device device) const;                     // copy to device (or clone if same)

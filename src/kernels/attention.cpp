@@ -22,18 +22,16 @@ void check_heads(const char* op, const AttnShape& s, bool need_t) {
     fail(op, ": H=", s.H, " is not a multiple of Hkv=", s.Hkv);
 }
 
-// The tensors of a training-shaped call: q, k, v, the output and its
-// log-sum-exp, every one on q's device and of q's dtype (lse: statistics).
-void check_qkv_out(const char* op, const AttnShape& s, const Tensor& q, const Tensor& k,
-                   const Tensor& v, const Tensor& out, const Tensor& lse) {
+// The tensors of a training-shaped call: the joint q/k/v, the output and its
+// log-sum-exp, every one on qkv's device and of qkv's dtype (lse: statistics).
+void check_qkv_out(const char* op, const AttnShape& s, const Tensor& qkv, const Tensor& out,
+                   const Tensor& lse) {
   check_heads(op, s, true);
-  if (!q.defined()) fail(op, ": q is undefined");
+  if (!qkv.defined()) fail(op, ": qkv is undefined");
   const int64_t N = s.B * s.T;
-  check_arg(op, "q", q, q, {N, s.H * s.hd});
-  check_arg(op, "k", k, q, {N, s.Hkv * s.hd});
-  check_arg(op, "v", v, q, {N, s.Hkv * s.hd});
-  check_arg(op, "out", out, q, {N, s.H * s.hd});
-  check_arg(op, "lse", lse, q.device(), stat_dtype(q.dtype()), {s.B, s.H, s.T});
+  check_arg(op, "qkv", qkv, qkv, {N, qkv_width(s)});
+  check_arg(op, "out", out, qkv, {N, s.H * s.hd});
+  check_arg(op, "lse", lse, qkv.device(), stat_dtype(qkv.dtype()), {s.B, s.H, s.T});
 }
 
 }  // namespace
@@ -61,45 +59,42 @@ bool attention_uses_cudnn(AttentionKernel kernel, const AttnShape& s, DType dt, 
   return false;
 }
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttnShape& s, AttentionKernel kernel) {
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnShape& s,
+                       AttentionKernel kernel) {
   const char* op = "attention_forward";
-  check_qkv_out(op, s, q, k, v, out, lse);
+  check_qkv_out(op, s, qkv, out, lse);
 #if ATTNRES_HAVE_CUDA
-  if (q.is_cuda() && attention_uses_cudnn(kernel, s, q.dtype(), Device::CUDA))
-    return cuda::cudnn::sdpa_forward(out, lse, q, k, v, s);
+  if (qkv.is_cuda() && attention_uses_cudnn(kernel, s, qkv.dtype(), Device::CUDA))
+    return cuda::cudnn::sdpa_forward(out, lse, qkv, s);
 #else
   (void)kernel;  // the CPU runs its own
 #endif
-  ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_forward(out, lse, q, k, v, s));
-  dispatch_cpu_float(q, op, [&](auto tag) {
+  ATTNRES_CUDA_DISPATCH(qkv, op, cuda::attention_forward(out, lse, qkv, s));
+  dispatch_cpu_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::attention_forward<T>(out.data<T>(), lse.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
-                              s.B, s.T, s.H, s.Hkv, s.hd);
+    cpu::attention_forward<T>(out.data<T>(), lse.data<T>(), qkv.data<T>(), s.B, s.T, s.H, s.Hkv,
+                              s.hd);
   });
 }
 
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s, Store store, AttentionKernel kernel) {
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, const AttnShape& s, Store store,
+                        AttentionKernel kernel) {
   const char* op = "attention_backward";
-  check_qkv_out(op, s, q, k, v, out, lse);
+  check_qkv_out(op, s, qkv, out, lse);
   const int64_t N = s.B * s.T;
-  check_arg(op, "dout", dout, q, {N, s.H * s.hd});
-  check_arg(op, "dq", dq, q, {N, s.H * s.hd});
-  check_arg(op, "dk", dk, q, {N, s.Hkv * s.hd});
-  check_arg(op, "dv", dv, q, {N, s.Hkv * s.hd});
+  check_arg(op, "dout", dout, qkv, {N, s.H * s.hd});
+  check_arg(op, "dqkv", dqkv, qkv, {N, qkv_width(s)});
 #if ATTNRES_HAVE_CUDA
-  if (q.is_cuda() && attention_uses_cudnn(kernel, s, q.dtype(), Device::CUDA))
-    return cuda::cudnn::sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, s, store);
+  if (qkv.is_cuda() && attention_uses_cudnn(kernel, s, qkv.dtype(), Device::CUDA))
+    return cuda::cudnn::sdpa_backward(dqkv, dout, qkv, out, lse, s, store);
 #else
   (void)kernel;
 #endif
-  ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, store));
-  dispatch_cpu_float(q, op, [&](auto tag) {
+  ATTNRES_CUDA_DISPATCH(qkv, op, cuda::attention_backward(dqkv, dout, qkv, out, lse, s, store));
+  dispatch_cpu_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::attention_backward<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(),
-                               q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
+    cpu::attention_backward<T>(dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), out.data<T>(),
                                lse.data<T>(), s.B, s.T, s.H, s.Hkv, s.hd, store == Store::Add);
   });
 }

@@ -24,17 +24,23 @@ enum class AttentionKernel { Auto, Own, Cudnn };
 bool attention_uses_cudnn(AttentionKernel kernel, const AttnShape& s, DType dt, Device dev,
                           std::string* why = nullptr);
 
-// q [B*T, H*hd], k/v [B*T, Hkv*hd] (already RoPE'd), out [B*T, H*hd],
-// lse [B, H, T]: log-sum-exp of each query row's scaled scores, saved so the
-// backward pass can recompute probabilities without storing a T x T matrix.
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttnShape& s, AttentionKernel kernel = AttentionKernel::Own);
+// q, k and v are the column blocks of one tensor qkv [B*T, (H + 2 Hkv) hd]:
+// each token's row holds its H query heads, then its Hkv key heads, then its
+// Hkv value heads (already RoPE'd), as one GEMM with the joined [Wq; Wk; Wv]
+// writes them (model.cpp); their row stride is the joint row's.
+// out [B*T, H*hd]; lse [B, H, T]: log-sum-exp of each query row's scaled
+// scores, saved so the backward pass can recompute probabilities without
+// storing a T x T matrix.
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnShape& s,
+                       AttentionKernel kernel = AttentionKernel::Own);
 
-// dq, dk, dv += gradients (store Set: = gradients).
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s, Store store = Store::Add,
+// dqkv (qkv's layout): its q, k and v blocks += gradients (store Set: =).
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, const AttnShape& s, Store store = Store::Add,
                         AttentionKernel kernel = AttentionKernel::Own);
+
+// The columns of qkv's row: H query heads, then Hkv key heads, then Hkv value heads.
+inline int64_t qkv_width(const AttnShape& s) { return (s.H + 2 * s.Hkv) * s.hd; }
 
 // Incremental decoding: one new query per sequence attends to positions
 // [0, len) of the caches (the new token's k/v already written at len-1).

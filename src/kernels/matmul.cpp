@@ -52,25 +52,39 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* r
 }
 
 void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     Store dx_store, const Tensor* dx_residual) {
+                     Store dx_store, const std::vector<int64_t>& w_row_blocks) {
   const char* op = "matmul_backward";
   int64_t M, N, K;
   matmul_dims(op, x, w, M, N, K);
   check_arg(op, "dy", dy, x, {M, N});
   if (dx) check_arg(op, "dx", *dx, x, {M, K});
   if (dw) check_arg(op, "dw", *dw, x.device(), grad_dtype(x.dtype()), {N, K});
-  if (dx_residual) {
-    if (!dx || dx_store != Store::Set || dx_residual->raw() == dx->raw())
-      fail(op, ": dx_residual needs dx, Store::Set and a tensor other than dx");
-    check_arg(op, "dx_residual", *dx_residual, x, {M, K});
+  int64_t rows = 0;
+  for (int64_t b : w_row_blocks) {
+    if (b < 0) fail(op, ": a row block of w has ", b, " rows");
+    rows += b;
   }
-  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w, dx_store, dx_residual));
-  if (dx_residual) dx->copy_from(*dx_residual);
+  if (!w_row_blocks.empty() && rows != N)
+    fail(op, ": w's row blocks sum to ", rows, " rows, w has ", N);
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w, dx_store));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
-    cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() : nullptr,
-                            dy.data<T>(), x.data<T>(), w.data<T>(), M, N, K,
-                            dx_store == Store::Add || dx_residual);
+    if (w_row_blocks.empty()) {
+      cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() : nullptr,
+                              dy.data<T>(), x.data<T>(), w.data<T>(), M, N, K,
+                              dx_store == Store::Add);
+      return;
+    }
+    if (dw)
+      cpu::matmul_backward<T>(nullptr, dw->data<T>(), dy.data<T>(), x.data<T>(), w.data<T>(), M,
+                              N, K, false);
+    if (!dx) return;
+    int64_t n0 = 0;
+    for (int64_t b : w_row_blocks) {
+      cpu::matmul_backward_dx<T>(dx->data<T>(), dy.data<T>() + n0, N, w.data<T>() + n0 * K, M, b,
+                                 K, n0 > 0 || dx_store == Store::Add);
+      n0 += b;
+    }
   });
 }
 

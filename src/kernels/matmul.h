@@ -1,5 +1,8 @@
 // Linear layer without bias: y = x W^T with W in [out, in] layout.
 #pragma once
+#include <cstdint>
+#include <vector>
+
 #include "core/tensor.h"
 #include "kernels/store.h"
 
@@ -13,12 +16,15 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w,
                     const Tensor* residual = nullptr);
 
 // dx [M, K] += dy W (dx_store Set: dx = dy W); dw [N, K] += dy^T x. Either
-// gradient may be nullptr. dx_residual (with Store::Set, a tensor other than
-// dx): dx = dy W + dx_residual. On the GPU the GEMM's epilogue reads it (one
-// rounding; a bf16 dx accumulated in place costs a pass more, see
-// kernels/cuda/gemm.cu); on the CPU it is copied into dx and the product
-// added onto it, the bits of Store::Add.
+// gradient may be nullptr.
+// w_row_blocks (optional, summing to N): W's rows as stacked matrices, the
+// joint [Wq; Wk; Wv] (model.cpp). The GPU computes dx with one GEMM either
+// way. The CPU sums dx one block at a time (the first block written or added
+// as dx_store says, the others added), which gives the bits of one GEMM per
+// projection: what the CPU computed before the projections were joined, and
+// what its published results were made with (README, docs/sweeps.md); one
+// GEMM over all N rounds differently.
 void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     Store dx_store = Store::Add, const Tensor* dx_residual = nullptr);
+                     Store dx_store = Store::Add, const std::vector<int64_t>& w_row_blocks = {});
 
 }  // namespace attnres::kernels

@@ -110,29 +110,51 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
   kern::matmul_forward(y, a.att, layer(l).o->value, residual);
 }
 
+namespace {
+// Parameters (values or gradients) that make_params keeps in one allocation,
+// as one matrix, their rows in the order given: [Wq; Wk; Wv], [Wgate; Wup].
+Tensor joined(const std::vector<Tensor>& parts, int64_t l, const char* what) {
+  Tensor all = Tensor::joined_rows(parts);
+  ATTNRES_CHECK(all.defined(), "layer ", l, ": the ", what, " projections are not in one "
+                "allocation (ParamTable::join_rows)");
+  return all;
+}
+Tensor qkv_of(const Tensor& q, const Tensor& k, const Tensor& v, int64_t l) {
+  return joined({q, k, v}, l, "q, k and v");
+}
+Tensor gate_up_of(const Tensor& gate, const Tensor& up, int64_t l) {
+  return joined({gate, up}, l, "gate and up");
+}
+}  // namespace
+
+// q, k and v in one GEMM: qkv = u [Wq; Wk; Wv]^T is [N, (H + 2 Hkv) hd], each
+// row q | k | v (kernels/attention.h), read in place by RoPE and attention.
 void Model::attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T,
                            DecodeCache* cache) const {
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
-  a.q = new_act(N, H * hd);
-  a.k = new_act(N, Hkv * hd);
-  a.v = new_act(N, Hkv * hd);
-  kern::matmul_forward(a.q, a.u, layer(l).q->value);
-  kern::matmul_forward(a.k, a.u, layer(l).k->value);
-  kern::matmul_forward(a.v, a.u, layer(l).v->value);
+  const LayerParams& L = layer(l);
+  const kern::AttnShape shape{B, T, H, Hkv, hd};
+  a.qkv = new_act(N, kern::qkv_width(shape));
+  kern::matmul_forward(a.qkv, a.u, qkv_of(L.q->value, L.k->value, L.v->value, l));
+  // q's and k's heads are adjacent in each row and take the same rotation.
   const int64_t pos0 = cache ? cache->pos : 0;
-  kern::rope_forward(a.q, B, T, H, hd, theta, pos0);
-  kern::rope_forward(a.k, B, T, Hkv, hd, theta, pos0);
+  kern::rope_forward(a.qkv, B, T, H + Hkv, hd, theta, pos0);
   a.att = new_act(N, H * hd);
   if (cache) {  // one new token: append its k/v, attend over the cache
     ATTNRES_CHECK(B == 1 && T == 1, "decoding feeds one token at a time");
     ATTNRES_CHECK(cache->pos < cache->max_len, "decode cache full (", cache->max_len, " tokens)");
-    cache->k[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1).copy_from(a.k);
-    cache->v[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1).copy_from(a.v);
-    kern::attention_decode(a.att, a.q, cache->k[l], cache->v[l], cache->pos + 1, {1, 1, H, Hkv, hd});
+    // The token's one row, seen as its H + 2 Hkv heads: q's, k's, v's.
+    const Tensor heads = a.qkv.reshape({H + 2 * Hkv, hd});
+    cache->k[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1)
+        .copy_from(heads.rows(H, Hkv));
+    cache->v[l].reshape({cache->max_len, Hkv * hd}).rows(cache->pos, 1)
+        .copy_from(heads.rows(H + Hkv, Hkv));
+    kern::attention_decode(a.att, heads.rows(0, H).reshape({1, H * hd}), cache->k[l],
+                           cache->v[l], cache->pos + 1, {1, 1, H, Hkv, hd});
   } else {
     a.lse = new_stat({B, H, T});
-    kern::attention_forward(a.att, a.lse, a.q, a.k, a.v, {B, T, H, Hkv, hd}, attention_kernel_);
+    kern::attention_forward(a.att, a.lse, a.qkv, shape, attention_kernel_);
   }
 }
 
@@ -140,28 +162,24 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
                                  int64_t T) {
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
-  Param& wq = *layer(l).q;
-  Param& wk = *layer(l).k;
-  Param& wv = *layer(l).v;
-  Param& wo = *layer(l).o;
-  // Activation gradients with one producer are written (Store::Set), not
-  // zeroed and accumulated into: du is the only buffer with several (q, k, v).
+  const LayerParams& L = layer(l);
+  Param& wo = *L.o;
+  const kern::AttnShape shape{B, T, H, Hkv, hd};
+  // Activation gradients are written (Store::Set), not zeroed and
+  // accumulated into: each has one producer.
   Tensor datt = new_act(N, H * hd);
   kern::matmul_backward(&datt, &wo.grad, dy, a.att, wo.value, kern::Store::Set);
-  Tensor dq = new_act(N, H * hd);
-  Tensor dk = new_act(N, Hkv * hd);
-  Tensor dv = new_act(N, Hkv * hd);
-  kern::attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, {B, T, H, Hkv, hd},
-                           kern::Store::Set, attention_kernel_);
-  kern::rope_backward(dq, B, T, H, hd, theta);
-  kern::rope_backward(dk, B, T, Hkv, hd, theta);
-  // du = dq Wq + dk Wk + dv Wv, each sum written into the other buffer: a
-  // bf16 GEMM accumulating in place rounds twice, or costs a copy
-  // (kernels/cuda/gemm.cu); on the CPU the bits are those of accumulating.
-  Tensor du = new_act(N, cfg_.d_model), part = new_act(N, cfg_.d_model);
-  kern::matmul_backward(&du, &wq.grad, dq, a.u, wq.value, kern::Store::Set);
-  kern::matmul_backward(&part, &wk.grad, dk, a.u, wk.value, kern::Store::Set, &du);
-  kern::matmul_backward(&du, &wv.grad, dv, a.u, wv.value, kern::Store::Set, &part);
+  Tensor dqkv = new_act(N, kern::qkv_width(shape));
+  kern::attention_backward(dqkv, datt, a.qkv, a.att, a.lse, shape, kern::Store::Set,
+                           attention_kernel_);
+  kern::rope_backward(dqkv, B, T, H + Hkv, hd, theta);
+  // du = dq Wq + dk Wk + dv Wv = dqkv [Wq; Wk; Wv] and the three weight
+  // gradients dqkv^T u, each one GEMM (on the CPU du sums the projections one
+  // at a time, the bits of three GEMMs: kernels/matmul.h).
+  Tensor du = new_act(N, cfg_.d_model);
+  Tensor dw = qkv_of(L.q->grad, L.k->grad, L.v->grad, l);
+  kern::matmul_backward(&du, &dw, dqkv, a.u, qkv_of(L.q->value, L.k->value, L.v->value, l),
+                        kern::Store::Set, {H * hd, Hkv * hd, Hkv * hd});
   return du;
 }
 
@@ -170,24 +188,13 @@ void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* res
   kern::matmul_forward(y, a.h, layer(l).down->value, residual);
 }
 
-namespace {
-// The gate and up projections' tensors (values or gradients) as one [2F, d]
-// matrix, gate's rows first: make_params keeps them in one allocation.
-Tensor gate_up(const Tensor& gate, const Tensor& up, int64_t l) {
-  Tensor both = Tensor::joined_rows(gate, up);
-  ATTNRES_CHECK(both.defined(), "layer ", l, ": the gate and up projections are not in one "
-                "allocation (ParamTable::join_rows)");
-  return both;
-}
-}  // namespace
-
 // Gate and up in one GEMM: gu = u [W_gate; W_up]^T is [N, 2F], gate | up.
 void Model::mlp_core(int64_t l, SublayerActs& a) const {
   const int64_t N = a.u.dim(0), F = cfg_.d_ff;
   const LayerParams& L = layer(l);
   if (!a.gu.defined()) {  // (recompute = mix keeps it)
     a.gu = new_act(N, 2 * F);
-    kern::matmul_forward(a.gu, a.u, gate_up(L.gate->value, L.up->value, l));
+    kern::matmul_forward(a.gu, a.u, gate_up_of(L.gate->value, L.up->value, l));
   }
   a.h = new_act(N, F);
   kern::swiglu_forward(a.h, a.gu);
@@ -202,8 +209,8 @@ Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
   Tensor dgu = new_act(N, 2 * F);
   kern::swiglu_backward(dgu, dh, a.gu, kern::Store::Set);
   Tensor du = new_act(N, cfg_.d_model);
-  Tensor dw = gate_up(L.gate->grad, L.up->grad, l);
-  kern::matmul_backward(&du, &dw, dgu, a.u, gate_up(L.gate->value, L.up->value, l),
+  Tensor dw = gate_up_of(L.gate->grad, L.up->grad, l);
+  kern::matmul_backward(&du, &dw, dgu, a.u, gate_up_of(L.gate->value, L.up->value, l),
                         kern::Store::Set);
   return du;
 }
@@ -462,7 +469,7 @@ void Model::drop_recomputable(SublayerActs& a) const {
   if (cfg_.attnres()) a.x = Tensor();
   a.mix_stats = a.norm_rstd = a.u = Tensor();
   a.h = Tensor();
-  if (recompute_ == Recompute::Layer) a.q = a.k = a.v = a.att = a.lse = a.gu = Tensor();
+  if (recompute_ == Recompute::Layer) a.qkv = a.att = a.lse = a.gu = Tensor();
 }
 
 void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,

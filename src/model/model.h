@@ -46,8 +46,9 @@ struct SublayerActs {
   Tensor x;           // sublayer input (phase-1 output, or the baseline stream)
   Tensor norm_rstd;   // RMSNorm statistics of x
   Tensor u;           // RMSNorm(x; g)
-  // attention: q, k (after RoPE), v, attention output and its log-sum-exp
-  Tensor q, k, v, att, lse;
+  // attention: q | k (after RoPE) | v in one [N, (H + 2 Hkv) hd] tensor
+  // (kernels/attention.h), the attention output and its log-sum-exp
+  Tensor qkv, att, lse;
   // MLP: the joint gate/up projection [N, 2F] (gate | up) and SwiGLU output
   Tensor gu, h;
 };

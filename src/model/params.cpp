@@ -28,28 +28,38 @@ Param& ParamTable::add(const std::string& name, const Shape& shape, DType dtype,
   return params_.back();
 }
 
-void ParamTable::join_rows(const std::string& first, const std::string& second) {
-  Param& a = get(first);
-  Param& b = get(second);
-  auto join = [&](Tensor& x, Tensor& y, const char* what) {
-    if (!x.defined() && !y.defined()) return;
-    ATTNRES_CHECK(x.defined() && y.defined() && x.dtype() == y.dtype() &&
-                      x.device() == y.device() && x.ndim() == y.ndim() && x.ndim() >= 1 &&
-                      std::equal(x.shape().begin() + 1, x.shape().end(), y.shape().begin() + 1),
-                  "cannot join the ", what, " of ", first, " (", x.describe(), ") and ", second,
-                  " (", y.describe(), ")");
-    Shape shape = x.shape();
-    shape[0] += y.dim(0);
-    const Tensor both = Tensor::empty(shape, x.dtype(), x.device());
-    Tensor top = both.rows(0, x.dim(0)), bottom = both.rows(x.dim(0), y.dim(0));
-    top.copy_from(x);
-    bottom.copy_from(y);
-    x = top;
-    y = bottom;
+void ParamTable::join_rows(const std::vector<std::string>& names) {
+  ATTNRES_CHECK(!names.empty(), "join_rows: no parameters named");
+  std::vector<Param*> ps;
+  for (const auto& n : names) ps.push_back(&get(n));
+  auto join = [&](Tensor Param::*member, const char* what) {
+    const Tensor& x = ps[0]->*member;
+    Shape shape = x.defined() ? x.shape() : Shape{};
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const Tensor& y = ps[i]->*member;
+      if (!x.defined() && !y.defined()) continue;
+      ATTNRES_CHECK(x.defined() && y.defined() && x.dtype() == y.dtype() &&
+                        x.device() == y.device() && x.ndim() == y.ndim() && x.ndim() >= 1 &&
+                        std::equal(x.shape().begin() + 1, x.shape().end(), y.shape().begin() + 1),
+                    "cannot join the ", what, " of ", names[0], " (",
+                    x.defined() ? x.describe() : "undefined", ") and ", names[i], " (",
+                    y.defined() ? y.describe() : "undefined", ")");
+      if (i > 0) shape[0] += y.dim(0);
+    }
+    if (!x.defined()) return;
+    const Tensor all = Tensor::empty(shape, x.dtype(), x.device());
+    int64_t row = 0;
+    for (Param* p : ps) {
+      Tensor& y = p->*member;
+      Tensor part = all.rows(row, y.dim(0));
+      part.copy_from(y);
+      row += y.dim(0);
+      y = part;
+    }
   };
-  join(a.value, b.value, "values");
-  join(a.master, b.master, "master weights");
-  join(a.grad, b.grad, "gradients");
+  join(&Param::value, "values");
+  join(&Param::master, "master weights");
+  join(&Param::grad, "gradients");
 }
 
 Param& ParamTable::get(const std::string& name) {
@@ -159,11 +169,17 @@ ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& pa
   ParamTable t;
   const auto shapes = param_shapes(cfg, parts);
   for (const auto& s : shapes) t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value);
-  // Each layer's gate and up projections (declared one after the other) share
-  // an allocation, so the MLP computes both with one GEMM (Model::mlp_core).
-  for (size_t i = 0; i + 1 < shapes.size(); ++i)
+  // Each layer's q, k and v projections, and its gate and up projections
+  // (each declared one after the other), share an allocation, so attention
+  // computes q, k and v with one GEMM (Model::attention_core) and the MLP
+  // gate and up (Model::mlp_core).
+  for (size_t i = 0; i + 1 < shapes.size(); ++i) {
+    if (shapes[i].slot == Slot::Q && i + 2 < shapes.size() && shapes[i + 1].slot == Slot::K &&
+        shapes[i + 2].slot == Slot::V)
+      t.join_rows({shapes[i].name, shapes[i + 1].name, shapes[i + 2].name});
     if (shapes[i].slot == Slot::Gate && shapes[i + 1].slot == Slot::Up)
-      t.join_rows(shapes[i].name, shapes[i + 1].name);
+      t.join_rows({shapes[i].name, shapes[i + 1].name});
+  }
   return t;
 }
 

@@ -34,11 +34,12 @@ class ParamTable {
  public:
   Param& add(const std::string& name, const Shape& shape, DType dtype, Device device,
              double init_std, double init_value = 0.0);
-  // Moves two parameters of the same dtype and row shape into one allocation
-  // each for value, master and grad, `first`'s rows then `second`'s, keeping
-  // their contents; Tensor::joined_rows then views both as one matrix (the
-  // MLP's gate and up projections: one GEMM, model.cpp).
-  void join_rows(const std::string& first, const std::string& second);
+  // Moves parameters of the same dtype and row shape into one allocation
+  // each for value, master and grad, their rows in the order named, keeping
+  // their contents; Tensor::joined_rows then views them as one matrix (the
+  // attention's q, k and v projections, the MLP's gate and up projections:
+  // one GEMM each, model.cpp).
+  void join_rows(const std::vector<std::string>& names);
   Param& get(const std::string& name);
   const Param& get(const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) != 0; }

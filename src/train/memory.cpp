@@ -149,9 +149,9 @@ class ChunkModel {
         t.alloc(again);
         t.free(ar ? N_ * m_.phase1_sources(s) * f_ : 0);
       }
-      // Gradient temporaries of f_s (attention: datt, dq, dk, dv and the
-      // second buffer of du's sums), then du; the norm backward writes d_o.
-      const int64_t tmp = s % 2 == 0 ? 3 * Nd + 2 * N_ * kv * e_ : 3 * N_ * F * e_;
+      // Gradient temporaries of f_s (attention: datt and the joint dq | dk |
+      // dv), then du; the norm backward writes d_o.
+      const int64_t tmp = s % 2 == 0 ? 2 * Nd + 2 * N_ * kv * e_ : 3 * N_ * F * e_;
       t.alloc(tmp + Nd);
       if (s % 2 == 0) {  // cuDNN's attention backward workspace, while it runs
         t.alloc(attn_ws_);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention_qkv.h"
 #include "attention_testing.h"
 #include "gpu_testing.h"
 #include "kernels/attention.h"
@@ -33,11 +34,11 @@ DevRun run_gpu(const kern::AttnShape& s, DType dt, const Tensor& q, const Tensor
   DevRun r;
   r.out = gt::poisoned({N, s.H * s.hd}, dt);
   r.lse = gt::poisoned({s.B, s.H, s.T}, DType::F32);
-  kern::attention_forward(r.out, r.lse, q, kk, v, s);
+  testing::attention_forward(r.out, r.lse, q, kk, v, s);
   r.dq = dq0.clone();
   r.dk = dk0.clone();
   r.dv = dv0.clone();
-  kern::attention_backward(r.dq, r.dk, r.dv, dout, q, kk, v, r.out, r.lse, s);
+  testing::attention_backward(r.dq, r.dk, r.dv, dout, q, kk, v, r.out, r.lse, s);
   return r;
 }
 
@@ -57,7 +58,7 @@ void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double s
   const Tensor q64 = to_f64(q), k64 = to_f64(kk), v64 = to_f64(v);
   Tensor out_ref = Tensor::empty({N, s.H * s.hd}, DType::F64);
   Tensor lse_ref = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-  kern::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
+  testing::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
 
   INFO("B=" << s.B << " T=" << s.T << " H=" << s.H << " Hkv=" << s.Hkv << " hd=" << s.hd
             << " dtype=" << dtype_name(dt) << " stddev=" << stddev);
@@ -71,7 +72,7 @@ void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double s
   Tensor out_terms = Tensor::empty({N, s.H * s.hd}, DType::F64);
   {
     Tensor lse_unused = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-    kern::attention_forward(out_terms, lse_unused, q64, k64, testing::abs_of(v64), s);
+    testing::attention_forward(out_terms, lse_unused, q64, k64, testing::abs_of(v64), s);
   }
   CHECK(gt::bf16_outliers(dt, host_f64(g.out), out_ref, 2, out_terms, 4) == "");
   // lse is F32 either way and computed from exactly the reference's inputs.
@@ -80,7 +81,7 @@ void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double s
   // Backward reference, from the GPU's saved out and lse (so the check
   // isolates the backward kernels) and the same initial gradients.
   Tensor dq_ref = to_f64(dq0), dk_ref = to_f64(dk0), dv_ref = to_f64(dv0);
-  kern::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(g.out),
+  testing::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(g.out),
                         host_f64(g.lse), s);
   CHECK(gt::rel_l2(host_f64(g.dq), dq_ref) < tol);
   CHECK(gt::rel_l2(host_f64(g.dk), dk_ref) < tol);
@@ -98,7 +99,7 @@ void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double s
     Tensor dq_unused = Tensor::zeros({N, s.H * s.hd}, DType::F64);
     Tensor dk_unused = Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
     Tensor dv_terms = testing::abs_of(to_f64(dv0));
-    kern::attention_backward(dq_unused, dk_unused, dv_terms, testing::abs_of(to_f64(dout)), q64,
+    testing::attention_backward(dq_unused, dk_unused, dv_terms, testing::abs_of(to_f64(dout)), q64,
                              k64, v64, host_f64(g.out), host_f64(g.lse), s);
     CHECK(gt::bf16_outliers(dt, host_f64(g.dv), dv_ref, 2, dv_terms, 4) == "");
     CHECK(gt::bf16_outliers(dt, host_f64(g.dq), dq_ref, 2, gt::max_increment(dq_ref, to_f64(dq0)), 4) ==
@@ -220,7 +221,7 @@ TEST_CASE("cuda attention decode agrees with the forward's last row", "[gpu]") {
     Tensor v = gt::randn_f32({N, s.Hkv * s.hd}, 5002);
     const Tensor qd = gt::to_device(q, dt), kd = gt::to_device(kk, dt), vd = gt::to_device(v, dt);
     Tensor out = gt::poisoned({N, s.H * s.hd}, dt), lse = gt::poisoned({s.B, s.H, s.T}, DType::F32);
-    kern::attention_forward(out, lse, qd, kd, vd, s);
+    testing::attention_forward(out, lse, qd, kd, vd, s);
     Tensor q_last = Tensor::empty({s.B, s.H * s.hd}, dt, Device::CUDA);
     Tensor ref = Tensor::empty({s.B, s.H * s.hd}, dt, Device::CUDA);
     for (int64_t b = 0; b < s.B; ++b) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_qkv.h"
 #include "attention_testing.h"
 #include "gpu_testing.h"
 #include "kernels/attention.h"
@@ -29,8 +30,10 @@ struct Run {
   Tensor out, lse, dq, dk, dv;
 };
 
-// Forward then backward with `store`; for Add the gradients start from copies of dq0, dk0,
-// dv0, for Set from poison (every element must be written).
+// Forward then backward with `store` of one implementation's joint-q/k/v
+// entry points (q, k, v packed into one tensor, attention_qkv.h); for Add
+// the gradients start from copies of dq0, dk0, dv0, for Set from poison
+// (every element must be written).
 template <typename Fwd, typename Bwd>
 Run run(const kern::AttnShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
         const Tensor& dout, const Tensor& dq0, const Tensor& dk0, const Tensor& dv0,
@@ -39,7 +42,8 @@ Run run(const kern::AttnShape& s, const Tensor& q, const Tensor& k, const Tensor
   Run r;
   r.out = gt::poisoned({N, s.H * s.hd}, DType::BF16);
   r.lse = gt::poisoned({s.B, s.H, s.T}, DType::F32);
-  fwd(r.out, r.lse, q, k, v, s);
+  const Tensor qkv = testing::join_cols({q, k, v});
+  fwd(r.out, r.lse, qkv, s);
   if (store == kern::Store::Add) {
     r.dq = dq0.clone(), r.dk = dk0.clone(), r.dv = dv0.clone();
   } else {
@@ -47,7 +51,9 @@ Run run(const kern::AttnShape& s, const Tensor& q, const Tensor& k, const Tensor
     r.dk = gt::poisoned(dk0.shape(), DType::BF16);
     r.dv = gt::poisoned(dv0.shape(), DType::BF16);
   }
-  bwd(r.dq, r.dk, r.dv, dout, q, k, v, r.out, r.lse, s, store);
+  Tensor dqkv = testing::join_cols({r.dq, r.dk, r.dv});
+  bwd(dqkv, dout, qkv, r.out, r.lse, s, store);
+  testing::split_cols(dqkv, {&r.dq, &r.dk, &r.dv});
   return r;
 }
 
@@ -74,11 +80,11 @@ void check_cudnn(const kern::AttnShape& s, kern::Store store, uint64_t seed) {
   const Tensor q64 = to_f64(q), k64 = to_f64(kk), v64 = to_f64(v);
   Tensor out_ref = Tensor::empty({N, s.H * s.hd}, DType::F64);
   Tensor lse_ref = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-  kern::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
+  testing::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
   Tensor out_terms = Tensor::empty({N, s.H * s.hd}, DType::F64);
   {
     Tensor lse_unused = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-    kern::attention_forward(out_terms, lse_unused, q64, k64, testing::abs_of(v64), s);
+    testing::attention_forward(out_terms, lse_unused, q64, k64, testing::abs_of(v64), s);
   }
   for (const Run* r : {&c, &o}) {
     INFO((r == &c ? "cuDNN" : "our kernels"));
@@ -99,13 +105,13 @@ void check_cudnn(const kern::AttnShape& s, kern::Store store, uint64_t seed) {
   Tensor dk_ref = add ? to_f64(dk0) : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
   Tensor dv_ref = add ? to_f64(dv0) : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
   const Tensor dq_init = dq_ref.clone(), dk_init = dk_ref.clone();
-  kern::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(c.out),
+  testing::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(c.out),
                            host_f64(c.lse), s);
   Tensor dv_terms = add ? testing::abs_of(to_f64(dv0)) : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
   {
     Tensor dq_unused = Tensor::zeros({N, s.H * s.hd}, DType::F64);
     Tensor dk_unused = Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
-    kern::attention_backward(dq_unused, dk_unused, dv_terms, testing::abs_of(to_f64(dout)), q64,
+    testing::attention_backward(dq_unused, dk_unused, dv_terms, testing::abs_of(to_f64(dout)), q64,
                              k64, v64, host_f64(c.out), host_f64(c.lse), s);
   }
   const double dq_scale = gt::max_increment(dq_ref, dq_init);
@@ -165,8 +171,8 @@ TEST_CASE("cudnn attention says why it does not run", "[gpu][attention][cudnn]")
         kern::cuda::cudnn::sdpa_unsupported(s, DType::BF16));
   const std::string why = kern::cuda::cudnn::sdpa_unsupported({1, 16, 2, 1, 20}, DType::BF16);
   CHECK(!why.empty());  // head dim 20: not a multiple of 8
-  Tensor t = Tensor::empty({16, 40}, DType::BF16, Device::CUDA);
+  Tensor out = Tensor::empty({16, 40}, DType::BF16, Device::CUDA);
   Tensor l = Tensor::empty({1, 2, 16}, DType::F32, Device::CUDA);
-  Tensor kv = Tensor::empty({16, 20}, DType::BF16, Device::CUDA);
-  CHECK_THROWS(kern::cuda::cudnn::sdpa_forward(t, l, t, kv, kv, {1, 16, 2, 1, 20}));
+  Tensor qkv = Tensor::empty({16, 80}, DType::BF16, Device::CUDA);
+  CHECK_THROWS(kern::cuda::cudnn::sdpa_forward(out, l, qkv, {1, 16, 2, 1, 20}));
 }

@@ -79,13 +79,14 @@ void check_matmul(const MatmulCase& c, DType dt, uint64_t seed) {
   kern::matmul_backward(&dx, &dw, dyd, xd, wd);
   CHECK(gt::rel_l2(gt::to_host_f32(dx), dx_ref) < tol);
   CHECK(gt::bf16_outliers(dt, gt::to_host_f32(dx), dx_ref, 2, dx_terms, bwd_terms) == "");
-  // dx with a separate residual (the model's du sums alternate two buffers):
-  // the same sum, written over poison, the residual untouched.
-  Tensor dxr = gt::poisoned({c.M, c.K}, dt);
-  kern::matmul_backward(&dxr, nullptr, dyd, xd, wd, kern::Store::Set, &dx0d);
-  CHECK(gt::rel_l2(gt::to_host_f32(dxr), dx_ref) < tol);
-  CHECK(gt::bf16_outliers(dt, gt::to_host_f32(dxr), dx_ref, 2, dx_terms, bwd_terms) == "");
-  CHECK(gt::same_bits(dx0d, gt::to_device(dx0, dt)));
+  // W's row blocks (the joint [Wq; Wk; Wv]) change nothing on the GPU: one
+  // GEMM either way, the same bits.
+  if (c.N >= 2) {
+    Tensor dxb = dx0d.clone(), dwb = dw0d.clone();
+    kern::matmul_backward(&dxb, &dwb, dyd, xd, wd, kern::Store::Add, {c.N / 2, c.N - c.N / 2});
+    CHECK(gt::same_bits(dxb, dx));
+    CHECK(gt::same_bits(dwb, dw));
+  }
   // dw is F32 even for BF16 inputs: only the inputs' rounding (shared with
   // the reference) and fp32 accumulation separate it from the F64 result.
   CHECK(gt::rel_l2(gt::to_host_f32(dw), dw_ref) < gt::kTolF32 * (dt == DType::BF16 ? 10 : 1));

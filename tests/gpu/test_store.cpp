@@ -98,16 +98,14 @@ TEST_CASE("cuda Store::Set equals Store::Add into zeros: attention", "[gpu][stor
       const kern::AttnShape s{2, 150, 4, 2, hd};
       const int64_t N = s.B * s.T;
       INFO(dtype_name(dt) << " hd=" << hd);
-      const Tensor q = random_dev({N, s.H * hd}, dt, 7), kk = random_dev({N, s.Hkv * hd}, dt, 8);
-      const Tensor v = random_dev({N, s.Hkv * hd}, dt, 9);
+      const Tensor qkv = random_dev({N, kern::qkv_width(s)}, dt, 7);
       const Tensor dout = random_dev({N, s.H * hd}, dt, 10);
       Tensor out = Tensor::empty({N, s.H * hd}, dt, Device::CUDA);
       Tensor lse = Tensor::empty({s.B, s.H, s.T}, DType::F32, Device::CUDA);
-      kern::attention_forward(out, lse, q, kk, v, s);
-      check_set_equals_add({{N, s.H * hd}, {N, s.Hkv * hd}, {N, s.Hkv * hd}}, dt, true,
+      kern::attention_forward(out, lse, qkv, s);
+      check_set_equals_add({{N, kern::qkv_width(s)}}, dt, true,
                            [&](std::vector<Tensor>& g, kern::Store st) {
-                             kern::attention_backward(g[0], g[1], g[2], dout, q, kk, v, out, lse, s,
-                                                   st);
+                             kern::attention_backward(g[0], dout, qkv, out, lse, s, st);
                            });
     }
 }

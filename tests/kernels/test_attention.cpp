@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention_qkv.h"
 #include "kernels/attention.h"
 #include "testing.h"
 
@@ -74,7 +75,7 @@ struct Fwd {
 
 Fwd forward(const Qkv& x, const kern::AttnShape& s) {
   Fwd f{Tensor::empty({s.B * s.T, s.H * s.hd}, x.q.dtype()), Tensor::empty({s.B, s.H, s.T}, x.q.dtype())};
-  kern::attention_forward(f.out, f.lse, x.q, x.k, x.v, s);
+  attention_forward(f.out, f.lse, x.q, x.k, x.v, s);
   return f;
 }
 
@@ -89,7 +90,7 @@ Grads zero_grads(const kern::AttnShape& s, DType dt) {
 }
 
 void backward(Grads& g, const Tensor& dout, const Qkv& x, const Fwd& f, const kern::AttnShape& s) {
-  kern::attention_backward(g.dq, g.dk, g.dv, dout, x.q, x.k, x.v, f.out, f.lse, s);
+  attention_backward(g.dq, g.dk, g.dv, dout, x.q, x.k, x.v, f.out, f.lse, s);
 }
 
 }  // namespace
@@ -234,26 +235,27 @@ TEST_CASE("attention rejects bad shapes and arguments", "[kernels]") {
   const kern::AttnShape s{2, 5, 4, 2, 6};
   Qkv x = random_qkv(s, 100);
   Fwd f = forward(x, s);
-  Tensor bad_q = randn({s.B * s.T, s.H * s.hd + 1}, 101);
-  REQUIRE_THROWS_AS(kern::attention_forward(f.out, f.lse, bad_q, x.k, x.v, s), Error);
-  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, bad_q, x.k, x.v, s),
-                      Catch::Contains("attention_forward: q has shape [10, 25], expected [10, 24]"));
-  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, x.q, x.k, x.v, {2, 5, 4, 3, 6}),
+  const Tensor qkv = join_cols({x.q, x.k, x.v});  // [10, 48]: 4 q heads, 2 k, 2 v of 6
+  Tensor bad_qkv = randn({s.B * s.T, kern::qkv_width(s) - s.hd}, 101);  // one head short
+  REQUIRE_THROWS_AS(kern::attention_forward(f.out, f.lse, bad_qkv, s), Error);
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, bad_qkv, s),
+                      Catch::Contains("attention_forward: qkv has shape [10, 42], expected [10, 48]"));
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, qkv, {2, 5, 4, 3, 6}),
                       Catch::Contains("H=4 is not a multiple of Hkv=3"));
-  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, x.q, x.k, x.v, {2, 5, 4, 2, 0}),
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, qkv, {2, 5, 4, 2, 0}),
                       Catch::Contains("attention_forward: bad shape"));
   Tensor bad_lse = Tensor::empty({s.B, s.T, s.H}, DType::F64);
-  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, bad_lse, x.q, x.k, x.v, s),
+  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, bad_lse, qkv, s),
                       Catch::Contains("lse has shape [2, 5, 4], expected [2, 4, 5]"));
-  Tensor v32 = x.v.to(DType::F32);
-  REQUIRE_THROWS_WITH(kern::attention_forward(f.out, f.lse, x.q, x.k, v32, s),
-                      Catch::Contains("v is F32, expected F64"));
+  Tensor out32 = f.out.to(DType::F32);
+  REQUIRE_THROWS_WITH(kern::attention_forward(out32, f.lse, qkv, s),
+                      Catch::Contains("out is F32, expected F64"));
 
-  Grads g = zero_grads(s, DType::F64);
-  Tensor bad_dk = Tensor::zeros({s.B * s.T, s.H * s.hd}, DType::F64);
-  REQUIRE_THROWS_WITH(kern::attention_backward(g.dq, bad_dk, g.dv, f.out, x.q, x.k, x.v, f.out, f.lse, s),
-                      Catch::Contains("attention_backward: dk has shape [10, 24], expected [10, 12]"));
-  REQUIRE_THROWS_WITH(kern::attention_backward(g.dq, g.dk, g.dv, x.k, x.q, x.k, x.v, f.out, f.lse, s),
+  Tensor dqkv = Tensor::zeros(qkv.shape(), DType::F64);
+  Tensor bad_dqkv = Tensor::zeros({s.B * s.T, s.H * s.hd}, DType::F64);
+  REQUIRE_THROWS_WITH(kern::attention_backward(bad_dqkv, f.out, qkv, f.out, f.lse, s),
+                      Catch::Contains("attention_backward: dqkv has shape [10, 24], expected [10, 48]"));
+  REQUIRE_THROWS_WITH(kern::attention_backward(dqkv, x.k, qkv, f.out, f.lse, s),
                       Catch::Contains("attention_backward: dout has shape"));
 
   Tensor kc = randn({2, 8, 12}, 102), vc = randn({2, 8, 12}, 103);
@@ -290,7 +292,7 @@ TEST_CASE("attention on the CPU runs its own kernels whatever training.attention
   for (int r = 0; r < 2; ++r) {
     out[r] = Tensor::empty({10, 32}, DType::F64);
     lse[r] = Tensor::empty({2, 4, 5}, DType::F64);
-    kern::attention_forward(out[r], lse[r], q, k, v, s, kinds[r]);
+    attention_forward(out[r], lse[r], q, k, v, s, kinds[r]);
   }
   CHECK(same_bits(out[0], out[1]));
   CHECK(same_bits(lse[0], lse[1]));

@@ -100,38 +100,52 @@ TEST_CASE("matmul backward accumulates, and float32 agrees with float64", "[kern
   REQUIRE(scaled_diff(dw32, dw1) < 1e-6);
 }
 
-TEST_CASE("matmul backward with a dx residual gives the bits of accumulating", "[kernels]") {
-  const int64_t M = 6, N = 9, K = 10;
-  for (DType dt : {DType::F64, DType::F32}) {
-    Tensor x = randn({M, K}, 30).to(dt), w = randn({N, K}, 31).to(dt), dy = randn({M, N}, 32).to(dt);
-    Tensor r = randn({M, K}, 33).to(dt);
-    // dx = dy W + r into another buffer (NaN first: it must be overwritten) ...
-    Tensor dx = Tensor::empty({M, K}, dt);
-    for (int64_t i = 0; i < dx.numel(); ++i) set(dx, i, NAN);
-    kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, &r);
-    // ... equals accumulating onto a copy of r, bit for bit, and r is untouched.
-    Tensor acc = r.clone();
-    kern::matmul_backward(&acc, nullptr, dy, x, w);
-    REQUIRE(same_bits(dx, acc));
-    REQUIRE(same_bits(r, randn({M, K}, 33).to(dt)));
-    // And it is the sum, against float64 with each element's own terms.
-    Tensor dx_ref = Tensor::zeros({M, K}, DType::F64), terms = Tensor::zeros({M, K}, DType::F64);
-    kern::matmul_backward(&dx_ref, nullptr, dy.to(DType::F64), x.to(DType::F64), w.to(DType::F64));
-    kern::matmul_backward(&terms, nullptr, abs_of(dy.to(DType::F64)), abs_of(x.to(DType::F64)),
-                          abs_of(w.to(DType::F64)));
-    const double eps = dt == DType::F64 ? 1e-14 : 1e-6;
-    for (int64_t i = 0; i < dx.numel(); ++i)
-      REQUIRE(at(dx, i) == approx_terms(at(r, i) + at(dx_ref, i), eps, std::fabs(at(r, i)) + at(terms, i)));
-  }
-  // Only with Store::Set, a dx, and a residual other than dx.
-  Tensor x = randn({M, K}, 34), w = randn({N, K}, 35), dy = randn({M, N}, 36), dx = randn({M, K}, 37);
-  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Add, &x),
-                      Catch::Contains("dx_residual needs dx, Store::Set and a tensor other than dx"));
-  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, &dx),
-                      Catch::Contains("dx_residual needs"));
-  Tensor r_bad = randn({K, M}, 38);
-  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, &r_bad),
-                      Catch::Contains("dx_residual has shape [10, 6], expected [6, 10]"));
+TEST_CASE("matmul backward over W's row blocks gives the bits of one GEMM per block", "[kernels]") {
+  // The joint [Wq; Wk; Wv] (model.cpp): dx = dy W summed block by block on
+  // the CPU must be exactly what a GEMM per projection, accumulated into dx
+  // in turn, gives; dw is the same one GEMM either way.
+  const int64_t M = 70, K = 24, blocks[3] = {16, 8, 8}, N = 32;
+  for (DType dt : {DType::F64, DType::F32})
+    for (kern::Store st : {kern::Store::Set, kern::Store::Add}) {
+      INFO(dtype_name(dt) << (st == kern::Store::Set ? " Set" : " Add"));
+      const Tensor x = randn({M, K}, 30).to(dt), w = randn({N, K}, 31).to(dt);
+      const Tensor dy = randn({M, N}, 32).to(dt), dx0 = randn({M, K}, 33).to(dt);
+      Tensor dx = st == kern::Store::Set ? Tensor::empty({M, K}, dt) : dx0.clone();
+      if (st == kern::Store::Set)
+        for (int64_t i = 0; i < dx.numel(); ++i) set(dx, i, NAN);  // must be overwritten
+      Tensor dw = randn({N, K}, 34).to(dt);
+      kern::matmul_backward(&dx, &dw, dy, x, w, st, {blocks[0], blocks[1], blocks[2]});
+      // The same per block: dy's column block times W's row block.
+      Tensor want = st == kern::Store::Set ? Tensor::zeros({M, K}, dt) : dx0.clone();
+      int64_t n0 = 0;
+      for (int64_t b : blocks) {
+        Tensor dyb = Tensor::empty({M, b}, dt);
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t c = 0; c < b; ++c) set(dyb, r * b + c, at(dy, r * N + n0 + c));
+        kern::matmul_backward(&want, nullptr, dyb, x, w.rows(n0, b).clone());
+        n0 += b;
+      }
+      CHECK(same_bits(dx, want));
+      Tensor dw_want = randn({N, K}, 34).to(dt);
+      kern::matmul_backward(nullptr, &dw_want, dy, x, w);
+      CHECK(same_bits(dw, dw_want));
+      // And it is the sum, against float64 with each element's own terms.
+      Tensor ref = Tensor::zeros({M, K}, DType::F64), terms = Tensor::zeros({M, K}, DType::F64);
+      kern::matmul_backward(&ref, nullptr, dy.to(DType::F64), x.to(DType::F64), w.to(DType::F64));
+      kern::matmul_backward(&terms, nullptr, abs_of(dy.to(DType::F64)), abs_of(x.to(DType::F64)),
+                            abs_of(w.to(DType::F64)));
+      const double eps = dt == DType::F64 ? 1e-14 : 1e-6;
+      for (int64_t i = 0; i < dx.numel(); ++i) {
+        const double base = st == kern::Store::Add ? at(dx0, i) : 0.0;
+        REQUIRE(at(dx, i) == approx_terms(base + at(ref, i), eps, std::fabs(base) + at(terms, i)));
+      }
+    }
+  // The blocks must cover W's rows exactly.
+  Tensor x = randn({4, 3}, 35), w = randn({5, 3}, 36), dy = randn({4, 5}, 37), dx = randn({4, 3}, 38);
+  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, {2, 2}),
+                      Catch::Contains("matmul_backward: w's row blocks sum to 4 rows, w has 5"));
+  REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, {6, -1}),
+                      Catch::Contains("a row block of w has -1 rows"));
 }
 
 TEST_CASE("matmul handles empty dims", "[kernels]") {

@@ -70,14 +70,47 @@ TEST_CASE("rope float32 agrees with float64, also at large positions", "[kernels
   }
 }
 
+TEST_CASE("rope on the first heads of wider rows rotates them alone", "[kernels]") {
+  // The joint q | k | v rows (kernels/attention.h): q's and k's heads are
+  // rotated in place, v's left alone, each as if it were a tensor of its own.
+  const int64_t B = 2, T = 7, H = 4, Hkv = 2, hd = 8, W = (H + 2 * Hkv) * hd;
+  for (DType dt : {DType::F64, DType::F32})
+    for (bool inverse : {false, true}) {
+      const Tensor x = randn({B * T, W}, 11, dt);
+      Tensor joint = x.clone();
+      Tensor qk = Tensor::empty({B * T, (H + Hkv) * hd}, dt);
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t c = 0; c < (H + Hkv) * hd; ++c) set(qk, r * (H + Hkv) * hd + c, at(x, r * W + c));
+      if (inverse) {
+        kern::rope_backward(joint, B, T, H + Hkv, hd, 10000.0f, 5);
+        kern::rope_backward(qk, B, T, H + Hkv, hd, 10000.0f, 5);
+      } else {
+        kern::rope_forward(joint, B, T, H + Hkv, hd, 10000.0f, 5);
+        kern::rope_forward(qk, B, T, H + Hkv, hd, 10000.0f, 5);
+      }
+      int64_t differing = 0, rotated = 0;
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t c = 0; c < W; ++c) {
+          const bool in_qk = c < (H + Hkv) * hd;
+          const double want = in_qk ? at(qk, r * (H + Hkv) * hd + c) : at(x, r * W + c);
+          if (!(at(joint, r * W + c) == want)) ++differing;  // NaN counts as differing
+          if (in_qk && at(joint, r * W + c) != at(x, r * W + c)) ++rotated;
+        }
+      INFO(dtype_name(dt) << (inverse ? " backward" : " forward"));
+      CHECK(differing == 0);
+      CHECK(rotated > B * T * (H + Hkv) * hd / 2);  // positions 5..11 turn nearly every pair
+    }
+}
+
 TEST_CASE("rope rejects bad shapes and arguments", "[kernels]") {
   Tensor x = randn({6, 12}, 5);
   REQUIRE_THROWS_AS(kern::rope_forward(x, 2, 3, 3, 3, 10000.0f), Error);  // odd head_dim
   REQUIRE_THROWS_WITH(kern::rope_forward(x, 2, 3, 4, 3, 10000.0f),
                       Catch::Contains("rope_forward: head_dim must be even, got 3"));
   REQUIRE_THROWS_WITH(kern::rope_forward(x, 2, 2, 3, 4, 10000.0f),
-                      Catch::Contains("x has shape [6, 12], expected [4, 12]"));
-  REQUIRE_THROWS_WITH(kern::rope_backward(x, 2, 3, 2, 4, 10000.0f),
-                      Catch::Contains("rope_backward: x has shape [6, 12], expected [6, 8]"));
+                      Catch::Contains("x has shape [6, 12], expected [B*T, W] = [4, W]"));
+  REQUIRE_THROWS_WITH(kern::rope_backward(x, 2, 3, 4, 4, 10000.0f),
+                      Catch::Contains("rope_backward: x has shape [6, 12], expected [B*T, W] = "
+                                      "[6, W] with W >= n_heads*head_dim = 16"));
   REQUIRE_THROWS_WITH(kern::rope_forward(x, 2, 3, 3, 4, 0.0f), Catch::Contains("theta must be > 0"));
 }

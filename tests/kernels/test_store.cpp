@@ -98,15 +98,12 @@ TEST_CASE("Store::Set writes what Store::Add adds to zeros: attention", "[kernel
   const kern::AttnShape s{2, 70, 4, 2, 8};
   const int64_t N = s.B * s.T;
   for (DType dt : kDtypes) {
-    const Tensor q = randn({N, s.H * s.hd}, 10, dt), key = randn({N, s.Hkv * s.hd}, 11, dt);
-    const Tensor v = randn({N, s.Hkv * s.hd}, 12, dt), dout = randn({N, s.H * s.hd}, 13, dt);
+    const Tensor qkv = randn({N, kern::qkv_width(s)}, 10, dt), dout = randn({N, s.H * s.hd}, 13, dt);
     Tensor out = Tensor::empty({N, s.H * s.hd}, dt), lse = Tensor::empty({s.B, s.H, s.T}, dt);
-    kern::attention_forward(out, lse, q, key, v, s);
-    check_set_equals_add(
-        {{N, s.H * s.hd}, {N, s.Hkv * s.hd}, {N, s.Hkv * s.hd}}, dt,
-        [&](std::vector<Tensor>& g, kern::Store st) {
-          kern::attention_backward(g[0], g[1], g[2], dout, q, key, v, out, lse, s, st);
-        });
+    kern::attention_forward(out, lse, qkv, s);
+    check_set_equals_add({{N, kern::qkv_width(s)}}, dt, [&](std::vector<Tensor>& g, kern::Store st) {
+      kern::attention_backward(g[0], dout, qkv, out, lse, s, st);
+    });
   }
 }
 

@@ -361,9 +361,12 @@ TEST_CASE("initialisation gives the same bits on any number of threads: the form
   CHECK(big >= 3);  // the threaded path ran
 }
 
-TEST_CASE("each layer's gate and up projections are one matrix, as two named parameters", "[model]") {
-  const ModelConfig c = tiny(ResidualMode::Block, 2);
-  // Joined: one allocation each for values and gradients, gate's rows first.
+TEST_CASE("each layer's q/k/v and gate/up projections are one matrix each, as named parameters",
+          "[model]") {
+  const ModelConfig c = tiny(ResidualMode::Block, 2);  // GQA: k and v have fewer rows than q
+  REQUIRE(c.n_kv_heads < c.n_heads);
+  const int64_t hd = c.head_dim();
+  // Joined: one allocation each for values and gradients, in declaration order.
   model::ParamTable joined = model::make_params(c, DType::F64);
   // The same declarations, each parameter on its own.
   model::ParamTable apart;
@@ -378,25 +381,40 @@ TEST_CASE("each layer's gate and up projections are one matrix, as two named par
     CHECK(testing::same_bits(joined.all()[i].value, apart.all()[i].value));  // init per name
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string pre = "model.layers." + std::to_string(l) + ".mlp.";
-    const model::Param& g = joined.get(pre + "gate_proj.weight");
-    const model::Param& u = joined.get(pre + "up_proj.weight");
-    const Tensor w = Tensor::joined_rows(g.value, u.value);
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    const model::Param& q = joined.get(pre + "self_attn.q_proj.weight");
+    const model::Param& k = joined.get(pre + "self_attn.k_proj.weight");
+    const model::Param& v = joined.get(pre + "self_attn.v_proj.weight");
+    const Tensor qkv = Tensor::joined_rows({q.value, k.value, v.value});
+    REQUIRE(qkv.defined());
+    CHECK(qkv.shape() == Shape{(c.n_heads + 2 * c.n_kv_heads) * hd, c.d_model});
+    CHECK(qkv.rows(c.n_heads * hd, 1).raw() == k.value.raw());
+    CHECK(qkv.rows((c.n_heads + c.n_kv_heads) * hd, 1).raw() == v.value.raw());
+    CHECK(Tensor::joined_rows({q.grad, k.grad, v.grad}).defined());
+    const model::Param& g = joined.get(pre + "mlp.gate_proj.weight");
+    const model::Param& u = joined.get(pre + "mlp.up_proj.weight");
+    const Tensor w = Tensor::joined_rows({g.value, u.value});
     REQUIRE(w.defined());
     CHECK(w.shape() == Shape{2 * c.d_ff, c.d_model});
     CHECK(w.rows(c.d_ff, 1).raw() == u.value.raw());
-    CHECK(Tensor::joined_rows(g.grad, u.grad).defined());
-    // Not joined: the other order, or two separate allocations.
-    CHECK_FALSE(Tensor::joined_rows(u.value, g.value).defined());
-    const model::Param& ga = apart.get(pre + "gate_proj.weight");
-    const model::Param& ua = apart.get(pre + "up_proj.weight");
-    CHECK_FALSE(Tensor::joined_rows(ga.value, ua.value).defined());
+    CHECK(Tensor::joined_rows({g.grad, u.grad}).defined());
+    // Not joined: another order, a gap, or separate allocations.
+    CHECK_FALSE(Tensor::joined_rows({u.value, g.value}).defined());
+    CHECK_FALSE(Tensor::joined_rows({q.value, v.value}).defined());
+    const model::Param& ga = apart.get(pre + "mlp.gate_proj.weight");
+    const model::Param& ua = apart.get(pre + "mlp.up_proj.weight");
+    CHECK_FALSE(Tensor::joined_rows({ga.value, ua.value}).defined());
   }
   // Joining keeps the contents; mismatched rows are refused by name.
-  const Tensor before = apart.get("model.layers.0.mlp.up_proj.weight").value.clone();
-  apart.join_rows("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight");
-  CHECK(testing::same_bits(apart.get("model.layers.0.mlp.up_proj.weight").value, before));
+  const Tensor before = apart.get("model.layers.0.self_attn.v_proj.weight").value.clone();
+  apart.join_rows({"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                   "model.layers.0.self_attn.v_proj.weight"});
+  CHECK(testing::same_bits(apart.get("model.layers.0.self_attn.v_proj.weight").value, before));
+  CHECK(Tensor::joined_rows({apart.get("model.layers.0.self_attn.q_proj.weight").value,
+                             apart.get("model.layers.0.self_attn.k_proj.weight").value,
+                             apart.get("model.layers.0.self_attn.v_proj.weight").value})
+            .defined());
   REQUIRE_THROWS_WITH(
-      apart.join_rows("model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.down_proj.weight"),
+      apart.join_rows({"model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.down_proj.weight"}),
       Catch::Contains("cannot join the values of model.layers.1.mlp.gate_proj.weight"));
 }

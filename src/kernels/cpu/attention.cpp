@@ -26,20 +26,27 @@ namespace {
 // buffer and gives BLAS GEMMs large enough (64 x keys x hd) to run near peak.
 constexpr int64_t kQBlock = 64;
 
-// Where one (batch, head) slice starts inside the packed activations.
+// Where one (batch, head) slice starts: q, k and v are the column blocks of
+// the joint qkv rows (kernels/attention.h), so they share its row stride;
+// out (and dout) are rows of their own.
 struct Heads {
   int64_t Tlen, H, Hkv, hd;
-  int64_t ldq() const { return H * hd; }    // row stride of q / out / dq / dout
-  int64_t ldk() const { return Hkv * hd; }  // row stride of k / v / dk / dv
-  int64_t q_off(int64_t b, int64_t t, int64_t h) const { return (b * Tlen + t) * ldq() + h * hd; }
-  int64_t k_off(int64_t b, int64_t t, int64_t j) const { return (b * Tlen + t) * ldk() + j * hd; }
+  int64_t ldqkv() const { return (H + 2 * Hkv) * hd; }  // row stride of q / k / v (and grads)
+  int64_t ldo() const { return H * hd; }                // row stride of out / dout
+  int64_t row(int64_t b, int64_t t) const { return b * Tlen + t; }
+  int64_t q_off(int64_t b, int64_t t, int64_t h) const { return row(b, t) * ldqkv() + h * hd; }
+  int64_t k_off(int64_t b, int64_t t, int64_t j) const {
+    return row(b, t) * ldqkv() + (H + j) * hd;
+  }
+  int64_t v_off(int64_t b, int64_t t, int64_t j) const { return k_off(b, t, j) + Hkv * hd; }
+  int64_t o_off(int64_t b, int64_t t, int64_t h) const { return row(b, t) * ldo() + h * hd; }
 };
 
 }  // namespace
 
 template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tlen,
-                       int64_t H, int64_t Hkv, int64_t hd) {
+void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tlen, int64_t H,
+                       int64_t Hkv, int64_t hd) {
   const Heads L{Tlen, H, Hkv, hd};
   const int64_t group = H / Hkv;  // query heads per KV head
   const int64_t n_qblocks = (Tlen + kQBlock - 1) / kQBlock;
@@ -61,8 +68,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
           T* S = scores.data();
 
           // S = scale * Q_blk K^T over keys [0, keys).
-          gemm_serial(false, true, rows, keys, hd, scale, q + L.q_off(b, t0, h), L.ldq(),
-                      k + L.k_off(b, 0, j), L.ldk(), T(0), S, keys);
+          gemm_serial(false, true, rows, keys, hd, scale, qkv + L.q_off(b, t0, h), L.ldqkv(),
+                      qkv + L.k_off(b, 0, j), L.ldqkv(), T(0), S, keys);
 
           // Row t = t0 + i sees keys [0, t]. Softmax with max subtraction;
           // masked keys get probability exactly 0 so the PV product ignores them.
@@ -84,8 +91,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
           }
 
           // out_blk = P V over keys [0, keys), written straight into the head's columns.
-          gemm_serial(false, false, rows, hd, keys, T(1), S, keys, v + L.k_off(b, 0, j), L.ldk(),
-                      T(0), out + L.q_off(b, t0, h), L.ldq());
+          gemm_serial(false, false, rows, hd, keys, T(1), S, keys, qkv + L.v_off(b, 0, j),
+                      L.ldqkv(), T(0), out + L.o_off(b, t0, h), L.ldo());
         }
   }
 }
@@ -97,9 +104,9 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 // all query heads of its group write, so no two threads ever touch the same
 // gradient element and no atomics or reductions across threads are needed.
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                        int64_t hd, bool accumulate) {
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
+                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv, int64_t hd,
+                        bool accumulate) {
   const Heads L{Tlen, H, Hkv, hd};
   const int64_t group = H / Hkv;
   const int64_t n_qblocks = (Tlen + kQBlock - 1) / kQBlock;
@@ -113,30 +120,30 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < Hkv; ++j) {
-        const T* kb = k + L.k_off(b, 0, j);
-        const T* vb = v + L.k_off(b, 0, j);
-        T* dkb = dk + L.k_off(b, 0, j);
-        T* dvb = dv + L.k_off(b, 0, j);
+        const int64_t ld = L.ldqkv();
+        const T* kb = qkv + L.k_off(b, 0, j);
+        const T* vb = qkv + L.v_off(b, 0, j);
+        T* dkb = dqkv + L.k_off(b, 0, j);
+        T* dvb = dqkv + L.v_off(b, 0, j);
         if (!accumulate)  // dk/dv sum over the group's heads and query blocks below
           for (int64_t t = 0; t < Tlen; ++t) {
-            std::fill_n(dkb + t * L.ldk(), hd, T(0));
-            std::fill_n(dvb + t * L.ldk(), hd, T(0));
+            std::fill_n(dkb + t * ld, hd, T(0));
+            std::fill_n(dvb + t * ld, hd, T(0));
           }
         for (int64_t h = j * group; h < (j + 1) * group; ++h)
           for (int64_t qb = 0; qb < n_qblocks; ++qb) {
             const int64_t t0 = qb * kQBlock;
             const int64_t rows = std::min(kQBlock, Tlen - t0);
             const int64_t keys = t0 + rows;
-            const T* qblk = q + L.q_off(b, t0, h);
-            const T* doblk = dout + L.q_off(b, t0, h);
-            const T* oblk = out + L.q_off(b, t0, h);
+            const T* qblk = qkv + L.q_off(b, t0, h);
+            const T* doblk = dout + L.o_off(b, t0, h);
+            const T* oblk = out + L.o_off(b, t0, h);
             const T* lse_blk = lse + (b * H + h) * Tlen + t0;
             T* P = pbuf.data();
             T* dS = dsbuf.data();
 
             // Recompute P = exp(scale q k^T - lse), zero above the diagonal.
-            gemm_serial(false, true, rows, keys, hd, scale, qblk, L.ldq(), kb, L.ldk(), T(0), P,
-                        keys);
+            gemm_serial(false, true, rows, keys, hd, scale, qblk, ld, kb, ld, T(0), P, keys);
             for (int64_t i = 0; i < rows; ++i) {
               T* p = P + i * keys;
               const int64_t n_valid = t0 + i + 1;
@@ -146,11 +153,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             }
 
             // dP = dO V^T; D_i = dO_i . O_i; dS = P * (dP - D) in place.
-            gemm_serial(false, true, rows, keys, hd, T(1), doblk, L.ldq(), vb, L.ldk(), T(0), dS,
-                        keys);
+            gemm_serial(false, true, rows, keys, hd, T(1), doblk, L.ldo(), vb, ld, T(0), dS, keys);
             for (int64_t i = 0; i < rows; ++i) {
-              const T* doi = doblk + i * L.ldq();
-              const T* oi = oblk + i * L.ldq();
+              const T* doi = doblk + i * L.ldo();
+              const T* oi = oblk + i * L.ldo();
               T s = 0;
 #pragma omp simd reduction(+ : s)
               for (int64_t c = 0; c < hd; ++c) s += doi[c] * oi[c];
@@ -167,12 +173,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             // Into the gradients: dQ rows of this block get their whole sum
             // here (beta = 0 unless accumulating), dK/dV add up (beta = 1).
             // dQ += scale dS K; dK += scale dS^T Q; dV += P^T dO.
-            gemm_serial(false, false, rows, hd, keys, scale, dS, keys, kb, L.ldk(), T(accumulate),
-                        dq + L.q_off(b, t0, h), L.ldq());
-            gemm_serial(true, false, keys, hd, rows, scale, dS, keys, qblk, L.ldq(), T(1), dkb,
-                        L.ldk());
-            gemm_serial(true, false, keys, hd, rows, T(1), P, keys, doblk, L.ldq(), T(1), dvb,
-                        L.ldk());
+            gemm_serial(false, false, rows, hd, keys, scale, dS, keys, kb, ld, T(accumulate),
+                        dqkv + L.q_off(b, t0, h), ld);
+            gemm_serial(true, false, keys, hd, rows, scale, dS, keys, qblk, ld, T(1), dkb, ld);
+            gemm_serial(true, false, keys, hd, rows, T(1), P, keys, doblk, L.ldo(), T(1), dvb, ld);
           }
       }
   }
@@ -222,15 +226,14 @@ void attention_decode(T* out, const T* q, const T* k_cache, const T* v_cache, in
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
-                                       int64_t, int64_t, int64_t, int64_t, int64_t);
-template void attention_forward<double>(double*, double*, const double*, const double*,
-                                        const double*, int64_t, int64_t, int64_t, int64_t, int64_t);
-template void attention_backward<float>(float*, float*, float*, const float*, const float*,
-                                        const float*, const float*, const float*, const float*,
-                                        int64_t, int64_t, int64_t, int64_t, int64_t, bool);
-template void attention_backward<double>(double*, double*, double*, const double*, const double*,
-                                         const double*, const double*, const double*,
+template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t,
+                                       int64_t, int64_t);
+template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t,
+                                        int64_t, int64_t);
+template void attention_backward<float>(float*, const float*, const float*, const float*,
+                                        const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                        bool);
+template void attention_backward<double>(double*, const double*, const double*, const double*,
                                          const double*, int64_t, int64_t, int64_t, int64_t,
                                          int64_t, bool);
 template void attention_decode<float>(float*, const float*, const float*, const float*, int64_t,

@@ -1,7 +1,9 @@
 // CPU causal grouped-query attention on raw row-major arrays.
 //
-// q, out, dq, dout: [B*T, H*hd]; k, v, dk, dv: [B*T, Hkv*hd]; lse: [B, H, T].
-// Query head h reads KV head h / (H/Hkv).
+// qkv, dqkv: [B*T, (H + 2 Hkv) hd], each row a token's H query heads, then
+// its Hkv key heads, then its Hkv value heads (kernels/attention.h);
+// out, dout: [B*T, H*hd]; lse: [B, H, T]. Query head h reads KV head
+// h / (H/Hkv).
 #pragma once
 #include <cstdint>
 
@@ -10,15 +12,15 @@ namespace attnres::kernels::cpu {
 // out = softmax(mask(q k^T / sqrt(hd))) v per head; lse = log-sum-exp of each
 // query row's scaled, masked scores.
 template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tlen,
-                       int64_t H, int64_t Hkv, int64_t hd);
+void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tlen, int64_t H,
+                       int64_t Hkv, int64_t hd);
 
-// dq, dk, dv += gradients (accumulate false: =), probabilities recomputed
-// from q, k and lse.
+// dqkv's q, k and v blocks += gradients (accumulate false: =), probabilities
+// recomputed from q, k and lse.
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                        int64_t hd, bool accumulate = true);
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
+                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv, int64_t hd,
+                        bool accumulate = true);
 
 // One query per sequence over cache positions [0, len):
 // q, out [B, H*hd]; k_cache, v_cache [B, Tmax, Hkv*hd].

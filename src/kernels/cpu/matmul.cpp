@@ -20,16 +20,22 @@ void matmul_forward(T* y, const T* x, const T* w, int64_t M, int64_t N, int64_t 
 template <typename T>
 void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t M, int64_t N,
                      int64_t K, bool accumulate_dx) {
-  // With M or K == 0 the gradients are empty tensors. With N == 0 they are
-  // empty sums: += 0 does nothing, = 0 zeroes dx.
+  // dx[M,K] (+)= dy[M,N] w[N,K];  dw[N,K] += dy^T[N,M] x[M,K]. With M or K
+  // == 0 the gradients are empty tensors; with N == 0 empty sums (+= 0 does
+  // nothing, = 0 zeroes dx).
+  if (dx) matmul_backward_dx(dx, dy, N, w, M, N, K, accumulate_dx);
+  if (dw && M > 0 && N > 0 && K > 0) gemm(true, false, N, K, M, T(1), dy, N, x, K, T(1), dw, K);
+}
+
+template <typename T>
+void matmul_backward_dx(T* dx, const T* dy, int64_t ldy, const T* w, int64_t M, int64_t N,
+                        int64_t K, bool accumulate) {
   if (M == 0 || K == 0) return;
   if (N == 0) {
-    if (dx && !accumulate_dx) std::memset(dx, 0, sizeof(T) * M * K);
+    if (!accumulate) std::memset(dx, 0, sizeof(T) * M * K);
     return;
   }
-  // dx[M,K] (+)= dy[M,N] w[N,K];  dw[N,K] += dy^T[N,M] x[M,K]
-  if (dx) gemm(false, false, M, K, N, T(1), dy, N, w, K, accumulate_dx ? T(1) : T(0), dx, K);
-  if (dw) gemm(true, false, N, K, M, T(1), dy, N, x, K, T(1), dw, K);
+  gemm(false, false, M, K, N, T(1), dy, ldy, w, K, accumulate ? T(1) : T(0), dx, K);
 }
 
 template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t,
@@ -40,5 +46,9 @@ template void matmul_backward<float>(float*, float*, const float*, const float*,
                                      int64_t, int64_t, int64_t, bool);
 template void matmul_backward<double>(double*, double*, const double*, const double*,
                                       const double*, int64_t, int64_t, int64_t, bool);
+template void matmul_backward_dx<float>(float*, const float*, int64_t, const float*, int64_t,
+                                        int64_t, int64_t, bool);
+template void matmul_backward_dx<double>(double*, const double*, int64_t, const double*, int64_t,
+                                         int64_t, int64_t, bool);
 
 }  // namespace attnres::kernels::cpu

@@ -13,4 +13,10 @@ template <typename T>
 void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t M, int64_t N,
                      int64_t K, bool accumulate_dx = true);
 
+// dx [M, K] (+)= dy W alone, dy's rows ldy apart (a column block of a wider dy
+// times the matching row block of W: kernels/matmul.h's w_row_blocks).
+template <typename T>
+void matmul_backward_dx(T* dx, const T* dy, int64_t ldy, const T* w, int64_t M, int64_t N,
+                        int64_t K, bool accumulate);
+
 }  // namespace attnres::kernels::cpu

@@ -11,10 +11,10 @@ constexpr int64_t kParallelMin = 1 << 15;
 }
 
 template <typename T>
-void rope_rotate(T* x, int64_t B, int64_t T_, int64_t n_heads, int64_t head_dim, double theta,
-                 int64_t pos0, bool inverse) {
+void rope_rotate(T* x, int64_t ld, int64_t B, int64_t T_, int64_t n_heads, int64_t head_dim,
+                 double theta, int64_t pos0, bool inverse) {
   const int64_t half = head_dim / 2;
-  const int64_t width = n_heads * head_dim;
+  const int64_t width = n_heads * head_dim;  // rotated columns of each row
   if (B == 0 || T_ == 0 || half == 0) return;
 
   // cos/sin table [T, half], computed in double and rounded once, so that the
@@ -43,7 +43,7 @@ void rope_rotate(T* x, int64_t B, int64_t T_, int64_t n_heads, int64_t head_dim,
     const T* c = cos_t.data() + (r % T_) * half;
     const T* s = sin_t.data() + (r % T_) * half;
     for (int64_t h = 0; h < n_heads; ++h) {
-      T* x1 = x + r * width + h * head_dim;
+      T* x1 = x + r * ld + h * head_dim;
       T* x2 = x1 + half;
 #pragma omp simd
       for (int64_t i = 0; i < half; ++i) {
@@ -55,8 +55,9 @@ void rope_rotate(T* x, int64_t B, int64_t T_, int64_t n_heads, int64_t head_dim,
   }
 }
 
-template void rope_rotate<float>(float*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
-template void rope_rotate<double>(double*, int64_t, int64_t, int64_t, int64_t, double, int64_t,
-                                  bool);
+template void rope_rotate<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, double,
+                                 int64_t, bool);
+template void rope_rotate<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, double,
+                                  int64_t, bool);
 
 }  // namespace attnres::kernels::cpu

@@ -2,10 +2,20 @@
 // KV-cache decode kernel. The training kernels live in attention_fwd.cu and
 // attention_bwd.cu; attention.cuh describes their design.
 //
-// Path: BF16 tensors with head dim 32, 64 or 128 whose pointers are 16-byte
-// aligned (row slices of packed activations always are) run the tensor-core
-// kernels; everything else (F32, other head dims up to 256) runs the generic
-// fp32 kernels. Either way all arithmetic is fp32 and lse is F32.
+// Layout: q, k and v are the column blocks of one joint qkv [B*T, (H + 2 Hkv)
+// hd] (q at column 0, k at H hd, v at (H + Hkv) hd; dq, dk, dv likewise in
+// dqkv), so they share the joint row stride; out and dout are separate
+// [B*T, H hd] tensors with a row stride of their own (attn::Params ldq, ldo,
+// ldk).
+//
+// Path: BF16 tensors with head dim 32, 64 or 128 whose q/k/v/out (and
+// gradient) pointers are 16-byte aligned and whose row strides are multiples
+// of 16 bytes (so that every row start is; the tiles move in 16-byte pieces)
+// run the tensor-core kernels. With hd % 8 == 0 both always hold for
+// allocator-aligned tensors: the block offsets H hd, (H + Hkv) hd and the
+// strides are multiples of 8 elements. Everything else (F32, other head dims
+// up to 256) runs the generic fp32 kernels. Either way all arithmetic is fp32
+// and lse is F32.
 //
 // Decode: one block of 128 threads per (sequence, head) streams the cache in
 // chunks of 64 positions with an online softmax. Scores: each warp takes
@@ -31,7 +41,11 @@ namespace attnres::kernels::cuda {
 
 namespace {
 
-attn::Params make_params(const AttnShape& s, const char* op) {
+// ldq: row stride of q and dq; ldo: of out and dout; ldk: of k, v, dk, dv
+// (elements). Training passes the joint qkv's width for ldq and ldk and H hd
+// for ldo; decode passes its contiguous q/out and cache strides.
+attn::Params make_params(const AttnShape& s, int64_t ldq, int64_t ldo, int64_t ldk,
+                         const char* op) {
   if (s.hd > attn::kMaxHeadDim)
     fail(op, ": head dim ", s.hd, " is larger than the CUDA kernels support (",
          attn::kMaxHeadDim, ")");
@@ -45,16 +59,43 @@ attn::Params make_params(const AttnShape& s, const char* op) {
   p.Hkv = static_cast<int>(s.Hkv);
   p.hd = static_cast<int>(s.hd);
   p.group = static_cast<int>(s.H / s.Hkv);
-  p.ldq = s.H * s.hd;
-  p.ldk = s.Hkv * s.hd;
+  p.ldq = ldq;
+  p.ldo = ldo;
+  p.ldk = ldk;
   p.scale = 1.f / std::sqrt(static_cast<float>(s.hd));  // as the CPU computes it in float
   p.accumulate = true;
   return p;
 }
 
-bool aligned16(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (reinterpret_cast<uintptr_t>(t->raw()) % 16 != 0) return false;
+// Training-call strides: q, k, v (and dq, dk, dv) share the joint row.
+attn::Params make_train_params(const AttnShape& s, const char* op) {
+  const int64_t ld = qkv_width(s);  // (H + 2 Hkv) hd (kernels/attention.h)
+  return make_params(s, ld, s.H * s.hd, ld, op);
+}
+
+// q, k, v (or dq, dk, dv): the column blocks of a joint qkv (or dqkv) row.
+template <typename T>
+struct QkvPtrs {
+  T *q, *k, *v;
+};
+template <typename T>
+QkvPtrs<T> split_qkv(const Tensor& qkv, const AttnShape& s) {
+  T* base = dptr<T>(qkv);
+  return {base, base + s.H * s.hd, base + (s.H + s.Hkv) * s.hd};
+}
+
+// The mma kernels move tiles in 16-byte pieces (cp.async, uint4 stores) from
+// base + row * ld: every pointer must be 16-byte aligned and every row stride
+// a multiple of 16 bytes. (q/k/v are offsets into the joint row, so the
+// pointers are checked, not the tensors.)
+bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* ptr : ptrs)
+    if (!aligned(ptr, 16)) return false;
+  return true;
+}
+bool rows_aligned16(const attn::Params& p) {
+  for (int64_t ld : {p.ldq, p.ldo, p.ldk})
+    if (ld * int64_t(sizeof(bf16)) % 16 != 0) return false;
   return true;
 }
 
@@ -75,6 +116,7 @@ __global__ void __launch_bounds__(kDecThreads)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int hd = p.hd;
   const int64_t qoff = int64_t(b) * p.ldq + int64_t(h) * hd;
+  const int64_t ooff = int64_t(b) * p.ldo + int64_t(h) * hd;  // out's own stride (= ldq here)
   const T* kb = kc + int64_t(b) * Tmax * p.ldk + int64_t(j) * hd;
   const T* vb = vc + int64_t(b) * Tmax * p.ldk + int64_t(j) * hd;
   for (int d = tid; d < hd; d += kDecThreads) sq[d] = to_f32(q[qoff + d]);
@@ -119,49 +161,51 @@ __global__ void __launch_bounds__(kDecThreads)
 #pragma unroll
   for (int i = 0; i < kDecDims; ++i) {
     const int d = tid + i * kDecThreads;
-    if (d < hd) out[qoff + d] = from_f32<T>(o[i] * inv);
+    if (d < hd) out[ooff + d] = from_f32<T>(o[i] * inv);
   }
 }
 
 }  // namespace
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttnShape& s) {
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnShape& s) {
   const char* op = "attention_forward";
   if (s.B == 0 || s.T == 0) return;
-  const attn::Params p = make_params(s, op);
+  const attn::Params p = make_train_params(s, op);
   float* lp = dptr<float>(lse);
-  dispatch_float(q, op, [&](auto tag) {
+  dispatch_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
+    const QkvPtrs<T> x = split_qkv<T>(qkv, s);
+    T* o = dptr<T>(out);
     if constexpr (std::is_same_v<T, bf16>) {
-      if (attn::mma_head_dim(p.hd) && aligned16({&out, &q, &k, &v})) {
-        attn::forward_mma(p, dptr<bf16>(out), lp, dptr<bf16>(q), dptr<bf16>(k), dptr<bf16>(v));
+      if (attn::mma_head_dim(p.hd) && rows_aligned16(p) && aligned16({o, x.q, x.k, x.v})) {
+        attn::forward_mma(p, o, lp, x.q, x.k, x.v);
         return;
       }
     }
-    attn::forward_generic<T>(p, dptr<T>(out), lp, dptr<T>(q), dptr<T>(k), dptr<T>(v));
+    attn::forward_generic<T>(p, o, lp, x.q, x.k, x.v);
   });
 }
 
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s, Store store) {
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, const AttnShape& s, Store store) {
   const char* op = "attention_backward";
   if (s.B == 0 || s.T == 0) return;
-  attn::Params p = make_params(s, op);
-  p.accumulate = store == Store::Add;
+  attn::Params p = make_train_params(s, op);
+  p.accumulate = store == Store::Add;  // all three blocks of dqkv: += (Add) or = (Set)
   const float* lp = dptr<float>(lse);
-  dispatch_float(q, op, [&](auto tag) {
+  dispatch_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
+    const QkvPtrs<T> x = split_qkv<T>(qkv, s), dx = split_qkv<T>(dqkv, s);
+    const T* o = dptr<T>(out);
+    const T* dO = dptr<T>(dout);
     if constexpr (std::is_same_v<T, bf16>) {
-      if (attn::mma_head_dim(p.hd) && aligned16({&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
-        attn::backward_mma(p, dptr<bf16>(dq), dptr<bf16>(dk), dptr<bf16>(dv), dptr<bf16>(dout),
-                           dptr<bf16>(q), dptr<bf16>(k), dptr<bf16>(v), dptr<bf16>(out), lp);
+      if (attn::mma_head_dim(p.hd) && rows_aligned16(p) &&
+          aligned16({dx.q, dx.k, dx.v, dO, x.q, x.k, x.v, o})) {
+        attn::backward_mma(p, dx.q, dx.k, dx.v, dO, x.q, x.k, x.v, o, lp);
         return;
       }
     }
-    attn::backward_generic<T>(p, dptr<T>(dq), dptr<T>(dk), dptr<T>(dv), dptr<T>(dout),
-                              dptr<T>(q), dptr<T>(k), dptr<T>(v), dptr<T>(out), lp);
+    attn::backward_generic<T>(p, dx.q, dx.k, dx.v, dO, x.q, x.k, x.v, o, lp);
   });
 }
 
@@ -171,7 +215,9 @@ void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const
   if (s.B == 0) return;
   AttnShape s1 = s;
   s1.T = 1;  // s.T is ignored by decode
-  const attn::Params p = make_params(s1, op);
+  // q and out [B, H hd] are contiguous (not the training's joint qkv), the
+  // caches [B, Tmax, Hkv hd]: one stride for q/out, one for the caches.
+  const attn::Params p = make_params(s1, s.H * s.hd, s.H * s.hd, s.Hkv * s.hd, op);
   const int64_t Tmax = k_cache.dim(1);
   if (len > INT_MAX) fail(op, ": len=", len, " is too large for the CUDA kernel");
   dispatch_float(q, op, [&](auto tag) {

@@ -5,8 +5,10 @@
 // path's 2 x 4 products, the warp-level mma products, the cp.async pipeline).
 //
 // Two paths (chosen in attention.cu):
-// - the mma path: BF16 with head dim 32, 64 or 128 and 16-byte aligned
-//   pointers. FlashAttention-2 style kernels on tensor cores
+// - the mma path: BF16 with head dim 32, 64 or 128, 16-byte aligned
+//   pointers and row strides that are multiples of 16 bytes (every row start
+//   16-byte aligned: tiles move in 16-byte cp.async / uint4 pieces).
+//   FlashAttention-2 style kernels on tensor cores
 //   (mma.sync.m16n8k16 bf16 -> fp32, ldmatrix fragments, cp.async
 //   double-buffered tiles in padded shared memory);
 // - the generic path: F32 (any head dim up to 256) and BF16 head dims the mma
@@ -29,12 +31,22 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeadDim = 256;  // the generic kernels' largest head-dim bucket
 
 // Shape and strides of one call, passed by value to every kernel.
+//
+// Training: q, k, v are column blocks of one joint qkv [B*T, (H + 2 Hkv) hd]
+// (and dq, dk, dv of dqkv, same layout), so all six share the row stride
+// ldq = ldk = (H + 2 Hkv) hd; out and dout are separate [B*T, H hd] tensors
+// with ldo = H hd. That is why out/dout have a stride of their own: a query
+// row offset computed with ldq must never be used to address out or dout.
+// Decode: q, out [B, H hd] (ldq = ldo = H hd), caches [B, Tmax, Hkv hd]
+// (ldk = Hkv hd).
 struct Params {
   int B, T, H, Hkv, hd;
-  int group;         // H / Hkv: query heads per KV head
-  int64_t ldq, ldk;  // row strides (elements) of q/out/dq/dout and of k/v/dk/dv
-  float scale;       // 1 / sqrt(hd)
-  bool accumulate;   // backward: dq/dk/dv += gradients (Store::Add), else = (Store::Set)
+  int group;        // H / Hkv: query heads per KV head
+  int64_t ldq;      // row stride (elements) of q and dq
+  int64_t ldo;      // row stride of out and dout
+  int64_t ldk;      // row stride of k, v, dk, dv
+  float scale;      // 1 / sqrt(hd)
+  bool accumulate;  // backward: dq/dk/dv += gradients (Store::Add), else = (Store::Set)
 };
 
 // Rows of the backward scratch per (batch, head): T rounded up to 128 (the

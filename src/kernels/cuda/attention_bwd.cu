@@ -33,6 +33,11 @@
 // order: the tiles with the most work first (early key tiles for dK/dV, late
 // query tiles for dQ).
 //
+// Strides: q, k, v and dq, dk, dv are column blocks of the joint qkv / dqkv
+// (row strides p.ldq = p.ldk); out and dout are separate [B*T, H hd] tensors
+// (p.ldo). A query row therefore has two offsets, one for q/dq, one for
+// out/dout (see Params).
+//
 // Generic path (fp32 math): 32 x 32 tiles, 128 threads as 16 x 8; thread
 // (ty, tx) owns rows 2ty, 2ty+1 of the tile's 32 x 32 score block and columns
 // tx + 8c; P and dS go through shared memory for the second product.
@@ -70,7 +75,8 @@ __global__ void __launch_bounds__(kPreThreads)
     return;
   }
   const int64_t b = bh / p.H, h = bh % p.H;
-  const int64_t off = (b * p.T + t) * p.ldq + h * p.hd;
+  // dout and out are both [B*T, H hd]: row stride ldo (ldq is q's, in the joint qkv).
+  const int64_t off = (b * p.T + t) * p.ldo + h * p.hd;
   float acc = 0.f;
   for (int d = lane; d < p.hd; d += 32) acc = fmaf(to_f32(dout[off + d]), to_f32(out[off + d]), acc);
   acc = warp_sum(acc);
@@ -152,13 +158,16 @@ __global__ void __launch_bounds__(kGenThreads)
 
   const int nqt = (T_ + BQ - 1) / BQ;
   for (int h = j * p.group; h < (j + 1) * p.group; ++h) {
+    // q lives in the joint qkv (row stride ldq), dout is [B*T, H hd] (ldo):
+    // each gets its own offset.
     const int64_t qoff = int64_t(b) * T_ * p.ldq + int64_t(h) * hd;
+    const int64_t ooff = int64_t(b) * T_ * p.ldo + int64_t(h) * hd;
     const int64_t soff = (int64_t(b) * p.H + h) * Tpad;
     for (int qt = kt; qt < nqt; ++qt) {  // query tiles at or after the key tile
       const int q0 = qt * BQ;
       __syncthreads();  // previous readers of sQ/sdO/sP/sS are done
       load_rows_f32<T, SR>(sQ, q + qoff, p.ldq, q0, T_, hd);
-      load_rows_f32<T, SR>(sdO, dout + qoff, p.ldq, q0, T_, hd);
+      load_rows_f32<T, SR>(sdO, dout + ooff, p.ldo, q0, T_, hd);
       if (tid < BQ) {
         sL[tid] = Lsc[soff + q0 + tid];
         sD[tid] = Dsc[soff + q0 + tid];
@@ -234,10 +243,13 @@ __global__ void __launch_bounds__(kGenThreads)
   const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
   const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
 
+  // q and dq live in the joint qkv / dqkv (row stride ldq), dout is
+  // [B*T, H hd] (ldo): separate offsets.
   const int64_t qoff = int64_t(b) * T_ * p.ldq + int64_t(h) * hd;
+  const int64_t ooff = int64_t(b) * T_ * p.ldo + int64_t(h) * hd;
   const int64_t kvoff = int64_t(b) * T_ * p.ldk + int64_t(j) * hd;
   load_rows_f32<T, SR>(sQ, q + qoff, p.ldq, q0, T_, hd);
-  load_rows_f32<T, SR>(sdO, dout + qoff, p.ldq, q0, T_, hd);
+  load_rows_f32<T, SR>(sdO, dout + ooff, p.ldo, q0, T_, hd);
   float Lr[2], Dr[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -276,7 +288,7 @@ __global__ void __launch_bounds__(kGenThreads)
   for (int i = 0; i < 2; ++i) {
     const int row = q0 + 2 * ty + i;
     if (row >= T_) continue;
-    T* dqr = dq + qoff + int64_t(row) * p.ldq;
+    T* dqr = dq + qoff + int64_t(row) * p.ldq;  // dq: q's layout in dqkv (ldq)
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int col = tx + 8 * c;
@@ -356,9 +368,11 @@ __global__ void __launch_bounds__(NW * 32)
   auto issue = [&](int it, int stage) {
     const int h = j * p.group + it / nq;
     const int q0 = (qt_begin + it % nq) * BQ;
+    // q: joint qkv rows (ldq); dout: its own [B*T, H hd] rows (ldo).
     const int64_t qoff = (int64_t(b) * T_ + q0) * p.ldq + int64_t(h) * D;
+    const int64_t ooff = (int64_t(b) * T_ + q0) * p.ldo + int64_t(h) * D;
     load_tile_async<BQ, D, NT>(sQ + stage * BQ * SR, q + qoff, p.ldq, T_ - q0);
-    load_tile_async<BQ, D, NT>(sdO + stage * BQ * SR, dout + qoff, p.ldq, T_ - q0);
+    load_tile_async<BQ, D, NT>(sdO + stage * BQ * SR, dout + ooff, p.ldo, T_ - q0);
     const int64_t soff = (int64_t(b) * p.H + h) * Tpad + q0;  // in bounds: q0 + BQ <= Tpad
     const int t = threadIdx.x;
     if (t < BQ / 4) cp_async16(smem_u32(sL + stage * BQ + 4 * t), Lsc + soff + 4 * t, true);
@@ -497,7 +511,9 @@ __global__ void __launch_bounds__(NW * 32)
   const int g = lane >> 2, tig = lane & 3;
   const LdsmOffsets<SR> off(lane);
 
+  // q: joint qkv rows (ldq); dout: its own [B*T, H hd] rows (ldo).
   const int64_t qoff = (int64_t(b) * T_ + q0) * p.ldq + int64_t(h) * D;
+  const int64_t ooff = (int64_t(b) * T_ + q0) * p.ldo + int64_t(h) * D;
   const bf16* kg = k + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
   const bf16* vg = v + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
   const int nkt = visible_key_tiles<BQ, BK>(q0, T_);
@@ -506,7 +522,7 @@ __global__ void __launch_bounds__(NW * 32)
   };
 
   load_tile_async<BQ, D, NT>(sQ, q + qoff, p.ldq, T_ - q0);
-  load_tile_async<BQ, D, NT>(sdO, dout + qoff, p.ldq, T_ - q0);
+  load_tile_async<BQ, D, NT>(sdO, dout + ooff, p.ldo, T_ - q0);
   issue(0, 0);
   cp_async_commit();
 
@@ -605,6 +621,7 @@ __global__ void __launch_bounds__(NW * 32)
     for (int r = 0; r < 2; ++r) {
       const int row = wq0 + mt * 16 + g + 8 * r;
       if (row >= T_) continue;
+      // dq has q's layout (column block of dqkv): row stride ldq.
       bf16* dqr = dq + (int64_t(b) * T_ + row) * p.ldq + int64_t(h) * D + tig * 2;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n)

@@ -29,9 +29,16 @@
 // K^T and V^T are never materialised: they are the same memory with two
 // strides swapped, and the transposes of P and dS are reshape ops (views).
 //
-// Layout: q rows are [B, T, H, hd], so q as the 4-D [B, H, T, hd] tensor cuDNN
-// wants has strides (T H hd, hd, H hd, 1); k and v likewise with Hkv. cuDNN
-// serves GQA by broadcasting K/V heads (h_q a multiple of h_kv).
+// Layout: q, k and v are the column blocks of one joint qkv [B*T, (H + 2 Hkv)
+// hd] (q at column 0, k at H hd, v at (H + Hkv) hd), so each is a strided
+// view with the joint row stride ld = (H + 2 Hkv) hd: q rows are [B, T, H, hd]
+// inside rows of ld elements, and q as the 4-D [B, H, T, hd] tensor cuDNN
+// wants has strides (T ld, hd, ld, 1); k and v likewise (Hkv heads, same ld),
+// and dq, dk, dv in the joint dqkv too. out and dout are separate [B*T, H hd]
+// tensors: strides (T H hd, hd, H hd, 1). The variant pack binds q, k, v at
+// their column offsets in qkv (H hd and (H + Hkv) hd elements: 16-byte
+// aligned since hd % 8 == 0). cuDNN serves GQA by broadcasting K/V heads (h_q
+// a multiple of h_kv).
 //
 // lse: cuDNN's softmax "stats" output is, by the pattern above, m + log(l) =
 // log sum_j exp(S_ij) with S already scaled and masked, natural log (the
@@ -40,8 +47,10 @@
 //
 // Plans: built once per (shape, dtype, direction) and kept, like gemm.cu's
 // cuBLASLt plans (building one asks the heuristics and may compile a kernel:
-// milliseconds to seconds). Store::Add does not change the graph: cuDNN
-// writes dq, dk, dv into temporaries that cuda::add_ adds on.
+// milliseconds to seconds). ld follows from the shape, so the shape stays the
+// key. Store::Add does not change the graph: cuDNN writes dq, dk, dv into one
+// temporary joint dqkv (same layout, every column written) that cuda::add_
+// adds onto dqkv as a whole.
 //
 // Determinism: the fused backward may accumulate dQ with atomics (the
 // heuristics' numerical notes say whether the engine is deterministic);
@@ -316,15 +325,16 @@ class Graph {
 
 // ---- the two graphs ---------------------------------------------------------------
 
-// [B, H, T, hd] views of the row-major [B*T, heads*hd] activations, and of their transposes.
+// [B, H, T, hd] views of `heads` heads of row-major [B*T, ...] activations whose rows are
+// ld elements apart (the joint qkv's ld = (H + 2 Hkv) hd for q, k, v and their gradients;
+// H hd for out and dout), and of their transposes.
 Dims bhtd(const AttnShape& s, int64_t heads) { return {s.B, heads, s.T, s.hd}; }
-Dims bhtd_strides(const AttnShape& s, int64_t heads) {
-  return {s.T * heads * s.hd, s.hd, heads * s.hd, 1};
-}
+Dims bhtd_strides(const AttnShape& s, int64_t ld) { return {s.T * ld, s.hd, ld, 1}; }
 Dims bhdt(const AttnShape& s, int64_t heads) { return {s.B, heads, s.hd, s.T}; }
-Dims bhdt_strides(const AttnShape& s, int64_t heads) {
-  return {s.T * heads * s.hd, s.hd, 1, heads * s.hd};
-}
+Dims bhdt_strides(const AttnShape& s, int64_t ld) { return {s.T * ld, s.hd, 1, ld}; }
+// The row strides: of the joint qkv / dqkv (q, k, v and their gradients) and of out / dout.
+int64_t ld_qkv(const AttnShape& s) { return qkv_width(s); }  // (H + 2 Hkv) hd
+int64_t ld_out(const AttnShape& s) { return s.H * s.hd; }
 
 // Bytes of the backward's own fp32 tensors in the workspace (after the engine's part): the
 // row sums D = sum_d dO * O [B, H, T] and the dQ accumulator [B, H, T, hd].
@@ -362,10 +372,11 @@ cudnnBackendDescriptor_t masked_scores(Graph& g, const AttnShape& s, cudnnBacken
 
 std::string build_forward(Graph& g, const AttnShape& s) {
   const Dims stat_d{s.B, s.H, s.T, 1}, stat_s{s.H * s.T, s.T, 1, 1};
-  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
-  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, s.Hkv));
-  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
-  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
+  const int64_t ld = ld_qkv(s), ldo = ld_out(s);  // q/k/v in the joint qkv; out its own
+  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, ld));
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, ld));
+  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, ld));
+  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, ldo));
   auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stat_d, stat_s);
   auto scale = g.scalar(kScale), neg_inf = g.scalar(kNegInf);
   auto x = masked_scores(g, s, q, kt, scale, neg_inf, false, nullptr);
@@ -394,15 +405,18 @@ std::string build_backward(Graph& g, const AttnShape& s) {
   const Dims sd{s.B, s.H, s.T, s.T}, ss{s.H * s.T * s.T, s.T * s.T, s.T, 1};
   const Dims st_s{s.H * s.T * s.T, s.T * s.T, 1, s.T};  // [B, H, Tkv, Tq] view of an S-shaped tensor
   const Dims full_d{s.B, s.H, s.T, s.hd}, full_s{s.H * s.T * s.hd, s.T * s.hd, s.hd, 1};
-  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
-  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, s.Hkv));
-  auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, s.Hkv));
-  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
-  auto d_o = g.tensor(kdO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
+  // q, k, v and dq, dk, dv: blocks of the joint qkv / dqkv (row stride ld); out and dout:
+  // separate [B*T, H hd] tensors (ldo).
+  const int64_t ld = ld_qkv(s), ldo = ld_out(s);
+  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, ld));
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, ld));
+  auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, bhdt(s, s.Hkv), bhdt_strides(s, ld));
+  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, ldo));
+  auto d_o = g.tensor(kdO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, ldo));
   auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stat_d, stat_s);
-  auto dq = g.tensor(kdQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, s.H));
-  auto dk = g.tensor(kdK, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
-  auto dv = g.tensor(kdV, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
+  auto dq = g.tensor(kdQ, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, ld));
+  auto dk = g.tensor(kdK, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, ld));
+  auto dv = g.tensor(kdV, CUDNN_DATA_BFLOAT16, bhtd(s, s.Hkv), bhtd_strides(s, ld));
   auto scale = g.scalar(kScale), neg_inf = g.scalar(kNegInf), one = g.scalar(kOne);
 
   // D = sum_d dO * O, kept in the workspace (the fused kernel reads it per row block).
@@ -447,8 +461,9 @@ std::string build_backward(Graph& g, const AttnShape& s) {
   // dK = dS^T Q.
   transposed_matmul(ds, q, dk);
 
-  // dQ = dS K, accumulated in fp32 in the workspace, then rounded into dq once.
-  auto k = g.virt(CUDNN_DATA_FLOAT, bhtd(s, s.Hkv), bhtd_strides(s, s.Hkv));
+  // dQ = dS K, accumulated in fp32 in the workspace, then rounded into dq once. K is kt
+  // seen untransposed: the same memory, so the same row stride ld (kt's strides swapped).
+  auto k = g.virt(CUDNN_DATA_FLOAT, bhtd(s, s.Hkv), bhtd_strides(s, ld));
   g.reshape(kt, k);
   auto dq_acc = g.tensor(kdQAcc, CUDNN_DATA_FLOAT, full_d, full_s);
   g.matmul(ds, k, dq_acc);
@@ -583,6 +598,21 @@ void check_tensor(const Tensor& t, DType dt, const Shape& shape, const char* op,
                 " is not 16-byte aligned (cuDNN's tensors are declared so)");
 }
 
+// q, k, v (or dq, dk, dv): the column blocks of a joint qkv (or dqkv) row, at elements 0,
+// H hd and (H + Hkv) hd. Every tensor is declared 16-byte aligned: with hd % 8 == 0
+// (precheck) the offsets keep a 16-byte aligned base so; checked anyway.
+struct QkvPtrs {
+  void *q, *k, *v;
+};
+QkvPtrs qkv_blocks(const Tensor& qkv, const AttnShape& s, const char* op, const char* name) {
+  bf16* base = static_cast<bf16*>(qkv.raw());
+  const QkvPtrs p{base, base + s.H * s.hd, base + (s.H + s.Hkv) * s.hd};
+  for (const void* ptr : {p.q, p.k, p.v})
+    ATTNRES_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, op, ": a block of ", name,
+                  " is not 16-byte aligned (head dim ", s.hd, ")");
+  return p;
+}
+
 // Device memory of at least `bytes` from our allocator (cudaMallocAsync: 256-byte aligned).
 Tensor workspace(int64_t bytes) {
   return Tensor::empty({std::max<int64_t>(1, (bytes + 3) / 4)}, DType::F32, Device::CUDA);
@@ -596,37 +626,32 @@ std::string sdpa_unsupported(const AttnShape& s, DType dt) {
   return Cudnn::get().plans(s).why;
 }
 
-void sdpa_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const AttnShape& s) {
+void sdpa_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnShape& s) {
   const char* op = "cudnn sdpa_forward";
   const Plans& p = supported_plans(s, op);
   const int64_t N = s.B * s.T;
-  check_tensor(q, DType::BF16, {N, s.H * s.hd}, op, "q");
-  check_tensor(k, DType::BF16, {N, s.Hkv * s.hd}, op, "k");
-  check_tensor(v, DType::BF16, {N, s.Hkv * s.hd}, op, "v");
-  check_tensor(out, DType::BF16, {N, s.H * s.hd}, op, "out");
+  check_tensor(qkv, DType::BF16, {N, ld_qkv(s)}, op, "qkv");
+  check_tensor(out, DType::BF16, {N, ld_out(s)}, op, "out");
   check_tensor(lse, DType::F32, {s.B, s.H, s.T}, op, "lse");
+  const QkvPtrs x = qkv_blocks(qkv, s, op, "qkv");
   // The scale as the CPU and CUDA kernels compute it (in float).
   float scale = 1.f / std::sqrt(static_cast<float>(s.hd));
   float neg_inf = -std::numeric_limits<float>::infinity();
   Tensor ws = workspace(p.fwd->workspace());
   Cudnn::get().execute(*p.fwd, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-                       {q.raw(), k.raw(), v.raw(), out.raw(), lse.raw(), &scale, &neg_inf},
+                       {x.q, x.k, x.v, out.raw(), lse.raw(), &scale, &neg_inf},
                        ws.raw());
 }
 
-void sdpa_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const AttnShape& s, Store store) {
+void sdpa_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                   const Tensor& lse, const AttnShape& s, Store store) {
   const char* op = "cudnn sdpa_backward";
   const Plans& p = supported_plans(s, op);
   const int64_t N = s.B * s.T;
-  for (auto [t, name] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&out, "out"},
-                         {&dout, "dout"}, {&dq, "dq"}})
-    check_tensor(*t, DType::BF16, {N, s.H * s.hd}, op, name);
-  for (auto [t, name] :
-       {std::pair<const Tensor*, const char*>{&k, "k"}, {&v, "v"}, {&dk, "dk"}, {&dv, "dv"}})
-    check_tensor(*t, DType::BF16, {N, s.Hkv * s.hd}, op, name);
+  check_tensor(qkv, DType::BF16, {N, ld_qkv(s)}, op, "qkv");
+  check_tensor(dqkv, DType::BF16, {N, ld_qkv(s)}, op, "dqkv");
+  check_tensor(out, DType::BF16, {N, ld_out(s)}, op, "out");
+  check_tensor(dout, DType::BF16, {N, ld_out(s)}, op, "dout");
   check_tensor(lse, DType::F32, {s.B, s.H, s.T}, op, "lse");
   float scale = 1.f / std::sqrt(static_cast<float>(s.hd));
   float neg_inf = -std::numeric_limits<float>::infinity();
@@ -639,28 +664,26 @@ void sdpa_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
   char* base = static_cast<char*>(ws.raw());
   ATTNRES_CUDA_CHECK(
       cudaMemsetAsync(base + eng + rowsum_bytes(s), 0, dqacc_bytes(s), stream()));
-  Tensor tq, tk, tv;  // Store::Add: cuDNN writes these, then they are added on
-  Tensor& wq = store == Store::Add ? (tq = Tensor::empty(dq.shape(), DType::BF16, Device::CUDA)) : dq;
-  Tensor& wk = store == Store::Add ? (tk = Tensor::empty(dk.shape(), DType::BF16, Device::CUDA)) : dk;
-  Tensor& wv = store == Store::Add ? (tv = Tensor::empty(dv.shape(), DType::BF16, Device::CUDA)) : dv;
+  // Store::Add: cuDNN writes one temporary joint dqkv (its q, k and v blocks cover every
+  // column, so all of it is written), which is then added onto dqkv in one pass.
+  Tensor tmp;
+  Tensor& w = store == Store::Add ? (tmp = Tensor::empty(dqkv.shape(), DType::BF16, Device::CUDA))
+                                  : dqkv;
+  const QkvPtrs x = qkv_blocks(qkv, s, op, "qkv"), dx = qkv_blocks(w, s, op, "dqkv");
   Cudnn::get().execute(
       *p.bwd,
       {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kRowSum, kdQAcc, kScale, kNegInf, kOne},
-      {q.raw(), k.raw(), v.raw(), out.raw(), dout.raw(), lse.raw(), wq.raw(), wk.raw(), wv.raw(),
-       base + eng, base + eng + rowsum_bytes(s), &scale, &neg_inf, &one},
+      {x.q, x.k, x.v, out.raw(), dout.raw(), lse.raw(), dx.q, dx.k, dx.v, base + eng,
+       base + eng + rowsum_bytes(s), &scale, &neg_inf, &one},
       base);
-  if (store == Store::Add) {
-    cuda::add_(dq, tq);  // (kernels/cuda/reduce.h)
-    cuda::add_(dk, tk);
-    cuda::add_(dv, tv);
-  }
+  if (store == Store::Add) cuda::add_(dqkv, tmp);  // (kernels/cuda/reduce.h)
 }
 
 size_t sdpa_workspace_bytes(const AttnShape& s, DType dt) {
   if (!sdpa_unsupported(s, dt).empty()) return 0;
   const Plans& p = Cudnn::get().plans(s);
   const int64_t fwd = std::max<int64_t>(1, p.fwd->workspace());
-  const int64_t add_tmp = 2 * (s.B * s.T * (s.H + 2 * s.Hkv) * s.hd);  // bf16 dq, dk, dv
+  const int64_t add_tmp = 2 * (s.B * s.T * ld_qkv(s));  // Store::Add: bf16 joint dqkv
   const int64_t bwd = round_up(p.bwd->workspace()) + rowsum_bytes(s) + dqacc_bytes(s) + add_tmp;
   return static_cast<size_t>(std::max(fwd, bwd));
 }
@@ -673,12 +696,11 @@ namespace attnres::kernels::cuda::cudnn {
 
 std::string sdpa_unsupported(const AttnShape&, DType) { return "this build has no cuDNN"; }
 
-void sdpa_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                  const AttnShape&) {
+void sdpa_forward(Tensor&, Tensor&, const Tensor&, const AttnShape&) {
   fail("cudnn sdpa_forward: this build has no cuDNN");
 }
-void sdpa_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                   const Tensor&, const Tensor&, const Tensor&, const AttnShape&, Store) {
+void sdpa_backward(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                   const AttnShape&, Store) {
   fail("cudnn sdpa_backward: this build has no cuDNN");
 }
 size_t sdpa_workspace_bytes(const AttnShape&, DType) { return 0; }

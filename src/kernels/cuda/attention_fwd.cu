@@ -26,6 +26,9 @@
 // written with 16-byte stores. Per 64-key tile and 16 rows: 2 * 16 * 64 * hd
 // * 2 FLOPs on tensor cores, 1024 exp2.
 //
+// Strides: q, k, v are column blocks of the joint qkv (row strides p.ldq,
+// p.ldk), out is a separate [B*T, H hd] tensor (p.ldo); see Params.
+//
 // Generic path (fp32 math, F32 or BF16 storage, any hd <= 256): 32 x 32
 // tiles, 128 threads; thread (ty, tx) = (tid / 8, tid % 8) owns query rows
 // 2ty, 2ty+1 and key columns tx + 8c of the score tile, and output columns
@@ -148,7 +151,8 @@ __global__ void __launch_bounds__(kGenThreads)
     const int row = q0 + 2 * ty + i;
     if (row < T_) {
       const float inv = 1.f / l[i];
-      T* orow = out + (int64_t(b) * T_ + row) * p.ldq + int64_t(h) * hd;
+      // out has its own row stride (ldo = H hd): q's (ldq) is the joint qkv's.
+      T* orow = out + (int64_t(b) * T_ + row) * p.ldo + int64_t(h) * hd;
 #pragma unroll
       for (int c = 0; c < NC; ++c)
         if (tx + 8 * c < hd) orow[tx + 8 * c] = from_f32<T>(o[i][c] * inv);
@@ -361,7 +365,8 @@ __global__ void __launch_bounds__(NW * 32)
   for (int i = lane; i < WR * kChunks; i += 32) {
     const int r = i / kChunks, c = i % kChunks;
     if (wq0 + r < T_)
-      *reinterpret_cast<uint4*>(out + (int64_t(b) * T_ + wq0 + r) * p.ldq + int64_t(h) * D + c * 8) =
+      // Row stride ldo (out is [B*T, H hd]), not ldq (q's rows in the joint qkv).
+      *reinterpret_cast<uint4*>(out + (int64_t(b) * T_ + wq0 + r) * p.ldo + int64_t(h) * D + c * 8) =
           *reinterpret_cast<const uint4*>(so + r * SR + c * 8);
   }
 }

@@ -25,15 +25,14 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* r
 }
 
 void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     Store dx_store, const Tensor* dx_residual) {
+                     Store dx_store) {
   const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
   // M or K == 0: the gradients are empty tensors (gemm returns early on empty
   // outputs). N == 0: they are empty sums, so dw += 0 is nothing to do, while
   // dx = 0 is the K == 0 case of gemm (it zeroes C when beta == 0).
-  // dx[M, K] (+)= dy[M, N] w[N, K] (+ dx_residual, read by the epilogue)
+  // dx[M, K] (+)= dy[M, N] w[N, K]
   if (dx) gemm(false, false, M, K, N, x.dtype(), dy.raw(), N, w.raw(), K,
-               dx_store == Store::Add || dx_residual ? 1.0f : 0.0f, dx->dtype(), dx->raw(), K,
-               dx_residual ? dx_residual->raw() : nullptr);
+               dx_store == Store::Add ? 1.0f : 0.0f, dx->dtype(), dx->raw(), K);
   if (N == 0) return;
   // dw[N, K] += dy[M, N]^T x[M, K]   (F32 for BF16 x/w)
   if (dw) gemm(true, false, N, K, M, x.dtype(), dy.raw(), N, x.raw(), K, 1.0f, dw->dtype(),

@@ -8,5 +8,5 @@
 namespace attnres::kernels::cuda {
 void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* residual);
 void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     Store dx_store, const Tensor* dx_residual);
+                     Store dx_store);
 }  // namespace attnres::kernels::cuda

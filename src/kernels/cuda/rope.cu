@@ -1,4 +1,7 @@
-// CUDA RoPE (see kernels/rope.h), in place on x [B*T, n_heads*head_dim].
+// CUDA RoPE (see kernels/rope.h), in place on the first n_heads heads of each
+// row of x [B*T, W], W >= n_heads*head_dim (row stride W: the model rotates
+// q's and k's heads of the joint qkv in one call, n_heads = H + Hkv, and the
+// rest of the row, v's columns, is left alone).
 //
 // Like the CPU, a cos/sin table [T, half] is built first, in DOUBLE precision
 // (inv_freq = theta^(-2i/hd), angle = (pos0 + t) * inv_freq, then cos/sin) and
@@ -37,9 +40,10 @@ __global__ void rope_table_kernel(float* cos_t, float* sin_t, int64_t T, int64_t
 }
 
 // One item = N consecutive i of one (row, head): x1[i..i+N), x2[i..i+N).
+// Rows are ld elements apart; only their first n_heads * head_dim are touched.
 template <typename T, int N>
 __global__ void rope_rotate_kernel(T* x, const float* cos_t, const float* sin_t, int64_t rows,
-                                   int64_t T_, int64_t n_heads, int64_t head_dim) {
+                                   int64_t T_, int64_t n_heads, int64_t head_dim, int64_t ld) {
   const int64_t half = head_dim / 2;
   const int64_t packs = half / N;  // N divides half
   const int64_t n = rows * n_heads * packs;
@@ -47,8 +51,9 @@ __global__ void rope_rotate_kernel(T* x, const float* cos_t, const float* sin_t,
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += stride) {
     const int64_t i = (idx % packs) * N;
     const int64_t rh = idx / packs;  // row * n_heads + head
-    const int64_t t = (rh / n_heads) % T_;
-    T* x1 = x + rh * head_dim + i;
+    const int64_t row = rh / n_heads, head = rh - row * n_heads;
+    const int64_t t = row % T_;
+    T* x1 = x + row * ld + head * head_dim + i;
     T* x2 = x1 + half;
     const Vec<T, N> a = load<N>(x1), b = load<N>(x2);
     const Vec<float, N> c = load<N>(cos_t + t * half + i), s = load<N>(sin_t + t * half + i);
@@ -79,21 +84,24 @@ void rope_rotate(Tensor& x, int64_t B, int64_t T, int64_t n_heads, int64_t head_
   ATTNRES_CUDA_CHECK_LAUNCH();
 
   const int64_t rows = B * T;
+  const int64_t ld = x.dim(1);  // row stride: the whole row, of which n_heads heads rotate
   dispatch_float(x, "rope_rotate", [&](auto tag) {
     using U = decltype(tag);
     constexpr int W = 16 / sizeof(U);
     U* px = dptr<U>(x);
-    // Packs need W | half (then every x1/x2 offset is a multiple of W) and an
-    // aligned base; the table's offsets t*half + i are multiples of W too, and
-    // its base comes from the allocator (256-byte aligned).
-    const bool vec = half % W == 0 && aligned(px, 16) && aligned(cos_t, sizeof(float) * W) &&
-                     aligned(sin_t, sizeof(float) * W);
+    // Packs need W | half (then every x1/x2 offset within a row is a multiple
+    // of W), W | ld (then so is every row start: ld need not be n_heads *
+    // head_dim, e.g. the joint qkv row) and an aligned base; the table's
+    // offsets t*half + i are multiples of W too, and its base comes from the
+    // allocator (256-byte aligned).
+    const bool vec = half % W == 0 && ld % W == 0 && aligned(px, 16) &&
+                     aligned(cos_t, sizeof(float) * W) && aligned(sin_t, sizeof(float) * W);
     if (vec)
       rope_rotate_kernel<U, W><<<grid_for(rows * n_heads * (half / W), kThreads), kThreads, 0, stream()>>>(
-          px, cos_t, sin_t, rows, T, n_heads, head_dim);
+          px, cos_t, sin_t, rows, T, n_heads, head_dim, ld);
     else
       rope_rotate_kernel<U, 1><<<grid_for(rows * n_heads * half, kThreads), kThreads, 0, stream()>>>(
-          px, cos_t, sin_t, rows, T, n_heads, head_dim);
+          px, cos_t, sin_t, rows, T, n_heads, head_dim, ld);
     ATTNRES_CUDA_CHECK_LAUNCH();
   });
 }
