@@ -1,7 +1,9 @@
 // Causal grouped-query attention (GQA), scores scaled by 1/sqrt(hd).
 // KV head j serves query heads [j*H/Hkv, (j+1)*H/Hkv).
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/store.h"
@@ -41,6 +43,10 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 
 // The columns of qkv's row: H query heads, then Hkv key heads, then Hkv value heads.
 inline int64_t qkv_width(const AttnShape& s) { return (s.H + 2 * s.Hkv) * s.hd; }
+// Those three blocks' widths (the rows of Wq, Wk, Wv in the joint weight).
+inline std::vector<int64_t> qkv_row_blocks(const AttnShape& s) {
+  return {s.H * s.hd, s.Hkv * s.hd, s.Hkv * s.hd};
+}
 
 // Incremental decoding: one new query per sequence attends to positions
 // [0, len) of the caches (the new token's k/v already written at len-1).

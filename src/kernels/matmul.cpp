@@ -2,6 +2,8 @@
 #include "kernels/matmul.h"
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "kernels/common.h"
 #include "kernels/dispatch.h"
@@ -34,19 +36,39 @@ void matmul_dims(const char* op, const Tensor& x, const Tensor& w, int64_t& M, i
     fail(op, ": dims [", M, ", ", N, ", ", K, "] exceed the BLAS 32-bit index range");
 }
 
+// The row blocks of w (kernels/matmul.h) as (first row, rows): the given
+// ones, checked to cover w's N rows, or the one block of all of them.
+std::vector<std::pair<int64_t, int64_t>> row_blocks(const char* op,
+                                                    const std::vector<int64_t>& sizes, int64_t N) {
+  if (sizes.empty()) return {{0, N}};
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t n0 = 0;
+  for (int64_t b : sizes) {
+    if (b < 0) fail(op, ": a row block of w has ", b, " rows");
+    out.emplace_back(n0, b);
+    n0 += b;
+  }
+  if (n0 != N) fail(op, ": w's row blocks sum to ", n0, " rows, w has ", N);
+  return out;
+}
+
 }  // namespace
 
-void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* residual) {
+void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* residual,
+                    const std::vector<int64_t>& w_row_blocks) {
   const char* op = "matmul_forward";
   int64_t M, N, K;
   matmul_dims(op, x, w, M, N, K);
   check_arg(op, "y", y, x, {M, N});
   if (residual) check_arg(op, "residual", *residual, x, {M, N});
+  const auto blocks = row_blocks(op, w_row_blocks, N);
   ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_forward(y, x, w, residual));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
     const bool in_place = residual && residual->raw() == y.raw();
-    cpu::matmul_forward<T>(y.data<T>(), x.data<T>(), w.data<T>(), M, N, K, in_place);
+    for (const auto& [n0, b] : blocks)
+      cpu::matmul_forward<T>(y.data<T>() + n0, x.data<T>(), w.data<T>() + n0 * K, M, b, K,
+                             in_place, N);
     if (residual && !in_place) add_(y, *residual);
   });
 }
@@ -59,32 +81,14 @@ void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, 
   check_arg(op, "dy", dy, x, {M, N});
   if (dx) check_arg(op, "dx", *dx, x, {M, K});
   if (dw) check_arg(op, "dw", *dw, x.device(), grad_dtype(x.dtype()), {N, K});
-  int64_t rows = 0;
-  for (int64_t b : w_row_blocks) {
-    if (b < 0) fail(op, ": a row block of w has ", b, " rows");
-    rows += b;
-  }
-  if (!w_row_blocks.empty() && rows != N)
-    fail(op, ": w's row blocks sum to ", rows, " rows, w has ", N);
+  const auto blocks = row_blocks(op, w_row_blocks, N);
   ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w, dx_store));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
-    if (w_row_blocks.empty()) {
-      cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() : nullptr,
-                              dy.data<T>(), x.data<T>(), w.data<T>(), M, N, K,
-                              dx_store == Store::Add);
-      return;
-    }
-    if (dw)
-      cpu::matmul_backward<T>(nullptr, dw->data<T>(), dy.data<T>(), x.data<T>(), w.data<T>(), M,
-                              N, K, false);
-    if (!dx) return;
-    int64_t n0 = 0;
-    for (int64_t b : w_row_blocks) {
-      cpu::matmul_backward_dx<T>(dx->data<T>(), dy.data<T>() + n0, N, w.data<T>() + n0 * K, M, b,
-                                 K, n0 > 0 || dx_store == Store::Add);
-      n0 += b;
-    }
+    for (const auto& [n0, b] : blocks)
+      cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() + n0 * K : nullptr,
+                              dy.data<T>() + n0, x.data<T>(), w.data<T>() + n0 * K, M, b, K,
+                              n0 > 0 || dx_store == Store::Add, N);
   });
 }
 

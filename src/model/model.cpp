@@ -129,6 +129,8 @@ Tensor gate_up_of(const Tensor& gate, const Tensor& up, int64_t l) {
 
 // q, k and v in one GEMM: qkv = u [Wq; Wk; Wv]^T is [N, (H + 2 Hkv) hd], each
 // row q | k | v (kernels/attention.h), read in place by RoPE and attention.
+// The GEMMs name W's three blocks: the CPU runs one GEMM per projection (the
+// bits it computed before they were joined, kernels/matmul.h).
 void Model::attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T,
                            DecodeCache* cache) const {
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
@@ -136,7 +138,8 @@ void Model::attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T,
   const LayerParams& L = layer(l);
   const kern::AttnShape shape{B, T, H, Hkv, hd};
   a.qkv = new_act(N, kern::qkv_width(shape));
-  kern::matmul_forward(a.qkv, a.u, qkv_of(L.q->value, L.k->value, L.v->value, l));
+  kern::matmul_forward(a.qkv, a.u, qkv_of(L.q->value, L.k->value, L.v->value, l), nullptr,
+                       kern::qkv_row_blocks(shape));
   // q's and k's heads are adjacent in each row and take the same rotation.
   const int64_t pos0 = cache ? cache->pos : 0;
   kern::rope_forward(a.qkv, B, T, H + Hkv, hd, theta, pos0);
@@ -174,12 +177,11 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
                            attention_kernel_);
   kern::rope_backward(dqkv, B, T, H + Hkv, hd, theta);
   // du = dq Wq + dk Wk + dv Wv = dqkv [Wq; Wk; Wv] and the three weight
-  // gradients dqkv^T u, each one GEMM (on the CPU du sums the projections one
-  // at a time, the bits of three GEMMs: kernels/matmul.h).
+  // gradients dqkv^T u, each one GEMM.
   Tensor du = new_act(N, cfg_.d_model);
   Tensor dw = qkv_of(L.q->grad, L.k->grad, L.v->grad, l);
   kern::matmul_backward(&du, &dw, dqkv, a.u, qkv_of(L.q->value, L.k->value, L.v->value, l),
-                        kern::Store::Set, {H * hd, Hkv * hd, Hkv * hd});
+                        kern::Store::Set, kern::qkv_row_blocks(shape));
   return du;
 }
 

@@ -82,10 +82,15 @@ void check_matmul(const MatmulCase& c, DType dt, uint64_t seed) {
   // W's row blocks (the joint [Wq; Wk; Wv]) change nothing on the GPU: one
   // GEMM either way, the same bits.
   if (c.N >= 2) {
+    const std::vector<int64_t> halves{c.N / 2, c.N - c.N / 2};
     Tensor dxb = dx0d.clone(), dwb = dw0d.clone();
-    kern::matmul_backward(&dxb, &dwb, dyd, xd, wd, kern::Store::Add, {c.N / 2, c.N - c.N / 2});
+    kern::matmul_backward(&dxb, &dwb, dyd, xd, wd, kern::Store::Add, halves);
     CHECK(gt::same_bits(dxb, dx));
     CHECK(gt::same_bits(dwb, dw));
+    Tensor y1 = Tensor::empty({c.M, c.N}, dt, Device::CUDA), y2 = y1.clone();
+    kern::matmul_forward(y1, xd, wd);
+    kern::matmul_forward(y2, xd, wd, nullptr, halves);
+    CHECK(gt::same_bits(y1, y2));
   }
   // dw is F32 even for BF16 inputs: only the inputs' rounding (shared with
   // the reference) and fp32 accumulation separate it from the F64 result.

@@ -100,36 +100,45 @@ TEST_CASE("matmul backward accumulates, and float32 agrees with float64", "[kern
   REQUIRE(scaled_diff(dw32, dw1) < 1e-6);
 }
 
-TEST_CASE("matmul backward over W's row blocks gives the bits of one GEMM per block", "[kernels]") {
-  // The joint [Wq; Wk; Wv] (model.cpp): dx = dy W summed block by block on
-  // the CPU must be exactly what a GEMM per projection, accumulated into dx
-  // in turn, gives; dw is the same one GEMM either way.
+TEST_CASE("matmul over W's row blocks gives the bits of one GEMM per block", "[kernels]") {
+  // The joint [Wq; Wk; Wv] (model.cpp): on the CPU y's column blocks, dw's
+  // row blocks and dx (summed block after block into dx) must be exactly
+  // what a GEMM per projection, on tensors of its own, gives.
   const int64_t M = 70, K = 24, blocks[3] = {16, 8, 8}, N = 32;
+  // Column block [n0, n0 + b) of a [M, N] tensor, as a tensor of its own.
+  auto cols = [&](const Tensor& t, int64_t n0, int64_t b) {
+    Tensor out = Tensor::empty({M, b}, t.dtype());
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < b; ++c) set(out, r * b + c, at(t, r * N + n0 + c));
+    return out;
+  };
   for (DType dt : {DType::F64, DType::F32})
     for (kern::Store st : {kern::Store::Set, kern::Store::Add}) {
       INFO(dtype_name(dt) << (st == kern::Store::Set ? " Set" : " Add"));
       const Tensor x = randn({M, K}, 30).to(dt), w = randn({N, K}, 31).to(dt);
       const Tensor dy = randn({M, N}, 32).to(dt), dx0 = randn({M, K}, 33).to(dt);
+      Tensor y = Tensor::empty({M, N}, dt);
+      kern::matmul_forward(y, x, w, nullptr, {blocks[0], blocks[1], blocks[2]});
       Tensor dx = st == kern::Store::Set ? Tensor::empty({M, K}, dt) : dx0.clone();
       if (st == kern::Store::Set)
         for (int64_t i = 0; i < dx.numel(); ++i) set(dx, i, NAN);  // must be overwritten
       Tensor dw = randn({N, K}, 34).to(dt);
       kern::matmul_backward(&dx, &dw, dy, x, w, st, {blocks[0], blocks[1], blocks[2]});
-      // The same per block: dy's column block times W's row block.
-      Tensor want = st == kern::Store::Set ? Tensor::zeros({M, K}, dt) : dx0.clone();
+      // The same per block, each on tensors of its own.
+      Tensor dx_want = st == kern::Store::Set ? Tensor::zeros({M, K}, dt) : dx0.clone();
+      const Tensor dw0 = randn({N, K}, 34).to(dt);
       int64_t n0 = 0;
       for (int64_t b : blocks) {
-        Tensor dyb = Tensor::empty({M, b}, dt);
-        for (int64_t r = 0; r < M; ++r)
-          for (int64_t c = 0; c < b; ++c) set(dyb, r * b + c, at(dy, r * N + n0 + c));
-        kern::matmul_backward(&want, nullptr, dyb, x, w.rows(n0, b).clone());
+        const Tensor wb = w.rows(n0, b).clone();
+        Tensor yb = Tensor::empty({M, b}, dt), dwb = dw0.rows(n0, b).clone();
+        kern::matmul_forward(yb, x, wb);
+        kern::matmul_backward(&dx_want, &dwb, cols(dy, n0, b), x, wb);
+        CHECK(same_bits(cols(y, n0, b), yb));
+        CHECK(same_bits(dw.rows(n0, b), dwb));
         n0 += b;
       }
-      CHECK(same_bits(dx, want));
-      Tensor dw_want = randn({N, K}, 34).to(dt);
-      kern::matmul_backward(nullptr, &dw_want, dy, x, w);
-      CHECK(same_bits(dw, dw_want));
-      // And it is the sum, against float64 with each element's own terms.
+      CHECK(same_bits(dx, dx_want));
+      // And dx is the sum, against float64 with each element's own terms.
       Tensor ref = Tensor::zeros({M, K}, DType::F64), terms = Tensor::zeros({M, K}, DType::F64);
       kern::matmul_backward(&ref, nullptr, dy.to(DType::F64), x.to(DType::F64), w.to(DType::F64));
       kern::matmul_backward(&terms, nullptr, abs_of(dy.to(DType::F64)), abs_of(x.to(DType::F64)),
@@ -146,6 +155,9 @@ TEST_CASE("matmul backward over W's row blocks gives the bits of one GEMM per bl
                       Catch::Contains("matmul_backward: w's row blocks sum to 4 rows, w has 5"));
   REQUIRE_THROWS_WITH(kern::matmul_backward(&dx, nullptr, dy, x, w, kern::Store::Set, {6, -1}),
                       Catch::Contains("a row block of w has -1 rows"));
+  Tensor y = randn({4, 5}, 39);
+  REQUIRE_THROWS_WITH(kern::matmul_forward(y, x, w, nullptr, {1, 1}),
+                      Catch::Contains("matmul_forward: w's row blocks sum to 2 rows, w has 5"));
 }
 
 TEST_CASE("matmul handles empty dims", "[kernels]") {
