@@ -47,6 +47,16 @@ inline int64_t qkv_width(const AttnShape& s) { return (s.H + 2 * s.Hkv) * s.hd; 
 inline std::vector<int64_t> qkv_row_blocks(const AttnShape& s) {
   return {s.H * s.hd, s.Hkv * s.hd, s.Hkv * s.hd};
 }
+// Where q, k and v start, from the first element of qkv (or of dqkv): their
+// rows are the joint row's, so each is a strided view of the tensor.
+template <typename T>
+struct QkvBlocks {
+  T *q, *k, *v;
+};
+template <typename T>
+QkvBlocks<T> qkv_blocks(T* base, const AttnShape& s) {
+  return {base, base + s.H * s.hd, base + (s.H + s.Hkv) * s.hd};
+}
 
 // Incremental decoding: one new query per sequence attends to positions
 // [0, len) of the caches (the new token's k/v already written at len-1).

@@ -2,7 +2,6 @@
 #include "kernels/matmul.h"
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "kernels/common.h"
@@ -36,20 +35,27 @@ void matmul_dims(const char* op, const Tensor& x, const Tensor& w, int64_t& M, i
     fail(op, ": dims [", M, ", ", N, ", ", K, "] exceed the BLAS 32-bit index range");
 }
 
-// The row blocks of w (kernels/matmul.h) as (first row, rows): the given
-// ones, checked to cover w's N rows, or the one block of all of them.
-std::vector<std::pair<int64_t, int64_t>> row_blocks(const char* op,
-                                                    const std::vector<int64_t>& sizes, int64_t N) {
-  if (sizes.empty()) return {{0, N}};
-  std::vector<std::pair<int64_t, int64_t>> out;
-  int64_t n0 = 0;
+// The row blocks of w (kernels/matmul.h) must cover its N rows.
+void check_row_blocks(const char* op, const std::vector<int64_t>& sizes, int64_t N) {
+  if (sizes.empty()) return;
+  int64_t rows = 0;
   for (int64_t b : sizes) {
     if (b < 0) fail(op, ": a row block of w has ", b, " rows");
-    out.emplace_back(n0, b);
+    rows += b;
+  }
+  if (rows != N) fail(op, ": w's row blocks sum to ", rows, " rows, w has ", N);
+}
+
+// fn(first row, rows) for each row block of w, in order: the given ones, or
+// the one block of all N rows (the CPU computes a product per block).
+template <typename Fn>
+void for_each_row_block(const std::vector<int64_t>& sizes, int64_t N, Fn fn) {
+  if (sizes.empty()) return fn(int64_t(0), N);
+  int64_t n0 = 0;
+  for (int64_t b : sizes) {
+    fn(n0, b);
     n0 += b;
   }
-  if (n0 != N) fail(op, ": w's row blocks sum to ", n0, " rows, w has ", N);
-  return out;
 }
 
 }  // namespace
@@ -61,14 +67,15 @@ void matmul_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* r
   matmul_dims(op, x, w, M, N, K);
   check_arg(op, "y", y, x, {M, N});
   if (residual) check_arg(op, "residual", *residual, x, {M, N});
-  const auto blocks = row_blocks(op, w_row_blocks, N);
+  check_row_blocks(op, w_row_blocks, N);
   ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_forward(y, x, w, residual));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
     const bool in_place = residual && residual->raw() == y.raw();
-    for (const auto& [n0, b] : blocks)
+    for_each_row_block(w_row_blocks, N, [&](int64_t n0, int64_t b) {
       cpu::matmul_forward<T>(y.data<T>() + n0, x.data<T>(), w.data<T>() + n0 * K, M, b, K,
                              in_place, N);
+    });
     if (residual && !in_place) add_(y, *residual);
   });
 }
@@ -81,14 +88,15 @@ void matmul_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, 
   check_arg(op, "dy", dy, x, {M, N});
   if (dx) check_arg(op, "dx", *dx, x, {M, K});
   if (dw) check_arg(op, "dw", *dw, x.device(), grad_dtype(x.dtype()), {N, K});
-  const auto blocks = row_blocks(op, w_row_blocks, N);
+  check_row_blocks(op, w_row_blocks, N);
   ATTNRES_CUDA_DISPATCH(x, op, cuda::matmul_backward(dx, dw, dy, x, w, dx_store));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T = decltype(tag);
-    for (const auto& [n0, b] : blocks)
+    for_each_row_block(w_row_blocks, N, [&](int64_t n0, int64_t b) {
       cpu::matmul_backward<T>(dx ? dx->data<T>() : nullptr, dw ? dw->data<T>() + n0 * K : nullptr,
                               dy.data<T>() + n0, x.data<T>(), w.data<T>() + n0 * K, M, b, K,
                               n0 > 0 || dx_store == Store::Add, N);
+    });
   });
 }
 

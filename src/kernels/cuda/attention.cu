@@ -73,17 +73,6 @@ attn::Params make_train_params(const AttnShape& s, const char* op) {
   return make_params(s, ld, s.H * s.hd, ld, op);
 }
 
-// q, k, v (or dq, dk, dv): the column blocks of a joint qkv (or dqkv) row.
-template <typename T>
-struct QkvPtrs {
-  T *q, *k, *v;
-};
-template <typename T>
-QkvPtrs<T> split_qkv(const Tensor& qkv, const AttnShape& s) {
-  T* base = dptr<T>(qkv);
-  return {base, base + s.H * s.hd, base + (s.H + s.Hkv) * s.hd};
-}
-
 // The mma kernels move tiles in 16-byte pieces (cp.async, uint4 stores) from
 // base + row * ld: every pointer must be 16-byte aligned and every row stride
 // a multiple of 16 bytes. (q/k/v are offsets into the joint row, so the
@@ -174,7 +163,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnSh
   float* lp = dptr<float>(lse);
   dispatch_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
-    const QkvPtrs<T> x = split_qkv<T>(qkv, s);
+    const QkvBlocks<T> x = qkv_blocks(dptr<T>(qkv), s);
     T* o = dptr<T>(out);
     if constexpr (std::is_same_v<T, bf16>) {
       if (attn::mma_head_dim(p.hd) && rows_aligned16(p) && aligned16({o, x.q, x.k, x.v})) {
@@ -195,7 +184,7 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
   const float* lp = dptr<float>(lse);
   dispatch_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
-    const QkvPtrs<T> x = split_qkv<T>(qkv, s), dx = split_qkv<T>(dqkv, s);
+    const QkvBlocks<T> x = qkv_blocks(dptr<T>(qkv), s), dx = qkv_blocks(dptr<T>(dqkv), s);
     const T* o = dptr<T>(out);
     const T* dO = dptr<T>(dout);
     if constexpr (std::is_same_v<T, bf16>) {

@@ -598,15 +598,12 @@ void check_tensor(const Tensor& t, DType dt, const Shape& shape, const char* op,
                 " is not 16-byte aligned (cuDNN's tensors are declared so)");
 }
 
-// q, k, v (or dq, dk, dv): the column blocks of a joint qkv (or dqkv) row, at elements 0,
-// H hd and (H + Hkv) hd. Every tensor is declared 16-byte aligned: with hd % 8 == 0
-// (precheck) the offsets keep a 16-byte aligned base so; checked anyway.
-struct QkvPtrs {
-  void *q, *k, *v;
-};
-QkvPtrs qkv_blocks(const Tensor& qkv, const AttnShape& s, const char* op, const char* name) {
-  bf16* base = static_cast<bf16*>(qkv.raw());
-  const QkvPtrs p{base, base + s.H * s.hd, base + (s.H + s.Hkv) * s.hd};
+// q, k, v (or dq, dk, dv) of a joint qkv (or dqkv): kernels::qkv_blocks. Every tensor is
+// declared 16-byte aligned: with hd % 8 == 0 (precheck) the offsets keep a 16-byte
+// aligned base so; checked anyway.
+QkvBlocks<bf16> aligned_qkv_blocks(const Tensor& qkv, const AttnShape& s, const char* op,
+                                   const char* name) {
+  const QkvBlocks<bf16> p = qkv_blocks(static_cast<bf16*>(qkv.raw()), s);
   for (const void* ptr : {p.q, p.k, p.v})
     ATTNRES_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, op, ": a block of ", name,
                   " is not 16-byte aligned (head dim ", s.hd, ")");
@@ -633,7 +630,7 @@ void sdpa_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnShape& 
   check_tensor(qkv, DType::BF16, {N, ld_qkv(s)}, op, "qkv");
   check_tensor(out, DType::BF16, {N, ld_out(s)}, op, "out");
   check_tensor(lse, DType::F32, {s.B, s.H, s.T}, op, "lse");
-  const QkvPtrs x = qkv_blocks(qkv, s, op, "qkv");
+  const QkvBlocks<bf16> x = aligned_qkv_blocks(qkv, s, op, "qkv");
   // The scale as the CPU and CUDA kernels compute it (in float).
   float scale = 1.f / std::sqrt(static_cast<float>(s.hd));
   float neg_inf = -std::numeric_limits<float>::infinity();
@@ -669,7 +666,8 @@ void sdpa_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Te
   Tensor tmp;
   Tensor& w = store == Store::Add ? (tmp = Tensor::empty(dqkv.shape(), DType::BF16, Device::CUDA))
                                   : dqkv;
-  const QkvPtrs x = qkv_blocks(qkv, s, op, "qkv"), dx = qkv_blocks(w, s, op, "dqkv");
+  const QkvBlocks<bf16> x = aligned_qkv_blocks(qkv, s, op, "qkv"),
+                        dx = aligned_qkv_blocks(w, s, op, "dqkv");
   Cudnn::get().execute(
       *p.bwd,
       {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kRowSum, kdQAcc, kScale, kNegInf, kOne},
