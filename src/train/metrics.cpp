@@ -23,7 +23,13 @@ std::string format_duration(double sec) {
 }
 
 namespace {
-// Rewrites `path` without the records of steps after `step` (atomically).
+bool is_restart(const nlohmann::json& j) {
+  return j.is_object() && j.value("event", std::string()) == "restart";
+}
+
+// Rewrites `path` without the records of steps after `step` (atomically). At
+// step 0 nothing the earlier attempts trained or measured is kept (the run
+// starts over and writes it again), only their restart records.
 void drop_records_after(const std::string& path, int64_t step) {
   if (!std::filesystem::exists(path)) return;
   std::istringstream in(read_text_file(path));
@@ -33,7 +39,7 @@ void drop_records_after(const std::string& path, int64_t step) {
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("step") && j["step"].is_number_integer())
-      past = j["step"].get<int64_t>() > step;
+      past = j["step"].get<int64_t>() > step || (step == 0 && !is_restart(j));
     else if (j.is_discarded())
       past = true;  // a line torn by a crash
     if (past)

@@ -20,7 +20,8 @@ class MetricsWriter {
  public:
   // append: keep the file's records up to and including step `resumed_step`
   // and drop the rest (from the first record of a later step on, and a line
-  // torn by a crash); otherwise start the file afresh.
+  // torn by a crash); at step 0 (a restart that resumed from nothing) keep
+  // only the restart records. Otherwise start the file afresh.
   MetricsWriter(const std::string& path, bool append, int64_t resumed_step = 0);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;

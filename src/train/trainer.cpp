@@ -364,16 +364,20 @@ void Engine::resume() {
 
 void Engine::open_metrics() {
   if (!root_) return;
-  // A resumed run appends, after dropping the records of steps past its checkpoint.
+  // A resumed run appends, after dropping the records of steps past its
+  // checkpoint; so does a restarted one that resumed from nothing (its file
+  // keeps the earlier restart records).
+  const char* restart = std::getenv("ATTNRES_RESTART");
+  const bool restarted = restart && *restart;
   fs::create_directories(cfg_.run.dir);
   metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg_.run.dir) / "metrics.jsonl").string(),
-                                             state_.step > 0, state_.step);
+                                             state_.step > 0 || restarted, state_.step);
   if (cfg_.run.depth_stats_every > 0)
     depth_log_ = std::make_unique<MetricsWriter>(depth_stats_path(cfg_), state_.step > 0,
                                                  state_.step);
   // Started again by `attnres supervise` (tools/cmd_supervise.cpp): the
   // restart in the run's record, with the step it resumed from.
-  if (const char* restart = std::getenv("ATTNRES_RESTART"); restart && *restart) {
+  if (restarted) {
     json r;
     try {
       r = json::parse(restart);

@@ -45,6 +45,24 @@ grep -q '"event":"restart".*"resumed_from":"ck_k/step_00000004".*"step":4' run_k
 diff <(strip_metrics run_s/metrics.jsonl) <(strip_metrics run_k/metrics.jsonl) || fail "the restarted run differs"
 pass "killed in the step-8 save: restarted, resumed from step 4, the same losses; the restart recorded"
 
+# Killed twice before its first checkpoint: both restarts resume from nothing,
+# and the second must not lose the first's record (a fresh start used to
+# begin metrics.jsonl anew: '2 kills but 1 restart records' in mpi: supervise).
+cat > twice.sh <<SH
+#!/usr/bin/env bash
+# The first two attempts die by SIGKILL in the middle of their first save (step 4).
+n=\$(cat attempts_z 2>/dev/null || echo 0); echo \$((n + 1)) > attempts_z
+if ((n < 2)); then export ATTNRES_TEST_KILL_IN_SAVE=0:4; fi
+exec "$BIN" "\$@"
+SH
+chmod +x twice.sh
+"$BIN" supervise --backoff 0 -- ./twice.sh train base.json --checkpoint.dir=ck_z --run.dir=run_z >log_z.txt 2>&1 \
+  || { cat log_z.txt; fail "supervised run killed twice"; }
+[[ $(grep -c '"event":"restart".*"resumed_from":"".*"step":0' run_z/metrics.jsonl) -eq 2 ]] \
+  || { grep event run_z/metrics.jsonl; fail "killed twice before a checkpoint: expected 2 restart records from nothing"; }
+diff <(strip_metrics run_s/metrics.jsonl) <(strip_metrics run_z/metrics.jsonl) || fail "the run restarted from nothing differs"
+pass "killed twice before its first checkpoint: both restarts recorded (from nothing), the same losses"
+
 # SIGTERM to supervise: passed on, the run checkpoints and stops (143), no restart.
 "$BIN" supervise --backoff 0 -- "$BIN" train base.json --training.steps=100000 --checkpoint.dir=ck_t \
   --run.dir=run_t >log_t.txt 2>&1 &
