@@ -90,6 +90,7 @@ bench|0.2|240|bench|bench_124m.txt||training steps, 124M, every residual mode (b
 bench|0.3|240|bench|bench_350m.txt||training steps, 350M|build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2
 bench|0.2|240|bench|bench_124m_recompute.txt||training steps, 124M, each mode with recompute none, mix and layer|build-gpu/attnres bench --device cuda --preset 124m --recompute all --steps 5 --warmup 2
 bench|0.2|240|bench|bench_124m_cudnn.txt||training steps, 124M, with cuDNN's fused attention where it runs (--attention auto)|build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3 --attention auto
+bench|0.2|240|bench|bench_124m_graphs.txt||training steps, 124M, each step one CUDA graph (--cuda-graphs: eager, captured, then replayed; the modes one after another)|build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3 --cuda-graphs
 bench|0.2|240|bench|kernels_124m.txt||per-kernel benchmark against the floors, 124M shapes|build-gpu/attnres bench --device cuda --preset 124m --kernels
 bench|0.3|240|bench|kernels_350m.txt||per-kernel benchmark against the floors, 350M shapes|build-gpu/attnres bench --device cuda --preset 350m --kernels
 bench|0.5|180|text|attention_torch.txt|if_torch|reference attention (PyTorch SDPA, each backend) at the 124M and 350M shapes|python3 scripts/bench_attention_torch.py "$REPORT/bench_124m.txt" "$REPORT/bench_350m.txt"

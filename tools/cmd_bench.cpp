@@ -57,10 +57,11 @@ struct RunSpec {
 class ModeRunner {
  public:
   ModeRunner(const RunSpec& run, int64_t B, int64_t T, int64_t A, Device device, DType dtype,
-             train::Logits logits, kernels::AttentionKernel attention)
+             train::Logits logits, kernels::AttentionKernel attention, bool graphs)
       : label_(run.label), cfg_(run.cfg), B_(B), T_(T), A_(A), device_(device),
         grid_(solo_, 1, 1),
-        stepper_(grid_, config(run, B, T, A, device, dtype, logits, attention), options(run)) {
+        stepper_(grid_, config(run, B, T, A, device, dtype, logits, attention),
+                 options(run, graphs)) {
     batch_.inputs = random_ids(B * T, run.cfg.vocab_size, 1);
     batch_.targets = random_ids(B * T, run.cfg.vocab_size, 2);
     stepper_.init_weights(1);
@@ -103,9 +104,10 @@ class ModeRunner {
     c.training.attention_kernel = attention;
     return c;
   }
-  static parallel::RuntimeOptions options(const RunSpec& run) {
+  static parallel::RuntimeOptions options(const RunSpec& run, bool graphs) {
     parallel::RuntimeOptions ro;
     ro.recompute = run.recompute;
+    ro.cuda_graphs = graphs;
     return ro;
   }
 
@@ -162,7 +164,7 @@ const char* kHelp =
     "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
     "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
     "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--attention own|auto|cudnn]\n"
-    "  [--kernels [--only TEXT]]\n"
+    "  [--cuda-graphs] [--kernels [--only TEXT]]\n"
     "  [--gpu-memory GiB] [--plan]\n"
     "Training throughput (forward, backward, AdamW) on synthetic tokens, one row per residual\n"
     "mode, on the CPU (the default) or a GPU (--device cuda). Block mode defaults to S = 4\n"
@@ -179,6 +181,9 @@ const char* kHelp =
     "--recompute all runs each mode with none, mix and layer (training.recompute);\n"
     "--logits: the LM head's logits as training.logits (auto: bf16 in a bf16 run);\n"
     "--attention: which attention runs, as training.attention_kernel (own: ours);\n"
+    "--cuda-graphs: each step as one CUDA graph (training.cuda_graphs = true): the first\n"
+    "warm-up step runs eagerly, the second captures (at least 2 warm-up steps), the timed\n"
+    "steps replay; the modes run one after another (a graph keeps its activations);\n"
     "the act MiB column is the step's tensor high-water above weights, gradients and\n"
     "AdamW state (activations and workspace), measured by the allocator.";
 
@@ -189,7 +194,7 @@ int cmd_bench(const Args& args) {
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
            "preset", "only", "recompute", "logits", "attention", "gpu-memory"},
-          {"help", "kernels", "plan"});
+          {"help", "kernels", "plan", "cuda-graphs"});
   if (f.has("help")) {
     std::puts(kHelp);
     return 0;
@@ -299,7 +304,12 @@ int cmd_bench(const Args& args) {
   }
   const BenchMemory need = plan(B);
   // Side by side unless the planner says the runs do not fit together.
-  const bool one_at_a_time = budget > 0 && need.side_by_side > budget;
+  const bool graphs = f.has("cuda-graphs");
+  if (graphs && device != Device::CUDA) fail("bench: --cuda-graphs needs --device cuda");
+  if (graphs && warmup < 2)
+    fail("bench: --cuda-graphs needs --warmup 2 or more (an eager step, then the capture), got ",
+         warmup);
+  const bool one_at_a_time = graphs || (budget > 0 && need.side_by_side > budget);
 
   double peak = 0;
   if (device == Device::CUDA && plan_only) {
@@ -372,7 +382,7 @@ int cmd_bench(const Args& args) {
     for (const auto& r : rs) results.push_back(result(*r));
   };
   auto runner = [&](const RunSpec& run) {
-    return std::make_unique<ModeRunner>(run, B, T, A, device, dtype, logits_arg, attention);
+    return std::make_unique<ModeRunner>(run, B, T, A, device, dtype, logits_arg, attention, graphs);
   };
   if (one_at_a_time) {
     // Each run's model lives only for its own steps.

@@ -8,8 +8,10 @@
 // synchronisation: the allocator is stream-ordered on that stream.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace attnres::cuda {
 
@@ -110,6 +112,78 @@ class StreamClock {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// ---------------------------------------------------------------------------
+// CUDA graphs (docs/cuda.md, "CUDA graphs"): the step captured once, replayed.
+// ---------------------------------------------------------------------------
+
+// Results that device ops would read back at once, deferred: the embedding's
+// check of its token ids, the cross-entropy's loss and check of its targets.
+// A captured CUDA graph cannot wait for the device mid-way, so while a
+// DeferredChecks is active on this thread (DeferScope) those ops write their
+// results into its slots (claimed in call order, at capture) and return
+// without waiting; collect() then reads every slot back with one copy after
+// each run of the captured work.
+class DeferredChecks {
+ public:
+  // Room for `capacity` results (an op claiming one more throws).
+  explicit DeferredChecks(size_t capacity);
+  ~DeferredChecks();
+  DeferredChecks(const DeferredChecks&) = delete;
+  DeferredChecks& operator=(const DeferredChecks&) = delete;
+  // Waits for the work queued on the compute stream, copies the slots back,
+  // then throws the error that the first flagged slot's op throws eagerly (in
+  // claim order, with its message), else returns the values the ops would
+  // have returned (the losses), in claim order.
+  std::vector<double> collect();
+  // Slots claimed so far.
+  size_t claimed() const;
+
+  struct Impl;  // core/cuda/graph.cu
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Makes `checks` this thread's active DeferredChecks for the scope's lifetime
+// (the previous one, usually none, afterwards).
+class DeferScope {
+ public:
+  explicit DeferScope(DeferredChecks& checks);
+  ~DeferScope();
+  DeferScope(const DeferScope&) = delete;
+  DeferScope& operator=(const DeferScope&) = delete;
+
+ private:
+  DeferredChecks* previous_;
+};
+
+// A CUDA graph of the work one function queues on the compute stream.
+// capture() runs `work` with the stream capturing (nothing runs on the GPU:
+// kernels, copies, allocations and frees are recorded) and instantiates the
+// graph; a failure (an op that cannot be captured, such as a wait for the
+// device) ends the capture and throws. launch() queues one run of it on the
+// compute stream, with the pointers and launch arguments of the capture.
+class StreamGraph {
+ public:
+  StreamGraph();
+  ~StreamGraph();
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+  void capture(const std::function<void()>& work);
+  void launch();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Waits for the compute stream, then hands the memory pool's cached free
+// blocks back to the driver (a graph's allocations come from the graph's own
+// pool: without this, the memory of the eager steps before the capture would
+// be held twice).
+void trim_memory_pool();
 
 // Marks the region an external profiler records when it is started with
 // profiling off (`ncu --profile-from-start off`): cudaProfilerStart / Stop.

@@ -46,4 +46,19 @@ void StreamClock::reset() {}
 int StreamClock::mark() { no_cuda("StreamClock"); }
 double StreamClock::seconds(int, int) const { no_cuda("StreamClock"); }
 
+struct DeferredChecks::Impl {};
+DeferredChecks::DeferredChecks(size_t) { no_cuda("DeferredChecks"); }
+DeferredChecks::~DeferredChecks() = default;
+std::vector<double> DeferredChecks::collect() { no_cuda("DeferredChecks"); }
+size_t DeferredChecks::claimed() const { return 0; }
+DeferScope::DeferScope(DeferredChecks&) : previous_(nullptr) { no_cuda("DeferScope"); }
+DeferScope::~DeferScope() = default;
+
+struct StreamGraph::Impl {};
+StreamGraph::StreamGraph() { no_cuda("CUDA graphs"); }
+StreamGraph::~StreamGraph() = default;
+void StreamGraph::capture(const std::function<void()>&) { no_cuda("CUDA graphs"); }
+void StreamGraph::launch() { no_cuda("CUDA graphs"); }
+void trim_memory_pool() {}
+
 }  // namespace attnres::cuda

@@ -143,6 +143,10 @@ class PipelineExecutor {
   StepStats forward_only(int M, const DataFn& data, const HeadFn& head);
   // Record every compute's span in StepStats::trace (measuring chunk times).
   void set_trace(bool on) { trace_ = on; }
+  // Time the computes (StepStats' busy and wall times, the trace): on by
+  // default; off while a CUDA graph captures the step (parallel/step_graph.h),
+  // whose events could not be waited for (the times stay 0).
+  void set_timing(bool on) { timing_ = on; }
 
  private:
   struct MbState;
@@ -166,6 +170,7 @@ class PipelineExecutor {
   bool cache_;
   StepTimer timer_;
   bool trace_ = false;
+  bool timing_ = true;
   int64_t B_, T_;
   std::map<std::pair<int, bool>, std::vector<Action>> schedules_;  // (M, forward_only)
 };

@@ -31,9 +31,44 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
   }
   transport_ = make_transport(opt.transport, grid);
   executor_ = std::make_unique<PipelineExecutor>(cfg, *model_, *transport_, opt.cache_blocks, B, T);
+  if (opt.cuda_graphs) {
+    // Train::validate refuses the rest with the config's words.
+    ATTNRES_CHECK(device == Device::CUDA && grid.world().size() == 1 && !opt.zero,
+                  "CUDA graphs: a single GPU's step only (P = D = 1, no ZeRO)");
+    graph_ = std::make_unique<StepGraph>(B, T);
+  }
 }
 
-StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale) {
+StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale, bool graph) {
+  StepStats st;
+  executor_->set_timing(true);  // (a capture that failed left it off)
+  if (graph_ && graph)
+    st = graph_->run(M, data, [&](const DataFn& d, bool capturing) {
+      executor_->set_timing(!capturing);
+      StepStats s = local_step(M, d, grad_scale);
+      executor_->set_timing(true);
+      return s;
+    });
+  else
+    st = local_step(M, data, grad_scale);
+  // An eager step beside a graph (depth statistics) leaves its activations
+  // cached in the pool, while the graph keeps its own: hand them back.
+  if (graph_ && !graph) cuda::trim_memory_pool();
+  double sums[3] = {st.loss_sum, static_cast<double>(st.pp_bytes), st.busy_sec};
+  grid_.world().allreduce_sum(sums, 3);
+  grid_.world().allreduce_max(&st.wall_sec, 1);
+  int64_t mem[2] = {st.resident_bytes, st.peak_step_bytes};
+  grid_.world().allreduce_max(mem, 2);
+  st.resident_bytes = mem[0];
+  st.peak_step_bytes = mem[1];
+  st.loss_sum = sums[0];
+  st.pp_bytes = static_cast<int64_t>(sums[1]);
+  st.busy_sec = sums[2] / grid_.world().size();  // the mean
+  st.bubble = st.busy_sec > 0 ? std::max(0.0, (st.wall_sec - st.busy_sec) / st.busy_sec) : 0.0;
+  return st;
+}
+
+StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
   for (model::Param* p : model_->params()) p->grad.zero_();
   // Data parallel: each chunk's gradients are summed over the replicas as
   // soon as its last backward is done, overlapping the rest of the step
@@ -90,18 +125,6 @@ StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale) {
     }
     zero_[i].unpack_owned_grads(mine[i]);
   }
-
-  double sums[3] = {st.loss_sum, static_cast<double>(st.pp_bytes), st.busy_sec};
-  grid_.world().allreduce_sum(sums, 3);
-  grid_.world().allreduce_max(&st.wall_sec, 1);
-  int64_t mem[2] = {st.resident_bytes, st.peak_step_bytes};
-  grid_.world().allreduce_max(mem, 2);
-  st.resident_bytes = mem[0];
-  st.peak_step_bytes = mem[1];
-  st.loss_sum = sums[0];
-  st.pp_bytes = static_cast<int64_t>(sums[1]);
-  st.busy_sec = sums[2] / grid_.world().size();  // the mean
-  st.bubble = st.busy_sec > 0 ? std::max(0.0, (st.wall_sec - st.busy_sec) / st.busy_sec) : 0.0;
   return st;
 }
 

@@ -16,6 +16,7 @@
 #include "parallel/executor.h"
 #include "parallel/layout.h"
 #include "parallel/mpi.h"
+#include "parallel/step_graph.h"
 #include "parallel/transport.h"
 #include "parallel/zero.h"
 
@@ -28,6 +29,9 @@ struct RuntimeOptions {
   std::vector<int64_t> layers_per_chunk;  // explicit split; empty = even
   model::Recompute recompute = model::Recompute::None;  // training.recompute
   bool zero = false;                      // parallel.zero = 1 (parallel/zero.h)
+  // training.cuda_graphs resolved: the step as one CUDA graph (parallel/step_graph.h);
+  // a single GPU only (P = D = 1, no ZeRO).
+  bool cuda_graphs = false;
 };
 
 // Mpi or Nccl (parallel/nccl_transport.h); a LocalTransport on a solo grid.
@@ -47,8 +51,12 @@ class Runtime {
   // Zero the gradients, run the step's M microbatches (data(mb) gives this
   // replica's microbatch mb), then sum the tied-embedding gradients between
   // the first and last stage and every gradient over the replicas. Collective.
-  // The result holds the global loss sum, pipeline bytes and bubble.
-  StepStats train_step(int M, const DataFn& data, double grad_scale);
+  // The result holds the global loss sum, pipeline bytes and bubble. With
+  // RuntimeOptions::cuda_graphs and `graph` the step runs as a CUDA graph
+  // (the same bits); `graph` = false runs it eagerly (depth statistics).
+  StepStats train_step(int M, const DataFn& data, double grad_scale, bool graph = true);
+  // Steps run as a CUDA graph so far.
+  int64_t graph_launches() const { return graph_ ? graph_->launches() : 0; }
 
   // Global L2 norm of all gradients, summed in the single-process order
   // (chunk by chunk, parameter by parameter), so it matches Model's table
@@ -89,6 +97,10 @@ class Runtime {
   std::vector<NamedTensor> gather_to_root(const std::vector<NamedTensor>& mine) const;
 
  private:
+  // This rank's device work of a step and the sums between ranks (the step
+  // without the statistics' reduction over ranks).
+  StepStats local_step(int M, const DataFn& data, double grad_scale);
+
   const ProcessGrid& grid_;
   model::ModelConfig cfg_;
   PipelineLayout layout_;
@@ -96,6 +108,7 @@ class Runtime {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::vector<ZeroShard> zero_;  // per local chunk, with ZeRO-1
+  std::unique_ptr<StepGraph> graph_;  // RuntimeOptions::cuda_graphs
 };
 
 }  // namespace attnres::parallel

@@ -72,6 +72,11 @@ struct Names<kernels::AttentionKernel> {
       {kernels::AttentionKernel::Cudnn, "cudnn"}};
 };
 template <>
+struct Names<CudaGraphs> {  // JSON true and false are read as "true" and "false" (Reader)
+  static constexpr EnumName<CudaGraphs> all[] = {
+      {CudaGraphs::Auto, "auto"}, {CudaGraphs::On, "true"}, {CudaGraphs::Off, "false"}};
+};
+template <>
 struct Names<Device> {
   static inline const EnumName<Device> all[] = {{Device::CPU, device_name(Device::CPU)},
                                                 {Device::CUDA, device_name(Device::CUDA)}};
@@ -106,6 +111,7 @@ constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> || std::is
                                std::is_same_v<E, ScheduleType> || std::is_same_v<E, TransportKind> ||
                                std::is_same_v<E, Logits> ||
                                std::is_same_v<E, kernels::AttentionKernel> ||
+                               std::is_same_v<E, CudaGraphs> ||
                                std::is_same_v<E, Device> || std::is_same_v<E, DType>;
 
 // ---------------------------------------------------------------------------
@@ -186,6 +192,11 @@ void for_each_key(C& c, V&& v) {
     KeySpec{"what the backward recomputes instead of keeping: `none`, `mix` (the Mix, norms and "
             "SwiGLU; GEMM and attention outputs kept) or `layer` (everything but each sublayer's "
             "input); the same bits in every mode ([memory.md](memory.md))"});
+  v("training.cuda_graphs", t.cuda_graphs,
+    KeySpec{"the training step as one CUDA graph, captured at the second step and replayed (the "
+            "same bits): `true` (one GPU: `pipeline` = `data` = 1, no ZeRO; depth-statistics "
+            "steps run without), `false`, or `auto` (off until graphs have run on a GPU) "
+            "([cuda.md](cuda.md))"});
   v("training.peak_tflops", t.peak_tflops,
     KeySpec{"peak FLOP/s of one device for the MFU figure; 0 = from the GPU's name (H100 SXM, "
             "H200: 989 bf16, 67 fp32; H100 PCIe: 756, 51; A100: 312, 19.5; another GPU: no MFU)",
@@ -317,6 +328,11 @@ struct Reader {
       out = v->get<std::string>();
     } else {
       static_assert(is_named_enum<T>, "a config key of an unsupported type");
+      if constexpr (std::is_same_v<T, CudaGraphs>)
+        if (v->is_boolean()) {
+          out = v->get<bool>() ? CudaGraphs::On : CudaGraphs::Off;
+          return;
+        }
       if (!v->is_string()) wrong("one of " + names_of<T>());
       out = parse_name<T>(v->get<std::string>(), source + ": config key '" + key + "'");
     }
@@ -345,7 +361,9 @@ struct Writer {
   template <typename T>
   void operator()(const char* key, const T& v, const KeySpec& spec) {
     json value;
-    if constexpr (is_named_enum<T>) {
+    if constexpr (std::is_same_v<T, CudaGraphs>) {
+      value = v == CudaGraphs::Auto ? json("auto") : json(v == CudaGraphs::On);
+    } else if constexpr (is_named_enum<T>) {
       value = name_of(v);
     } else {
       if (spec.omit_unset && v == T{}) return;
@@ -374,7 +392,8 @@ std::string check_text(Check c) {
 // The JSON type a key takes, for the docs.
 template <typename T>
 std::string type_text() {
-  if constexpr (is_named_enum<T>) return "string";
+  if constexpr (std::is_same_v<T, CudaGraphs>) return "bool or string";
+  else if constexpr (is_named_enum<T>) return "string";
   else if constexpr (std::is_same_v<T, bool>) return "bool";
   else if constexpr (std::is_same_v<T, std::string>) return "string";
   else if constexpr (std::is_same_v<T, double>) return "number";
@@ -452,6 +471,16 @@ void Config::validate() const {
   for_each_key(*this, [](const char* key, const auto& v, const KeySpec& spec) {
     check_value(key, v, spec.check);
   });
+  // Before the build's check: these hold in any build (and are tested in all).
+  if (training.cuda_graphs == CudaGraphs::On) {
+    if (training.device != Device::CUDA)
+      fail("config key training.cuda_graphs: true needs training.device = \"cuda\" (the CPU runs "
+           "its step as it is; use false or \"auto\")");
+    if (parallel.pipeline * parallel.data > 1 || parallel.zero == 1)
+      fail("config key training.cuda_graphs: true captures a single GPU's step (parallel.pipeline = "
+           "parallel.data = 1, parallel.zero = 0), got pipeline = ", parallel.pipeline, ", data = ",
+           parallel.data, ", zero = ", parallel.zero, "; use false or \"auto\"");
+  }
   if (training.device == Device::CUDA && !cuda::compiled())
     fail("config key training.device: \"cuda\", but this build has no CUDA backend (nvcc was not "
          "found when it was configured); use \"cpu\" or rebuild with the CUDA toolkit");
@@ -495,6 +524,11 @@ void Config::validate() const {
       fail("config key data.tokenizer: missing, but eval.tasks needs it to tokenize the tasks");
   }
   if (run.dir.empty()) fail("config key run.dir: must not be empty");
+}
+
+bool Config::cuda_graphs() const {
+  // Auto stays off until a GPU session has proven graphs (docs/cuda.md's plan).
+  return training.cuda_graphs == CudaGraphs::On;
 }
 
 void apply_override(json& j, const std::string& arg) {

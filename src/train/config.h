@@ -24,6 +24,11 @@ enum class ScheduleType { Constant, Cosine, Wsd };
 // (the reference a bf16-logit run is compared with); BF16: bf16 logits, only
 // in a bf16 run (validate() rejects it otherwise).
 enum class Logits { Auto, F32, BF16 };
+// training.cuda_graphs (parallel/step_graph.h): the single-GPU step as one
+// CUDA graph. Auto: off until graphs have run on a GPU (docs/cuda.md); On
+// (JSON true): a single GPU's step (P = D = 1, no ZeRO), else an error; Off
+// (JSON false).
+enum class CudaGraphs { Auto, On, Off };
 // parallel.transport: parallel::TransportKind (Auto: NCCL for CUDA runs when
 // built with it, else MPI; Mpi: host memory, GPU tensors staged through the
 // host, e.g. several ranks sharing one GPU; Nccl).
@@ -48,6 +53,7 @@ struct TrainingConfig {
   // Own by default until cuDNN's path has run on a GPU (docs/cuda.md).
   kernels::AttentionKernel attention_kernel = kernels::AttentionKernel::Own;
   model::Recompute recompute = model::Recompute::None;
+  CudaGraphs cuda_graphs = CudaGraphs::Auto;
   // Peak FLOP/s of the device for the MFU figure, in TFLOP/s; 0 = look it up
   // from the GPU's name (H100/H200: 989 bf16 dense, 67 fp32).
   double peak_tflops = 0;
@@ -108,6 +114,8 @@ struct Config {
   static Config from_json(const json& j, const std::string& source);
   // Checks that involve several keys (heads | d, the parallel layout, ...).
   void validate() const;
+  // Whether the training step runs as a CUDA graph (training.cuda_graphs resolved).
+  bool cuda_graphs() const;
 };
 
 // The names the config file uses for the enum values ("cosine", "nccl",

@@ -33,8 +33,8 @@ void Stepper::init_weights(uint64_t seed) {
 }
 
 parallel::StepStats Stepper::forward_backward(int A, const parallel::DataFn& data,
-                                              double grad_scale) {
-  return rt_->train_step(A, data, grad_scale);
+                                              double grad_scale, bool graph) {
+  return rt_->train_step(A, data, grad_scale, graph);
 }
 
 void Stepper::update(double lr, double norm) {

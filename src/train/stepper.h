@@ -31,8 +31,10 @@ class Stepper {
   void init_weights(uint64_t seed);
 
   // The step's M = A microbatches (data(mb): this replica's microbatch mb),
-  // gradients summed over the replicas. Collective.
-  parallel::StepStats forward_backward(int A, const parallel::DataFn& data, double grad_scale);
+  // gradients summed over the replicas. Collective. `graph`: as a CUDA graph
+  // when the runtime was made with RuntimeOptions::cuda_graphs.
+  parallel::StepStats forward_backward(int A, const parallel::DataFn& data, double grad_scale,
+                                       bool graph = true);
   // The global gradient norm. Collective.
   double grad_norm() { return rt_->grad_norm(); }
   // AdamW at `lr`, clipped by `norm` (grad_norm()'s value), then every

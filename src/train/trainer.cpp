@@ -191,7 +191,8 @@ class Engine {
   void resume();        // from checkpoint.resume's checkpoint, if any (collective)
   void open_metrics();  // metrics.jsonl and depth_stats.jsonl (rank 0)
 
-  parallel::StepStats step(int64_t k, double grad_scale);
+  // `graph`: as a CUDA graph when training.cuda_graphs is on (not on depth-statistics steps).
+  parallel::StepStats step(int64_t k, double grad_scale, bool graph);
   void checkpoint();  // collective: begins a save (checkpoint.async: written in the background)
   void finish_saves(bool wait);  // collective: a save in flight advanced (or finished: wait)
   void saved(const SaveRecord& r);  // a save published: its record and log line (rank 0)
@@ -285,6 +286,9 @@ parallel::RuntimeOptions Engine::runtime_options() {
   ro.recompute = tc_.recompute;
   ro.zero = cfg_.parallel.zero == 1;
   ro.transport = choose_transport();
+  ro.cuda_graphs = cfg_.cuda_graphs();
+  if (ro.cuda_graphs && root_)
+    spdlog::info("CUDA graphs: the step runs eagerly once, is captured at the second and replayed");
   return ro;
 }
 
@@ -395,11 +399,11 @@ void Engine::open_metrics() {
   }
 }
 
-parallel::StepStats Engine::step(int64_t k, double grad_scale) {
+parallel::StepStats Engine::step(int64_t k, double grad_scale, bool graph) {
   const int64_t D = grid_.D();
   return stepper_->forward_backward(static_cast<int>(A_), [&](int mb) {
     return train_data_.unit((k * A_ + mb) * D + replica_);  // docs/model.md section 5
-  }, grad_scale);
+  }, grad_scale, graph);
 }
 
 void Engine::checkpoint() {
@@ -628,7 +632,7 @@ int Engine::run() {
     const int64_t k = state_.step;
     const bool depth_stats = depth_stats_due(k);
     if (depth_stats) attach_depth_stats(true);
-    const parallel::StepStats st = step(k, grad_scale);
+    const parallel::StepStats st = step(k, grad_scale, /*graph=*/!depth_stats);
     if (depth_stats) attach_depth_stats(false);
     const double loss = st.loss_sum * grad_scale;
     const double norm = stepper_->grad_norm();

@@ -30,4 +30,6 @@ cmp -s table.txt plain.txt || { diff plain.txt table.txt; fail "--json=false did
 cmp -s last.txt plain.txt || fail "--json --json=false: the last one given does not win"
 pass "--json=false is off, --json=true on, the last one given wins"
 expect_error "--json=yes" "option --json is a switch" "$BIN" inspect memory "$config" --json=yes
+expect_error "bench --cuda-graphs on the cpu" "--cuda-graphs needs --device cuda" "$BIN" bench --cuda-graphs
+pass "bench --cuda-graphs on the cpu: refused"
 echo "all bench and flag checks passed"

@@ -66,7 +66,7 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
       {"training.steps", 8}, {"training.micro_batch_size", 2}, {"training.seq_len", 16},
       {"training.grad_accum", 4}, {"training.seed", 7}, {"training.device", "cuda"},
       {"training.precision", "bf16"}, {"training.logits", "bf16"}, {"training.attention_kernel", "cudnn"},
-      {"training.recompute", "mix"},
+      {"training.recompute", "mix"}, {"training.cuda_graphs", false},
       {"training.peak_tflops", 500.0},
       {"data.train", "train.bin"}, {"data.val", "val.bin"}, {"data.tokenizer", "tok.json"},
       {"data.shuffle", true},
@@ -99,6 +99,7 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
     CHECK((type == "integer"  ? v.is_number_integer()
            : type == "number" ? v.is_number()
            : type == "bool"   ? v.is_boolean()
+           : type == "bool or string" ? v.is_boolean() || v.is_string()
                               : type == "string" && v.is_string()));
     const json* def = at_key(defaults, key);
     CHECK((def == nullptr || *def != v));  // not the default
@@ -251,6 +252,46 @@ TEST_CASE("enum-valued keys take exactly their names", "[train]") {
   CHECK(c.training.device == Device::CUDA);
   CHECK(c.to_json()["training"]["precision"] == "bf16");
   CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
+}
+
+TEST_CASE("training.cuda_graphs: auto, true or false, and true on one GPU only", "[train]") {
+  json j = base();
+  Config c = Config::from_json(j, "cfg.json");
+  CHECK(c.training.cuda_graphs == train::CudaGraphs::Auto);
+  CHECK(c.to_json()["training"]["cuda_graphs"] == "auto");
+  CHECK_FALSE(c.cuda_graphs());  // auto: off until graphs have run on a GPU
+  for (const json& v : {json(true), json("true")}) {
+    j["training"]["cuda_graphs"] = v;
+    c = Config::from_json(j, "cfg.json");
+    CHECK(c.training.cuda_graphs == train::CudaGraphs::On);
+    CHECK(c.cuda_graphs());
+    CHECK(c.to_json()["training"]["cuda_graphs"] == json(true));
+  }
+  j["training"]["cuda_graphs"] = false;
+  c = Config::from_json(j, "cfg.json");
+  CHECK(c.training.cuda_graphs == train::CudaGraphs::Off);
+  CHECK_FALSE(c.cuda_graphs());
+  CHECK(c.to_json()["training"]["cuda_graphs"] == json(false));
+  CHECK(config_error(j).empty());
+  j["training"]["cuda_graphs"] = "yes";
+  CHECK_THAT(config_error(j), Catch::Contains("training.cuda_graphs") &&
+                              Catch::Contains("auto, true, false"));
+  j["training"]["cuda_graphs"] = 1;
+  CHECK_THAT(config_error(j), Catch::Contains("training.cuda_graphs") &&
+                              Catch::Contains("must be one of auto, true, false"));
+  j["training"]["cuda_graphs"] = true;  // on the cpu
+  CHECK_THAT(config_error(j), Catch::Contains("config key training.cuda_graphs: true needs "
+                                              "training.device = \"cuda\""));
+  j["training"]["device"] = "cuda";
+  j["training"]["precision"] = "bf16";
+  for (const auto& [key, v] : {std::make_pair("pipeline", 2), std::make_pair("data", 2),
+                               std::make_pair("zero", 1)}) {
+    json k = j;
+    k["parallel"][key] = v;
+    INFO("parallel." << key << " = " << v);
+    CHECK_THAT(config_error(k), Catch::Contains("config key training.cuda_graphs: true captures "
+                                                "a single GPU's step"));
+  }
 }
 
 TEST_CASE("training.attention_kernel: own, auto, or cudnn on cuda only", "[train]") {

@@ -96,6 +96,10 @@ class Runtime {
     std::lock_guard<std::mutex> lock(mu_);
     peak_ = in_use_;
   }
+  void trim() {
+    ATTNRES_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    ATTNRES_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+  }
   MemoryStats stats() {
     MemoryStats s;
     {
@@ -232,6 +236,7 @@ void synchronize() {
 
 MemoryStats memory_stats() { return runtime().stats(); }
 void reset_peak_memory() { runtime().reset_peak(); }
+void trim_memory_pool() { runtime().trim(); }
 size_t free_memory() {
   runtime();  // the context, streams and pool first: what they take is not free
   size_t free = 0, total = 0;

@@ -9,6 +9,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "core/error.h"
 
 namespace attnres::cuda {
@@ -20,6 +22,44 @@ cudaStream_t compute_stream();
 cudaStream_t comm_stream();
 // Properties of the current device (cached).
 const cudaDeviceProp& device_properties();
+
+// A result an op's kernels leave on the device for the host: a value (a loss)
+// and the first flagged position (~0 when none; kernels lower it with
+// atomicMin, so it does not depend on their order).
+struct DeviceStatus {
+  double value;
+  unsigned long long bad;
+};
+// What a flagged position means: ids[bad] is outside [0, vocab), the error
+// "<op>: <noun> id <ids[bad]> at position <bad> is outside the vocabulary [0, vocab)".
+struct IdCheck {
+  const char* op;
+  const char* noun;
+  const int32_t* ids;  // device memory
+  int64_t vocab;
+};
+
+// The DeviceStatus of one op call (core/cuda/graph.cu): a slot of this
+// thread's active DeferredChecks (core/device.h) when there is one, else its
+// own device memory; set to value 0, nothing flagged, on the compute stream.
+class StatusSlot {
+ public:
+  // `value`: the op returns the slot's value (DeferredChecks::collect too).
+  StatusSlot(const IdCheck& check, bool value);
+  ~StatusSlot();
+  StatusSlot(const StatusSlot&) = delete;
+  StatusSlot& operator=(const StatusSlot&) = delete;
+  DeviceStatus* get() const { return slot_; }
+  // Eagerly: waits for the kernels, throws the check's error if a position
+  // was flagged, else returns the value. Deferred: returns 0 at once (the
+  // check and the value come with DeferredChecks::collect()).
+  double settle() const;
+
+ private:
+  IdCheck check_;
+  DeviceStatus* slot_ = nullptr;
+  bool owned_ = false;
+};
 
 }  // namespace attnres::cuda
 

@@ -79,11 +79,9 @@ int64_t chunk_rows(int64_t N, int64_t V, int64_t logit_bytes) {
   return std::min(r, N);
 }
 
-// Written by the device, read back by the host in one copy.
-struct Status {
-  double loss;
-  unsigned long long bad_pos;  // first position with an invalid target; ~0 if none
-};
+// The loss sum and the first position with an invalid target (~0 if none),
+// read back by the host in one copy: ::attnres::cuda::DeviceStatus.
+using Status = ::attnres::cuda::DeviceStatus;
 
 // One block per logit row of the chunk. LogitT is the logits' dtype (float or
 // bf16); every value is widened to fp32 as it is read, so the arithmetic is
@@ -106,7 +104,7 @@ __global__ void __launch_bounds__(kRowThreads)
   float target_logit = 0.0f;
   if (threadIdx.x == 0) {
     if (valid) target_logit = to_f32(l[t]);
-    else atomicMin(&status->bad_pos, static_cast<unsigned long long>(n));
+    else atomicMin(&status->bad, static_cast<unsigned long long>(n));
   }
 
   // Pass 1: this thread's running max m and sum s of exp(x - m), one read.
@@ -183,7 +181,7 @@ __global__ void __launch_bounds__(1024) sum_loss_kernel(const double* row_loss, 
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) s += row_loss[i];
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) status->loss = s;
+  if (threadIdx.x == 0) status->value = s;
 }
 
 // T: the dtype of h, w and dh (and of the dlogits the GEMMs read); LogitT: of
@@ -202,11 +200,9 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
   const int64_t R = chunk_rows(N, V, int64_t(sizeof(LogitT)));
   Tensor logits = Tensor::empty({R, V}, logit_dtype, Device::CUDA);
   Tensor row_loss = Tensor::empty({N}, DType::F64, Device::CUDA);
-  Tensor status_buf = Tensor::empty({2}, DType::F64, Device::CUDA);  // one Status
-  static_assert(sizeof(Status) == 2 * sizeof(double), "Status is two 8-byte words");
-  auto* status = static_cast<Status*>(status_buf.raw());
-  // bad_pos = ~0 (no invalid target yet).
-  ATTNRES_CUDA_CHECK(cudaMemsetAsync(&status->bad_pos, 0xff, sizeof status->bad_pos, stream()));
+  // Read back at the end (or after the graph ran, when the step is captured).
+  const ::attnres::cuda::StatusSlot slot({"lm_head_cross_entropy", "target", tp, V}, /*value=*/true);
+  Status* status = slot.get();
 
   LogitT* L = dptr<LogitT>(logits);
   // dlogits: in place, T elements, row stride = the logit row's bytes.
@@ -236,17 +232,7 @@ double run(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor* dh, 
 
   sum_loss_kernel<<<1, 1024, 0, stream()>>>(row_loss.data<double>(), N, status);
   ATTNRES_CUDA_CHECK_LAUNCH();
-  Status st{};
-  ::attnres::cuda::copy(&st, ::attnres::cuda::Side::Host, status, ::attnres::cuda::Side::Device,
-                        sizeof st);  // waits for the chunks
-  if (st.bad_pos != ~0ull) {
-    int32_t id = 0;
-    ::attnres::cuda::copy(&id, ::attnres::cuda::Side::Host, tp + st.bad_pos,
-                          ::attnres::cuda::Side::Device, sizeof id);
-    fail("lm_head_cross_entropy: target id ", id, " at position ", st.bad_pos,
-         " is outside the vocabulary [0, ", V, ")");
-  }
-  return st.loss;
+  return slot.settle();  // waits for the chunks (unless deferred)
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // whose id is outside [0, V) writes nothing and lowers a "first bad position"
 // word with atomicMin (deterministic: the minimum does not depend on the
 // order), which the host reads after the launch and turns into the same error
-// as the CPU's.
+// as the CPU's (or, while the step is captured into a CUDA graph, after the
+// graph ran: core/cuda/runtime.cuh's StatusSlot).
 //
 // Backward (deterministic, no float atomics): the positions are bucketed by
 // id on the device with CUB's radix sort, which is stable, so each id's
@@ -14,7 +15,10 @@
 // (distinct id, column tile) then adds its rows into dweight in ascending
 // position order: the same additions, in the same order, as the CPU's serial
 // loop. Ids are checked first (the same device-side check and error as the
-// forward), so the sort only sees ids in [0, V).
+// forward), so the sort only sees ids in [0, V); in a captured graph the
+// check is read after the run, so the adding kernel skips an id outside
+// [0, V) instead of writing past dweight (the step then fails with the
+// check's error).
 #include "kernels/cuda/embedding.h"
 
 #include <algorithm>
@@ -79,12 +83,13 @@ constexpr int kBatch = 16;
 template <typename T, int N>
 __global__ void embedding_backward_kernel(float* dweight, const T* dout, const uint32_t* ids,
                                           const int32_t* offsets, const int32_t* positions,
-                                          const int32_t* n_runs, int64_t d) {
+                                          const int32_t* n_runs, int64_t d, int64_t V) {
   __shared__ int32_t s_pos[kTile];
   if (int(blockIdx.x) >= *n_runs) return;  // the grid is sized for the most runs possible
+  const int64_t id = ids[blockIdx.x];
+  if (id >= V) return;  // flagged (ids are unsigned here: a negative one is large too)
   const int64_t k = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   const bool active = k < d / N;
-  const int64_t id = ids[blockIdx.x];
   const int32_t beg = offsets[blockIdx.x], end = offsets[blockIdx.x + 1];
   float* dst = dweight + id * d + k * N;
   const T* src = dout + k * N;
@@ -115,24 +120,6 @@ __global__ void embedding_backward_kernel(float* dweight, const T* dout, const u
   if (active) store<N>(dst, acc);
 }
 
-// The "first bad position" word: all bits set (no bad id) until a kernel lowers it.
-struct BadFlag {
-  Tensor buf = Tensor::empty({2}, DType::I32, Device::CUDA);
-  unsigned long long* ptr() const { return static_cast<unsigned long long*>(buf.raw()); }
-  BadFlag() { ATTNRES_CUDA_CHECK(cudaMemsetAsync(ptr(), 0xff, sizeof(unsigned long long), stream())); }
-  // Waits for the kernels, then throws the CPU's error if a position was flagged.
-  void check(const char* op, const int32_t* tokens, int64_t V) const {
-    unsigned long long bad = 0;
-    ::attnres::cuda::copy(&bad, ::attnres::cuda::Side::Host, ptr(), ::attnres::cuda::Side::Device,
-                          sizeof bad);
-    if (bad == ULLONG_MAX) return;
-    int32_t id = 0;
-    ::attnres::cuda::copy(&id, ::attnres::cuda::Side::Host, tokens + bad,
-                          ::attnres::cuda::Side::Device, sizeof id);
-    fail(op, ": token id ", id, " at position ", bad, " is outside the vocabulary [0, ", V, ")");
-  }
-};
-
 }  // namespace
 
 void embedding_forward(Tensor& out, const Tensor& weight, const Tensor& tokens) {
@@ -141,7 +128,8 @@ void embedding_forward(Tensor& out, const Tensor& weight, const Tensor& tokens) 
   if (N == 0) return;
   ATTNRES_CHECK(N <= INT_MAX, op, ": ", N, " tokens is more than one launch handles");
   const int32_t* tok = dptr<int32_t>(tokens);
-  BadFlag flag;
+  const ::attnres::cuda::StatusSlot flag({op, "token", tok, V}, /*value=*/false);
+  unsigned long long* bad = &flag.get()->bad;
   dispatch_float(weight, op, [&](auto tag) {
     using T = decltype(tag);
     constexpr int W = pack_of<T>();
@@ -150,13 +138,13 @@ void embedding_forward(Tensor& out, const Tensor& weight, const Tensor& tokens) 
     const unsigned grid = static_cast<unsigned>(N);
     if (d % W == 0 && aligned(po, 16) && aligned(pw, 16))
       embedding_forward_kernel<T, W><<<grid, threads_for(d / W), 0, stream()>>>(po, pw, tok, d, V,
-                                                                              flag.ptr());
+                                                                              bad);
     else
       embedding_forward_kernel<T, 1><<<grid, threads_for(d), 0, stream()>>>(po, pw, tok, d, V,
-                                                                          flag.ptr());
+                                                                          bad);
     ATTNRES_CUDA_CHECK_LAUNCH();
   });
-  flag.check(op, tok, V);
+  flag.settle();
 }
 
 void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& tokens) {
@@ -180,12 +168,12 @@ void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& token
 
   // Check the ids first: the sort must only see ids in [0, V).
   {
-    BadFlag flag;
+    const ::attnres::cuda::StatusSlot flag({op, "token", tok, V}, /*value=*/false);
     const int64_t blocks = std::min<int64_t>(ceil_div(N, 256), 4096);
     check_ids_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream()>>>(tok, N, V, iota,
-                                                                           flag.ptr());
+                                                                           &flag.get()->bad);
     ATTNRES_CUDA_CHECK_LAUNCH();
-    flag.check(op, tok, V);
+    flag.settle();
   }
   if (d == 0) return;
 
@@ -230,10 +218,10 @@ void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& token
     const dim3 grid(static_cast<unsigned>(max_runs), static_cast<unsigned>(ceil_div(packs, threads)));
     if (vec)
       embedding_backward_kernel<T, W>
-          <<<grid, threads, 0, stream()>>>(pdw, pd, uniq, offsets, pos_sorted, n_runs, d);
+          <<<grid, threads, 0, stream()>>>(pdw, pd, uniq, offsets, pos_sorted, n_runs, d, V);
     else
       embedding_backward_kernel<T, 1>
-          <<<grid, threads, 0, stream()>>>(pdw, pd, uniq, offsets, pos_sorted, n_runs, d);
+          <<<grid, threads, 0, stream()>>>(pdw, pd, uniq, offsets, pos_sorted, n_runs, d, V);
     ATTNRES_CUDA_CHECK_LAUNCH();
   });
 }
