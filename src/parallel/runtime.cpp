@@ -32,7 +32,7 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
   transport_ = make_transport(opt.transport, grid);
   executor_ = std::make_unique<PipelineExecutor>(cfg, *model_, *transport_, opt.cache_blocks, B, T);
   if (opt.cuda_graphs) {
-    // Train::validate refuses the rest with the config's words.
+    // train::Config::validate refuses the rest in the config's words.
     ATTNRES_CHECK(device == Device::CUDA && grid.world().size() == 1 && !opt.zero,
                   "CUDA graphs: a single GPU's step only (P = D = 1, no ZeRO)");
     graph_ = std::make_unique<StepGraph>(B, T);

@@ -55,6 +55,7 @@ size_t DeferredChecks::claimed() const { return impl_->claims.size(); }
 
 std::vector<double> DeferredChecks::collect() {
   const size_t n = impl_->claims.size();
+  if (n == 0) synchronize();  // (the copy below waits otherwise)
   std::vector<DeviceStatus> host(n);
   copy(host.data(), Side::Host, impl_->slots, Side::Device, sizeof(DeviceStatus) * n);  // waits
   std::vector<double> values;
