@@ -284,7 +284,7 @@ def evaluate(d):
     ceil = next((c for c in (ceilings(k) for _, k in texts.values()) if c), None)
     out = {"ceilings": ceil and {"copy_gbs": ceil[0], "gemm_tflops": ceil[1]},
            "targets": [], "floors": [], "overheads": [], "attention": [], "mix_kernels": [],
-           "mix_floors": [], "race": []}
+           "mix_floors": [], "race": [], "graphs": []}
 
     def target(name, measured, goal, goal_from, met):
         out["targets"].append({"target": name, "measured": measured, "goal": goal,
@@ -350,6 +350,15 @@ def evaluate(d):
                     out["race"].append({"preset": p.name, "label": p.label, "mode": mode,
                                         "attnres": r[0], "peer": r[1], "ratio": ratio,
                                         "loss_diff": r[2], "compiled": compiled})
+
+        # Information: the step as one CUDA graph (bench --cuda-graphs, its own table
+        # beside the eager one): what replaying saves, the launch and wait gaps it removed.
+        graphed = bench_rows(read(os.path.join(d, f"bench_{p.name}_graphs.txt")))
+        for mode in ("baseline", "block", "full"):
+            if mode in bench and mode in graphed:
+                out["graphs"].append({"preset": p.name, "label": p.label,
+                                      "mode": mode if mode != "block" else f"block N={bench[mode][3]}",
+                                      "eager_ms": bench[mode][2], "graph_ms": graphed[mode][2]})
 
         # Every Mix kernel within 1.3x of its traffic floor: the slowest decides.
         worst = None
@@ -436,6 +445,14 @@ def markdown(r):
             lines.append(f"| {x['label']} | {x['mode']} | {x['attnres']:.0f} | {x['peer']:.0f} | "
                          f"{x['ratio']:.2f}x | {'no' if x['compiled'] is False else 'yes'} | "
                          f"{x['loss_diff']:.1e} |")
+    if r["graphs"]:
+        lines += ["", "**The step as one CUDA graph** (`bench --cuda-graphs` against the eager "
+                  "table of the same report; information):", "",
+                  "| model | mode | eager ms | graph ms | saved |", "|---|---|---|---|---|"]
+        for g in r["graphs"]:
+            saved = g["eager_ms"] - g["graph_ms"]
+            lines.append(f"| {g['label']} | {g['mode']} | {g['eager_ms']:.1f} | {g['graph_ms']:.1f} | "
+                         f"{saved:+.1f} ms ({100 * saved / g['eager_ms']:+.1f}%) |")
     if r["mix_floors"]:
         lines += ["", "**Mix kernels against their traffic floor** (`bench --kernels`: the bytes "
                   "each must move, every input once and every output once, at the measured copy "

@@ -307,6 +307,32 @@ expect "| 124M | mix phase-1 bwd (full, k=21, Q=4) | 1.000 | 2.011 | 0.736 | 0.5
 grep -q "default kernel against the warp kernel" <<<"$($PY "$SRC/scripts/gpu_targets.py" "$h100")" &&
   fail "a report without '... warp' rows should print no kernel comparison"
 
+# The step as one CUDA graph (bench --cuda-graphs' table beside the eager one):
+# a row per mode in both, by hand: 37.3 - 35.1 = 2.2 ms of 37.3 = 5.9%;
+# 50.3 - 47.0 = 3.3 ms = 6.6%. No row for a mode the graphed table lacks.
+mkdir rgraph
+cat > rgraph/bench_124m.txt <<'REPORT'
+attnres GPU benchmark on NVIDIA H100 80GB HBM3 (sm_90, 79.2 GiB, 132 SMs), bf16, bf16 logits
+model: d=768 L=12 H=12 Hkv=12 d_ff=2048 V=50304 | T=1024 B=16 A=1 | median of 10 timed steps after 3 warm-up
+mode                          step ms     tokens/s      TFLOP/s      MFU    vs base    act MiB
+baseline                         37.3       439345        350.6    35.5%          -    5742.16
+block N=8                        43.5       376979        301.3    30.5%     +16.5%    6322.53
+full                             50.3       325776        261.0    26.4%     +34.9%    6337.59
+REPORT
+cat > rgraph/bench_124m_graphs.txt <<'REPORT'
+mode                          step ms     tokens/s      TFLOP/s      MFU    vs base    act MiB
+baseline                         35.1       466874        372.6    37.7%          -    5742.16
+full                             47.0       348596        279.3    28.2%     +33.9%    6337.59
+REPORT
+out=$($PY "$SRC/scripts/gpu_targets.py" rgraph)
+expect "| 124M | baseline | 37.3 | 35.1 | +2.2 ms (+5.9%) |"
+expect "| 124M | full | 50.3 | 47.0 | +3.3 ms (+6.6%) |"
+[[ $(grep -cE '^\| 124M \| (baseline|full|block N=8) \| [0-9.]+ \| [0-9.]+ \| ' <<<"$out") -eq 2 ]] ||
+  { echo "$out"; fail "only the modes both tables have should be listed"; }
+grep -q "one CUDA graph" <<<"$($PY "$SRC/scripts/gpu_targets.py" "$h100")" &&
+  fail "a report without bench_*_graphs.txt should print no graph table"
+pass "the step as one CUDA graph: eager against graphed, per mode"
+
 mkdir empty  # in $WORK, removed with it
 out=$($PY "$SRC/scripts/gpu_targets.py" empty)
 echo "$out"
