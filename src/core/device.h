@@ -179,10 +179,12 @@ class StreamGraph {
   std::unique_ptr<Impl> impl_;
 };
 
-// Waits for the compute stream, then hands the memory pool's cached free
-// blocks back to the driver (a graph's allocations come from the graph's own
-// pool: without this, the memory of the eager steps before the capture would
-// be held twice).
+// Waits for the compute stream, then hands back to the driver the memory
+// pool's cached free blocks and the physical memory idle graphs keep for their
+// allocations (mapped again at their next launch). A graph's allocations come
+// from its own memory, the eager work's from the pool: without this, work run
+// eagerly beside a graph (the eager steps before its capture, evaluation) would
+// hold the activations' memory twice.
 void trim_memory_pool();
 
 // Marks the region an external profiler records when it is started with

@@ -42,18 +42,18 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
 StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale, bool graph) {
   StepStats st;
   executor_->set_timing(true);  // (a capture that failed left it off)
-  if (graph_ && graph)
+  if (graph_ && graph) {
     st = graph_->run(M, data, [&](const DataFn& d, bool capturing) {
       executor_->set_timing(!capturing);
       StepStats s = local_step(M, d, grad_scale);
       executor_->set_timing(true);
       return s;
     });
-  else
+  } else {
+    trim_device_memory();  // an eager step beside a graph (depth statistics)
     st = local_step(M, data, grad_scale);
-  // An eager step beside a graph (depth statistics) leaves its activations
-  // cached in the pool, while the graph keeps its own: hand them back.
-  if (graph_ && !graph) cuda::trim_memory_pool();
+    trim_device_memory();
+  }
   double sums[3] = {st.loss_sum, static_cast<double>(st.pp_bytes), st.busy_sec};
   grid_.world().allreduce_sum(sums, 3);
   grid_.world().allreduce_max(&st.wall_sec, 1);
@@ -163,6 +163,10 @@ double Runtime::grad_norm() {
     for (size_t i = 0; i < n; ++i) sq += v.at(at + i);
   }
   return std::sqrt(sq);
+}
+
+void Runtime::trim_device_memory() {
+  if (graph_) cuda::trim_memory_pool();
 }
 
 double Runtime::eval_loss_sum(int M, const DataFn& data) {

@@ -57,6 +57,11 @@ class Runtime {
   StepStats train_step(int M, const DataFn& data, double grad_scale, bool graph = true);
   // Steps run as a CUDA graph so far.
   int64_t graph_launches() const { return graph_ ? graph_->launches() : 0; }
+  // With a CUDA graph: device memory cached by the pool or kept by the idle
+  // graph handed back (cuda::trim_memory_pool), before and after eager work
+  // beside the graph (evaluation; an eager step does it itself), so the two
+  // never hold their activations at once. A no-op without a graph.
+  void trim_device_memory();
 
   // Global L2 norm of all gradients, summed in the single-process order
   // (chunk by chunk, parameter by parameter), so it matches Model's table

@@ -197,6 +197,7 @@ class Engine {
   void finish_saves(bool wait);  // collective: a save in flight advanced (or finished: wait)
   void saved(const SaveRecord& r);  // a save published: its record and log line (rank 0)
   void evaluate();    // collective: replica d evaluates units d, d+D, ... (and eval.tasks)
+  void evaluate_val_loss();  // evaluate()'s data.val part
   void log_step(int64_t first_step, double loss, double lr, double norm, double dt,
                 double elapsed, const parallel::StepStats& st);
   bool depth_stats_due(int64_t k) const;
@@ -542,12 +543,17 @@ void Engine::saved(const SaveRecord& r) {
 }
 
 void Engine::evaluate() {
+  rt().trim_device_memory();  // beside a CUDA graph: not both sets of activations at once
   for (const auto& r : tasks_.evaluate(rt()))
     if (root_) {
       metrics_->write(TaskEvaluator::record(state_.step, r));
       spdlog::info("{}", TaskEvaluator::progress(state_.step, r));
     }
-  if (!val_data_) return;
+  if (val_data_) evaluate_val_loss();
+  rt().trim_device_memory();
+}
+
+void Engine::evaluate_val_loss() {
   const int64_t D = grid_.D();
   const int64_t n = std::min(cfg_.eval.batches, val_data_->units_per_epoch());
   const int M = static_cast<int>(n > replica_ ? (n - replica_ + D - 1) / D : 0);

@@ -98,6 +98,7 @@ class Runtime {
   }
   void trim() {
     ATTNRES_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    ATTNRES_CUDA_CHECK(cudaDeviceGraphMemTrim(device_));  // graphs' memory, mapped again at launch
     ATTNRES_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
   }
   MemoryStats stats() {
