@@ -27,12 +27,17 @@ for k in 1 2 3; do
   # killed attempt's other rank can outlive its mpirun for a moment, and a
   # kill sent to it restarts nothing), then kill one of them after 0-0.09 s
   # more: a step takes a few ms on 2 cores, and a checkpoint is written every
-  # 10 steps, so the kills land anywhere in its cycle.
+  # 10 steps, so the kills land anywhere in its cycle. The first kill may
+  # land before the first checkpoint (a restart from nothing); the later ones
+  # wait for a checkpoint record, so that a restart resumes from one (all
+  # three before step 10 failed "no restart resumed from a checkpoint" in CI
+  # on 2026-11-28).
   victim=""
   for _ in $(seq 1 600); do
     kill -0 $sup 2>/dev/null || break
     if [[ $(ranks | wc -l) -eq 2 && -f run_v/metrics.jsonl ]] &&
        [[ $(grep -c '"event":"restart"' run_v/metrics.jsonl || true) -eq $kills ]] &&
+       { ((k == 1)) || grep -q '"event":"checkpoint"' run_v/metrics.jsonl; } &&
        tail -1 run_v/metrics.jsonl | grep -q '"loss"'; then
       sleep "0.0$((RANDOM % 10))"
       mapfile -t pids < <(ranks)
