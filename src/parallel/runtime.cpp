@@ -41,7 +41,6 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
 
 StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale, bool graph) {
   StepStats st;
-  executor_->set_timing(true);  // (a capture that failed left it off)
   if (graph_ && graph) {
     st = graph_->run(M, data, [&](const DataFn& d, bool capturing) {
       executor_->set_timing(!capturing);

@@ -25,7 +25,8 @@ void StepGraph::stage(int M, const DataFn& data) {
   auto* host = static_cast<int32_t*>(pinned_->data());
   for (int mb = 0; mb < M; ++mb) {
     const data::TokenLoader::Batch b = data(mb);
-    for (const auto& [t, at] : {std::make_pair(&b.inputs, int64_t(0)), std::make_pair(&b.targets, all)}) {
+    for (const auto& [t, at] :
+         {std::make_pair(&b.inputs, int64_t(0)), std::make_pair(&b.targets, all)}) {
       ATTNRES_CHECK(t->is_cpu() && t->dtype() == DType::I32 && t->numel() == N,
                     "StepGraph: microbatch ", mb, " is not ", N, " int32 ids in host memory");
       std::memcpy(host + at + int64_t(mb) * N, t->raw(), sizeof(int32_t) * N);

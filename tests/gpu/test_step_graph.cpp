@@ -44,8 +44,10 @@ struct Run {
   }
 
   // `steps` AdamW steps, each on its own random microbatches (a replay must
-  // read the new step's tokens, not the captured ones); the per-step loss sums.
-  std::vector<double> train(int steps, int64_t bad_at_step = -1) {
+  // read the new step's tokens, not the captured ones); the per-step loss
+  // sums. Step `bad_at_step` (0-based) has a token id outside the vocabulary;
+  // step `eager_step` runs without the graph (as a depth-statistics step).
+  std::vector<double> train(int steps, int bad_at_step = -1, int eager_step = -1) {
     std::vector<double> losses;
     const int64_t V = stepper.runtime().model().chunk(0).config().vocab_size;
     for (int k = 0; k < steps; ++k) {
@@ -56,7 +58,8 @@ struct Run {
         if (k == bad_at_step && mb == 1) b.inputs.data<int32_t>()[37] = static_cast<int32_t>(V + 5);
         return b;
       };
-      const auto st = stepper.forward_backward(kA, data, 1.0 / (kA * kB * kT));
+      const auto st =
+          stepper.forward_backward(kA, data, 1.0 / (kA * kB * kT), /*graph=*/k != eager_step);
       stepper.update(3e-3, stepper.grad_norm());
       losses.push_back(st.loss_sum);
     }
@@ -111,21 +114,9 @@ TEST_CASE("a bad token id in a replayed step raises the eager step's error", "[g
 TEST_CASE("an eager step between replays (depth statistics) keeps the bits", "[gpu][graphs]") {
   const ModelConfig c = small(ResidualMode::Full);
   Run eager(c, DType::F32, false), graphed(c, DType::F32, true);
-  std::vector<double> a, b;
-  for (int k = 0; k < 4; ++k) {
-    const auto data = [&](int mb) {
-      data::TokenLoader::Batch x;
-      x.inputs = testing::random_tokens(kB * kT, c.vocab_size, 900 + 10 * k + mb);
-      x.targets = testing::random_tokens(kB * kT, c.vocab_size, 950 + 10 * k + mb);
-      return x;
-    };
-    const double scale = 1.0 / (kA * kB * kT);
-    a.push_back(eager.stepper.forward_backward(kA, data, scale).loss_sum);
-    b.push_back(graphed.stepper.forward_backward(kA, data, scale, /*graph=*/k != 2).loss_sum);
-    eager.stepper.update(3e-3, eager.stepper.grad_norm());
-    graphed.stepper.update(3e-3, graphed.stepper.grad_norm());
-  }
+  const auto a = eager.train(4), b = graphed.train(4, -1, /*eager_step=*/2);
   CHECK(graphed.stepper.runtime().graph_launches() == 2);  // steps 2 and 4
+  REQUIRE(a.size() == b.size());
   for (size_t k = 0; k < a.size(); ++k) {
     INFO("step " << k + 1);
     CHECK(std::memcmp(&a[k], &b[k], sizeof(double)) == 0);
