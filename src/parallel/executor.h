@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/device.h"
@@ -116,7 +117,10 @@ struct StepStats {
   int64_t pp_bytes = 0;  // pipeline bytes this rank sent, then all ranks
   double busy_sec = 0;   // time in forward/backward compute
   double wall_sec = 0;   // start of the step to the end of this rank's last action
-  double bubble = 0;     // runtime: (slowest rank's wall - mean busy) / mean busy
+  // Runtime: (slowest rank's wall - mean busy) / mean busy; not measured
+  // (empty) when ranks that talk to each other ran their steps as CUDA
+  // graphs, which time the whole step only.
+  std::optional<double> bubble;
   // Tensor bytes live at the step's start on this rank (weights, gradients,
   // optimizer state: the resident state), and the high-water mark above it
   // during the step (activations, messages, workspace); then, in the

@@ -29,6 +29,7 @@ class MpiTransport : public Transport {
  public:
   explicit MpiTransport(const ProcessGrid& grid);
   std::string name() const override { return "mpi"; }
+  bool graph_capturable() const override { return false; }  // the host drives its transfers
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
   std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) override;
   void all_gather(const Tensor& mine, Tensor& flat) override;

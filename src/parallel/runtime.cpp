@@ -32,10 +32,18 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
   transport_ = make_transport(opt.transport, grid);
   executor_ = std::make_unique<PipelineExecutor>(cfg, *model_, *transport_, opt.cache_blocks, B, T);
   if (opt.cuda_graphs) {
-    // train::Config::validate refuses the rest in the config's words.
-    ATTNRES_CHECK(device == Device::CUDA && grid.world().size() == 1 && !opt.zero,
-                  "CUDA graphs: a single GPU's step only (P = D = 1, no ZeRO)");
-    graph_ = std::make_unique<StepGraph>(B, T);
+    // train::Config::validate and the trainer's transport choice refuse the
+    // rest in the config's words.
+    ATTNRES_CHECK(device == Device::CUDA, "CUDA graphs: the step of a CUDA run only");
+    ATTNRES_CHECK(grid.world().size() == 1 || transport_->graph_capturable(),
+                  "CUDA graphs: ", grid.world().size(), " ranks talking through the ",
+                  transport_->name(), " transport cannot capture their steps (NCCL can)");
+    // What the step defers per microbatch (parallel/step_graph.h): the
+    // embedding's id checks, forward and backward, where chunk 0 runs; the
+    // cross-entropy's loss and target check where the last chunk runs.
+    const bool first = grid.stage() == layout_.rank_of(0);
+    const bool last = grid.stage() == layout_.rank_of(layout_.C() - 1);
+    graph_ = std::make_unique<StepGraph>(B, T, (first ? 2u : 0u) + (last ? 1u : 0u), first || last);
   }
 }
 
@@ -63,7 +71,10 @@ StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale, bool
   st.loss_sum = sums[0];
   st.pp_bytes = static_cast<int64_t>(sums[1]);
   st.busy_sec = sums[2] / grid_.world().size();  // the mean
-  st.bubble = st.busy_sec > 0 ? std::max(0.0, (st.wall_sec - st.busy_sec) / st.busy_sec) : 0.0;
+  // A graph times the whole step: with peers that includes waiting for them.
+  const bool timed = !(graph_ && graph) || grid_.world().size() == 1;
+  if (timed)
+    st.bubble = st.busy_sec > 0 ? std::max(0.0, (st.wall_sec - st.busy_sec) / st.busy_sec) : 0.0;
   return st;
 }
 

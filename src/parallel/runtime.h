@@ -29,8 +29,9 @@ struct RuntimeOptions {
   std::vector<int64_t> layers_per_chunk;  // explicit split; empty = even
   model::Recompute recompute = model::Recompute::None;  // training.recompute
   bool zero = false;                      // parallel.zero = 1 (parallel/zero.h)
-  // training.cuda_graphs resolved: the step as one CUDA graph (parallel/step_graph.h);
-  // a single GPU only (P = D = 1, no ZeRO).
+  // training.cuda_graphs resolved: each rank's step as one CUDA graph
+  // (parallel/step_graph.h); on a CUDA device, with a transport that can be
+  // captured (Transport::graph_capturable: NCCL) when there are peers.
   bool cuda_graphs = false;
 };
 
@@ -113,7 +114,10 @@ class Runtime {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::vector<ZeroShard> zero_;  // per local chunk, with ZeRO-1
-  std::unique_ptr<StepGraph> graph_;  // RuntimeOptions::cuda_graphs
+  // RuntimeOptions::cuda_graphs. Declared after transport_ so that it is
+  // destroyed first: NCCL (>= 2.26) destroys a communicator only once no
+  // graph holding its operations is left, so the other order would hang.
+  std::unique_ptr<StepGraph> graph_;
 };
 
 }  // namespace attnres::parallel

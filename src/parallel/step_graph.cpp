@@ -6,14 +6,12 @@
 
 namespace attnres::parallel {
 
-namespace {
-// Results a microbatch defers (cuda::DeferredChecks): the embedding's id check
-// in the forward and in the backward, the cross-entropy's loss and targets.
-constexpr size_t kDeferredPerMicrobatch = 3;
-}  // namespace
-
-StepGraph::StepGraph(int64_t B, int64_t T)
-    : B_(B), T_(T), clock_(std::make_unique<cuda::StreamClock>()) {}
+StepGraph::StepGraph(int64_t B, int64_t T, size_t deferred_per_microbatch, bool reads_data)
+    : B_(B),
+      T_(T),
+      deferred_per_microbatch_(deferred_per_microbatch),
+      reads_data_(reads_data),
+      clock_(std::make_unique<cuda::StreamClock>()) {}
 StepGraph::~StepGraph() = default;
 
 void StepGraph::stage(int M, const DataFn& data) {
@@ -43,15 +41,18 @@ StepStats StepGraph::run(int M, const DataFn& data,
     warm_ = true;
     return step(data, /*capturing=*/false);
   }
-  stage(M, data);
+  if (reads_data_) stage(M, data);
   const int64_t N = B_ * T_;
+  const size_t deferred = deferred_per_microbatch_ * size_t(M);
   if (!graph_ || M != M_) {
     graph_.reset();
     // The eager steps' activations stay cached in the pool; the graph's come
     // from its own.
     cuda::trim_memory_pool();
-    checks_ = std::make_unique<cuda::DeferredChecks>(kDeferredPerMicrobatch * size_t(M));
+    checks_ = std::make_unique<cuda::DeferredChecks>(deferred);
     const DataFn staged = [&](int mb) {
+      ATTNRES_CHECK(reads_data_, "StepGraph: the step of a rank without the first or last chunk "
+                                 "read microbatch ", mb);
       return data::TokenLoader::Batch{staged_.rows(int64_t(mb) * N, N),
                                       staged_.rows(int64_t(M + mb) * N, N)};
     };
@@ -63,9 +64,8 @@ StepStats StepGraph::run(int M, const DataFn& data,
       fail_internal("capturing the training step into a CUDA graph failed (training.cuda_graphs; "
                     "set it to false to train without graphs): ", e.what());
     }
-    ATTNRES_CHECK(checks_->claimed() == kDeferredPerMicrobatch * size_t(M),
-                  "StepGraph: the captured step deferred ", checks_->claimed(), " results, expected ",
-                  kDeferredPerMicrobatch * size_t(M));
+    ATTNRES_CHECK(checks_->claimed() == deferred, "StepGraph: the captured step deferred ",
+                  checks_->claimed(), " results, expected ", deferred);
     graph_ = std::move(graph);
     M_ = M;
   }

@@ -1,8 +1,13 @@
-// The single-GPU training step as one CUDA graph (training.cuda_graphs;
-// docs/cuda.md, "CUDA graphs"): the forward and backward of all M
-// microbatches, gradient zeroing included, captured once and replayed every
-// step, so that the host launches one graph instead of thousands of kernels
-// and never waits for the device mid-step.
+// A rank's training step as one CUDA graph (training.cuda_graphs; docs/cuda.md,
+// "CUDA graphs"): the forward and backward of all M microbatches, gradient
+// zeroing included, and on a rank of a pipeline or data-parallel job its
+// communication too (the NCCL transport's sends, receives and sums are queued
+// on streams ordered by events, Transport::graph_capturable), captured once
+// and replayed every step, so that the host launches one graph instead of
+// thousands of kernels and never waits for the device mid-step. Every rank
+// captures the same step of the same schedule, so the NCCL operations in the
+// graphs match as the eager ones do (NCCL's rule: a captured operation is
+// captured on every rank it involves).
 //
 // What changes against an eager step, and why the bits do not:
 //  - Inputs: the step's tokens and targets are staged into fixed device
@@ -14,10 +19,16 @@
 //    losses are added in microbatch order, as the executor adds them, and a
 //    bad id raises the eager step's error after the run.
 //  - Times: the executor's per-compute events cannot be waited for inside a
-//    capture; the step's wall and busy time are the graph's (two events).
+//    capture; the step's wall time is the graph's (two events), and so is its
+//    busy time (exact alone; with peers the graph also waits for them, so the
+//    runtime then leaves the bubble unmeasured).
+//  - Messages: a send completes at the step's end instead of as soon as the
+//    link is done (the executor cannot ask a captured event), which keeps its
+//    buffer a little longer; the order of everything on the GPU is unchanged.
 // The optimizer, the gradient norm, evaluation and depth-statistics steps stay
 // eager. The first step runs eagerly (it creates cuBLASLt's and cuDNN's plans
-// and workspaces, which a capture must find made), the second captures.
+// and workspaces, which a capture must find made, and NCCL's first
+// point-to-point operations), the second captures.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -31,8 +42,11 @@ namespace attnres::parallel {
 
 class StepGraph {
  public:
-  // Microbatches of B x T tokens.
-  StepGraph(int64_t B, int64_t T);
+  // Microbatches of B x T tokens. `deferred_per_microbatch`: the results the
+  // rank's step defers per microbatch (parallel::Runtime counts them from the
+  // chunks it holds); `reads_data`: whether the step reads tokens or targets
+  // (it holds the first or the last chunk), else nothing is staged.
+  StepGraph(int64_t B, int64_t T, size_t deferred_per_microbatch, bool reads_data);
   ~StepGraph();
 
   // One step of M microbatches: `step(data, capturing)` queues the step's
@@ -51,6 +65,8 @@ class StepGraph {
   void stage(int M, const DataFn& data);  // the step's inputs into staged_
 
   int64_t B_, T_;
+  size_t deferred_per_microbatch_;
+  bool reads_data_;
   bool warm_ = false;  // the eager first step ran
   int M_ = 0;          // microbatches of the captured graph
   Tensor staged_;                             // device, I32 [2 M B T]: tokens, then targets

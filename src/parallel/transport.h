@@ -101,6 +101,12 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual std::string name() const = 0;
+  // Whether everything it does in a training step is queued on CUDA streams,
+  // ordered by events, with no wait on the host, so that a rank's whole step,
+  // communication included, can be captured into one CUDA graph
+  // (parallel/step_graph.h): NCCL, and a single process's messages to itself.
+  // Not MPI, whose transfers the host drives.
+  virtual bool graph_capturable() const = 0;
 
   // Point-to-point with a pipeline peer (rank in this replica's pipeline).
   // Buffers are whole contiguous tensors; the receive buffer's size is the
@@ -158,6 +164,7 @@ class LocalTransport : public Transport {
  public:
   LocalTransport() : Transport(1, 0) {}
   std::string name() const override { return "none (single process)"; }
+  bool graph_capturable() const override { return true; }
   std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
   std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) override;
   void all_gather(const Tensor& mine, Tensor& flat) override;

@@ -193,9 +193,10 @@ void for_each_key(C& c, V&& v) {
             "SwiGLU; GEMM and attention outputs kept) or `layer` (everything but each sublayer's "
             "input); the same bits in every mode ([memory.md](memory.md))"});
   v("training.cuda_graphs", t.cuda_graphs,
-    KeySpec{"the training step as one CUDA graph, captured at the second step and replayed (the "
-            "same bits): `true` (one GPU: `pipeline` = `data` = 1, no ZeRO; depth-statistics "
-            "steps run without), `false`, or `auto` (off until graphs have run on a GPU) "
+    KeySpec{"each rank's training step as one CUDA graph, captured at the second step and "
+            "replayed (the same bits): `true` (on `cuda`; with pipeline or data-parallel peers "
+            "over the NCCL transport, communication captured too; depth-statistics steps run "
+            "without), `false`, or `auto` (off until graphs have run on a GPU) "
             "([cuda.md](cuda.md))"});
   v("training.peak_tflops", t.peak_tflops,
     KeySpec{"peak FLOP/s of one device for the MFU figure; 0 = from the GPU's name (H100 SXM, "
@@ -476,10 +477,11 @@ void Config::validate() const {
     if (training.device != Device::CUDA)
       fail("config key training.cuda_graphs: true needs training.device = \"cuda\" (the CPU runs "
            "its step as it is; use false or \"auto\")");
-    if (parallel.pipeline * parallel.data > 1 || parallel.zero == 1)
-      fail("config key training.cuda_graphs: true captures a single GPU's step (parallel.pipeline = "
-           "parallel.data = 1, parallel.zero = 0), got pipeline = ", parallel.pipeline, ", data = ",
-           parallel.data, ", zero = ", parallel.zero, "; use false or \"auto\"");
+    if (parallel.pipeline * parallel.data > 1 && parallel.transport == TransportKind::Mpi)
+      fail("config key training.cuda_graphs: true with ", parallel.pipeline * parallel.data,
+           " ranks (pipeline = ", parallel.pipeline, ", data = ", parallel.data,
+           ") captures their communication too, which parallel.transport = \"mpi\" cannot (the "
+           "host drives its transfers): use \"nccl\" or \"auto\", or cuda_graphs = false");
   }
   if (training.device == Device::CUDA && !cuda::compiled())
     fail("config key training.device: \"cuda\", but this build has no CUDA backend (nvcc was not "

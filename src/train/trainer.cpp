@@ -288,8 +288,16 @@ parallel::RuntimeOptions Engine::runtime_options() {
   ro.zero = cfg_.parallel.zero == 1;
   ro.transport = choose_transport();
   ro.cuda_graphs = cfg_.cuda_graphs();
+  const bool peers = grid_.world().size() > 1;
+  if (ro.cuda_graphs && peers && ro.transport != TransportKind::Nccl)
+    fail("config key training.cuda_graphs: true with ", grid_.world().size(),
+         " ranks captures their communication too, which needs the NCCL transport; "
+         "parallel.transport \"auto\" chose mpi (", parallel::nccl_compiled()
+             ? "ranks of this job share a GPU" : "this build has no NCCL",
+         "): use one process per GPU, or cuda_graphs = false");
   if (ro.cuda_graphs && root_)
-    spdlog::info("CUDA graphs: the step runs eagerly once, is captured at the second and replayed");
+    spdlog::info("CUDA graphs: the step runs eagerly once, is captured at the second and "
+                 "replayed{}", peers ? " (on every rank, with its NCCL operations)" : "");
   return ro;
 }
 
@@ -601,7 +609,7 @@ void Engine::log_step(int64_t first_step, double loss, double lr, double norm, d
               {"tokens", state_.tokens}, {"tokens_per_sec", tok_s}, {"elapsed_sec", elapsed}};
   if (pipeline) {
     row["pp_bytes"] = st.pp_bytes;
-    row["bubble"] = st.bubble;
+    if (st.bubble) row["bubble"] = *st.bubble;  // not measured in a CUDA graph with peers
   }
   if (mfu) row["mfu"] = achieved / peak;
   metrics_->write(row);
@@ -617,7 +625,9 @@ void Engine::log_step(int64_t first_step, double loss, double lr, double norm, d
                                                100 * achieved / peak)
                                  : fmt::format("{:.1f} GFLOP/s", achieved * 1e-9);
     const std::string pipe = !pipeline ? ""
-                                       : fmt::format(" | bubble {:.2f} | pp {:.1f} MB", st.bubble,
+                                       : fmt::format(" | bubble {} | pp {:.1f} MB",
+                                                     st.bubble ? fmt::format("{:.2f}", *st.bubble)
+                                                               : std::string("n/a (CUDA graph)"),
                                                      st.pp_bytes * 1e-6);
     spdlog::info("step {:>6}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | "
                  "{}{} | ETA {}", state_.step, tc_.steps, loss, lr, norm, tok_s, rate, pipe,

@@ -21,7 +21,10 @@
 #         training against fp32 (here both sides round alike and only the sums'
 #         order differs; the measured difference is printed);
 #   pp_bytes: the fp32 run's equals the same layout's on the CPU; bf16 messages
-#         are half of it (every boundary tensor is in the model's dtype).
+#         are half of it (every boundary tensor is in the model's dtype);
+#   over NCCL, each layout again with training.cuda_graphs = true: the same
+#         metrics bit for bit (every rank's step captured with its NCCL calls);
+#         with ranks sharing a GPU (MPI), cuda_graphs = true is refused.
 # Usage: pipeline_cuda.sh BIN SRC TEST_MPI MPIEXEC NPFLAG [launcher flags...]
 export ATTNRES_TEST_DEVICE=cuda
 source "$2/tests/mpi/lib.sh"
@@ -117,8 +120,35 @@ for prec in fp32 bf16; do
       || fail "$prec $args: the log does not name the $transport transport"
     pass "$prec, $np ranks on $gpus GPU(s), $transport transport, $args: final loss" \
       "$(last_loss run_p/metrics.jsonl) (one process $(last_loss run_1$prec/metrics.jsonl)), $result$bytes"
+    if [[ $transport == nccl ]]; then
+      # training.cuda_graphs: every rank's step, its NCCL sends, receives and
+      # sums included, captured and replayed: the same run bit for bit (with
+      # D <= 2 a sum over replicas has one order whatever NCCL's algorithm).
+      rm -rf ck_g run_g
+      run_np "$np" "$BIN" train base.json "${common[@]}" "${dev[@]}" --checkpoint.dir=ck_g \
+        --run.dir=run_g $args --training.cuda_graphs=true 2>log_g.txt \
+        || { cat log_g.txt; fail "$prec $args: with CUDA graphs"; }
+      grep -q "replayed (on every rank, with its NCCL operations)" log_g.txt \
+        || { cat log_g.txt; fail "$prec $args: the log does not say the ranks' steps are graphs"; }
+      diff <(strip_metrics run_p/metrics.jsonl) <(strip_metrics run_g/metrics.jsonl) \
+        || fail "$prec $args: the run with CUDA graphs differs from the run without"
+      [[ "$(pp_bytes run_g/metrics.jsonl)" == "$(pp_bytes run_p/metrics.jsonl)" ]] \
+        || fail "$prec $args: pp_bytes with CUDA graphs differ"
+      grep -q '"bubble"' run_g/metrics.jsonl && fail "$prec $args: a bubble reported for graphed steps"
+      pass "$prec $args: every rank's step as a CUDA graph == eager, bit for bit"
+    fi
   done
 done
+if [[ $transport == auto ]] && ((gpus < 2)); then
+  # Ranks sharing a GPU talk through MPI, which a CUDA graph cannot hold.
+  if run_np 2 "$BIN" train base.json --training.device=cuda --parallel.pipeline=2 \
+       --training.cuda_graphs=true 2>log_n.txt; then
+    fail "CUDA graphs with 2 ranks on $gpus GPU (the MPI transport) were accepted"
+  fi
+  grep -q "training.cuda_graphs: true with 2 ranks captures their communication too, which needs the NCCL transport" log_n.txt \
+    || { cat log_n.txt; fail "CUDA graphs over MPI: not the expected error"; }
+  pass "training.cuda_graphs = true with ranks sharing a GPU (MPI transport) is refused with a config error"
+fi
 if [[ $transport == auto ]] && ((gpus < 4)); then
   if run_np 4 "$BIN" train base.json --training.device=cuda --parallel.pipeline=4 \
        --parallel.transport=nccl 2>log_n.txt; then

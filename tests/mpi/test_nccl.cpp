@@ -8,9 +8,11 @@
 // V = 2), with and without ZeRO-1; the same through the MPI transport staging
 // device tensors through host memory. What one GPU cannot run: the per-link
 // point-to-point path, and NcclRequest::test across ranks (docs/cuda.md; the
-// gpu-multi tests on 2+ GPUs).
+// gpu-multi tests on 2+ GPUs). And that pipeline of two chunks as a CUDA
+// graph (training.cuda_graphs with NCCL calls captured): the eager step's bits.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 
 #include "core/device.h"
 #include "core/rng.h"
@@ -20,6 +22,7 @@
 #include "parallel/nccl_transport.h"
 #include "parallel/runtime.h"
 #include "testing.h"
+#include "train/stepper.h"
 
 using namespace attnres;
 using namespace attnres::testing;
@@ -189,4 +192,69 @@ TEST_CASE("pipeline chunks on one GPU through NCCL and through staged MPI", "[.n
         CHECK(testing::same_bits(p->weights(), before[i++]));
     }
   }
+}
+
+// training.cuda_graphs beyond a single chunk: a rank's step with its
+// transport's operations captured (parallel/step_graph.h). On one GPU that is
+// two chunks on one rank: messages to itself, the tied embedding's local sum,
+// and with ZeRO-1 ncclReduceScatter on a one-rank communicator inside the
+// graph. Five AdamW steps on new tokens each: the losses, gradients and
+// weights of the eager steps, bit for bit. (A pipeline of several GPUs, its
+// ncclSend / ncclRecv captured: tests/gpu/pipeline_cuda.sh under gpu-multi.)
+TEST_CASE("two chunks over NCCL replayed as a CUDA graph give the eager step's bits", "[.nccl]") {
+  if (!have_gpu_and_nccl()) return;
+  train::Config c;
+  c.model.vocab_size = 97, c.model.d_model = 64, c.model.n_layers = 4, c.model.n_heads = 2;
+  c.model.n_kv_heads = 1, c.model.d_ff = 96, c.model.mode = model::ResidualMode::Block;
+  c.model.block_size = 3, c.model.tie_embeddings = true;
+  const int64_t B = 2, T = 32, A = 3;
+  c.training.micro_batch_size = B, c.training.seq_len = T, c.training.grad_accum = A;
+  c.training.device = Device::CUDA;
+  c.training.attention_kernel = kernels::AttentionKernel::Own;
+  for (const bool zero : {false, true})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      c.training.precision = dt;
+      INFO((zero ? "zero = 1, " : "") << dtype_name(dt));
+      parallel::Comm self = group_of(1);
+      parallel::ProcessGrid grid(self, 1, 1);
+      auto run = [&](bool graphs, std::vector<double>& losses) {
+        parallel::RuntimeOptions ro;
+        ro.V = 2, ro.transport = parallel::TransportKind::Nccl, ro.zero = zero;
+        ro.cuda_graphs = graphs;
+        auto st = std::make_unique<train::Stepper>(grid, c, ro);
+        st->init_weights(7);
+        for (int k = 0; k < 5; ++k) {
+          const auto data = [&](int mb) {
+            data::TokenLoader::Batch b;
+            b.inputs = Tensor::empty({B * T}, DType::I32);
+            b.targets = Tensor::empty({B * T}, DType::I32);
+            for (int64_t i = 0; i < B * T; ++i) {
+              b.inputs.data<int32_t>()[i] = int32_t(random_u64(11, 10 * k + mb, i) % 97);
+              b.targets.data<int32_t>()[i] = int32_t(random_u64(12, 10 * k + mb, i) % 97);
+            }
+            return b;
+          };
+          losses.push_back(st->forward_backward(int(A), data, 1.0 / double(A * B * T)).loss_sum);
+          st->update(3e-3, st->grad_norm());
+        }
+        return st;
+      };
+      std::vector<double> a, b;
+      auto eager = run(false, a);
+      auto graphed = run(true, b);
+      CHECK(graphed->runtime().graph_launches() == 4);  // step 1 eager, 2 captured, 3-5 replays
+      REQUIRE(a.size() == b.size());
+      for (size_t k = 0; k < a.size(); ++k) {
+        INFO("step " << k + 1 << ": " << a[k] << " vs " << b[k]);
+        CHECK(std::isfinite(b[k]));
+        CHECK(std::memcmp(&a[k], &b[k], sizeof(double)) == 0);
+      }
+      const auto pa = eager->runtime().model().params(), pb = graphed->runtime().model().params();
+      REQUIRE(pa.size() == pb.size());
+      for (size_t i = 0; i < pa.size(); ++i) {
+        INFO(pa[i]->name);
+        CHECK(same_bits(pa[i]->weights(), pb[i]->weights()));
+        CHECK(same_bits(pa[i]->grad, pb[i]->grad));
+      }
+    }
 }

@@ -254,7 +254,8 @@ TEST_CASE("enum-valued keys take exactly their names", "[train]") {
   CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
 }
 
-TEST_CASE("training.cuda_graphs: auto, true or false, and true on one GPU only", "[train]") {
+TEST_CASE("training.cuda_graphs: auto, true or false, true on cuda, and with peers never over mpi",
+          "[train]") {
   json j = base();
   Config c = Config::from_json(j, "cfg.json");
   CHECK(c.training.cuda_graphs == train::CudaGraphs::Auto);
@@ -284,14 +285,26 @@ TEST_CASE("training.cuda_graphs: auto, true or false, and true on one GPU only",
                                               "training.device = \"cuda\""));
   j["training"]["device"] = "cuda";
   j["training"]["precision"] = "bf16";
-  for (const auto& [key, v] : {std::make_pair("pipeline", 2), std::make_pair("data", 2),
-                               std::make_pair("zero", 1)}) {
+  // With peers the graph holds their communication: NCCL's (or "auto"'s, which
+  // the trainer resolves; it refuses an MPI choice then), never MPI's.
+  for (const auto& [key, v] : {std::make_pair("pipeline", 2), std::make_pair("data", 2)}) {
     json k = j;
     k["parallel"][key] = v;
-    INFO("parallel." << key << " = " << v);
-    CHECK_THAT(config_error(k), Catch::Contains("config key training.cuda_graphs: true captures "
-                                                "a single GPU's step"));
+    k["training"]["grad_accum"] = 2;
+    for (const char* transport : {"nccl", "auto"}) {
+      k["parallel"]["transport"] = transport;
+      INFO("parallel." << key << " = " << v << ", transport " << transport);
+      CHECK_THAT(config_error(k), !Catch::Contains("cuda_graphs"));  // (a CPU build: no cuda)
+    }
+    k["parallel"]["transport"] = "mpi";
+    INFO("parallel." << key << " = " << v << ", transport mpi");
+    CHECK_THAT(config_error(k), Catch::Contains("config key training.cuda_graphs: true with 2 "
+                                                "ranks") &&
+                                    Catch::Contains("parallel.transport = \"mpi\" cannot"));
   }
+  json k = j;
+  k["parallel"]["zero"] = 1;  // one replica: its reduce-scatter is a copy, captured too
+  CHECK_THAT(config_error(k), !Catch::Contains("cuda_graphs"));
 }
 
 TEST_CASE("training.attention_kernel: own, auto, or cudnn on cuda only", "[train]") {

@@ -201,6 +201,11 @@ double peak_dense_flops(bool bf16) {
 
 cudaStream_t compute_stream() { return runtime().compute(); }
 cudaStream_t comm_stream() { return runtime().comm(); }
+bool compute_stream_capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ATTNRES_CUDA_CHECK(cudaStreamIsCapturing(runtime().compute(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
 const cudaDeviceProp& device_properties() { return runtime().props(); }
 
 void* alloc(size_t bytes) { return runtime().alloc(bytes == 0 ? 1 : bytes); }

@@ -20,6 +20,9 @@ namespace attnres::cuda {
 cudaStream_t compute_stream();
 // A second stream for communication (NCCL), ordered against compute with events.
 cudaStream_t comm_stream();
+// Whether a CUDA graph is capturing the compute stream (core/device.h,
+// StreamGraph): work queued now does not run, and waits for it must not be made.
+bool compute_stream_capturing();
 // Properties of the current device (cached).
 const cudaDeviceProp& device_properties();
 

@@ -153,7 +153,11 @@ class NcclRequest : public RequestImpl {
     // release (ordered on the compute stream) can no longer overtake it. A
     // receive answers false (transport.h): only wait() orders the compute
     // stream after it.
-    if (recv_) return false;
+    // While a CUDA graph captures the step nothing has run yet (and querying
+    // a captured event would break the capture): the executor then completes
+    // every send at the step's end, which joins the link streams back into
+    // the captured compute stream.
+    if (recv_ || cuda::compute_stream_capturing()) return false;
     const cudaError_t e = cudaEventQuery(done_.get());
     if (e == cudaErrorNotReady) {
       (void)cudaGetLastError();  // "not ready" is an answer, not an error to report later
@@ -243,6 +247,9 @@ class NcclTransport : public Transport {
     while (!links_.empty()) links_.pop_back();
   }
   std::string name() const override { return "nccl"; }
+  // Stream-ordered throughout (see the top of this file); NCCL's operations
+  // can be captured into CUDA graphs (NCCL >= 2.9, one GPU per process).
+  bool graph_capturable() const override { return true; }
 
   Request send_to(const Tensor& buffer, int peer) override {
     check(buffer, "send");
