@@ -49,6 +49,7 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
 
 StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale, bool graph) {
   StepStats st;
+  const int64_t launched_before = graph_launches();
   if (graph_ && graph) {
     st = graph_->run(M, data, [&](const DataFn& d, bool capturing) {
       executor_->set_timing(!capturing);
@@ -72,8 +73,7 @@ StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale, bool
   st.pp_bytes = static_cast<int64_t>(sums[1]);
   st.busy_sec = sums[2] / grid_.world().size();  // the mean
   // A graph times the whole step: with peers that includes waiting for them.
-  const bool timed = !(graph_ && graph) || grid_.world().size() == 1;
-  if (timed)
+  if (graph_launches() == launched_before || grid_.world().size() == 1)
     st.bubble = st.busy_sec > 0 ? std::max(0.0, (st.wall_sec - st.busy_sec) / st.busy_sec) : 0.0;
   return st;
 }

@@ -24,10 +24,10 @@ enum class ScheduleType { Constant, Cosine, Wsd };
 // (the reference a bf16-logit run is compared with); BF16: bf16 logits, only
 // in a bf16 run (validate() rejects it otherwise).
 enum class Logits { Auto, F32, BF16 };
-// training.cuda_graphs (parallel/step_graph.h): the single-GPU step as one
-// CUDA graph. Auto: off until graphs have run on a GPU (docs/cuda.md); On
-// (JSON true): a single GPU's step (P = D = 1, no ZeRO), else an error; Off
-// (JSON false).
+// training.cuda_graphs (parallel/step_graph.h): each rank's step as one CUDA
+// graph. Auto: off until graphs have run on a GPU (docs/cuda.md); On (JSON
+// true): on cuda, and with peers over NCCL only (their communication is
+// captured too), else an error; Off (JSON false).
 enum class CudaGraphs { Auto, On, Off };
 // parallel.transport: parallel::TransportKind (Auto: NCCL for CUDA runs when
 // built with it, else MPI; Mpi: host memory, GPU tensors staged through the
