@@ -23,8 +23,9 @@
 //    busy time (exact alone; with peers the graph also waits for them, so the
 //    runtime then leaves the bubble unmeasured).
 //  - Messages: a send completes at the step's end instead of as soon as the
-//    link is done (the executor cannot ask a captured event), which keeps its
-//    buffer a little longer; the order of everything on the GPU is unchanged.
+//    link is done (the executor cannot ask a captured event), so its buffer
+//    is held to the end of the step (more memory on a pipeline rank); the
+//    order of everything on the GPU is unchanged.
 // The optimizer, the gradient norm, evaluation and depth-statistics steps stay
 // eager. The first step runs eagerly (it creates cuBLASLt's and cuDNN's plans
 // and workspaces, which a capture must find made, and NCCL's first
