@@ -250,10 +250,13 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
     Tracker t;
     std::map<int, int> held;  // chunk -> microbatches held
     // A packed message is released once its send completed, which the
-    // executor sees between computes: count it through the next compute.
+    // executor sees between computes: count it through the next compute. In
+    // a CUDA graph (training.cuda_graphs) every send completes at the step's
+    // end (parallel/step_graph.h): its buffer is held until then.
+    const bool held_to_end = cfg.cuda_graphs();
     int64_t sending = 0;
     auto sent = [&](int64_t bytes) {
-      t.free(sending);
+      if (!held_to_end) t.free(sending);
       sending = bytes;
       t.alloc(bytes);
     };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "parallel/layout.h"
 #include "train/config.h"
 #include "train/memory.h"
 
@@ -68,4 +69,32 @@ TEST_CASE("the planner counts cuDNN's attention workspace where it may run", "[m
   const int64_t cpu_auto = attnres::train::plan_memory(c).at(0).activations;
   c.training.attention_kernel = attnres::kernels::AttentionKernel::Own;
   CHECK(attnres::train::plan_memory(c).at(0).activations == cpu_auto);  // the CPU runs its own
+}
+
+TEST_CASE("the planner holds a CUDA graph's sent messages to the step's end", "[memory]") {
+  // Eagerly a packed message is released once its send completed; a rank's
+  // step as a CUDA graph completes its sends at the end (parallel/step_graph.h).
+  // P = 2, four microbatches in flight under 1F1B: more held, by at most what
+  // the step sends.
+  attnres::train::Config c;
+  c.model.vocab_size = 64, c.model.d_model = 64, c.model.n_layers = 4, c.model.n_heads = 2;
+  c.model.n_kv_heads = 2, c.model.d_ff = 96, c.model.mode = attnres::model::ResidualMode::Block;
+  c.model.block_size = 2;
+  c.training.micro_batch_size = 2, c.training.seq_len = 32, c.training.grad_accum = 4;
+  c.training.device = attnres::Device::CUDA, c.training.precision = attnres::DType::BF16;
+  c.parallel.pipeline = 2;
+  const auto eager = attnres::train::plan_memory(c);
+  c.training.cuda_graphs = attnres::train::CudaGraphs::On;
+  const auto graphed = attnres::train::plan_memory(c);
+  const attnres::parallel::PipelineLayout layout(4, 2, 1);
+  const int64_t step_bytes = attnres::parallel::pipeline_bytes_per_step(
+      layout, attnres::parallel::DepthPlan::of(c.model), true, 4, 1, 2 * 32, 64, 2);
+  REQUIRE(eager.size() == 2);
+  for (size_t p = 0; p < 2; ++p) {
+    INFO("stage " << p << ": eager " << eager[p].activations << " bytes, graphed "
+                  << graphed[p].activations << ", the step sends " << step_bytes);
+    CHECK(graphed[p].activations > eager[p].activations);
+    CHECK(graphed[p].activations - eager[p].activations <= step_bytes);
+    CHECK(graphed[p].resident() == eager[p].resident());
+  }
 }
