@@ -139,23 +139,23 @@ for prec in fp32 bf16; do
     fi
   done
 done
+# With ranks sharing the GPU(s): a job of $1 ranks run with the flags after $3
+# fails with a config error containing $2 ($3 names what is refused).
+refused() {
+  local np=$1 want=$2 what=$3
+  shift 3
+  run_np "$np" "$BIN" train base.json --training.device=cuda "$@" 2>log_n.txt \
+    && fail "$what with $np ranks on $gpus GPU(s) was accepted"
+  grep -qF "$want" log_n.txt || { cat log_n.txt; fail "$what: not the expected error"; }
+  pass "$what with ranks sharing a GPU is refused with a config error"
+}
 if [[ $transport == auto ]] && ((gpus < 2)); then
-  # Ranks sharing a GPU talk through MPI, which a CUDA graph cannot hold.
-  if run_np 2 "$BIN" train base.json --training.device=cuda --parallel.pipeline=2 \
-       --training.cuda_graphs=true 2>log_n.txt; then
-    fail "CUDA graphs with 2 ranks on $gpus GPU (the MPI transport) were accepted"
-  fi
-  grep -q "training.cuda_graphs: true with 2 ranks captures their communication too, which needs the NCCL transport" log_n.txt \
-    || { cat log_n.txt; fail "CUDA graphs over MPI: not the expected error"; }
-  pass "training.cuda_graphs = true with ranks sharing a GPU (MPI transport) is refused with a config error"
+  # They talk through MPI, whose transfers a CUDA graph cannot hold.
+  refused 2 "training.cuda_graphs: true with 2 ranks captures their communication too, which needs the NCCL transport" \
+    "training.cuda_graphs = true" --parallel.pipeline=2 --training.cuda_graphs=true
 fi
 if [[ $transport == auto ]] && ((gpus < 4)); then
-  if run_np 4 "$BIN" train base.json --training.device=cuda --parallel.pipeline=4 \
-       --parallel.transport=nccl 2>log_n.txt; then
-    fail "NCCL with 4 ranks on $gpus GPU(s) was accepted"
-  fi
-  grep -q "parallel.transport is \"nccl\", but ranks of this job share a GPU" log_n.txt \
-    || { cat log_n.txt; fail "NCCL on a shared GPU: not the expected error"; }
-  pass "parallel.transport = nccl with ranks sharing a GPU is refused with a config error"
+  refused 4 'parallel.transport is "nccl", but ranks of this job share a GPU' \
+    "parallel.transport = nccl" --parallel.pipeline=4 --parallel.transport=nccl
 fi
 echo "all pipeline_cuda checks passed"
