@@ -8,8 +8,9 @@
 // V = 2), with and without ZeRO-1; the same through the MPI transport staging
 // device tensors through host memory. What one GPU cannot run: the per-link
 // point-to-point path, and NcclRequest::test across ranks (docs/cuda.md; the
-// gpu-multi tests on 2+ GPUs). And that pipeline of two chunks as a CUDA
-// graph (training.cuda_graphs with NCCL calls captured): the eager step's bits.
+// gpu-multi tests on 2+ GPUs). And CUDA graphs (training.cuda_graphs): those
+// calls captured and replayed, and the pipeline of two chunks as a graph gives
+// the eager step's bits.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -115,6 +116,48 @@ TEST_CASE("NCCL transport on one rank: data-parallel sum, ZeRO-1 reduce-scatter 
     tr->all_gather(part.to(Device::CUDA), whole);
     INFO(dtype_name(dt));
     CHECK(wrong_elements(whole, part) == 0);
+  }
+}
+
+// What a rank's step as a CUDA graph holds of the transport (parallel/step_graph.h):
+// ncclSend / ncclRecv in a group (the tied-embedding exchange, here with
+// itself) and the data-parallel collectives on the communication stream,
+// forked from the captured compute stream and joined back into it by the
+// transport's events. Captured once and launched three times: each launch
+// does the work again on the buffers' current values (and the capture alone
+// runs nothing).
+TEST_CASE("NCCL transport on one rank: its exchange and sums in a CUDA graph, replayed",
+          "[.nccl]") {
+  if (!have_gpu_and_nccl()) return;
+  parallel::Comm self = group_of(1);
+  parallel::ProcessGrid grid(self, 1, 1);
+  auto tr = parallel::make_nccl_transport(grid);
+  const int64_t n = 1000;
+  Tensor t = host_iota(n, 1.0f).to(Device::CUDA);
+  const Tensor g0 = host_iota(n, -0.5f);
+  Tensor g = g0.to(Device::CUDA), flat = Tensor::empty({n}, DType::F32, Device::CUDA);
+  Tensor mine = Tensor::empty({n}, DType::F32, Device::CUDA);
+  cuda::StreamGraph graph;
+  graph.capture([&] {
+    tr->sum_with_peer(t, 0);                          // t + t
+    tr->start_sum_across_replicas({g})->finish();     // one replica: g stays
+    tr->start_reduce_scatter(flat, mine)->finish();   // one replica: mine = flat
+  });
+  CHECK(t.to(Device::CPU).data<float>()[n - 1] == float(n));  // nothing ran yet
+  for (int k = 1; k <= 3; ++k) {
+    INFO("launch " << k);
+    const Tensor want = host_iota(n, 0.75f * float(k));
+    flat.copy_from(want);
+    cuda::fill_u32(mine.raw(), 0x7fc00000u, static_cast<size_t>(n));  // NaN until written
+    graph.launch();
+    const Tensor tt = t.to(Device::CPU), mm = mine.to(Device::CPU), gg = g.to(Device::CPU);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      wrong += !(tt.data<float>()[i] == float(i + 1) * float(1 << k));
+      wrong += !(mm.data<float>()[i] == want.data<float>()[i]);
+      wrong += !(gg.data<float>()[i] == g0.data<float>()[i]);
+    }
+    CHECK(wrong == 0);
   }
 }
 
