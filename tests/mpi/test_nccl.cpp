@@ -48,14 +48,28 @@ Tensor host_iota(int64_t n, float scale) {
   return t;
 }
 
+// Elements of `dev` (any device and dtype) that differ from `want`; a NaN counts.
+int64_t wrong_elements(const Tensor& dev, const Tensor& want) {
+  const Tensor got = dev.to(Device::CPU).to(DType::F32), w = want.to(DType::F32);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) wrong += !(got.data<float>()[i] == w.data<float>()[i]);
+  return wrong;
+}
+
+// The NCCL transport of a one-rank job (its own communicators).
+struct SelfTransport {
+  parallel::Comm self = group_of(1);
+  parallel::ProcessGrid grid{self, 1, 1};
+  std::unique_ptr<parallel::Transport> tr = parallel::make_nccl_transport(grid);
+};
+
 }  // namespace
 
 TEST_CASE("NCCL transport on one rank: a message to itself, byte counters, collectives", "[.nccl]") {
   if (!have_gpu_and_nccl()) return;
   INFO("NCCL " << parallel::nccl_version() << ", " << cuda::device_description());
-  parallel::Comm self = group_of(1);
-  parallel::ProcessGrid grid(self, 1, 1);
-  auto tr = parallel::make_nccl_transport(grid);
+  SelfTransport one;
+  auto& tr = one.tr;
   const int64_t n = 1 << 20;  // 4 MiB: beyond NCCL's default FIFO, so a real rendezvous
   Tensor sent = host_iota(n, 0.5f).to(Device::CUDA);
   Tensor got = Tensor::zeros({n}, DType::F32, Device::CUDA);
@@ -63,10 +77,7 @@ TEST_CASE("NCCL transport on one rank: a message to itself, byte counters, colle
   parallel::Request s = tr->isend(sent, 0);
   r.wait();
   s.wait();
-  Tensor back = got.to(Device::CPU);
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < n; ++i) wrong += back.data<float>()[i] != 0.5f * float(i + 1);
-  CHECK(wrong == 0);
+  CHECK(wrong_elements(got, host_iota(n, 0.5f)) == 0);
   CHECK(tr->traffic().sent[0] == n * 4);
   CHECK(tr->traffic().received[0] == n * 4);
   // sum_with_peer with itself doubles (ncclSend/ncclRecv in a group on the
@@ -83,16 +94,8 @@ TEST_CASE("NCCL transport on one rank: a message to itself, byte counters, colle
 TEST_CASE("NCCL transport on one rank: data-parallel sum, ZeRO-1 reduce-scatter and all-gather",
           "[.nccl]") {
   if (!have_gpu_and_nccl()) return;
-  parallel::Comm self = group_of(1);
-  parallel::ProcessGrid grid(self, 1, 1);
-  auto tr = parallel::make_nccl_transport(grid);
-  auto wrong_elements = [](const Tensor& dev, const Tensor& want) {
-    const Tensor got = dev.to(Device::CPU).to(DType::F32), w = want.to(DType::F32);
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < w.numel(); ++i)
-      wrong += !(got.data<float>()[i] == w.data<float>()[i]);  // NaN counts as wrong
-    return wrong;
-  };
+  SelfTransport one;
+  auto& tr = one.tr;
   // The all-reduce over one replica is the identity, on tensors of several
   // sizes in one group (as a chunk's gradients are).
   const Tensor a = host_iota(3001, 0.25f), b = host_iota(7, -1.5f);
@@ -129,9 +132,8 @@ TEST_CASE("NCCL transport on one rank: data-parallel sum, ZeRO-1 reduce-scatter 
 TEST_CASE("NCCL transport on one rank: its exchange and sums in a CUDA graph, replayed",
           "[.nccl]") {
   if (!have_gpu_and_nccl()) return;
-  parallel::Comm self = group_of(1);
-  parallel::ProcessGrid grid(self, 1, 1);
-  auto tr = parallel::make_nccl_transport(grid);
+  SelfTransport one;
+  auto& tr = one.tr;
   const int64_t n = 1000;
   Tensor t = host_iota(n, 1.0f).to(Device::CUDA);
   const Tensor g0 = host_iota(n, -0.5f);
@@ -150,14 +152,9 @@ TEST_CASE("NCCL transport on one rank: its exchange and sums in a CUDA graph, re
     flat.copy_from(want);
     cuda::fill_u32(mine.raw(), 0x7fc00000u, static_cast<size_t>(n));  // NaN until written
     graph.launch();
-    const Tensor tt = t.to(Device::CPU), mm = mine.to(Device::CPU), gg = g.to(Device::CPU);
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      wrong += !(tt.data<float>()[i] == float(i + 1) * float(1 << k));
-      wrong += !(mm.data<float>()[i] == want.data<float>()[i]);
-      wrong += !(gg.data<float>()[i] == g0.data<float>()[i]);
-    }
-    CHECK(wrong == 0);
+    CHECK(wrong_elements(t, host_iota(n, float(1 << k))) == 0);  // doubled k times
+    CHECK(wrong_elements(mine, want) == 0);
+    CHECK(wrong_elements(g, g0) == 0);
   }
 }
 
