@@ -20,6 +20,29 @@ step_records() { grep -v '"event":"' "$1"; }
 strip_metrics() { step_records "$1" | sed -E 's/,?"(tokens_per_sec|elapsed_sec|mfu|bubble|pp_bytes)":[^,}]*//g; s/\{,/{/'; }
 pass() { echo "ok: $*"; }
 
+# wait_for SECONDS WHAT CMD...: polls CMD every 0.1 s until it succeeds. A test
+# that waits on another process waits for a state (a log line, a file, a
+# process gone), never for a time (docs/testing.md, "Tests that start
+# processes"); SECONDS only bounds a hang, far past what the state needs.
+# Past it: on_wait_timeout (when the test defines one, to show its logs), the
+# test's background jobs killed, and a failure naming WHAT.
+wait_for() {
+  local limit=$1 what=$2 end
+  shift 2
+  end=$((SECONDS + limit))
+  until "$@"; do
+    if ((SECONDS >= end)); then
+      if declare -F on_wait_timeout >/dev/null; then on_wait_timeout || true; fi
+      local j
+      for j in $(jobs -p); do kill -KILL "$j" 2>/dev/null || true; done
+      fail "waited ${limit} s for $what"
+    fi
+    sleep 0.1
+  done
+}
+# gone PID: true once PID has exited (or is a zombie waiting for its reaper).
+gone() { [[ ! -e /proc/$1 ]] || grep -q '^[^)]*) Z' "/proc/$1/stat" 2>/dev/null; }
+
 # expect_error "description" "substring" cmd... : cmd must exit 2 and print substring on stderr.
 expect_error() {
   local what="$1" needle="$2"; shift 2

@@ -37,7 +37,7 @@ pass "generate: $(head -c 80 gen.txt)"
 "$BIN" train base.json --training.steps=100000 --checkpoint.dir=ck_sig --run.dir=run_sig \
   --checkpoint.every=0 2>log_sig.txt &
 pid=$!
-for _ in $(seq 1 300); do grep -q "step " log_sig.txt 2>/dev/null && break; sleep 0.1; done
+wait_for 30 "the first step line in log_sig.txt" grep -qs "step " log_sig.txt
 kill -TERM $pid
 rc=0; wait $pid || rc=$?
 [[ $rc -eq 143 ]] || { cat log_sig.txt; fail "SIGTERM exit code $rc, expected 143"; }

@@ -67,7 +67,7 @@ pass "killed twice before its first checkpoint: both restarts recorded (from not
 "$BIN" supervise --backoff 0 -- "$BIN" train base.json --training.steps=100000 --checkpoint.dir=ck_t \
   --run.dir=run_t >log_t.txt 2>&1 &
 sup=$!
-for _ in $(seq 1 400); do grep -q '"loss"' run_t/metrics.jsonl 2>/dev/null && break; sleep 0.05; done
+wait_for 20 "a step record in run_t/metrics.jsonl" grep -qs '"loss"' run_t/metrics.jsonl
 kill -TERM $sup
 rc=0
 wait $sup || rc=$?

@@ -248,7 +248,7 @@ sed -e 's/"out_dir": "out"/"out_dir": "long"/' -e 's/"tokens": \[768\]/"tokens":
 "$BIN" sweep long.json --jobs 1 --no-plots --checkpoint.every=0 > /dev/null 2>log_sig.txt &
 pid=$!
 # Wait for the long run's training loop (its first progress line).
-for _ in $(seq 1 600); do grep -q "/3000 |" log_sig.txt 2>/dev/null && break; sleep 0.1; done
+wait_for 60 "the long run's first progress line in log_sig.txt" grep -qs "/3000 |" log_sig.txt
 kill -TERM $pid
 rc=0; wait $pid || rc=$?
 [[ $rc -eq 143 ]] || { tail -5 log_sig.txt; fail "SIGTERM: exit code $rc, expected 143"; }

@@ -83,7 +83,8 @@ rm -rf ck_k run_k
 grep -q "^.tmp_step_00000004_" <(ls -a ck_k) || fail "no temp dir of the interrupted save (did it die there?)"
 # The launcher returns before every rank of the aborted job has exited; a
 # temp dir is only deleted once its writer is gone, so wait for them.
-for _ in $(seq 1 300); do pgrep -f "checkpoint.dir=ck_k" >/dev/null || break; sleep 0.1; done
+no_ck_k_rank() { ! pgrep -f "checkpoint.dir=ck_k" >/dev/null; }
+wait_for 30 "the aborted job's ranks to exit" no_ck_k_rank
 run_np 2 "$BIN" train base.json --checkpoint.dir=ck_k --run.dir=run_k --parallel.pipeline=2 \
   --checkpoint.every=2 --checkpoint.resume=auto 2>log_k2.txt || { cat log_k2.txt; fail "resume after the kill"; }
 grep -q "resumed from ck_k/step_00000002" log_k2.txt || { cat log_k2.txt; fail "did not resume from step 2"; }

@@ -60,7 +60,7 @@ sigterm() {
     --checkpoint.dir=ck_$name --run.dir=run_$name --parallel.pipeline=4 --checkpoint.every=0 \
     --eval.every=0 >log_$name.txt 2>&1 &
   local mp=$! rc=0
-  for _ in $(seq 1 600); do grep -q "step      5/" log_$name.txt 2>/dev/null && break; sleep 0.1; done
+  wait_for 60 "$name: step 5 in log_$name.txt" grep -qs "step      5/" log_$name.txt
   if [[ "$target" == launcher ]]; then
     kill -TERM $mp
   else
@@ -69,8 +69,7 @@ sigterm() {
       [[ $(tr '\0' '\n' < /proc/$p/environ | sed -n 's/^OMPI_COMM_WORLD_RANK=//p') == "$target" ]] && kill -TERM $p
     done
   fi
-  for _ in $(seq 1 600); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
-  kill -0 $mp 2>/dev/null && { kill -9 $mp; fail "$name: job still running 60 s after SIGTERM"; }
+  wait_for 60 "$name: the job to end after SIGTERM" gone $mp
   wait $mp || rc=$?
   [[ $rc -ne 0 ]] || fail "$name: exit code 0 after SIGTERM"
   [[ "$target" == launcher || $rc -eq 143 ]] || { tail -20 log_$name.txt; fail "$name: exit code $rc, expected 143"; }

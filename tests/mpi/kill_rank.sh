@@ -19,14 +19,11 @@ kill_one() {  # kill_one NAME WHICH_CHILD
   # Let it write a few checkpoints first (keep_last = 2 keeps two).
   # Counted once per poll: a listing taken while a checkpoint is published and
   # an old one pruned can miss an entry, so the count is not checked twice.
-  nckpt() { ls -d ck_$name/step_* 2>/dev/null | wc -l; }
-  local enough=0
-  for _ in $(seq 1 600); do
-    [[ $(nckpt) -ge 2 ]] && { enough=1; break; }
-    kill -0 $mp 2>/dev/null || { cat "log_$name.txt"; fail "$name: job ended by itself"; }
-    sleep 0.1
-  done
-  [[ $enough -eq 1 ]] || { kill -9 $mp; fail "$name: fewer than 2 checkpoints after 60 s"; }
+  two_checkpoints() {
+    gone $mp && { cat "log_$name.txt"; fail "$name: job ended by itself"; }
+    [[ $(ls -d ck_$name/step_* 2>/dev/null | wc -l) -ge 2 ]]
+  }
+  wait_for 60 "$name: 2 checkpoints" two_checkpoints
   # The ranks are the launcher's children, in rank order of their start.
   local pids=($(pgrep -P $mp | sort -n))
   [[ ${#pids[@]} -eq 4 ]] || { kill -9 $mp; fail "$name: expected 4 rank processes, found ${#pids[@]}"; }
@@ -40,19 +37,15 @@ kill_one() {  # kill_one NAME WHICH_CHILD
   local start=$SECONDS
   kill -KILL "$victim"
   local rc=0
-  for _ in $(seq 1 600); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
-  if kill -0 $mp 2>/dev/null; then
-    kill -9 $mp "${pids[@]}" 2>/dev/null
-    fail "$name: job still running 60 s after rank $which was killed"
-  fi
+  on_wait_timeout() { kill -9 "${pids[@]}" 2>/dev/null; }
+  wait_for 60 "$name: the job to end after rank $which was killed" gone $mp
   wait $mp || rc=$?
   [[ $rc -ne 0 ]] || fail "$name: job exited 0 after a rank was killed"
   # No rank survives the job (zombies waiting for their reaper count as gone).
-  alive() { [[ -e /proc/$1 ]] && ! grep -q '^[^)]*) Z' /proc/$1/stat 2>/dev/null; }
   for p in "${pids[@]}"; do
-    for _ in $(seq 1 100); do alive "$p" || break; sleep 0.1; done
-    alive "$p" && { ps -o pid,stat,cmd -p "$p"; fail "$name: rank process $p outlived the job"; }
+    wait_for 10 "$name: rank process $p to exit with the job (it outlived it)" gone "$p"
   done
+  unset -f on_wait_timeout
   # The newest complete checkpoint verifies and resumes (single process, one step).
   local latest
   latest=$(ls -d ck_$name/step_* | sort | tail -1)

@@ -95,22 +95,22 @@ pass "a checkpoint written by both hosts resumes on one host (P=2) and ends as t
 two_hosts "$BIN" train base.json --parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 \
   --training.steps=100000 --checkpoint.dir="$PWD/ck_k" --run.dir="$PWD/run_k" >log_k.txt 2>&1 &
 job=$!
+# victim_on_hostb: once the job trains, a rank process of it on hostb.
 victim=""
-for _ in $(seq 1 600); do
-  if grep -q '"loss"' run_k/metrics.jsonl 2>/dev/null; then
-    for p in $(ip netns pids "$nb"); do
-      tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q "^$BIN train" && { victim=$p; break; }
-    done
-  fi
-  [[ -n $victim ]] && break
-  sleep 0.05
-done
-[[ -n $victim ]] || { kill $job; cat log_k.txt; fail "no rank of the job found on hostb"; }
+victim_on_hostb() {
+  local p
+  grep -qs '"loss"' run_k/metrics.jsonl || return 1
+  for p in $(ip netns pids "$nb"); do
+    tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q "^$BIN train" && { victim=$p; return 0; }
+  done
+  return 1
+}
+on_wait_timeout() { cat log_k.txt; }
+wait_for 60 "a training rank of the job on hostb" victim_on_hostb
 t0=$SECONDS
 kill -KILL "$victim"
 rc=0
-for _ in $(seq 1 $((ATTNRES_COMM_TIMEOUT_S * 10 + 100))); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
-if kill -0 $job 2>/dev/null; then kill -KILL $job; fail "the job outlived a dead rank on hostb by more than $((ATTNRES_COMM_TIMEOUT_S + 10)) s"; fi
+wait_for $((ATTNRES_COMM_TIMEOUT_S + 10)) "the job to end after its rank on hostb was killed" gone $job
 wait $job || rc=$?
 took=$((SECONDS - t0))
 [[ $rc -ne 0 ]] || { cat log_k.txt; fail "the job with a dead rank exited 0"; }
