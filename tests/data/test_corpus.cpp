@@ -100,6 +100,32 @@ TEST_CASE("encode_corpus writes EOT-separated shards with a validation tail", "[
   REQUIRE_THROWS_WITH(encode_corpus(tok, files, CorpusFormat::Text, opt), Contains("val fraction"));
 }
 
+TEST_CASE("encode_corpus's validation split is round(val_fraction x documents), at least one", "[data]") {
+  // Each case is one where another rounding gives another count: truncation
+  // (1.9 -> 1), the ceiling (1.4 -> 2), no minimum (0.19 -> 0), no cap (the
+  // last document always trains).
+  TempDir dir;
+  auto val_documents = [&](int documents, double fraction) {
+    std::vector<std::string> docs, files;
+    for (int i = 0; i < documents; ++i) {
+      docs.push_back("Document " + std::to_string(i) + " of " + std::to_string(documents) + ".");
+      files.push_back(dir.file("d" + std::to_string(documents) + "_" + std::to_string(i) + ".txt"));
+      write_bytes(files.back(), docs.back());
+    }
+    EncodeOptions opt;
+    opt.output_dir = dir.file("out");
+    opt.val_fraction = fraction;
+    const EncodeSummary s = encode_corpus(BpeTokenizer::train(docs, 300), files, CorpusFormat::Text, opt);
+    CHECK(s.train_documents + s.val_documents == documents);
+    return s.val_documents;
+  };
+  CHECK(val_documents(19, 0.1) == 2);   // 1.9
+  CHECK(val_documents(10, 0.14) == 1);  // 1.4
+  CHECK(val_documents(19, 0.01) == 1);  // 0.19: at least one
+  CHECK(val_documents(2, 0.9) == 1);    // 1.8, but one document must train
+  CHECK(val_documents(1, 0.5) == 0);    // a single document trains
+}
+
 TEST_CASE("encode_corpus writes the same shards on any number of threads", "[data]") {
   TempDir dir;
   std::vector<std::string> docs, files;

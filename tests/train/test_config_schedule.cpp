@@ -212,6 +212,9 @@ TEST_CASE("learning-rate schedules follow docs/model.md section 4", "[train]") {
   CHECK(train::learning_rate(s, lr, 14, 20) == Approx(1.0));
   CHECK(train::learning_rate(s, lr, 15, 20) == Approx(1.0 - 0.9 * 0.2));
   CHECK(train::learning_rate(s, lr, 19, 20) == Approx(0.1));
+  s.decay_ratio = 0.22;  // ceil(4.4) = 5 steps, where rounding gives 4: k = 15..19 again
+  CHECK(train::learning_rate(s, lr, 14, 20) == Approx(1.0));
+  CHECK(train::learning_rate(s, lr, 15, 20) == Approx(1.0 - 0.9 * 0.2));
   s.warmup_steps = 0;
   s.type = train::ScheduleType::Cosine;
   CHECK(train::learning_rate(s, lr, 0, 1) == Approx(1.0));  // K - W = 1

@@ -142,7 +142,10 @@ TEST_CASE("sweep plan: sizes x modes x budgets with names, steps and compute", "
   // Overrides reach every run's base config.
   const SweepPlan lr = parse_sweep(j, "sweep.json", {"--optimizer.lr=0.5", "--training.seq_len=8"});
   CHECK(lr.runs[0].config.optimizer.lr == 0.5);
-  CHECK(lr.runs[0].steps == std::llround(300.0 / 16));
+  // round(budget / tokens per step) and round(warmup_fraction x steps), each
+  // where truncation gives another count: 300 / 16 = 18.75, 0.2 x 19 = 3.8.
+  CHECK(lr.runs[0].steps == 19);
+  CHECK(lr.runs[0].config.schedule.warmup_steps == 4);
   // Run names carry the budget to three digits, without exponents.
   json big = j;
   big["tokens"] = {999999, 38700000000, 1e6 + 5e4};
