@@ -29,23 +29,8 @@ sys.modules["transformers"] = None
 
 import torch  # noqa: E402
 
-RTOL = 1e-5
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def load_module(directory, tag):
-    """modeling_attnres of one export, imported from that directory."""
-    spec = importlib.util.spec_from_file_location(f"modeling_attnres_{tag}",
-                                                  os.path.join(directory, "modeling_attnres.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.dont_write_bytecode = True  # no __pycache__ for hf_check_common in the source tree
+from hf_check_common import RTOL, check, finish, load_module  # noqa: E402
 
 
 def close(a, b):
@@ -297,10 +282,7 @@ def main():
     else:
         for case in cases:
             check_case(case)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        sys.exit(1)
-    print("all export checks passed")
+    finish("all export checks passed")
 
 
 if __name__ == "__main__":

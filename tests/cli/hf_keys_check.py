@@ -18,7 +18,6 @@
 Runs under Debian's python3-torch with transformers hidden (torch alone).
 Every check prints what it measured; any failure exits 1.
 """
-import importlib.util
 import json
 import math
 import os
@@ -28,15 +27,10 @@ sys.modules["transformers"] = None  # the modeling code with torch alone
 
 import torch  # noqa: E402
 
-RTOL = 1e-5       # exported model vs attnres score (fp32), as hf_export_check.py
+sys.dont_write_bytecode = True  # no __pycache__ for hf_check_common in the source tree
+from hf_check_common import RTOL, check, finish, load_module  # noqa: E402
+
 DIFFERS = 1e-3    # another value of a field must move the log-probabilities this far
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what)
-    if not ok:
-        failures.append(what)
 
 
 def residual(model):
@@ -110,14 +104,6 @@ def init(model_path, out_path):
         f.write(head)
         for b in blobs:
             f.write(b)
-
-
-def load_module(directory, tag):
-    spec = importlib.util.spec_from_file_location(f"modeling_attnres_{tag}",
-                                                  os.path.join(directory, "modeling_attnres.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def expected_config(case, tokenizer):
@@ -260,10 +246,7 @@ def main():
         cases = json.load(f)
     for case in cases:
         check_case(case)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        sys.exit(1)
-    print("all export key checks passed")
+    finish("all export key checks passed")
 
 
 if __name__ == "__main__":

@@ -103,18 +103,28 @@ require_device() {
   fi
 }
 
-write_config() {
+# write_base_json LAYERS STEPS GRAD_ACCUM EVAL_EVERY EVAL_BATCHES [DEVICE PRECISION]:
+# base.json, a block AttnRes model of LAYERS layers trained on make_corpus's
+# shards, a checkpoint every 4 steps; training.device and .precision only
+# when given. Tests edit its text with sed: keep '"steps": N',
+# '"every": 4, "keep_last": 0', '"eval": {"every": N' and '"log_every": 1}'.
+write_base_json() {
+  local layers=$1 steps=$2 accum=$3 eval_every=$4 eval_batches=$5 device_keys=""
+  if [[ $# -ge 7 ]]; then device_keys=", \"device\": \"$6\", \"precision\": \"$7\""; fi
   cat > base.json <<JSON
-{"model": {"vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+{"model": {"vocab_size": 300, "d_model": 32, "n_layers": $layers, "n_heads": 4, "n_kv_heads": 2,
            "d_ff": 64, "residual": {"mode": "block", "block_size": 3}},
  "optimizer": {"lr": 3e-3},
  "schedule": {"type": "cosine", "warmup_steps": 2},
- "training": {"steps": 12, "micro_batch_size": 2, "seq_len": 16, "grad_accum": 2, "seed": 7,
-              "device": "$DEVICE", "precision": "$PRECISION"},
+ "training": {"steps": $steps, "micro_batch_size": 2, "seq_len": 16, "grad_accum": $accum,
+              "seed": 7$device_keys},
  "data": {"train": "shards/tiny_train_*.bin", "val": "shards/tiny_val_*.bin", "shuffle": true,
           "tokenizer": "tok.json"},
  "checkpoint": {"dir": "ckpt", "every": 4, "keep_last": 0},
- "eval": {"every": 6, "batches": 2},
+ "eval": {"every": $eval_every, "batches": $eval_batches},
  "run": {"dir": "run", "log_every": 1}}
 JSON
 }
+
+# The CLI tests' base.json: 2 layers, 12 steps, on $DEVICE in $PRECISION.
+write_config() { write_base_json 2 12 2 6 2 "$DEVICE" "$PRECISION"; }

@@ -22,16 +22,13 @@ namespace {
 using gt::host_f64;
 using gt::to_f64;
 
-struct DevRun {
-  Tensor out, lse, dq, dk, dv;
-};
-
 // One GPU forward + backward from fixed inputs; gradients start from the
 // given initial values (device copies), outputs start poisoned.
-DevRun run_gpu(const kern::AttnShape& s, DType dt, const Tensor& q, const Tensor& kk, const Tensor& v,
-               const Tensor& dout, const Tensor& dq0, const Tensor& dk0, const Tensor& dv0) {
+gt::AttnRun run_gpu(const kern::AttnShape& s, DType dt, const Tensor& q, const Tensor& kk,
+                    const Tensor& v, const Tensor& dout, const Tensor& dq0, const Tensor& dk0,
+                    const Tensor& dv0) {
   const int64_t N = s.B * s.T;
-  DevRun r;
+  gt::AttnRun r;
   r.out = gt::poisoned({N, s.H * s.hd}, dt);
   r.lse = gt::poisoned({s.B, s.H, s.T}, DType::F32);
   testing::attention_forward(r.out, r.lse, q, kk, v, s);
@@ -45,44 +42,35 @@ DevRun run_gpu(const kern::AttnShape& s, DType dt, const Tensor& q, const Tensor
 // Checks one shape in one dtype. `stddev` scales q and k (large values give
 // peaked softmax rows).
 void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double stddev = 1.0) {
-  const int64_t N = s.B * s.T;
   const gt::AttnInputs in = gt::attn_inputs(s, dt, seed, stddev);
-  const Tensor &q = in.q, &kk = in.k, &v = in.v, &dout = in.dout, &dq0 = in.dq0, &dk0 = in.dk0,
-               &dv0 = in.dv0;
   const Tensor &qd = in.qd, &kd = in.kd, &vd = in.vd, &dod = in.dod, &dq0d = in.dq0d,
                &dk0d = in.dk0d, &dv0d = in.dv0d;
 
-  const DevRun g = run_gpu(s, dt, qd, kd, vd, dod, dq0d, dk0d, dv0d);
+  const gt::AttnRun g = run_gpu(s, dt, qd, kd, vd, dod, dq0d, dk0d, dv0d);
 
   // Forward reference.
-  const Tensor q64 = to_f64(q), k64 = to_f64(kk), v64 = to_f64(v);
-  Tensor out_ref = Tensor::empty({N, s.H * s.hd}, DType::F64);
-  Tensor lse_ref = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-  testing::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
+  const gt::AttnInputs64 x = gt::inputs_f64(in);
+  const gt::AttnForwardRef fwd = gt::attn_forward_reference(s, x);
+  const Tensor &out_ref = fwd.out, &lse_ref = fwd.lse;
 
   INFO("B=" << s.B << " T=" << s.T << " H=" << s.H << " Hkv=" << s.Hkv << " hd=" << s.hd
             << " dtype=" << dtype_name(dt) << " stddev=" << stddev);
   const double tol = gt::tol(dt);
   CHECK(gt::rel_l2(host_f64(g.out), out_ref) < tol);
   // Element-wise (gpu_testing.h): out_i = sum_j P_ij v_j, whose terms are
-  // sum_j P_ij |v_j| = the same attention over |v|. The tensor-core kernels
-  // round P to bf16 for the PV product (2^-8 of those terms) and normalise
-  // by the fp32 row sum (another 2^-8 at most), then round out once:
-  // c_ref = 2, c_terms = 4, twice the worst case.
-  Tensor out_terms = Tensor::empty({N, s.H * s.hd}, DType::F64);
-  {
-    Tensor lse_unused = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-    testing::attention_forward(out_terms, lse_unused, q64, k64, testing::abs_of(v64), s);
-  }
-  CHECK(gt::bf16_outliers(dt, host_f64(g.out), out_ref, 2, out_terms, 4) == "");
+  // sum_j P_ij |v_j| (fwd.out_terms). The tensor-core kernels round P to bf16
+  // for the PV product (2^-8 of those terms) and normalise by the fp32 row
+  // sum (another 2^-8 at most), then round out once: c_ref = 2, c_terms = 4,
+  // twice the worst case.
+  CHECK(gt::bf16_outliers(dt, host_f64(g.out), out_ref, 2, fwd.out_terms, 4) == "");
   // lse is F32 either way and computed from exactly the reference's inputs.
   CHECK(gt::rel_l2(host_f64(g.lse), lse_ref) < (dt == DType::BF16 ? 1e-4 : gt::kTolF32));
 
   // Backward reference, from the GPU's saved out and lse (so the check
   // isolates the backward kernels) and the same initial gradients.
-  Tensor dq_ref = to_f64(dq0), dk_ref = to_f64(dk0), dv_ref = to_f64(dv0);
-  testing::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(g.out),
-                        host_f64(g.lse), s);
+  Tensor dq_ref = x.dq0.clone(), dk_ref = x.dk0.clone(), dv_ref = x.dv0.clone();
+  testing::attention_backward(dq_ref, dk_ref, dv_ref, x.dout, x.q, x.k, x.v, host_f64(g.out),
+                              host_f64(g.lse), s);
   CHECK(gt::rel_l2(host_f64(g.dq), dq_ref) < tol);
   CHECK(gt::rel_l2(host_f64(g.dk), dk_ref) < tol);
   CHECK(gt::rel_l2(host_f64(g.dv), dv_ref) < tol);
@@ -96,15 +84,12 @@ void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double s
   // c_terms = 4 (the dS roundings of different keys add like a random walk,
   // ~2^-8 of an element's typical size; see gpu_testing.h).
   if (dt == DType::BF16) {
-    Tensor dq_unused = Tensor::zeros({N, s.H * s.hd}, DType::F64);
-    Tensor dk_unused = Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
-    Tensor dv_terms = testing::abs_of(to_f64(dv0));
-    testing::attention_backward(dq_unused, dk_unused, dv_terms, testing::abs_of(to_f64(dout)), q64,
-                             k64, v64, host_f64(g.out), host_f64(g.lse), s);
+    const Tensor dv_terms =
+        gt::attn_dv_terms(s, testing::abs_of(x.dv0), x, host_f64(g.out), host_f64(g.lse));
     CHECK(gt::bf16_outliers(dt, host_f64(g.dv), dv_ref, 2, dv_terms, 4) == "");
-    CHECK(gt::bf16_outliers(dt, host_f64(g.dq), dq_ref, 2, gt::max_increment(dq_ref, to_f64(dq0)), 4) ==
+    CHECK(gt::bf16_outliers(dt, host_f64(g.dq), dq_ref, 2, gt::max_increment(dq_ref, x.dq0), 4) ==
           "");
-    CHECK(gt::bf16_outliers(dt, host_f64(g.dk), dk_ref, 2, gt::max_increment(dk_ref, to_f64(dk0)), 4) ==
+    CHECK(gt::bf16_outliers(dt, host_f64(g.dk), dk_ref, 2, gt::max_increment(dk_ref, x.dk0), 4) ==
           "");
   }
   // F32: the increments alone (the gradients proper), so that an error cannot
@@ -125,13 +110,13 @@ void check_attention(const kern::AttnShape& s, DType dt, uint64_t seed, double s
       }
       return std::sqrt(num / std::max(den, 0.1 * den0));
     };
-    CHECK(inc_err(host_f64(g.dq), dq_ref, to_f64(dq0)) < tol);
-    CHECK(inc_err(host_f64(g.dk), dk_ref, to_f64(dk0)) < tol);
-    CHECK(inc_err(host_f64(g.dv), dv_ref, to_f64(dv0)) < tol);
+    CHECK(inc_err(host_f64(g.dq), dq_ref, x.dq0) < tol);
+    CHECK(inc_err(host_f64(g.dk), dk_ref, x.dk0) < tol);
+    CHECK(inc_err(host_f64(g.dv), dv_ref, x.dv0) < tol);
   }
 
   // Determinism: a second run gives the same bits.
-  const DevRun g2 = run_gpu(s, dt, qd, kd, vd, dod, dq0d, dk0d, dv0d);
+  const gt::AttnRun g2 = run_gpu(s, dt, qd, kd, vd, dod, dq0d, dk0d, dv0d);
   CHECK(gt::same_bits(g2.out, g.out));
   CHECK(gt::same_bits(g2.lse, g.lse));
   CHECK(gt::same_bits(g2.dq, g.dq));

@@ -24,11 +24,7 @@ namespace gt = attnres::gpu_testing;
 namespace {
 
 using gt::host_f64;
-using gt::to_f64;
-
-struct Run {
-  Tensor out, lse, dq, dk, dv;
-};
+using Run = gt::AttnRun;
 
 // Forward then backward with `store` of one implementation's joint-q/k/v
 // entry points (q, k, v packed into one tensor, attention_qkv.h); for Add
@@ -61,8 +57,6 @@ void check_cudnn(const kern::AttnShape& s, kern::Store store, uint64_t seed) {
   const DType dt = DType::BF16;
   const int64_t N = s.B * s.T;
   const gt::AttnInputs in = gt::attn_inputs(s, dt, seed);
-  const Tensor &q = in.q, &kk = in.k, &v = in.v, &dout = in.dout, &dq0 = in.dq0, &dk0 = in.dk0,
-               &dv0 = in.dv0;
   const Tensor &qd = in.qd, &kd = in.kd, &vd = in.vd, &dod = in.dod, &dq0d = in.dq0d,
                &dk0d = in.dk0d, &dv0d = in.dv0d;
 
@@ -77,19 +71,13 @@ void check_cudnn(const kern::AttnShape& s, kern::Store store, uint64_t seed) {
 
   // Forward: both against the F64 reference, with test_attention.cpp's bounds (P rounded to
   // bf16 for the PV product, out rounded once: c_ref 2, c_terms 4 on sum_j P_ij |v_j|).
-  const Tensor q64 = to_f64(q), k64 = to_f64(kk), v64 = to_f64(v);
-  Tensor out_ref = Tensor::empty({N, s.H * s.hd}, DType::F64);
-  Tensor lse_ref = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-  testing::attention_forward(out_ref, lse_ref, q64, k64, v64, s);
-  Tensor out_terms = Tensor::empty({N, s.H * s.hd}, DType::F64);
-  {
-    Tensor lse_unused = Tensor::empty({s.B, s.H, s.T}, DType::F64);
-    testing::attention_forward(out_terms, lse_unused, q64, k64, testing::abs_of(v64), s);
-  }
+  const gt::AttnInputs64 x = gt::inputs_f64(in);
+  const gt::AttnForwardRef fwd = gt::attn_forward_reference(s, x);
+  const Tensor &out_ref = fwd.out, &lse_ref = fwd.lse;
   for (const Run* r : {&c, &o}) {
     INFO((r == &c ? "cuDNN" : "our kernels"));
     CHECK(gt::rel_l2(host_f64(r->out), out_ref) < tol);
-    CHECK(gt::bf16_outliers(dt, host_f64(r->out), out_ref, 2, out_terms, 4) == "");
+    CHECK(gt::bf16_outliers(dt, host_f64(r->out), out_ref, 2, fwd.out_terms, 4) == "");
     // lse: fp32 from exactly the reference's inputs (cuDNN's stats are the natural-log
     // log-sum-exp of the scaled scores, the same quantity).
     CHECK(gt::rel_l2(host_f64(r->lse), lse_ref) < 1e-4);
@@ -101,19 +89,15 @@ void check_cudnn(const kern::AttnShape& s, kern::Store store, uint64_t seed) {
   // same initial gradients (zero for Set). Bounds as in test_attention.cpp: dv's terms
   // sum_i P_ij |dO_i| (+ |dv0|), dq and dk the largest increment as the tensor-wide scale.
   const bool add = store == kern::Store::Add;
-  Tensor dq_ref = add ? to_f64(dq0) : Tensor::zeros({N, s.H * s.hd}, DType::F64);
-  Tensor dk_ref = add ? to_f64(dk0) : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
-  Tensor dv_ref = add ? to_f64(dv0) : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
+  Tensor dq_ref = add ? x.dq0.clone() : Tensor::zeros({N, s.H * s.hd}, DType::F64);
+  Tensor dk_ref = add ? x.dk0.clone() : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
+  Tensor dv_ref = add ? x.dv0.clone() : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
   const Tensor dq_init = dq_ref.clone(), dk_init = dk_ref.clone();
-  testing::attention_backward(dq_ref, dk_ref, dv_ref, to_f64(dout), q64, k64, v64, host_f64(c.out),
-                           host_f64(c.lse), s);
-  Tensor dv_terms = add ? testing::abs_of(to_f64(dv0)) : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
-  {
-    Tensor dq_unused = Tensor::zeros({N, s.H * s.hd}, DType::F64);
-    Tensor dk_unused = Tensor::zeros({N, s.Hkv * s.hd}, DType::F64);
-    testing::attention_backward(dq_unused, dk_unused, dv_terms, testing::abs_of(to_f64(dout)), q64,
-                             k64, v64, host_f64(c.out), host_f64(c.lse), s);
-  }
+  testing::attention_backward(dq_ref, dk_ref, dv_ref, x.dout, x.q, x.k, x.v, host_f64(c.out),
+                              host_f64(c.lse), s);
+  const Tensor dv_terms = gt::attn_dv_terms(
+      s, add ? testing::abs_of(x.dv0) : Tensor::zeros({N, s.Hkv * s.hd}, DType::F64), x,
+      host_f64(c.out), host_f64(c.lse));
   const double dq_scale = gt::max_increment(dq_ref, dq_init);
   const double dk_scale = gt::max_increment(dk_ref, dk_init);
   for (const Run* r : {&c, &o}) {

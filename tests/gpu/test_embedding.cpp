@@ -29,50 +29,56 @@ struct Size {
 const Size kSizes[] = {{5, 12, 7}, {1, 1, 3}, {17, 64, 3000}, {50, 37, 200}, {300, 768, 1024},
                        {1000, 100, 0}, {50304, 24, 40000}};
 
-}  // namespace
-
-TEST_CASE("cuda embedding forward gathers exactly", "[gpu][embedding]") {
+// Runs body(dt, s, offset) in both dtypes, for every size, with the device
+// tensors at their allocation's start and one element past it (misaligned).
+template <typename Body>
+void for_each_case(Body&& body) {
   for (DType dt : {DType::F32, DType::BF16})
-    for (Size s : kSizes)
+    for (const Size& s : kSizes)
       for (bool offset : {false, true}) {
         INFO(dtype_name(dt) << " V=" << s.V << " d=" << s.d << " N=" << s.N << " offset=" << offset);
-        Pair w = random_pair({s.V, s.d}, dt, 1, offset);
-        Tensor tok = skewed_tokens(s.N, s.V, 2);
-        Tensor out = poisoned_at({s.N, s.d}, dt, offset);
-        kern::embedding_forward(out, w.dev, tok.to(Device::CUDA));
-        Tensor out_cpu = Tensor::empty({s.N, s.d});
-        kern::embedding_forward(out_cpu, w.host, tok);
-        REQUIRE(same_bits(out.to(Device::CPU), out_cpu.to(dt)));
+        body(dt, s, offset);
       }
 }
 
+}  // namespace
+
+TEST_CASE("cuda embedding forward gathers exactly", "[gpu][embedding]") {
+  for_each_case([](DType dt, const Size& s, bool offset) {
+    Pair w = random_pair({s.V, s.d}, dt, 1, offset);
+    Tensor tok = skewed_tokens(s.N, s.V, 2);
+    Tensor out = poisoned_at({s.N, s.d}, dt, offset);
+    kern::embedding_forward(out, w.dev, tok.to(Device::CUDA));
+    Tensor out_cpu = Tensor::empty({s.N, s.d});
+    kern::embedding_forward(out_cpu, w.host, tok);
+    REQUIRE(same_bits(out.to(Device::CPU), out_cpu.to(dt)));
+  });
+}
+
 TEST_CASE("cuda embedding backward matches the CPU bit for bit and repeats", "[gpu][embedding]") {
-  for (DType dt : {DType::F32, DType::BF16})
-    for (Size s : kSizes)
-      for (bool offset : {false, true}) {
-        INFO(dtype_name(dt) << " V=" << s.V << " d=" << s.d << " N=" << s.N << " offset=" << offset);
-        Pair dout = random_pair({s.N, s.d}, dt, 3, offset);
-        Pair dw0 = random_pair({s.V, s.d}, DType::F32, 4, offset);  // fp32 for bf16 dout too
-        Tensor tok = skewed_tokens(s.N, s.V, 5);
-        Tensor tok_dev = tok.to(Device::CUDA);
+  for_each_case([](DType dt, const Size& s, bool offset) {
+    Pair dout = random_pair({s.N, s.d}, dt, 3, offset);
+    Pair dw0 = random_pair({s.V, s.d}, DType::F32, 4, offset);  // fp32 for bf16 dout too
+    Tensor tok = skewed_tokens(s.N, s.V, 5);
+    Tensor tok_dev = tok.to(Device::CUDA);
 
-        Tensor dw_cpu = dw0.host.clone();
-        kern::embedding_backward(dw_cpu, dout.host, tok);
+    Tensor dw_cpu = dw0.host.clone();
+    kern::embedding_backward(dw_cpu, dout.host, tok);
 
-        Tensor first;
-        for (int rep = 0; rep < 2; ++rep) {
-          Tensor dw = Tensor::empty({s.V * s.d + 1}, DType::F32, Device::CUDA)
-                          .rows(offset ? 1 : 0, s.V * s.d)
-                          .reshape({s.V, s.d});
-          dw.copy_from(dw0.dev);  // accumulates into existing values
-          kern::embedding_backward(dw, dout.dev, tok_dev);
-          Tensor got = dw.to(Device::CPU);
-          // Same additions in the same order as the CPU: identical bits.
-          REQUIRE(same_bits(got, dw_cpu));
-          if (rep == 0) first = got;
-          else REQUIRE(same_bits(got, first));
-        }
-      }
+    Tensor first;
+    for (int rep = 0; rep < 2; ++rep) {
+      Tensor dw = Tensor::empty({s.V * s.d + 1}, DType::F32, Device::CUDA)
+                      .rows(offset ? 1 : 0, s.V * s.d)
+                      .reshape({s.V, s.d});
+      dw.copy_from(dw0.dev);  // accumulates into existing values
+      kern::embedding_backward(dw, dout.dev, tok_dev);
+      Tensor got = dw.to(Device::CPU);
+      // Same additions in the same order as the CPU: identical bits.
+      REQUIRE(same_bits(got, dw_cpu));
+      if (rep == 0) first = got;
+      else REQUIRE(same_bits(got, first));
+    }
+  });
 }
 
 TEST_CASE("cuda embedding rejects ids outside the vocabulary, naming the first", "[gpu][embedding]") {

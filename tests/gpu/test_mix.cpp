@@ -499,23 +499,38 @@ TEST_CASE("cuda mix: both kernel families (rows, warp) match the CPU", "[gpu][mi
 }
 
 namespace {
-// Phase 1 forward of Q random queries w_q (seed + q; |w| ~ 2 / sqrt(d), as
-// make_setup's) over s's sources, on the device.
-struct GroupForward {
+// Runs body(dt) under both kernel families (ATTNRES_MIX_KERNELS = rows, warp)
+// in both dtypes.
+template <typename Body>
+void for_each_family_and_dtype(Body&& body) {
+  for (const char* kernel : {"rows", "warp"})
+    for (DType dt : {DType::BF16, DType::F32}) {
+      ScopedEnv env("ATTNRES_MIX_KERNELS", kernel);
+      INFO("ATTNRES_MIX_KERNELS=" << kernel << " " << dtype_name(dt));
+      body(dt);
+    }
+}
+
+// A Mix group on the device: make_setup's kk sources [N, d] (seed), their
+// rstds (rstds_f32), and the phase 1 forward of Q random queries w_q (seed +
+// 100 + q; |w| ~ 2 / sqrt(d), as make_setup's): outputs, probs and lse.
+struct MixGroup {
+  MixSetup s;
+  std::vector<Tensor> rs_d;
   std::vector<Tensor> ws, outs;
   Tensor probs, lse;
 };
-GroupForward group_forward(const MixSetup& s, const std::vector<Tensor>& rs_d, int64_t Q,
-                           uint64_t seed) {
-  GroupForward g;
+MixGroup group_forward(int64_t N, int64_t d, int64_t kk, int64_t Q, DType dt, uint64_t seed) {
+  MixGroup g{make_setup(N, d, kk, dt, seed), {}, {}, {}, {}, {}};
+  g.rs_d = on_device(rstds_f32(g.s));
   for (int64_t q = 0; q < Q; ++q) {
-    Tensor w = gt::randn_f32({s.d}, seed + q, 2.0 / std::sqrt(double(s.d)));
-    g.ws.push_back(gt::to_device(w, s.dt));
-    g.outs.push_back(gt::poisoned({s.N, s.d}, s.dt));
+    Tensor w = gt::randn_f32({d}, seed + 100 + q, 2.0 / std::sqrt(double(d)));
+    g.ws.push_back(gt::to_device(w, dt));
+    g.outs.push_back(gt::poisoned({N, d}, dt));
   }
-  g.probs = gt::poisoned({Q, s.N, s.kk}, DType::F32);
-  g.lse = gt::poisoned({Q, s.N}, DType::F32);
-  kern::mix_forward(g.outs, g.probs, &g.lse, g.ws, s.src_d, rs_d);
+  g.probs = gt::poisoned({Q, N, kk}, DType::F32);
+  g.lse = gt::poisoned({Q, N}, DType::F32);
+  kern::mix_forward(g.outs, g.probs, &g.lse, g.ws, g.s.src_d, g.rs_d);
   return g;
 }
 }  // namespace
@@ -525,79 +540,67 @@ TEST_CASE("cuda mix backward with Store::Set writes what zeroing then adding giv
   // (kernels/store.h): over poisoned (NaN) buffers, never read under Set, the
   // same bits as Add into zeros, in both kernel families; Q = 11 spans two
   // rows launches (the first writes, the second adds).
-  for (const char* kernel : {"rows", "warp"})
-    for (DType dt : {DType::BF16, DType::F32}) {
-      ScopedEnv env("ATTNRES_MIX_KERNELS", kernel);
-      INFO("ATTNRES_MIX_KERNELS=" << kernel << " " << dtype_name(dt));
-      const int64_t N = 301, d = 768, kk = 9, Q = 11;
-      MixSetup s = make_setup(N, d, kk, dt, 78000);
-      const std::vector<Tensor> rs_d = on_device(rstds_f32(s));
-      const GroupForward g = group_forward(s, rs_d, Q, 78100);
-      const std::vector<Tensor>&ws = g.ws, &outs = g.outs;
-      const Tensor &probs = g.probs, &lse = g.lse;
-      std::vector<Tensor> douts;
-      for (int64_t q = 0; q < Q; ++q) {
-        Tensor dy = gt::randn_f32({N, d}, 78200 + q);
-        douts.push_back(gt::to_device(dy, dt));
-      }
-      const Tensor dlse = gt::randn_f32({Q, N}, 78300).to(Device::CUDA);
-      std::vector<Tensor> ds[2], dws[2];
-      for (int r = 0; r < 2; ++r) {
-        for (int64_t j = 0; j < kk; ++j)
-          ds[r].push_back(r == 0 ? Tensor::zeros({N, d}, dt, Device::CUDA) : gt::poisoned({N, d}, dt));
-        for (int64_t q = 0; q < Q; ++q) dws[r].push_back(Tensor::zeros({d}, DType::F32, Device::CUDA));
-        kern::mix_backward(ds[r], dws[r], douts, &dlse, ws, s.src_d, rs_d, probs,
-                           r == 0 ? kern::Store::Add : kern::Store::Set);
-      }
-      for (int64_t j = 0; j < kk; ++j) CHECK(gt::same_bits(ds[0][j], ds[1][j]));
-      for (int64_t q = 0; q < Q; ++q) CHECK(gt::same_bits(dws[0][q], dws[1][q]));
-
-      // The merge's recent source (Block AttnRes's partial sum at the head).
-      std::vector<Tensor> rec{s.src_d[0]};
-      Tensor gain_h = gt::randn_f32({d}, 78400);
-      const Tensor gain = gt::to_device(gain_h, dt), lse0 = lse.rows(0, 1).reshape({N});
-      Tensor st = gt::poisoned({N, 4}, DType::F32), u = gt::poisoned({N, d}, dt);
-      kern::mix_merge_norm_forward(u, st, ws[0], outs[0], lse0, rec, gain, kMixEps);
-      std::vector<Tensor> de[2];
-      Tensor d_o[2], dl[2], dwm[2], dg[2];
-      for (int r = 0; r < 2; ++r) {
-        de[r].push_back(r == 0 ? Tensor::zeros({N, d}, dt, Device::CUDA) : gt::poisoned({N, d}, dt));
-        d_o[r] = gt::poisoned({N, d}, dt);
-        dl[r] = gt::poisoned({N}, DType::F32);
-        dwm[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
-        dg[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
-        kern::mix_merge_norm_backward(d_o[r], dl[r], de[r], dwm[r], dg[r], douts[0], ws[0], outs[0],
-                                      rec, gain, st, r == 0 ? kern::Store::Add : kern::Store::Set);
-      }
-      CHECK(gt::same_bits(de[0][0], de[1][0]));
-      CHECK(gt::same_bits(dwm[0], dwm[1]));
+  for_each_family_and_dtype([](DType dt) {
+    const int64_t N = 301, d = 768, kk = 9, Q = 11;
+    const MixGroup g = group_forward(N, d, kk, Q, dt, 78000);
+    std::vector<Tensor> douts;
+    for (int64_t q = 0; q < Q; ++q) {
+      Tensor dy = gt::randn_f32({N, d}, 78200 + q);
+      douts.push_back(gt::to_device(dy, dt));
     }
+    const Tensor dlse = gt::randn_f32({Q, N}, 78300).to(Device::CUDA);
+    std::vector<Tensor> ds[2], dws[2];
+    for (int r = 0; r < 2; ++r) {
+      for (int64_t j = 0; j < kk; ++j)
+        ds[r].push_back(r == 0 ? Tensor::zeros({N, d}, dt, Device::CUDA) : gt::poisoned({N, d}, dt));
+      for (int64_t q = 0; q < Q; ++q) dws[r].push_back(Tensor::zeros({d}, DType::F32, Device::CUDA));
+      kern::mix_backward(ds[r], dws[r], douts, &dlse, g.ws, g.s.src_d, g.rs_d, g.probs,
+                         r == 0 ? kern::Store::Add : kern::Store::Set);
+    }
+    for (int64_t j = 0; j < kk; ++j) CHECK(gt::same_bits(ds[0][j], ds[1][j]));
+    for (int64_t q = 0; q < Q; ++q) CHECK(gt::same_bits(dws[0][q], dws[1][q]));
+
+    // The merge's recent source (Block AttnRes's partial sum at the head).
+    std::vector<Tensor> rec{g.s.src_d[0]};
+    Tensor gain_h = gt::randn_f32({d}, 78400);
+    const Tensor gain = gt::to_device(gain_h, dt), lse0 = g.lse.rows(0, 1).reshape({N});
+    Tensor st = gt::poisoned({N, 4}, DType::F32), u = gt::poisoned({N, d}, dt);
+    kern::mix_merge_norm_forward(u, st, g.ws[0], g.outs[0], lse0, rec, gain, kMixEps);
+    std::vector<Tensor> de[2];
+    Tensor d_o[2], dl[2], dwm[2], dg[2];
+    for (int r = 0; r < 2; ++r) {
+      de[r].push_back(r == 0 ? Tensor::zeros({N, d}, dt, Device::CUDA) : gt::poisoned({N, d}, dt));
+      d_o[r] = gt::poisoned({N, d}, dt);
+      dl[r] = gt::poisoned({N}, DType::F32);
+      dwm[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
+      dg[r] = Tensor::zeros({d}, DType::F32, Device::CUDA);
+      kern::mix_merge_norm_backward(d_o[r], dl[r], de[r], dwm[r], dg[r], douts[0], g.ws[0],
+                                    g.outs[0], rec, gain, st,
+                                    r == 0 ? kern::Store::Add : kern::Store::Set);
+    }
+    CHECK(gt::same_bits(de[0][0], de[1][0]));
+    CHECK(gt::same_bits(dwm[0], dwm[1]));
+  });
 }
 
 TEST_CASE("cuda mix: a query's results do not depend on the queries beside it", "[gpu][mix]") {
   // kernels/mix.h: the Q queries of one call give each query, bit for bit,
   // what it gives alone (so a Mix group split over calls repeats itself).
-  for (const char* kernel : {"rows", "warp"})
-    for (DType dt : {DType::BF16, DType::F32}) {
-      ScopedEnv env("ATTNRES_MIX_KERNELS", kernel);
-      INFO("ATTNRES_MIX_KERNELS=" << kernel << " " << dtype_name(dt));
-      const int64_t N = 513, d = 768, kk = 7, Q = 5;
-      MixSetup s = make_setup(N, d, kk, dt, 77000);
-      const std::vector<Tensor> rs_d = on_device(rstds_f32(s));
-      const GroupForward g = group_forward(s, rs_d, Q, 77100);
-      const std::vector<Tensor>&ws = g.ws, &outs = g.outs;
-      const Tensor ph = g.probs.to(Device::CPU), lh = g.lse.to(Device::CPU);
-      for (int64_t q = 0; q < Q; ++q) {
-        INFO("query " << q);
-        std::vector<Tensor> one_w{ws[q]}, one_out{gt::poisoned({N, d}, dt)};
-        Tensor p1 = gt::poisoned({1, N, kk}, DType::F32), l1 = gt::poisoned({1, N}, DType::F32);
-        kern::mix_forward(one_out, p1, &l1, one_w, s.src_d, rs_d);
-        CHECK(gt::same_bits(one_out[0], outs[q]));
-        const Tensor p1h = p1.to(Device::CPU), l1h = l1.to(Device::CPU);
-        CHECK(std::memcmp(p1h.raw(), ph.data<float>() + q * N * kk, sizeof(float) * N * kk) == 0);
-        CHECK(std::memcmp(l1h.raw(), lh.data<float>() + q * N, sizeof(float) * N) == 0);
-      }
+  for_each_family_and_dtype([](DType dt) {
+    const int64_t N = 513, d = 768, kk = 7, Q = 5;
+    const MixGroup g = group_forward(N, d, kk, Q, dt, 77000);
+    const Tensor ph = g.probs.to(Device::CPU), lh = g.lse.to(Device::CPU);
+    for (int64_t q = 0; q < Q; ++q) {
+      INFO("query " << q);
+      std::vector<Tensor> one_w{g.ws[q]}, one_out{gt::poisoned({N, d}, dt)};
+      Tensor p1 = gt::poisoned({1, N, kk}, DType::F32), l1 = gt::poisoned({1, N}, DType::F32);
+      kern::mix_forward(one_out, p1, &l1, one_w, g.s.src_d, g.rs_d);
+      CHECK(gt::same_bits(one_out[0], g.outs[q]));
+      const Tensor p1h = p1.to(Device::CPU), l1h = l1.to(Device::CPU);
+      CHECK(std::memcmp(p1h.raw(), ph.data<float>() + q * N * kk, sizeof(float) * N * kk) == 0);
+      CHECK(std::memcmp(l1h.raw(), lh.data<float>() + q * N, sizeof(float) * N) == 0);
     }
+  });
 }
 
 TEST_CASE("cuda mix merge + rmsnorm (phase 2) matches the CPU", "[gpu][mix]") {

@@ -65,14 +65,26 @@ std::vector<double> train_losses(model::Model& m, int steps, int64_t A, int64_t 
   return losses;
 }
 
+// The model of c on the CPU in fp32 and on the GPU in gpu_dtype, both
+// initialised from seed: the same weights (for bf16, the GPU's fp32 master
+// weights are the CPU's).
+struct CpuGpu {
+  model::Model cpu, gpu;
+};
+CpuGpu cpu_and_gpu(const ModelConfig& c, DType gpu_dtype, uint64_t seed) {
+  CpuGpu m{model::Model(c, DType::F32), model::Model(c, gpu_dtype, {}, Device::CUDA)};
+  m.cpu.params().init(seed);
+  m.gpu.params().init(seed);
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("CUDA fp32 training steps match the CPU", "[gpu][model]") {
   for (const auto& tc : cases()) {
     SECTION(tc.name) {
-      model::Model cpu(tc.cfg, DType::F32), gpu(tc.cfg, DType::F32, {}, Device::CUDA);
-      cpu.params().init(3);
-      gpu.params().init(3);
+      CpuGpu m = cpu_and_gpu(tc.cfg, DType::F32, 3);
+      model::Model &cpu = m.cpu, &gpu = m.gpu;
       // Gradients of one microbatch, before any update.
       Tensor tok = testing::random_tokens(2 * 37, tc.cfg.vocab_size, 1);
       Tensor tgt = testing::random_tokens(2 * 37, tc.cfg.vocab_size, 2);
@@ -101,9 +113,8 @@ TEST_CASE("CUDA fp32 training steps match the CPU", "[gpu][model]") {
 TEST_CASE("CUDA bf16 mixed-precision training tracks the fp32 CPU run", "[gpu][model]") {
   for (const auto& tc : cases()) {
     SECTION(tc.name) {
-      model::Model cpu(tc.cfg, DType::F32), gpu(tc.cfg, DType::BF16, {}, Device::CUDA);
-      cpu.params().init(4);
-      gpu.params().init(4);
+      CpuGpu m = cpu_and_gpu(tc.cfg, DType::BF16, 4);
+      model::Model &cpu = m.cpu, &gpu = m.gpu;
       // The fp32 master weights start identical to the CPU's weights.
       for (size_t i = 0; i < cpu.params().all().size(); ++i)
         REQUIRE(gpu_testing::rel_l2(gpu_testing::to_host_f32(gpu.params().all()[i].master),
@@ -199,9 +210,8 @@ TEST_CASE("CUDA recomputation (mix, layer) gives training.recompute = none's bit
 
 TEST_CASE("KV-cache decoding on CUDA matches the CPU", "[gpu][model]") {
   ModelConfig c = small(ResidualMode::Block, 4);
-  model::Model cpu(c, DType::F32), gpu(c, DType::F32, {}, Device::CUDA);
-  cpu.params().init(6);
-  gpu.params().init(6);
+  CpuGpu m = cpu_and_gpu(c, DType::F32, 6);
+  model::Model &cpu = m.cpu, &gpu = m.gpu;
   auto cc = cpu.new_decode_cache(8), gc = gpu.new_decode_cache(8);
   for (int32_t t : {5, 17, 3, 88, 42}) {
     auto a = cpu.decode_step(t, cc), b = gpu.decode_step(t, gc);

@@ -7,10 +7,7 @@
 # save leaves the previous checkpoint valid, and resume = auto takes it;
 # background saves equal synchronous ones, and a failing one stops the job.
 source "$(dirname "$0")/lib.sh"
-make_corpus
-write_mpi_config
-
-"$BIN" train base.json --checkpoint.dir=ck_s --run.dir=run_s 2>log_s.txt || { cat log_s.txt; fail "straight run"; }
+reference_run
 
 # P=4, sharded (the default): the files and the index.
 run_np 4 "$BIN" train base.json --checkpoint.dir=ck_a --run.dir=run_a --parallel.pipeline=4 \

@@ -5,10 +5,7 @@
 # losses as an uninterrupted single-process run (relative 1e-5). The global
 # batch stays the same: grad_accum * data is kept constant.
 source "$(dirname "$0")/lib.sh"
-make_corpus
-write_mpi_config
-
-"$BIN" train base.json --checkpoint.dir=ck_s --run.dir=run_s 2>log_s.txt || { cat log_s.txt; fail "straight run"; }
+reference_run
 
 # P=4 (4 steps) -> P=2 x V=2 (steps 5..8).
 run_np 4 "$BIN" train base.json --checkpoint.dir=ck_a --run.dir=run_a --parallel.pipeline=4 \

@@ -70,9 +70,7 @@ two_hosts /bin/sh -c 'echo "$OMPI_COMM_WORLD_RANK $(hostname) $OMPI_COMM_WORLD_L
   || { cat where.txt; fail "expected ranks 0, 1 on hosta and 2, 3 on hostb, local ranks 0 and 1 on each"; }
 pass "Open MPI's rsh launcher through the agent: ranks 0, 1 on hosta, 2, 3 on hostb (local ranks 0, 1 each)"
 
-make_corpus
-write_mpi_config
-"$BIN" train base.json --checkpoint.dir=ck_s --run.dir=run_s 2>log_s.txt || { cat log_s.txt; fail "single process"; }
+reference_run
 
 two_hosts "$BIN" train base.json --parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 \
   --checkpoint.dir="$PWD/ck_h" --run.dir="$PWD/run_h" 2>log_h.txt || { cat log_h.txt; fail "P=2 x D=2 on two hosts"; }

@@ -17,12 +17,11 @@ using testing::config_error;
 
 namespace {
 
+// 8 layers and 4 microbatches per step: room for the pipeline layouts below.
 json base() {
-  return json::parse(R"({
-    "model": {"vocab_size": 97, "d_model": 32, "n_layers": 8, "n_heads": 4, "n_kv_heads": 2,
-              "d_ff": 80, "residual": {"mode": "block", "block_size": 3}},
-    "training": {"steps": 8, "micro_batch_size": 2, "seq_len": 16, "grad_accum": 4},
-    "data": {"train": "train.bin"}})");
+  json j = testing::small_config(8, 3);
+  j["training"]["grad_accum"] = 4;
+  return j;
 }
 
 }  // namespace

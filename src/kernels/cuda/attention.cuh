@@ -89,6 +89,17 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// A thread's place in its warp's mma fragments (see mma_bf16 below): its warp,
+// its lane, the fragment row g = lane / 4 (C rows g and g + 8) and tig =
+// lane % 4 (C columns 2 tig, 2 tig + 1 of each 8-column n-block).
+struct FragLane {
+  int warp, lane, g, tig;
+};
+__device__ __forceinline__ FragLane frag_lane() {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  return {warp, lane, lane >> 2, lane & 3};
+}
+
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i and
 // every lane receives, in r[i], row lane/4, columns 2*(lane%4), +1 of matrix i
 // (with .trans: column lane/4, rows 2*(lane%4), +1).
@@ -362,17 +373,23 @@ __device__ __forceinline__ void mma_acc(float (&c)[MT][N / 8][4], uint32_t (&a)[
     }
   }
 }
+// Zeroes a warp's C fragments: MT m-tiles of NB n-blocks (16 x 8 each).
+template <int MT, int NB>
+__device__ __forceinline__ void zero_frags(float (&c)[MT][NB][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[mt][n][e] = 0.f;
+}
+
 // c = A B^T (B an [n][k] tile of N rows x K) for the live m-tiles.
 template <int MT, int N, int K, int SR, typename AFrag>
 __device__ __forceinline__ void mma_abt(float (&c)[MT][N / 8][4], uint32_t (&a)[MT][4],
                                         AFrag&& a_frag, const bf16* s, int bn_off,
                                         const bool (&live)[MT]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < N / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[mt][n][e] = 0.f;
+  zero_frags(c);
   mma_acc<false, MT, K, N, SR>(c, a, a_frag, s, bn_off, live);
 }
 // c += A B (B a [k][n] tile of K rows x N) for the live m-tiles.
@@ -381,6 +398,24 @@ __device__ __forceinline__ void mma_ab_acc(float (&c)[MT][N / 8][4], uint32_t (&
                                            AFrag&& a_frag, const bf16* s, int bt_off,
                                            const bool (&live)[MT]) {
   mma_acc<true, MT, K, N, SR>(c, a, a_frag, s, bt_off, live);
+}
+
+// Calls put(mt, r, row, col) for each row of a warp's C fragments that
+// exists (row < T_): m-tile mt holds rows row0 + 16 mt + g (r = 0: elements
+// 0, 1) and + 8 (r = 1: elements 2, 3), in columns col = 2 tig and col + 1 of
+// each 8-column n-block. For the epilogues that store gradients with put_pair.
+template <int MT, typename Put>
+__device__ __forceinline__ void for_frag_rows(int row0, int T_, Put&& put) {
+  const FragLane fl = frag_lane();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + mt * 16 + fl.g + 8 * r;
+      if (row >= T_) continue;
+      put(mt, r, row, fl.tig * 2);
+    }
+  }
 }
 
 // ---- tensor-core path: double-buffered tiles -----------------------------------------
@@ -409,6 +444,34 @@ __device__ __forceinline__ void load_kv_tile(bf16* sK, bf16* sV, const bf16* kg,
   const int k1 = t * BK;
   load_tile_async<BK, D, NT>(sK + stage * BK * SR, kg + int64_t(k1) * ld, ld, T_ - k1);
   load_tile_async<BK, D, NT>(sV + stage * BK * SR, vg + int64_t(k1) * ld, ld, T_ - k1);
+}
+
+// The kernels over query tiles (forward, dQ) stream the key tiles of their KV
+// head: issue(t, stage) for pipeline_wait copies key tile t of K and V (batch
+// b, KV head j, in the joint qkv: row stride ldk) into `stage` of sK and sV.
+template <int BK, int D, int NT>
+__device__ __forceinline__ auto kv_tile_issuer(bf16* sK, bf16* sV, const bf16* k, const bf16* v,
+                                               const Params& p, int b, int j) {
+  const bf16* kg = k + int64_t(b) * p.T * p.ldk + int64_t(j) * D;
+  const bf16* vg = v + int64_t(b) * p.T * p.ldk + int64_t(j) * D;
+  const int64_t ld = p.ldk;
+  const int T_ = p.T;
+  return [=](int t, int stage) { load_kv_tile<BK, D, NT>(sK, sV, kg, vg, ld, T_, t, stage); };
+}
+
+// Which of a warp's m-tiles (rows wq0 + 16 mt + [0, 16), forward and dQ) have
+// work in the key tile from k0: live[mt] when one of its rows is at or after
+// k0 (causal) and before T_. Returns whether the warp has any: false when all
+// its rows precede the tile's first key or lie past the end of the sequence
+// (both warp-uniform), so it skips the tile.
+template <int MT>
+__device__ __forceinline__ bool live_row_tiles(bool (&live)[MT], int k0, int wq0, int T_) {
+  if (k0 <= wq0 + 16 * MT - 1 && wq0 < T_) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) live[mt] = k0 <= wq0 + mt * 16 + 15 && wq0 + mt * 16 < T_;
+    return true;
+  }
+  return false;  // (live is left unset)
 }
 
 }  // namespace attnres::kernels::cuda::attn

@@ -239,8 +239,7 @@ __global__ void __launch_bounds__(kGenThreads)
   float* sS = sV + BK * SR;  // dS [query][key]
 
   const int hd = p.hd, T_ = p.T;
-  const QueryTile tile = query_tile<BQ>(p);
-  const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
+  const auto [bh, b, h, j, q0] = query_tile<BQ>(p);
   const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
 
   // q and dq live in the joint qkv / dqkv (row stride ldq), dout is
@@ -352,8 +351,7 @@ __global__ void __launch_bounds__(NW * 32)
   const int T_ = p.T;
   const KeyTile tile = key_tile<BK>(p);
   const int b = tile.b, j = tile.j, k0 = tile.k0;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, tig = lane & 3;
+  const auto [warp, lane, g, tig] = frag_lane();
   const LdsmOffsets<SR> off(lane);
 
   const int64_t kvoff = int64_t(b) * T_ * p.ldk + int64_t(j) * D;
@@ -385,12 +383,8 @@ __global__ void __launch_bounds__(NW * 32)
   const float sl2 = p.scale * kLog2e;
   const int wk0 = k0 + warp * WK;  // this warp's first key; m-tile mt: keys wk0 + 16 mt + [0, 16)
   float dka[MT][D / 8][4], dva[MT][D / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dka[mt][n][e] = dva[mt][n][e] = 0.f;
+  zero_frags(dka);
+  zero_frags(dva);
 
   for (int it = 0; it < n_it; ++it) {
     const int st = it & 1;
@@ -465,22 +459,16 @@ __global__ void __launch_bounds__(NW * 32)
   }
 
   // dk (+)= scale dK, dv (+)= dV for this thread's keys.
+  for_frag_rows<MT>(wk0, T_, [&](int mt, int r, int key, int col) {
+    bf16* dkr = dk + kvoff + int64_t(key) * p.ldk + col;
+    bf16* dvr = dv + kvoff + int64_t(key) * p.ldk + col;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = wk0 + mt * 16 + g + 8 * r;
-      if (key >= T_) continue;
-      bf16* dkr = dk + kvoff + int64_t(key) * p.ldk + tig * 2;
-      bf16* dvr = dv + kvoff + int64_t(key) * p.ldk + tig * 2;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        put_pair(dkr + n * 8, dka[mt][n][2 * r] * p.scale, dka[mt][n][2 * r + 1] * p.scale,
-                 p.accumulate);
-        put_pair(dvr + n * 8, dva[mt][n][2 * r], dva[mt][n][2 * r + 1], p.accumulate);
-      }
+    for (int n = 0; n < D / 8; ++n) {
+      put_pair(dkr + n * 8, dka[mt][n][2 * r] * p.scale, dka[mt][n][2 * r + 1] * p.scale,
+               p.accumulate);
+      put_pair(dvr + n * 8, dva[mt][n][2 * r], dva[mt][n][2 * r + 1], p.accumulate);
     }
-  }
+  });
 }
 
 template <int D, int NW, int MT, int BK>
@@ -505,21 +493,15 @@ __global__ void __launch_bounds__(NW * 32)
   bf16* sV = sK + 2 * BK * SR;                    // [2][BK][SR]
 
   const int T_ = p.T;
-  const QueryTile tile = query_tile<BQ>(p);
-  const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, tig = lane & 3;
+  const auto [bh, b, h, j, q0] = query_tile<BQ>(p);
+  const auto [warp, lane, g, tig] = frag_lane();
   const LdsmOffsets<SR> off(lane);
 
   // q: joint qkv rows (ldq); dout: its own [B*T, H hd] rows (ldo).
   const int64_t qoff = (int64_t(b) * T_ + q0) * p.ldq + int64_t(h) * D;
   const int64_t ooff = (int64_t(b) * T_ + q0) * p.ldo + int64_t(h) * D;
-  const bf16* kg = k + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
-  const bf16* vg = v + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
   const int nkt = visible_key_tiles<BQ, BK>(q0, T_);
-  auto issue = [&](int t, int stage) {
-    load_kv_tile<BK, D, NT>(sK, sV, kg, vg, p.ldk, T_, t, stage);
-  };
+  const auto issue = kv_tile_issuer<BK, D, NT>(sK, sV, k, v, p, b, j);
 
   load_tile_async<BQ, D, NT>(sQ, q + qoff, p.ldq, T_ - q0);
   load_tile_async<BQ, D, NT>(sdO, dout + ooff, p.ldo, T_ - q0);
@@ -539,29 +521,20 @@ __global__ void __launch_bounds__(NW * 32)
       Dr[mt][r] = Dsc[row];
     }
   float acc[MT][D / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+  zero_frags(acc);
 
   for (int it = 0; it < nkt; ++it) {
     const int st = it & 1;
     pipeline_wait(it, nkt, issue);
 
     const int k0 = it * BK;
-    if (k0 <= wq0 + WR - 1 && wq0 < T_) {
+    bool live[MT];
+    if (live_row_tiles(live, k0, wq0, T_)) {
       const bf16* sKs = sK + st * BK * SR;
       const bf16* sVs = sV + st * BK * SR;
-      bool live[MT];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) live[mt] = k0 <= wq0 + mt * 16 + 15 && wq0 + mt * 16 < T_;
       float s[MT][BK / 8][4], dp[MT][BK / 8][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < BK / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][n][e] = dp[mt][n][e] = 0.f;
+      zero_frags(s);
+      zero_frags(dp);
       // S = Q K^T, dP = dO V^T (this warp's rows x BK keys).
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -615,20 +588,17 @@ __global__ void __launch_bounds__(NW * 32)
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
+  // dq (+)= scale dQ for this thread's rows; dq has q's layout (column block
+  // of dqkv): row stride ldq. (b and h are structured bindings, which a C++17
+  // lambda cannot capture: their offsets are named here.)
+  const int64_t batch_row0 = int64_t(b) * T_, head_col0 = int64_t(h) * D;
+  for_frag_rows<MT>(wq0, T_, [&](int mt, int r, int row, int col) {
+    bf16* dqr = dq + (batch_row0 + row) * p.ldq + head_col0 + col;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = wq0 + mt * 16 + g + 8 * r;
-      if (row >= T_) continue;
-      // dq has q's layout (column block of dqkv): row stride ldq.
-      bf16* dqr = dq + (int64_t(b) * T_ + row) * p.ldq + int64_t(h) * D + tig * 2;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n)
-        put_pair(dqr + n * 8, acc[mt][n][2 * r] * p.scale, acc[mt][n][2 * r + 1] * p.scale,
-                 p.accumulate);
-    }
-  }
+    for (int n = 0; n < D / 8; ++n)
+      put_pair(dqr + n * 8, acc[mt][n][2 * r] * p.scale, acc[mt][n][2 * r + 1] * p.scale,
+               p.accumulate);
+  });
 }
 
 // Tile configurations: dK/dV kernel <NW, MT, BQ>, dQ kernel <NW, MT, BK>.

@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(kGenThreads)
   float* sP = sV + BK * HD;    // [BQ][BK+1]
 
   const int hd = p.hd, T_ = p.T;
-  const QueryTile tile = query_tile<BQ>(p);
-  const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
+  const auto [bh, b, h, j, q0] = query_tile<BQ>(p);
   const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
 
   const T* qg = q + (int64_t(b) * T_ + q0) * p.ldq + int64_t(h) * hd;
@@ -200,18 +199,12 @@ __global__ void __launch_bounds__(NW * 32)
   bf16* sV = sK + 2 * BK * SR;                    // [2][BK][SR]
 
   const int T_ = p.T;
-  const QueryTile tile = query_tile<BQ>(p);
-  const int bh = tile.bh, b = tile.b, h = tile.h, j = tile.j, q0 = tile.q0;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, tig = lane & 3;
+  const auto [bh, b, h, j, q0] = query_tile<BQ>(p);
+  const auto [warp, lane, g, tig] = frag_lane();
 
   const bf16* qg = q + (int64_t(b) * T_ + q0) * p.ldq + int64_t(h) * D;
-  const bf16* kg = k + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
-  const bf16* vg = v + int64_t(b) * T_ * p.ldk + int64_t(j) * D;
   const int nkt = visible_key_tiles<BQ, BK>(q0, T_);
-  auto issue = [&](int t, int stage) {
-    load_kv_tile<BK, D, NT>(sK, sV, kg, vg, p.ldk, T_, t, stage);
-  };
+  const auto issue = kv_tile_issuer<BK, D, NT>(sK, sV, k, v, p, b, j);
 
   // Group 0: the Q tile and the first K/V tile.
   load_tile_async<BQ, D, NT>(sQ, qg, p.ldq, T_ - q0);
@@ -223,10 +216,9 @@ __global__ void __launch_bounds__(NW * 32)
   const float sl2 = p.scale * kLog2e;  // exp(scale (s - m)) = exp2(sl2 s - sl2 m)
   float o[MT][D / 8][4];
   float m[MT][2], l[MT][2];
+  zero_frags(o);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     m[mt][0] = m[mt][1] = -INFINITY;
     l[mt][0] = l[mt][1] = 0.f;
   }
@@ -249,14 +241,11 @@ __global__ void __launch_bounds__(NW * 32)
     const int k0 = it * BK;
     // Skip the tile when all of this warp's rows precede its first key, or
     // when the warp's rows are all past the end of the sequence; likewise,
-    // per m-tile, skip the math of an m-tile whose rows all precede the tile
-    // (both conditions are warp-uniform).
-    if (k0 <= wq0 + WR - 1 && wq0 < T_) {
+    // per m-tile, skip the math of an m-tile whose rows all precede the tile.
+    bool live[MT];
+    if (live_row_tiles(live, k0, wq0, T_)) {
       const bf16* sKs = sK + st * BK * SR;
       const bf16* sVs = sV + st * BK * SR;
-      bool live[MT];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) live[mt] = k0 <= wq0 + mt * 16 + 15 && wq0 + mt * 16 < T_;
 
       float s[MT][BK / 8][4];
       uint32_t qa[MT][4];
