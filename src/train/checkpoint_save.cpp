@@ -250,7 +250,28 @@ void CheckpointSaver::check_errors(bool rank0_only) {
                   what);
 }
 
+void CheckpointSaver::prefault_staging(const std::vector<Tensor>& like) {
+  std::vector<std::pair<int64_t, DType>> sizes;
+  for (const Tensor& t : like) sizes.emplace_back(t.numel(), t.dtype());
+  prefaulted_ = std::async(std::launch::async, [sizes] {
+    std::vector<Tensor> buffers;
+    for (const auto& [numel, dtype] : sizes) buffers.push_back(Tensor::zeros({numel}, dtype));
+    return buffers;
+  });
+}
+
+int64_t CheckpointSaver::staging_ready() {
+  if (!prefaulted_.valid()) return 0;
+  int64_t bytes = 0;
+  for (Tensor& b : prefaulted_.get()) {
+    bytes += static_cast<int64_t>(b.nbytes());
+    free_buffers_.push_back(std::move(b));
+  }
+  return bytes;
+}
+
 Tensor CheckpointSaver::staging_copy(const Tensor& t) {
+  staging_ready();
   for (size_t i = 0; i < free_buffers_.size(); ++i) {
     if (free_buffers_[i].numel() != t.numel() || free_buffers_[i].dtype() != t.dtype()) continue;
     Tensor buf = std::move(free_buffers_[i]);

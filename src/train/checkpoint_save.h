@@ -24,6 +24,7 @@
 // the reason; the temporary directory is removed and nothing is published.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -115,6 +116,16 @@ class CheckpointSaver {
   // rank writes. The buffers come back when their save's files are written.
   // Training thread only.
   Tensor staging_copy(const Tensor& t);
+  // Staging buffers for tensors like `like` (their sizes and dtypes: what
+  // this rank writes), made and touched in a background thread from now on,
+  // so that the first save finds them in the pool as later saves do. The
+  // first touch of fresh memory (a page fault per 4 KiB page, each zeroed by
+  // the kernel) was most of a first save's stall: about 0.45 s for 329 MB on
+  // a 2-core machine, where copying into touched pages takes 0.07 s.
+  // staging_ready() waits for them and puts them in the pool; returns their
+  // bytes (0 when none were asked for). Training thread only.
+  void prefault_staging(const std::vector<Tensor>& like);
+  int64_t staging_ready();
 
  private:
   struct Save;
@@ -131,6 +142,7 @@ class CheckpointSaver {
   bool async_;
   std::unique_ptr<Save> save_;
   std::vector<Tensor> free_buffers_;  // staging buffers not in use (flat, host)
+  std::future<std::vector<Tensor>> prefaulted_;  // prefault_staging's, until the first staging_copy
 };
 
 }  // namespace attnres::train

@@ -46,6 +46,14 @@ PYEOF
 grep -q "checkpoint written: .*training stopped" log_async.txt || fail "no checkpoint log line"
 pass "a checkpoint record per save (stall_sec <= write_sec, bytes, resident_mib, peak_rss_mib)"
 
+# The staging buffers are made beside the start-up, for all that a save
+# writes (one process: every byte of the checkpoint), not at the first save.
+staged=$(sed -nE "s/.*staging buffers for rank 0's saves \(([0-9.]+) MB\).*/\1/p" log_async.txt)
+saved=$("$PY" -c 'import json,sys; print("%.3f" % (next(json.loads(l) for l in open(sys.argv[1]) if "\"event\":\"checkpoint\"" in l)["bytes"] / 1e6))' run_async/metrics.jsonl)
+[[ -n $staged && $staged == "$saved" ]] || { grep -i staging log_async.txt; fail "staging buffers made beside the start-up: '$staged' MB, a save writes $saved MB"; }
+grep -q "staging buffers" log_sync.txt && fail "checkpoint.async = false made staging buffers"
+pass "checkpoint.async: the staging buffers ($staged MB, what a save writes) made beside the start-up"
+
 # A write that fails: exit 1 naming the error, nothing published, the
 # previous checkpoint the newest and intact; the temp dir removed.
 for mode in true false; do
