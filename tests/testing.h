@@ -152,6 +152,24 @@ inline double fd_check(Tensor& x, const Tensor& analytic, const std::function<do
   return worst;
 }
 
+// Central differences of `loss` over every element of x, as a tensor (F64),
+// for comparisons against an analytic gradient's scale (scaled_diff): an
+// element whose gradient is tiny or exactly 0 has differences of rounding
+// noise, which a per-element relative check would blow up.
+inline Tensor fd_gradient(Tensor& x, const std::function<double()>& loss, double h = 1e-6) {
+  Tensor g = Tensor::empty(x.shape(), DType::F64);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double orig = at(x, i);
+    set(x, i, orig + h);
+    const double lp = loss();
+    set(x, i, orig - h);
+    const double lm = loss();
+    set(x, i, orig);
+    set(g, i, (lp - lm) / (2 * h));
+  }
+  return g;
+}
+
 // sum(w * y) for a fixed random weighting w: a scalar loss whose gradient
 // w.r.t. y is w, used to drive backward passes in tests.
 inline double weighted_sum(const Tensor& y, const Tensor& w) {

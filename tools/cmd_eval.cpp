@@ -74,7 +74,7 @@ int eval_loss(const Flags& f, const std::string& dir, const train::Config& cfg) 
   const auto [device, dtype] = choose_device(f, cfg);
   model::Model model(cfg.model, dtype, {}, device);
   model.set_logits(train::logit_dtype(cfg.training.logits, dtype));  // the trainer's val loss
-  train::load_weights(dir, model.params());
+  train::load_weights(dir, model);
   auto [loss, tokens] = train::evaluate(model, loader, batches, B, T);
   std::printf("%s\n", nlohmann::json({{"loss", loss}, {"tokens", tokens}}).dump().c_str());
   return 0;
@@ -104,7 +104,7 @@ int eval_task(const Flags& f, const std::string& dir, const train::Config& cfg) 
   const parallel::Comm solo = parallel::Comm::solo();
   const parallel::ProcessGrid grid(solo, 1, 1);
   parallel::Runtime rt(grid, cfg.model, dtype, device, parallel::RuntimeOptions{}, B, T);
-  for (int v = 0; v < rt.model().size(); ++v) train::load_weights(dir, rt.model().chunk(v).params());
+  for (int v = 0; v < rt.model().size(); ++v) train::load_weights(dir, rt.model().chunk(v));
   const train::ChoiceScores s = train::score_questions(rt, questions, B, T, tokenizer.eot());
 
   nlohmann::json out = {{"task", task}, {"scoring", train::scoring_name(scoring)}, {"acc", s.acc},

@@ -46,7 +46,7 @@ int cmd_generate(const Args& args) {
     fail("generate: tokenizer '", tok_path, "' has ", tokenizer.vocab_size(),
          " tokens but the model's vocab_size is ", cfg.model.vocab_size);
   model::Model model(cfg.model, DType::F32);
-  train::load_weights(dir, model.params());
+  train::load_weights(dir, model);
 
   std::vector<int32_t> ids{tokenizer.eot()};  // documents start with EOT, as in training
   auto enc = tokenizer.encode(prompt, specials);

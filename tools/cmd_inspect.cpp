@@ -81,7 +81,7 @@ int inspect_attention(const Args& args) {
   data::TokenLoader loader(data::resolve_data_spec(f.required("data", "inspect attention"), "--data"),
                            B, T, false, cfg.training.seed);
   model::Model model(cfg.model, DType::F32);
-  train::load_weights(dir, model.params());
+  train::load_weights(dir, model);
   const int64_t n = std::min<int64_t>(f.get_int("batches", 1, "inspect attention"), loader.units_per_epoch());
   std::vector<std::vector<double>> mean;
   for (int64_t u = 0; u < n; ++u) {

@@ -45,7 +45,7 @@ int cmd_score(const Args& args) {
 
   const train::Config cfg = train::config_from_checkpoint(dir);
   model::Model model(cfg.model, DType::F32, {}, device);
-  train::load_weights(dir, model.params());
+  train::load_weights(dir, model);
 
   std::vector<int32_t> tokens{tokenizer.eot()};
   const auto enc = tokenizer.encode(text, specials);

@@ -26,6 +26,25 @@ ATTNRES_HD T silu_grad(T x) {
   return s * (T(1) + x * (T(1) - s));
 }
 
+// A MoE token's gate weights g_j = scale s_j / sum_i s_i over its K chosen
+// experts' scores s (kernels/moe.h), and their backward: from dL/dg to
+// dL/dr_j, r the router logits. Sigmoid scores: ds_j = scale / sum (dg_j -
+// sum_i dg_i s_i / sum), times s_j (1 - s_j). Softmax scores renormalised
+// over the chosen are a softmax over the chosen logits, g = scale q: dr_j =
+// g_j (dg_j - sum_i dg_i s_i / sum). Nothing reaches an unchosen logit.
+template <typename T>
+ATTNRES_HD void moe_gate_backward(const T* s, const T* dg, int K, T scale, bool sigmoid_router,
+                                  T* dr) {
+  T sum = T(0), dot = T(0);
+  for (int j = 0; j < K; ++j) sum += s[j];
+  for (int j = 0; j < K; ++j) dot += dg[j] * s[j];
+  const T mean = dot / sum;
+  for (int j = 0; j < K; ++j) {
+    const T c = dg[j] - mean;
+    dr[j] = sigmoid_router ? scale / sum * c * s[j] * (T(1) - s[j]) : scale * s[j] / sum * c;
+  }
+}
+
 // Running softmax statistics: max m and sum l of exp(x - m). Merging two
 // partial states is exact; this is the core of flash attention and of Block
 // AttnRes's two-phase Mix (inter-block pass, then merge with the partial sum).

@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "kernels/mix_rows.h"
 
@@ -27,6 +29,22 @@ const char* recompute_name(Recompute r) {
     case Recompute::Layer: return "layer";
   }
   return "?";
+}
+
+const char* moe_balance_name(MoeBalance b) {
+  switch (b) {
+    case MoeBalance::AuxFree: return "aux_free";
+    case MoeBalance::AuxLoss: return "aux_loss";
+    case MoeBalance::None: return "none";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::moe_capacity(int64_t N) const {
+  if (!has_moe() || moe.capacity_factor <= 0) return 0;
+  return static_cast<int64_t>(std::ceil(moe.capacity_factor * static_cast<double>(N) *
+                                        static_cast<double>(moe.top_k) /
+                                        static_cast<double>(moe.experts)));
 }
 
 int64_t ModelConfig::resolved_block_size() const {
@@ -106,6 +124,28 @@ void ModelConfig::validate() const {
   } else if (block_size > 0 || n_blocks > 0) {
     fail("config key model.residual: block_size / n_blocks only apply to residual.mode = "
          "\"block\" (mode is \"", residual_mode_name(mode), "\")");
+  }
+  if (has_moe()) {
+    positive(moe.top_k, "model.moe.top_k");
+    positive(moe.expert_d_ff, "model.moe.expert_d_ff");
+    if (moe.top_k > moe.experts)
+      fail("config key model.moe.top_k: ", moe.top_k, " exceeds the ", moe.experts,
+           " routed experts (model.moe.experts)");
+    if (moe.shared_experts < 0)
+      fail("config key model.moe.shared_experts: must be >= 0, got ", moe.shared_experts);
+    if (moe.dense_layers < 0 || moe.dense_layers >= n_layers)
+      fail("config key model.moe.dense_layers: ", moe.dense_layers, " leaves no MoE layer of the ",
+           n_layers, " layers (it must be in [0, model.n_layers))");
+    if (!(moe.routed_scale > 0))
+      fail("config key model.moe.routed_scale: must be > 0, got ", moe.routed_scale);
+    if (!(moe.bias_rate >= 0)) fail("config key model.moe.bias_rate: must be >= 0, got ", moe.bias_rate);
+    if (!(moe.aux_loss_coef >= 0))
+      fail("config key model.moe.aux_loss_coef: must be >= 0, got ", moe.aux_loss_coef);
+    if (!(moe.capacity_factor >= 0))
+      fail("config key model.moe.capacity_factor: must be >= 0 (0: dropless), got ",
+           moe.capacity_factor);
+  } else if (moe.experts < 0) {
+    fail("config key model.moe.experts: must be positive, got ", moe.experts);
   }
 }
 

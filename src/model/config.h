@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/moe.h"
+
 namespace attnres::model {
 
 enum class ResidualMode { Baseline, Full, Block };
@@ -25,6 +27,27 @@ ResidualMode parse_residual_mode(const std::string& name, const std::string& whe
 enum class Recompute { None, Mix, Layer };
 const char* recompute_name(Recompute r);  // "none" | "mix" | "layer"
 
+// The model.moe section (docs/model.md, "Mixture of experts"): without it
+// (experts == 0) every MLP is dense. With it, layers from dense_layers on
+// replace their MLP by a mixture of `experts` routed SwiGLU experts of width
+// expert_d_ff, top_k of them per token, plus shared_experts always-on ones
+// (together one SwiGLU of width shared_experts x expert_d_ff).
+enum class MoeBalance { AuxFree, AuxLoss, None };
+const char* moe_balance_name(MoeBalance b);  // "aux_free" | "aux_loss" | "none"
+struct MoeConfig {
+  int64_t experts = 0;  // E routed experts; 0: no MoE layers
+  int64_t top_k = 0;
+  int64_t shared_experts = 0;
+  int64_t expert_d_ff = 0;
+  kernels::MoeRouter router = kernels::MoeRouter::Sigmoid;
+  double routed_scale = 1.0;
+  MoeBalance balance = MoeBalance::AuxFree;
+  double bias_rate = 1e-3;      // aux_free: the bias step after each optimizer step
+  double aux_loss_coef = 1e-2;  // aux_loss: the balance term's weight
+  int64_t dense_layers = 1;     // the first layers keep the dense MLP
+  double capacity_factor = 0;   // 0: dropless
+};
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t d_model = 0;
@@ -40,6 +63,7 @@ struct ModelConfig {
   int64_t block_size = 0;
   int64_t n_blocks = 0;
   std::string init_from;
+  MoeConfig moe;
 
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t n_sublayers() const { return 2 * n_layers; }
@@ -77,6 +101,13 @@ struct ModelConfig {
   int64_t recent_sources(int64_t s) const;
   // Sources the final Mix sees: mix_sources(n_sublayers()).
   int64_t final_sources() const { return mix_sources(n_sublayers()); }
+
+  // Mixture of experts: whether layer l's MLP is one (model.moe, from
+  // dense_layers on), and the rows an expert takes of a microbatch of N
+  // tokens: ceil(capacity_factor N top_k / experts), 0 without a limit.
+  bool has_moe() const { return moe.experts > 0; }
+  bool moe_layer(int64_t l) const { return has_moe() && l >= moe.dense_layers; }
+  int64_t moe_capacity(int64_t N) const;
 
   // Throws attnres::Error naming the offending `model.*` key and the reason.
   void validate() const;

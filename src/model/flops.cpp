@@ -5,12 +5,18 @@ namespace attnres::model {
 double matmul_params(const ModelConfig& c, const ModelParts& parts) {
   // The GEMM weights of param_shapes: the layers' projections and the output
   // projection (the LM head, or the embedding when tied: it is the head too).
-  double n = 0;
+  // A MoE layer's router and shared experts meet every token, its routed
+  // experts top_k of E tokens on average: activated parameters.
+  double n = 0, experts = 0;
   for (const auto& p : param_shapes(c, parts))
     switch (p.slot) {
       case Slot::Q: case Slot::K: case Slot::V: case Slot::O:
       case Slot::Gate: case Slot::Up: case Slot::Down: case Slot::LmHead:
+      case Slot::Router: case Slot::SharedGate: case Slot::SharedUp: case Slot::SharedDown:
         n += static_cast<double>(p.numel());
+        break;
+      case Slot::ExpertGate: case Slot::ExpertUp: case Slot::ExpertDown:
+        experts += static_cast<double>(p.numel());
         break;
       case Slot::Embedding:
         if (c.tie_embeddings && parts.head) n += static_cast<double>(p.numel());
@@ -18,6 +24,7 @@ double matmul_params(const ModelConfig& c, const ModelParts& parts) {
       default:
         break;
     }
+  if (c.has_moe()) n += experts * static_cast<double>(c.moe.top_k) / static_cast<double>(c.moe.experts);
   return n;
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/embedding.h"
 #include "kernels/matmul.h"
 #include "kernels/mix.h"
+#include "kernels/moe.h"
 #include "kernels/reduce.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -23,7 +24,8 @@ Model::Model(const ModelConfig& cfg, DType dtype, const ModelParts& parts, Devic
       dtype_(dtype),
       device_(device),
       params_(make_params(cfg, dtype, parts, device)),
-      w_(resolve_params(params_, cfg_, parts)) {
+      state_(make_state(cfg, dtype, parts, device)),
+      w_(resolve_params(params_, state_, cfg_, parts)) {
   cfg_.validate();
 }
 
@@ -187,33 +189,217 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
 
 void Model::mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const {
   mlp_core(l, a);
-  kern::matmul_forward(y, a.h, layer(l).down->value, residual);
+  if (cfg_.moe_layer(l)) moe_output(l, a, y, residual);
+  else kern::matmul_forward(y, a.h, layer(l).down->value, residual);
 }
 
-// Gate and up in one GEMM: gu = u [W_gate; W_up]^T is [N, 2F], gate | up.
-void Model::mlp_core(int64_t l, SublayerActs& a) const {
-  const int64_t N = a.u.dim(0), F = cfg_.d_ff;
-  const LayerParams& L = layer(l);
-  if (!a.gu.defined()) {  // (recompute = mix keeps it)
-    a.gu = new_act(N, 2 * F);
-    kern::matmul_forward(a.gu, a.u, gate_up_of(L.gate->value, L.up->value, l));
+namespace {
+// A SwiGLU up to its last projection over the rows of u: gate and up in one
+// GEMM, gu = u [W_gate; W_up]^T [N, 2F] (gate | up), then h = SwiGLU(gu).
+// gu is kept where it is defined already (recompute = mix keeps it).
+void swiglu_core(Tensor& gu, Tensor& h, const Tensor& u, const Tensor& w_gate_up, DType dtype,
+                 Device device) {
+  const int64_t N = u.dim(0), F = w_gate_up.dim(0) / 2;
+  if (!gu.defined()) {
+    gu = Tensor::empty({N, 2 * F}, dtype, device);
+    kern::matmul_forward(gu, u, w_gate_up);
   }
-  a.h = new_act(N, F);
-  kern::swiglu_forward(a.h, a.gu);
+  h = Tensor::empty({N, F}, dtype, device);
+  kern::swiglu_forward(h, gu);
+}
+// Its backward from dL/dh (dh = dy W_down, given): the gate and up weights'
+// gradients added into dw_gate_up, du written (Store::Set).
+void swiglu_backward_from_h(Tensor& du, Tensor& dw_gate_up, const Tensor& dh, const Tensor& gu,
+                            const Tensor& u, const Tensor& w_gate_up) {
+  Tensor dgu = Tensor::empty(gu.shape(), gu.dtype(), gu.device());
+  kern::swiglu_backward(dgu, dh, gu, kern::Store::Set);
+  kern::matmul_backward(&du, &dw_gate_up, dgu, u, w_gate_up, kern::Store::Set);
+}
+}  // namespace
+
+void Model::mlp_core(int64_t l, SublayerActs& a) const {
+  if (cfg_.moe_layer(l)) {
+    moe_core(l, a);
+    return;
+  }
+  const LayerParams& L = layer(l);
+  swiglu_core(a.gu, a.h, a.u, gate_up_of(L.gate->value, L.up->value, l), dtype_, device_);
 }
 
-Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy) {
+Tensor Model::mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, double loss_scale) {
+  if (cfg_.moe_layer(l)) return moe_backward(l, a, dy, loss_scale);
   const int64_t N = a.u.dim(0), F = cfg_.d_ff;
   const LayerParams& L = layer(l);
   Param& wd = *L.down;
   Tensor dh = new_act(N, F);
   kern::matmul_backward(&dh, &wd.grad, dy, a.h, wd.value, kern::Store::Set);
-  Tensor dgu = new_act(N, 2 * F);
-  kern::swiglu_backward(dgu, dh, a.gu, kern::Store::Set);
   Tensor du = new_act(N, cfg_.d_model);
   Tensor dw = gate_up_of(L.gate->grad, L.up->grad, l);
-  kern::matmul_backward(&du, &dw, dgu, a.u, gate_up_of(L.gate->value, L.up->value, l),
-                        kern::Store::Set);
+  swiglu_backward_from_h(du, dw, dh, a.gu, a.u, gate_up_of(L.gate->value, L.up->value, l));
+  return du;
+}
+
+// ---------------------------------------------------------------------------
+// Mixture of experts (model.moe; kernels/moe.h)
+// ---------------------------------------------------------------------------
+
+void Model::update_router_bias(const MoeStats& step, double rate, std::vector<double>& lo,
+                               std::vector<double>& hi) {
+  const int64_t E = cfg_.moe.experts;
+  for (size_t i = 0; i < w_.layers.size(); ++i) {
+    Param* bias = w_.layers[i].router_bias;
+    if (!bias) continue;
+    const int64_t l = w_.layer_begin + static_cast<int64_t>(i);
+    const double* load = step.load.data() + l * E;
+    double mean = 0;
+    for (int64_t e = 0; e < E; ++e) mean += load[e];
+    mean /= static_cast<double>(E);
+    // E values: nudged on the host, in the bias's own precision.
+    Tensor b = bias->value.to(Device::CPU);
+    auto nudge = [&](auto* v) {
+      using T = std::remove_pointer_t<decltype(v)>;
+      for (int64_t e = 0; e < E; ++e) {
+        const int sign = (load[e] < mean) - (load[e] > mean);  // towards the mean; 0 at it
+        v[e] = static_cast<T>(v[e] + static_cast<T>(rate * sign));
+      }
+      lo[l] = static_cast<double>(*std::min_element(v, v + E));
+      hi[l] = static_cast<double>(*std::max_element(v, v + E));
+    };
+    if (b.dtype() == DType::F64) nudge(b.data<double>());
+    else nudge(b.data<float>());
+    bias->value.copy_from(b);
+  }
+}
+
+kern::MoeRouteOptions Model::moe_route_options(int64_t N) const {
+  kern::MoeRouteOptions o;
+  o.router = cfg_.moe.router;
+  o.top_k = cfg_.moe.top_k;
+  o.scale = cfg_.moe.routed_scale;
+  o.capacity = cfg_.moe_capacity(N);
+  return o;
+}
+
+namespace {
+// Routed expert e's rows [offsets[e], offsets[e + 1]) of an [M, *] tensor.
+Tensor expert_rows(const Tensor& t, const kern::MoeRouting& r, int64_t e) {
+  return t.rows(r.offsets[e], r.offsets[e + 1] - r.offsets[e]);
+}
+}  // namespace
+
+void Model::moe_core(int64_t l, SublayerActs& a) const {
+  const MoeConfig& moe = cfg_.moe;
+  const int64_t N = a.u.dim(0), d = cfg_.d_model, E = moe.experts;
+  const LayerParams& L = layer(l);
+  kern::MoeRouting& r = a.moe_route;
+  if (!a.moe_logits.defined()) {  // route (once per forward: the routing is kept)
+    a.moe_logits = new_stat({N, E});
+    kern::matmul_forward(a.moe_logits, a.u, L.router->value);
+    kern::moe_route(r, a.moe_logits, L.router_bias ? &L.router_bias->value : nullptr,
+                    moe_route_options(N));
+    if (moe_stats_) {
+      MoeStats& st = *moe_stats_;
+      for (int64_t e = 0; e < E; ++e) st.load.at(static_cast<size_t>(l * E + e)) += r.load[e];
+      st.dropped.at(l) += static_cast<double>(r.dropped);
+      st.tokens.at(l) += static_cast<double>(N);
+      if (moe.balance == MoeBalance::AuxLoss) {
+        st.aux_sum.at(l) += moe.aux_loss_coef * E * kern::moe_balance(a.moe_logits, r, moe.router);
+        st.aux_count.at(l) += 1;
+      }
+    }
+  }
+  if (L.shared_gate)
+    swiglu_core(a.gu, a.h, a.u, gate_up_of(L.shared_gate->value, L.shared_up->value, l), dtype_,
+                device_);
+  // The routed experts, each a SwiGLU over its consecutive rows of x (the
+  // token rows in the routing's order; gathered again where needed).
+  const int64_t M = r.rows(), Fe = moe.expert_d_ff;
+  const int64_t e0 = L.expert_begin, e1 = e0 + static_cast<int64_t>(L.expert_gate.size());
+  if (!a.moe_gu.defined()) {
+    Tensor x = new_act(M, d);
+    kern::moe_permute(x, a.u, r);
+    a.moe_gu = new_act(M, 2 * Fe);
+    for (int64_t e = e0; e < e1; ++e) {
+      if (r.offsets[e + 1] == r.offsets[e]) continue;
+      Tensor gu = expert_rows(a.moe_gu, r, e);
+      kern::matmul_forward(gu, expert_rows(x, r, e),
+                           gate_up_of(L.expert_gate[e - e0]->value, L.expert_up[e - e0]->value, l));
+    }
+  }
+  a.moe_h = new_act(M, Fe);
+  kern::swiglu_forward(a.moe_h, a.moe_gu);  // row by row: as per expert
+  if (!a.moe_y.defined()) {
+    a.moe_y = new_act(M, d);
+    for (int64_t e = e0; e < e1; ++e) {
+      if (r.offsets[e + 1] == r.offsets[e]) continue;
+      Tensor y = expert_rows(a.moe_y, r, e);
+      kern::matmul_forward(y, expert_rows(a.moe_h, r, e), L.expert_down[e - e0]->value);
+    }
+  }
+}
+
+void Model::moe_output(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const {
+  const LayerParams& L = layer(l);
+  const Tensor* base = residual;
+  if (L.shared_gate) {
+    kern::matmul_forward(y, a.h, L.shared_down->value, residual);
+    base = &y;
+  }
+  kern::moe_combine(y, a.moe_y, a.moe_route, base);
+}
+
+Tensor Model::moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double loss_scale) {
+  const MoeConfig& moe = cfg_.moe;
+  const LayerParams& L = layer(l);
+  const kern::MoeRouting& r = a.moe_route;
+  const int64_t N = a.u.dim(0), d = cfg_.d_model, M = r.rows(), Fe = moe.expert_d_ff;
+  const int64_t e0 = L.expert_begin, e1 = e0 + static_cast<int64_t>(L.expert_gate.size());
+  // du: the shared experts' (written), then the router's and the routed
+  // experts' added, in that order.
+  Tensor du = new_act(N, d);
+  if (L.shared_gate) {
+    Tensor dh = new_act(N, a.h.dim(1));
+    kern::matmul_backward(&dh, &L.shared_down->grad, dy, a.h, L.shared_down->value,
+                          kern::Store::Set);
+    Tensor dw = gate_up_of(L.shared_gate->grad, L.shared_up->grad, l);
+    swiglu_backward_from_h(du, dw, dh, a.gu, a.u,
+                           gate_up_of(L.shared_gate->value, L.shared_up->value, l));
+  } else {
+    du.zero_();
+  }
+  // The combine: each kept row's dL/dy (g dy of its token) and each slot's dL/dg.
+  Tensor dyr = new_act(M, d), dgate = new_stat({N, r.K});
+  kern::moe_combine_backward(dyr, dgate, dy, a.moe_y, r);
+  // The routed experts, each over its rows.
+  Tensor x = new_act(M, d), dx = new_act(M, d), dh = new_act(M, Fe), dgu = new_act(M, 2 * Fe);
+  kern::moe_permute(x, a.u, r);
+  for (int64_t e = e0; e < e1; ++e) {
+    if (r.offsets[e + 1] == r.offsets[e]) continue;
+    Tensor dh_e = expert_rows(dh, r, e);
+    Param& wd = *L.expert_down[e - e0];
+    kern::matmul_backward(&dh_e, &wd.grad, expert_rows(dyr, r, e), expert_rows(a.moe_h, r, e),
+                          wd.value, kern::Store::Set);
+  }
+  kern::swiglu_backward(dgu, dh, a.moe_gu, kern::Store::Set);
+  for (int64_t e = e0; e < e1; ++e) {
+    if (r.offsets[e + 1] == r.offsets[e]) continue;
+    Tensor dx_e = expert_rows(dx, r, e);
+    Param& wg = *L.expert_gate[e - e0];
+    Param& wu = *L.expert_up[e - e0];
+    Tensor dw = gate_up_of(wg.grad, wu.grad, l);
+    kern::matmul_backward(&dx_e, &dw, expert_rows(dgu, r, e), expert_rows(x, r, e),
+                          gate_up_of(wg.value, wu.value, l), kern::Store::Set);
+  }
+  // The router: through the gate weights, and the auxiliary loss's balance
+  // term (its weight in the step's loss: loss_scale N per microbatch mean).
+  Tensor dlogits = new_stat({N, moe.experts});
+  kern::moe_route_backward(dlogits, dgate, a.moe_logits, r, moe_route_options(N));
+  if (moe.balance == MoeBalance::AuxLoss)
+    kern::moe_balance_backward(dlogits, a.moe_logits, r, moe.router,
+                               loss_scale * static_cast<double>(N) * moe.aux_loss_coef *
+                                   static_cast<double>(moe.experts));
+  kern::matmul_backward(&du, &L.router->grad, dlogits, a.u, L.router->value, kern::Store::Add);
+  kern::moe_unpermute_add(du, dx, r);
   return du;
 }
 
@@ -331,7 +517,8 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     Tensor y = out;
     if (sum_into) {
       y = new_act(N, d);
-      kern::matmul_forward(y, is_attn ? a.att : a.h, out_proj_of(s).value);
+      if (!is_attn && cfg_.moe_layer(l)) moe_output(l, a, y, nullptr);
+      else kern::matmul_forward(y, is_attn ? a.att : a.h, out_proj_of(s).value);
     }
     depth_stats_->output_sumsq.at(s) += kern::sum_squares(y);
     depth_stats_->output_count.at(s) += static_cast<double>(y.numel());
@@ -351,8 +538,8 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   }
 }
 
-void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t B, int64_t T) {
-  const int64_t l = s / 2;
+void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, const Activations& acts) {
+  const int64_t l = s / 2, B = acts.B, T = acts.T;
   const bool is_attn = (s % 2 == 0);
   const int64_t S = cfg_.resolved_block_size();
   const int64_t i = cfg_.attnres() ? s % S : 0;
@@ -381,7 +568,8 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t 
   // f_s backward: dy -> du (dy is fully consumed here, before the norm and
   // Mix backward below add into the same buffer: the stream's gradient, or
   // the partial's as d p_before).
-  const Tensor du = is_attn ? attention_backward(l, a, dy, B, T) : mlp_backward(l, a, dy);
+  const Tensor du =
+      is_attn ? attention_backward(l, a, dy, B, T) : mlp_backward(l, a, dy, acts.loss_scale);
   if (!cfg_.attnres()) {  // dx_s = dx_{s+1} + RMSNorm'(du), in place
     norm_backward(a, du, nullptr, norm_gain(s), {}, &g.hidden);
     return;
@@ -470,8 +658,8 @@ void Model::drop_recomputable(SublayerActs& a) const {
   a.mix_lse = Tensor();
   if (cfg_.attnres()) a.x = Tensor();
   a.mix_stats = a.norm_rstd = a.u = Tensor();
-  a.h = Tensor();
-  if (recompute_ == Recompute::Layer) a.qkv = a.att = a.lse = a.gu = Tensor();
+  a.h = a.moe_h = Tensor();
+  if (recompute_ == Recompute::Layer) a.qkv = a.att = a.lse = a.gu = a.moe_gu = a.moe_y = Tensor();
 }
 
 void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,
@@ -520,7 +708,7 @@ void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad
       const int64_t lead = cfg_.attnres() ? std::max(s / G * G, 2 * l0) : s;
       recompute_sublayer(s, a, acts.sub[lead - 2 * l0], acts.B, acts.T);
     }
-    sublayer_backward(s, a, g, acts.B, acts.T);
+    sublayer_backward(s, a, g, acts);
     // Free as we go: the group's phase-1 backward (at its leader) needs only
     // the leader's record and every member's d_o and dlse row.
     SublayerActs rest;
@@ -623,6 +811,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, int6
   layers_forward(0, cfg_.n_layers, st, acts);
   DepthGrad g;
   double loss = head_forward_backward(st, targets, acts, g, grad_scale);
+  acts.loss_scale = grad_scale;
   st = DepthState{};  // the activations keep what backward needs
   layers_backward(0, cfg_.n_layers, acts, g);
   embed_backward(acts, g);

@@ -12,6 +12,7 @@
 #include "core/span.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
+#include "kernels/moe.h"
 #include "kernels/store.h"
 #include "model/config.h"
 #include "model/depth_state.h"
@@ -50,12 +51,23 @@ struct SublayerActs {
   // (kernels/attention.h), the attention output and its log-sum-exp
   Tensor qkv, att, lse;
   // MLP: the joint gate/up projection [N, 2F] (gate | up) and SwiGLU output
+  // (a MoE layer: its shared experts', when it has them)
   Tensor gu, h;
+  // MoE MLP: the router's logits [N, E] (statistics' dtype), the routing
+  // (kept under every recompute setting: it is small, and routing again would
+  // count the loads twice), and the routed experts' rows: their gate | up
+  // [M, 2Fe], SwiGLU output [M, Fe] and output [M, d] (the combine's input).
+  Tensor moe_logits;
+  kernels::MoeRouting moe_route;
+  Tensor moe_gu, moe_h, moe_y;
 };
 
 // Everything one microbatch's forward through a chunk saved for backward.
 struct Activations {
   int64_t B = 0, T = 0;
+  // dL/d(summed token loss) of the step this forward belongs to (grad_scale:
+  // 1 / the step's tokens): the weight of a MoE auxiliary loss's gradient.
+  double loss_scale = 0;
   Tensor tokens;                      // embedding chunk only
   int64_t first_sublayer = 0;
   std::vector<SublayerActs> sub;      // in forward order
@@ -86,6 +98,27 @@ struct DepthStats {
   }
 };
 
+// Per MoE layer (indexed by global layer l; the other layers stay zero),
+// summed over the microbatches of training steps while a sink is attached:
+// each expert's load (the slots that chose it, dropped ones included), the
+// slots dropped past an expert's capacity, the tokens routed, and the
+// auxiliary loss (aux_loss balancing: aux_loss_coef E sum_e f_e P_e per
+// microbatch) with its count of microbatches. A pipeline rank fills its own
+// layers: sums over ranks combine them, as DepthStats.
+struct MoeStats {
+  int64_t experts = 0;
+  std::vector<double> load;  // [n_layers * experts]
+  std::vector<double> dropped, tokens, aux_sum, aux_count;  // [n_layers]
+
+  MoeStats(int64_t n_layers = 0, int64_t n_experts = 0) { reset(n_layers, n_experts); }
+  void reset(int64_t n_layers, int64_t n_experts) {
+    experts = n_experts;
+    const size_t n = static_cast<size_t>(n_layers);
+    load.assign(n * static_cast<size_t>(n_experts), 0.0);
+    for (auto* v : {&dropped, &tokens, &aux_sum, &aux_count}) v->assign(n, 0.0);
+  }
+};
+
 // Per-layer key/value caches for incremental decoding of one sequence.
 struct DecodeCache {
   std::vector<Tensor> k, v;  // per layer [1, max_len, Hkv*hd]
@@ -99,7 +132,7 @@ class Model {
   // Param) on cuda. Everything the model allocates lives on `device`.
   Model(const ModelConfig& cfg, DType dtype = DType::F32, const ModelParts& parts = {},
         Device device = Device::CPU);
-  // w_ points into params_: a copy would point into the original.
+  // w_ points into params_ and state_: a copy would point into the original.
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
   Model(Model&&) = default;  // moving params_ keeps its elements where they are
@@ -108,6 +141,12 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   ParamTable& params() { return params_; }
   const ParamTable& params() const { return params_; }
+  // The model state that is no parameter (the MoE routers' biases): saved,
+  // loaded and initialised with the parameters, never trained.
+  ParamTable& state() { return state_; }
+  const ParamTable& state() const { return state_; }
+  // Both: what checkpoints, initialisation and exports go through.
+  std::vector<ParamTable*> tables() { return {&params_, &state_}; }
   // The same parameters by role (embedding, per-layer, head), not by name.
   const ModelParams& handles() const { return w_; }
   DType dtype() const { return dtype_; }
@@ -165,6 +204,17 @@ class Model {
   // evaluation). Observing only: the computed numbers are the same with or
   // without it, and without one the cost is a null check per sublayer.
   void set_depth_stats(DepthStats* sink) { depth_stats_ = sink; }
+  // The same for the MoE layers' routing (a sink sized by n_layers and
+  // moe.experts): the trainer keeps one attached over its training steps; it
+  // feeds the balancing bias and the logs.
+  void set_moe_stats(MoeStats* sink) { moe_stats_ = sink; }
+  // Auxiliary-loss-free balancing (model.moe.balance = aux_free), after an
+  // optimizer step: for each MoE layer held here, b_e += rate sign(mean
+  // load - load_e), from a step's loads summed over its global batch. The
+  // bias range [min, max] of each layer held is written to lo and hi
+  // (indexed by global layer; the others left as they are).
+  void update_router_bias(const MoeStats& step, double rate, std::vector<double>& lo,
+                          std::vector<double>& hi);
   // What layers_forward keeps for layers_backward (see Recompute).
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
@@ -209,7 +259,7 @@ class Model {
   // h = RMSNorm(z; g_final) of the final Mix z over all sources (AttnRes) or
   // of the stream (baseline); fills acts for the backward pass.
   Tensor final_norm(const DepthState& st, Activations& acts) const;
-  void sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, int64_t B, int64_t T);
+  void sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, const Activations& acts);
   // Recompute: what a sublayer's record drops after its forward, and how its
   // backward gets it back (`leader`: the record of its Mix group's leader in
   // this chunk, which kept the phase-1 sources and weights).
@@ -226,7 +276,15 @@ class Model {
   // Backward of f_s from dy to du, the gradient of the normalised input u.
   Tensor attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B, int64_t T);
   void mlp_forward(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const;
-  Tensor mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy);
+  Tensor mlp_backward(int64_t l, SublayerActs& a, const Tensor& dy, double loss_scale);
+  // A MoE layer's MLP (model.moe): the core routes (once: the routing is
+  // kept) and runs the shared and routed experts up to their outputs; the
+  // output adds the shared experts' down projection and the routed outputs,
+  // weighted, to `residual` (or to 0) in expert order.
+  void moe_core(int64_t l, SublayerActs& a) const;
+  void moe_output(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const;
+  Tensor moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double loss_scale);
+  kernels::MoeRouteOptions moe_route_options(int64_t N) const;
   Tensor new_act(int64_t rows, int64_t cols) const;    // uninitialised activations
   Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
   Tensor new_stat(const Shape& shape) const;           // fp32 (fp64) statistics
@@ -241,8 +299,10 @@ class Model {
   DType dtype_;
   Device device_;
   ParamTable params_;
-  ModelParams w_;  // typed handles into params_
+  ParamTable state_;
+  ModelParams w_;  // typed handles into params_ and state_
   DepthStats* depth_stats_ = nullptr;  // not owned; see set_depth_stats
+  MoeStats* moe_stats_ = nullptr;      // not owned; see set_moe_stats
   Recompute recompute_ = Recompute::None;
   DType logits_ = DType::F32;
   kernels::AttentionKernel attention_kernel_ = kernels::AttentionKernel::Own;

@@ -14,15 +14,19 @@ void Param::sync_value() {
 }
 
 Param& ParamTable::add(const std::string& name, const Shape& shape, DType dtype, Device device,
-                       double init_std, double init_value) {
+                       double init_std, double init_value, bool trainable) {
   ATTNRES_CHECK(!contains(name), "duplicate parameter ", name);
+  // Model state is kept in the statistics' precision (fp32 in a bf16 run),
+  // one copy, no gradient.
+  const DType dt = trainable ? dtype : kernels::stat_dtype(dtype);
   Param p{name,
-          Tensor::zeros(shape, dtype, device),
-          dtype == DType::BF16 ? Tensor::zeros(shape, DType::F32, device) : Tensor(),
-          Tensor::zeros(shape, kernels::grad_dtype(dtype), device),
-          shape.size() >= 2,
+          Tensor::zeros(shape, dt, device),
+          trainable && dt == DType::BF16 ? Tensor::zeros(shape, DType::F32, device) : Tensor(),
+          trainable ? Tensor::zeros(shape, kernels::grad_dtype(dt), device) : Tensor(),
+          trainable && shape.size() >= 2,
           init_std,
-          init_value};
+          init_value,
+          trainable};
   index_[name] = params_.size();
   params_.push_back(std::move(p));
   return params_.back();
@@ -74,12 +78,14 @@ const Param& ParamTable::get(const std::string& name) const {
 
 int64_t ParamTable::numel() const {
   int64_t n = 0;
-  for (const auto& p : params_) n += p.value.numel();
+  for (const auto& p : params_)
+    if (p.trainable) n += p.value.numel();
   return n;
 }
 
 void ParamTable::zero_grads() {
-  for (auto& p : params_) p.grad.zero_();
+  for (auto& p : params_)
+    if (p.trainable) p.grad.zero_();
 }
 
 void ParamTable::init(uint64_t seed) {
@@ -123,6 +129,21 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
   };
   if (parts.embedding || (parts.head && cfg.tie_embeddings))
     add("model.embed_tokens.weight", {V, d}, std, 0, Slot::Embedding, -1);
+  const MoeConfig& moe = cfg.moe;
+  const int64_t E = moe.experts, Fe = moe.expert_d_ff, Fs = moe.shared_experts * Fe;
+  const int64_t e_end = parts.expert_end < 0 ? E : parts.expert_end;
+  // A SwiGLU's three projections (gate and up [width, d], down [d, width]):
+  // the dense MLP's, the shared experts', routed expert e's.
+  struct SwiGluSlots {
+    Slot gate, up, down;
+  };
+  auto swiglu = [&](const std::string& pre, int64_t width, SwiGluSlots slot, int64_t l,
+                    int64_t e) {
+    add(pre + "gate_proj.weight", {width, d}, std, 0, slot.gate, l);
+    add(pre + "up_proj.weight", {width, d}, std, 0, slot.up, l);
+    add(pre + "down_proj.weight", {d, width}, out_std, 0, slot.down, l);
+    for (size_t k = out.size() - 3; k < out.size(); ++k) out[k].expert = e;
+  };
   for (int64_t l = parts.layer_begin; l < end; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     add(pre + "input_layernorm.weight", {d}, 0, 1.0, Slot::AttnNorm, l);
@@ -131,9 +152,21 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
     add(pre + "self_attn.v_proj.weight", {cfg.n_kv_heads * hd, d}, std, 0, Slot::V, l);
     add(pre + "self_attn.o_proj.weight", {d, cfg.n_heads * hd}, out_std, 0, Slot::O, l);
     add(pre + "post_attention_layernorm.weight", {d}, 0, 1.0, Slot::MlpNorm, l);
-    add(pre + "mlp.gate_proj.weight", {F, d}, std, 0, Slot::Gate, l);
-    add(pre + "mlp.up_proj.weight", {F, d}, std, 0, Slot::Up, l);
-    add(pre + "mlp.down_proj.weight", {d, F}, out_std, 0, Slot::Down, l);
+    if (!cfg.moe_layer(l)) {
+      swiglu(pre + "mlp.", F, {Slot::Gate, Slot::Up, Slot::Down}, l, -1);
+    } else {
+      add(pre + "mlp.gate.weight", {E, d}, std, 0, Slot::Router, l);
+      if (moe.balance == MoeBalance::AuxFree) {
+        add(pre + "mlp.gate.e_score_correction_bias", {E}, 0, 0.0, Slot::RouterBias, l);
+        out.back().trainable = false;
+      }
+      if (Fs > 0)
+        swiglu(pre + "mlp.shared_experts.", Fs, {Slot::SharedGate, Slot::SharedUp, Slot::SharedDown},
+               l, -1);
+      for (int64_t e = parts.expert_begin; e < e_end; ++e)
+        swiglu(pre + "mlp.experts." + std::to_string(e) + ".", Fe,
+               {Slot::ExpertGate, Slot::ExpertUp, Slot::ExpertDown}, l, e);
+    }
     if (cfg.attnres()) {
       add(pre + "attn_res.query", {d}, 0, 0.0, Slot::AttnQuery, l);
       add(pre + "mlp_res.query", {d}, 0, 0.0, Slot::MlpQuery, l);
@@ -149,15 +182,28 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
 
 int64_t total_params(const ModelConfig& cfg) {
   int64_t n = 0;
-  for (const auto& s : param_shapes(cfg)) n += s.numel();
+  for (const auto& s : param_shapes(cfg))
+    if (s.trainable) n += s.numel();
   return n;
 }
 
 int64_t non_embedding_params(const ModelConfig& cfg) {
   int64_t n = 0;
   for (const auto& s : param_shapes(cfg))
-    if (s.slot != Slot::Embedding && s.slot != Slot::LmHead) n += s.numel();
+    if (s.trainable && s.slot != Slot::Embedding && s.slot != Slot::LmHead) n += s.numel();
   return n;
+}
+
+int64_t activated_non_embedding_params(const ModelConfig& cfg) {
+  // A token meets top_k of the E routed experts of a MoE layer: the experts'
+  // count scaled by top_k / E (each expert is the same size).
+  int64_t n = 0, experts = 0;
+  for (const auto& s : param_shapes(cfg)) {
+    if (!s.trainable || s.slot == Slot::Embedding || s.slot == Slot::LmHead) continue;
+    if (s.expert >= 0) experts += s.numel();
+    else n += s.numel();
+  }
+  return cfg.has_moe() ? n + experts / cfg.moe.experts * cfg.moe.top_k : n;
 }
 
 ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& parts,
@@ -167,35 +213,50 @@ ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& pa
   if (device == Device::CUDA && dtype != DType::F32 && dtype != DType::BF16)
     fail("parameters on cuda are F32 or BF16, not ", dtype_name(dtype));
   ParamTable t;
-  const auto shapes = param_shapes(cfg, parts);
+  std::vector<ParamShape> shapes;
+  for (const auto& s : param_shapes(cfg, parts))
+    if (s.trainable) shapes.push_back(s);
   for (const auto& s : shapes) t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value);
-  // Each layer's q, k and v projections, and its gate and up projections
-  // (each declared one after the other), share an allocation, so attention
-  // computes q, k and v with one GEMM (Model::attention_core) and the MLP
-  // gate and up (Model::mlp_core).
+  // Each layer's q, k and v projections, and each SwiGLU's gate and up
+  // projections (each declared one after the other), share an allocation, so
+  // attention computes q, k and v with one GEMM (Model::attention_core) and
+  // a SwiGLU gate and up (Model::mlp_core, an expert's or the shared ones).
   for (size_t i = 0; i + 1 < shapes.size(); ++i) {
     if (shapes[i].slot == Slot::Q && i + 2 < shapes.size() && shapes[i + 1].slot == Slot::K &&
         shapes[i + 2].slot == Slot::V)
       t.join_rows({shapes[i].name, shapes[i + 1].name, shapes[i + 2].name});
-    if (shapes[i].slot == Slot::Gate && shapes[i + 1].slot == Slot::Up)
+    const Slot a = shapes[i].slot, b = shapes[i + 1].slot;
+    if ((a == Slot::Gate && b == Slot::Up) || (a == Slot::SharedGate && b == Slot::SharedUp) ||
+        (a == Slot::ExpertGate && b == Slot::ExpertUp))
       t.join_rows({shapes[i].name, shapes[i + 1].name});
   }
   return t;
 }
 
-ModelParams resolve_params(ParamTable& table, const ModelConfig& cfg, const ModelParts& parts) {
+ParamTable make_state(const ModelConfig& cfg, DType dtype, const ModelParts& parts,
+                      Device device) {
+  ParamTable t;
+  for (const auto& s : param_shapes(cfg, parts))
+    if (!s.trainable)
+      t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value, /*trainable=*/false);
+  return t;
+}
+
+ModelParams resolve_params(ParamTable& params, ParamTable& state, const ModelConfig& cfg,
+                           const ModelParts& parts) {
   const auto shapes = param_shapes(cfg, parts);
-  auto& all = table.all();
-  ATTNRES_CHECK(all.size() == shapes.size(), "parameter table of ", all.size(),
-                " tensors for a model part of ", shapes.size());
+  ATTNRES_CHECK(params.all().size() + state.all().size() == shapes.size(), "tables of ",
+                params.all().size(), " parameters and ", state.all().size(),
+                " state tensors for a model part of ", shapes.size());
   ModelParams w;
   w.layer_begin = parts.layer_begin;
   const int64_t end = parts.layer_end < 0 ? cfg.n_layers : parts.layer_end;
   w.layers.resize(static_cast<size_t>(std::max<int64_t>(0, end - parts.layer_begin)));
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const ParamShape& s = shapes[i];
-    Param* p = &all[i];
-    ATTNRES_CHECK(p->name == s.name, "parameter ", i, " is ", p->name, ", expected ", s.name);
+  for (LayerParams& L : w.layers) L.expert_begin = parts.expert_begin;
+  size_t next[2] = {0, 0};  // the next of the state table, of the parameter table
+  for (const ParamShape& s : shapes) {
+    Param* p = &(s.trainable ? params : state).all().at(next[s.trainable]++);
+    ATTNRES_CHECK(p->name == s.name, "tensor ", p->name, " where ", s.name, " was expected");
     LayerParams* L = s.layer >= 0 ? &w.layers[static_cast<size_t>(s.layer - w.layer_begin)] : nullptr;
     switch (s.slot) {
       case Slot::Embedding: w.embedding = p; break;
@@ -213,6 +274,14 @@ ModelParams resolve_params(ParamTable& table, const ModelConfig& cfg, const Mode
       case Slot::FinalQuery: w.final_query = p; break;
       case Slot::FinalNorm: w.final_norm = p; break;
       case Slot::LmHead: w.lm_head = p; break;
+      case Slot::Router: L->router = p; break;
+      case Slot::RouterBias: L->router_bias = p; break;
+      case Slot::SharedGate: L->shared_gate = p; break;
+      case Slot::SharedUp: L->shared_up = p; break;
+      case Slot::SharedDown: L->shared_down = p; break;
+      case Slot::ExpertGate: L->expert_gate.push_back(p); break;
+      case Slot::ExpertUp: L->expert_up.push_back(p); break;
+      case Slot::ExpertDown: L->expert_down.push_back(p); break;
     }
   }
   if (parts.head && cfg.tie_embeddings) w.lm_head = w.embedding;

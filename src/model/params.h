@@ -1,5 +1,7 @@
-// The parameter table: every trainable tensor with its docs/model.md section 3
-// name, its gradient buffer and whether AdamW decays it.
+// The parameter table: every tensor of the model with its docs/model.md
+// section 3 name: the trainable ones with their gradient buffer and whether
+// AdamW decays them, and the model state that is no parameter (a MoE router's
+// balancing bias: fp32, updated by the trainer, never by gradients).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,6 +24,9 @@ struct Param {
   bool decay;          // weight decay applies to tensors with >= 2 dims only
   double init_std;     // N(0, init_std); 0 = constant init_value
   double init_value;   // used when init_std == 0 (norm gains 1, AttnRes queries 0)
+  // false: model state, not a parameter (no gradient: `grad` is undefined,
+  // no optimizer state, not counted); saved, loaded and laid out as the rest.
+  bool trainable = true;
 
   // The full-precision weights: what the optimizer updates and checkpoints hold.
   Tensor& weights() { return master.defined() ? master : value; }
@@ -33,7 +38,7 @@ struct Param {
 class ParamTable {
  public:
   Param& add(const std::string& name, const Shape& shape, DType dtype, Device device,
-             double init_std, double init_value = 0.0);
+             double init_std, double init_value = 0.0, bool trainable = true);
   // Moves parameters of the same dtype and row shape into one allocation
   // each for value, master and grad, their rows in the order named, keeping
   // their contents; Tensor::joined_rows then views them as one matrix (the
@@ -63,6 +68,9 @@ struct ModelParts {
   int64_t layer_begin = 0, layer_end = -1;  // [begin, end); end -1 = all layers
   bool embedding = true;
   bool head = true;
+  // The routed experts held (expert parallelism: E / EP of them per rank):
+  // [begin, end); end -1 = all. Their names keep the global index.
+  int64_t expert_begin = 0, expert_end = -1;
 };
 
 // What a parameter is for: its place in docs/model.md section 3.
@@ -72,6 +80,10 @@ enum class Slot : uint8_t {
   MlpNorm, Gate, Up, Down,                     // post_attention_layernorm / mlp.*
   AttnQuery, MlpQuery,                         // AttnRes: attn_res.query, mlp_res.query
   FinalQuery, FinalNorm, LmHead,               // model.final_res.query, model.norm, lm_head
+  // A MoE layer's MLP: mlp.gate.weight (the router), mlp.gate.e_score_correction_bias
+  // (aux_free balancing; model state), mlp.shared_experts.{gate,up,down}_proj,
+  // mlp.experts.{e}.{gate,up,down}_proj
+  Router, RouterBias, SharedGate, SharedUp, SharedDown, ExpertGate, ExpertUp, ExpertDown,
 };
 
 // One parameter's declaration. param_shapes is the one place where names,
@@ -84,6 +96,8 @@ struct ParamShape {
   double init_value;
   Slot slot;
   int64_t layer;      // transformer layer of a per-layer slot, else -1
+  int64_t expert = -1;     // routed expert of an Expert* slot (its global index)
+  bool trainable = true;   // false: model state (RouterBias)
   int64_t numel() const;
 };
 
@@ -91,21 +105,36 @@ struct ParamShape {
 std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& parts = {});
 
 // Parameter counts of the whole model: all of them (a tied embedding once),
-// and all but the embedding and the LM head (the scaling-law N).
+// and all but the embedding and the LM head (the scaling-law N). A MoE
+// model's activated ones count, per token, the router, the shared experts
+// and top_k routed experts of each MoE layer instead of all E (the paper's
+// N); model state (the routers' biases) is no parameter.
 int64_t total_params(const ModelConfig& cfg);
 int64_t non_embedding_params(const ModelConfig& cfg);
+int64_t activated_non_embedding_params(const ModelConfig& cfg);
 
-// Build the table for `cfg` restricted to `parts`, in param_shapes' order.
+// Build the table for `cfg` restricted to `parts`, in param_shapes' order:
+// the trainable parameters (make_params) and the model state (make_state:
+// the MoE routers' biases, in the statistics' precision, no gradients; the
+// optimizer, the gradient sums and ZeRO-1 see only the former).
 // dtype: F32 or F64 (CPU), F32 or BF16 (CUDA; BF16 adds fp32 master weights).
 ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& parts = {},
                        Device device = Device::CPU);
+ParamTable make_state(const ModelConfig& cfg, DType dtype, const ModelParts& parts = {},
+                      Device device = Device::CPU);
 
 // Typed handles into a table, resolved once (by slot, no name look-ups):
 // what the model's code uses on every step.
 struct LayerParams {
   Param *attn_norm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
-  Param *mlp_norm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
+  Param *mlp_norm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;  // dense MLP
   Param *attn_query = nullptr, *mlp_query = nullptr;  // AttnRes modes only
+  // MoE layers: the router and its bias (aux_free only), the shared experts
+  // (shared_experts > 0), and the routed experts held, expert_begin on.
+  Param *router = nullptr, *router_bias = nullptr;
+  Param *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
+  int64_t expert_begin = 0;
+  std::vector<Param*> expert_gate, expert_up, expert_down;
 };
 struct ModelParams {
   Param* embedding = nullptr;    // where the table holds it
@@ -115,7 +144,9 @@ struct ModelParams {
   Param* final_norm = nullptr;
   Param* lm_head = nullptr;      // the output projection: the embedding when tied
 };
-// `table` must have been made by make_params(cfg, ..., parts, ...).
-ModelParams resolve_params(ParamTable& table, const ModelConfig& cfg, const ModelParts& parts);
+// `params` and `state` must have been made by make_params and make_state
+// (cfg, ..., parts, ...).
+ModelParams resolve_params(ParamTable& params, ParamTable& state, const ModelConfig& cfg,
+                           const ModelParts& parts);
 
 }  // namespace attnres::model

@@ -299,6 +299,7 @@ void PipelineExecutor::forward(Run& r, const Action& a) {
   model::Activations& acts = r.acts[{c, mb}];
   acts.B = B_;
   acts.T = T_;
+  acts.loss_scale = r.grad_scale;
   MbState& s = r.mbs[mb];
   const int64_t N = B_ * T_;
   const float eps = static_cast<float>(cfg_.norm_eps);

@@ -1,5 +1,6 @@
 #include "train/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <unordered_map>
@@ -208,6 +209,13 @@ void load_weights(const std::string& path, model::ParamTable& params) {
   assign_weights(read_safetensors(path), path, params);
 }
 
+void load_weights(const std::string& path, model::Model& model) {
+  const bool dir = fs::is_directory(path);
+  if (dir) verify_checkpoint(path);
+  const auto tensors = dir ? read_checkpoint_tensors(path, "model") : read_safetensors(path);
+  for (model::ParamTable* t : model.tables()) assign_weights(tensors, path, *t);
+}
+
 namespace {
 // A checkpoint's state.json, parsed; an error naming the file otherwise.
 json read_state(const std::string& state_path) {
@@ -219,9 +227,33 @@ json read_state(const std::string& state_path) {
 }
 }  // namespace
 
+namespace {
+// The keys where two resolved configs' sections differ, each as "; key: the
+// checkpoint has A, the config B" (a section only one side has: whole).
+std::string model_differences(const std::string& prefix, const json& have, const json& want) {
+  std::string out;
+  std::set<std::string> keys;
+  for (auto it = have.begin(); it != have.end(); ++it) keys.insert(it.key());
+  for (auto it = want.begin(); it != want.end(); ++it) keys.insert(it.key());
+  for (const std::string& k : keys) {
+    const json* a = have.contains(k) ? &have[k] : nullptr;
+    const json* b = want.contains(k) ? &want[k] : nullptr;
+    if (a && b && *a == *b) continue;
+    if (a && b && a->is_object() && b->is_object()) {
+      out += model_differences(prefix + "." + k, *a, *b);
+      continue;
+    }
+    out += "; " + prefix + "." + k + ": the checkpoint has " + (a ? a->dump() : "none") +
+           ", the config " + (b ? b->dump() : "none");
+  }
+  return out;
+}
+}  // namespace
+
 TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& model,
                            const std::vector<model::ParamTable*>& tables,
-                           const std::vector<AdamW*>& opts, bool verify) {
+                           const std::vector<AdamW*>& opts,
+                           const std::vector<model::ParamTable*>& state, bool verify) {
   ATTNRES_CHECK(tables.size() == opts.size(), "load_checkpoint: ", tables.size(), " tables, ",
                 opts.size(), " optimizers");
   if (verify) verify_checkpoint(dir);
@@ -237,8 +269,8 @@ TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& mod
   };
   const json want = model_json(model), have = model_json(saved.model);
   if (want != have)
-    fail(dir, ": checkpoint holds a different model (", have.dump(), ") than the config asks for (",
-         want.dump(), ")");
+    fail(dir, ": checkpoint holds a different model than the config asks for",
+         model_differences("model", have, want));
   const std::string weights_file = dir + " (model)", opt_file = dir + " (optimizer)";
   const auto weights = read_checkpoint_tensors(dir, "model");
   const auto moments = read_checkpoint_tensors(dir, "optimizer");
@@ -247,6 +279,7 @@ TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& mod
     opts[i]->load_state_tensors(moments, opt_file);
     opts[i]->set_steps_taken(st.at("optimizer_steps").get<int64_t>());
   }
+  for (model::ParamTable* t : state) assign_weights(weights, weights_file, *t);
   TrainState s;
   s.step = st.at("step").get<int64_t>();
   s.tokens = st.at("tokens").get<int64_t>();

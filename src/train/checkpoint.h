@@ -53,17 +53,21 @@ std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
                                                          const std::string& stem);
 
 // Verify, then load weights, optimizer state and counters from `dir` into a
-// rank's tables (its chunks) with their optimizers: each takes the tensors it
-// holds, whatever layout wrote the file. Throws (naming the file) on damage or
-// on a model that doesn't match. `verify` = false skips re-hashing the files
+// rank's tables (its chunks) with their optimizers, and its chunks' model
+// state (`state`: the MoE routers' biases): each takes the tensors it holds,
+// whatever layout wrote the file. Throws (naming the file) on damage or on a
+// model that doesn't match. `verify` = false skips re-hashing the files
 // (another rank verified them).
 TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& model,
                            const std::vector<model::ParamTable*>& tables,
-                           const std::vector<AdamW*>& opts, bool verify = true);
+                           const std::vector<AdamW*>& opts,
+                           const std::vector<model::ParamTable*>& state, bool verify = true);
 
 // Load weights only, from a safetensors file or a checkpoint directory (model.init_from,
-// eval, generate). Every parameter of the table must be present with its shape.
+// eval, generate). Every tensor of the table must be present with its shape;
+// for a model, of its parameters and its state.
 void load_weights(const std::string& path, model::ParamTable& params);
+void load_weights(const std::string& path, model::Model& model);
 
 // The resolved training config stored in a checkpoint's state.json.
 Config config_from_checkpoint(const std::string& dir);

@@ -50,6 +50,18 @@ struct Names<model::Recompute> {
       {model::Recompute::Layer, model::recompute_name(model::Recompute::Layer)}};
 };
 template <>
+struct Names<kernels::MoeRouter> {
+  static constexpr EnumName<kernels::MoeRouter> all[] = {{kernels::MoeRouter::Sigmoid, "sigmoid"},
+                                                         {kernels::MoeRouter::Softmax, "softmax"}};
+};
+template <>
+struct Names<model::MoeBalance> {
+  static inline const EnumName<model::MoeBalance> all[] = {
+      {model::MoeBalance::AuxFree, model::moe_balance_name(model::MoeBalance::AuxFree)},
+      {model::MoeBalance::AuxLoss, model::moe_balance_name(model::MoeBalance::AuxLoss)},
+      {model::MoeBalance::None, model::moe_balance_name(model::MoeBalance::None)}};
+};
+template <>
 struct Names<ScheduleType> {
   static constexpr EnumName<ScheduleType> all[] = {
       {ScheduleType::Constant, "constant"}, {ScheduleType::Cosine, "cosine"}, {ScheduleType::Wsd, "wsd"}};
@@ -112,6 +124,8 @@ constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> || std::is
                                std::is_same_v<E, Logits> ||
                                std::is_same_v<E, kernels::AttentionKernel> ||
                                std::is_same_v<E, CudaGraphs> ||
+                               std::is_same_v<E, kernels::MoeRouter> ||
+                               std::is_same_v<E, model::MoeBalance> ||
                                std::is_same_v<E, Device> || std::is_same_v<E, DType>;
 
 // ---------------------------------------------------------------------------
@@ -151,6 +165,35 @@ void for_each_key(C& c, V&& v) {
     KeySpec{"N; then S = ceil(2L / N)", Check::None, "—", true});
   v("model.init_from", m.init_from,
     KeySpec{"safetensors file or checkpoint directory to start from", Check::None, "—", true});
+  // The MoE section (docs/model.md, "Mixture of experts"): written into the
+  // resolved config only when the model has one (experts > 0), so a dense
+  // model's config is what it was before the section existed.
+  auto& moe = m.moe;
+  v("model.moe.experts", moe.experts,
+    KeySpec{"routed experts E; 0 (the section absent): every MLP is dense", Check::NonNegative});
+  v("model.moe.top_k", moe.top_k,
+    KeySpec{"experts per token K, in [1, E]", Check::None, "required with experts"});
+  v("model.moe.shared_experts", moe.shared_experts,
+    KeySpec{"always-on experts, together one SwiGLU of width shared_experts x expert_d_ff",
+            Check::NonNegative});
+  v("model.moe.expert_d_ff", moe.expert_d_ff,
+    KeySpec{"each expert's SwiGLU width Fe", Check::None, "required with experts"});
+  v("model.moe.router", moe.router,
+    KeySpec{"`sigmoid` (s = sigmoid(r), DeepSeek-V3) or `softmax` (Mixtral)"});
+  v("model.moe.routed_scale", moe.routed_scale,
+    KeySpec{"the routed experts' weights s / sum(s) times this", Check::PositiveReal});
+  v("model.moe.balance", moe.balance,
+    KeySpec{"`aux_free` (a bias on the choice, nudged after each step), `aux_loss` or `none`"});
+  v("model.moe.bias_rate", moe.bias_rate,
+    KeySpec{"aux_free: b_e += rate sign(mean load - load_e) after each optimizer step",
+            Check::NonNegativeReal});
+  v("model.moe.aux_loss_coef", moe.aux_loss_coef,
+    KeySpec{"aux_loss: coef E sum_e f_e P_e per microbatch and MoE layer", Check::NonNegativeReal});
+  v("model.moe.dense_layers", moe.dense_layers,
+    KeySpec{"the first layers keep the dense MLP (d_ff); in [0, n_layers)", Check::NonNegative});
+  v("model.moe.capacity_factor", moe.capacity_factor,
+    KeySpec{"0: dropless; c > 0: an expert takes ceil(c N K / E) of a microbatch's N tokens, "
+            "later slots dropped", Check::NonNegativeReal});
   auto& o = c.optimizer;
   v("optimizer.lr", o.lr, KeySpec{"peak learning rate", Check::PositiveReal});
   v("optimizer.beta1", o.beta1, KeySpec{"AdamW beta1", Check::OpenFraction});
@@ -356,11 +399,13 @@ void check_keys(const json& j, const std::string& prefix, const std::set<std::st
   }
 }
 
-// Writes one key of the resolved config.
+// Writes one key of the resolved config (the MoE section only when there is one).
 struct Writer {
   json& out;
+  bool moe;
   template <typename T>
   void operator()(const char* key, const T& v, const KeySpec& spec) {
+    if (!moe && std::string(key).rfind("model.moe.", 0) == 0) return;
     json value;
     if constexpr (std::is_same_v<T, CudaGraphs>) {
       value = v == CudaGraphs::Auto ? json("auto") : json(v == CudaGraphs::On);
@@ -438,7 +483,7 @@ Config Config::from_json(const json& j, const std::string& source) {
 
 json Config::to_json() const {
   json out;
-  for_each_key(*this, Writer{out});
+  for_each_key(*this, Writer{out, model.has_moe()});
   return out;
 }
 

@@ -22,6 +22,12 @@ std::vector<model::ParamTable*> Stepper::tables() {
   return out;
 }
 
+std::vector<model::ParamTable*> Stepper::state_tables() {
+  std::vector<model::ParamTable*> out;
+  for (int v = 0; v < rt_->model().size(); ++v) out.push_back(&rt_->model().chunk(v).state());
+  return out;
+}
+
 std::vector<AdamW*> Stepper::optimizers() {
   std::vector<AdamW*> out;
   for (auto& o : opts_) out.push_back(o.get());
@@ -30,6 +36,7 @@ std::vector<AdamW*> Stepper::optimizers() {
 
 void Stepper::init_weights(uint64_t seed) {
   for (model::ParamTable* t : tables()) t->init(seed);
+  for (model::ParamTable* t : state_tables()) t->init(seed);
 }
 
 parallel::StepStats Stepper::forward_backward(int A, const parallel::DataFn& data,

@@ -24,9 +24,11 @@ class Stepper {
   Stepper(const parallel::ProcessGrid& grid, const Config& cfg, const parallel::RuntimeOptions& ro);
 
   parallel::Runtime& runtime() { return *rt_; }
-  // Per local chunk: its parameter table and its optimizer.
+  // Per local chunk: its parameter table and its optimizer, and its model
+  // state (Model::state: no optimizer).
   std::vector<model::ParamTable*> tables();
   std::vector<AdamW*> optimizers();
+  std::vector<model::ParamTable*> state_tables();
   // docs/model.md section 3, from the seed (every chunk: its own tensors).
   void init_weights(uint64_t seed);
 

@@ -192,7 +192,9 @@ SweepRun make_run(const SweepPlan& plan, const RunSpec& spec, double warmup_frac
     fail(run_source, ": 'fit.loss' is \"val\" but the config has no data.val; set "
          "base.data.val or \"fit\": {\"loss\": \"train\"}");
   run.config = c;
-  run.params = model::non_embedding_params(c.model);
+  // The scaling law's N: activated non-embedding parameters (all of them in
+  // a dense model; a MoE token meets top_k of the experts: the paper's axis).
+  run.params = model::activated_non_embedding_params(c.model);
   run.params_total = model::total_params(c.model);
   run.flops = 6.0 * static_cast<double>(run.params) * static_cast<double>(run.tokens);
   return run;

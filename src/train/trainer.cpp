@@ -8,6 +8,7 @@
 #include <csignal>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "core/device.h"
@@ -28,6 +29,7 @@
 #include "train/checkpoint_save.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/moe_balance.h"
 #include "train/multiple_choice.h"
 #include "train/optimizer.h"
 #include "train/stepper.h"
@@ -190,6 +192,15 @@ class Engine {
   void log_model(const parallel::RuntimeOptions& ro);  // parameters and layout (collective)
   void resume();        // from checkpoint.resume's checkpoint, if any (collective)
   void open_metrics();  // metrics.jsonl and depth_stats.jsonl (rank 0)
+  void prefault_staging();  // checkpoint.async: the staging buffers, made in the background
+
+  // What this rank writes of a save: its part of the weights ("model") and
+  // of the optimizer state, as the live tensors (collective when
+  // checkpoint.sharded = false: ZeRO-1's slices are gathered).
+  struct SaveParts {
+    SavePart weights, moments;
+  };
+  SaveParts save_parts();
 
   // `graph`: as a CUDA graph when training.cuda_graphs is on (not on depth-statistics steps).
   parallel::StepStats step(int64_t k, double grad_scale, bool graph);
@@ -199,9 +210,10 @@ class Engine {
   void evaluate();    // collective: replica d evaluates units d, d+D, ... (and eval.tasks)
   void evaluate_val_loss();  // evaluate()'s data.val part
   void log_step(int64_t first_step, double loss, double lr, double norm, double dt,
-                double elapsed, const parallel::StepStats& st);
+                double elapsed, const parallel::StepStats& st, const MoeStepReport* moe);
   bool depth_stats_due(int64_t k) const;
   void attach_depth_stats(bool attach);
+  void attach_moe_stats(bool attach);  // over a training step's forward passes (MoE models)
   void write_depth_stats(int64_t step);
 
   const Config& cfg_;
@@ -222,6 +234,7 @@ class Engine {
   std::unique_ptr<MetricsWriter> metrics_;    // rank 0
   CheckpointSaver saver_;
   model::DepthStats depth_stats_;
+  model::MoeStats moe_stats_;
   std::unique_ptr<MetricsWriter> depth_log_;  // rank 0, with run.depth_stats_every
   const std::unordered_map<std::string, size_t> ckpt_order_;  // checkpoint_order
 };
@@ -242,16 +255,32 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, const parallel::G
       tasks_(cfg),
       saver_(cfg, grid_.world(), cfg.checkpoint.async),
       depth_stats_(cfg.model.n_sublayers()),
+      moe_stats_(cfg.model.has_moe() ? cfg.model.n_layers : 0, cfg.model.moe.experts),
       ckpt_order_(checkpoint_order(cfg.model)) {
   if (root_) spdlog::info("resolved config: {}", cfg.to_json().dump());
   check_tokenizer(cfg, root_);
   choose_device();
   const parallel::RuntimeOptions ro = runtime_options();
   stepper_ = std::make_unique<Stepper>(grid_, cfg, ro);  // this rank's chunks and optimizers
+  prefault_staging();  // beside the rest of the start-up
   init_weights();
   log_model(ro);
   resume();
   open_metrics();
+}
+
+void Engine::prefault_staging() {
+  // Only where a save comes while training goes on (the save at the last
+  // step ends the run, which waits for all of it anyway), and only for an
+  // asynchronous sharded save, the one that stages.
+  const CheckpointConfig& ck = cfg_.checkpoint;
+  if (ck.dir.empty() || !ck.async || !ck.sharded || ck.every <= 0 || ck.every >= tc_.steps) return;
+  SaveParts parts = save_parts();
+  std::vector<Tensor> like;
+  for (const SavePart* part : {&parts.weights, &parts.moments})
+    if (part->index >= 0)
+      for (const NamedTensor& t : part->tensors) like.push_back(t.tensor);
+  if (!like.empty()) saver_.prefault_staging(like);
 }
 
 void Engine::choose_device() {
@@ -263,6 +292,9 @@ void Engine::choose_device() {
              ? std::string(": CUDA_VISIBLE_DEVICES=") + std::getenv("CUDA_VISIBLE_DEVICES")
              : std::string(),
          ")");
+  if (tc_.device == Device::CUDA && cfg_.model.has_moe())
+    fail("config key model.moe: mixture-of-experts layers train on the CPU only so far (their "
+         "CUDA kernels are not written yet); use training.device = \"cpu\"");
   dev_ = device_choice(tc_);
   if (dev_.on_gpu && root_)
     spdlog::info("device: {} ({}, {} logits; peak {:.0f} TFLOP/s for MFU{})",
@@ -323,7 +355,7 @@ void Engine::init_weights() {
     stepper_->init_weights(tc_.seed);
     return;
   }
-  for (model::ParamTable* t : stepper_->tables()) load_weights(cfg_.model.init_from, *t);
+  for (int v = 0; v < rt().model().size(); ++v) load_weights(cfg_.model.init_from, rt().model().chunk(v));
   if (root_) spdlog::info("initialised weights from {}", cfg_.model.init_from);
 }
 
@@ -332,13 +364,21 @@ void Engine::log_model(const parallel::RuntimeOptions& ro) {
   auto& rm = rt().model();
   int64_t n = 0;
   for (const auto& chunk : rm.owned_params())
-    for (const model::Param* p : chunk) n += p->value.numel();
+    for (const model::Param* p : chunk)
+      if (p->trainable) n += p->value.numel();
   grid_.world().allreduce_sum(&n, 1);
   n /= D;  // every replica holds the whole model
+  const model::ModelConfig& mc = cfg_.model;
+  const std::string moe =
+      mc.has_moe()
+          ? fmt::format(", MoE: {} of {} experts (+{} shared) from layer {}, {} non-embedding "
+                        "activated per token", mc.moe.top_k, mc.moe.experts, mc.moe.shared_experts,
+                        mc.moe.dense_layers, model::activated_non_embedding_params(mc))
+          : "";
   if (root_)
-    spdlog::info("model: {} parameters ({} residual, {} layers, d={}), {} tokens per step", n,
-                 model::residual_mode_name(cfg_.model.mode), cfg_.model.n_layers,
-                 cfg_.model.d_model, A_ * B_ * T_ * D);
+    spdlog::info("model: {} parameters ({} residual, {} layers, d={}{}), {} tokens per step", n,
+                 model::residual_mode_name(mc.mode), mc.n_layers, mc.d_model, moe,
+                 A_ * B_ * T_ * D);
   if (grid_.world().is_solo()) return;
   std::string chunks;
   for (int v = 0; v < rm.size(); ++v) {
@@ -365,7 +405,8 @@ void Engine::resume() {
   const std::vector<AdamW*> opts = stepper_->optimizers();
   if (!resume_dir.empty()) {
     // Checkpoints hold global tensor names: any layout loads any checkpoint.
-    state_ = load_checkpoint(resume_dir, cfg_.model, stepper_->tables(), opts, /*verify=*/false);
+    state_ = load_checkpoint(resume_dir, cfg_.model, stepper_->tables(), opts,
+                             stepper_->state_tables(), /*verify=*/false);
     if (root_) spdlog::info("resumed from {} at step {}", resume_dir, state_.step);
   }
   for (AdamW* opt : opts) opt->take_master_slices();  // ZeRO-1, bf16: the weights are final
@@ -415,15 +456,7 @@ parallel::StepStats Engine::step(int64_t k, double grad_scale, bool graph) {
   }, grad_scale, graph);
 }
 
-void Engine::checkpoint() {
-  if (cfg_.checkpoint.dir.empty()) return;
-  // The previous save first (its wait counts as its stall): its staging
-  // buffers then serve this one, so there is never more than one copy.
-  if (saver_.in_flight()) finish_saves(/*wait=*/true);
-  const auto t0 = Clock::now();
-  CheckpointSaver::Prepared prepared;
-  prepared.resident_mib = rss_mib();
-  reset_peak_rss();
+Engine::SaveParts Engine::save_parts() {
   const bool sharded = cfg_.checkpoint.sharded;
   const int P = grid_.P(), D = grid_.D(), stage = grid_.stage(), replica = grid_.replica();
   // What this rank writes: sharded (the default), replica 0 of every stage
@@ -431,8 +464,10 @@ void Engine::checkpoint() {
   // embedding's copy in the last chunk belongs to chunk 0) as its own files;
   // with ZeRO-1 every replica the slices of the moments (and of a bf16 run's
   // fp32 masters) it owns instead, so no rank holds another's. Gathered
-  // (checkpoint.sharded = false): rank 0 collects everything.
-  SavePart weights, moments;
+  // (checkpoint.sharded = false): every rank hands its part to rank 0.
+  SaveParts s;
+  SavePart& weights = s.weights;
+  SavePart& moments = s.moments;
   auto& rm = rt().model();
   const auto owned = rm.owned_params();
   const auto& opts = stepper_->optimizers();
@@ -445,27 +480,18 @@ void Engine::checkpoint() {
   } else {
     weights.index = moments.index = root_ ? 0 : -1;
   }
-  // A background save must not see training change what it writes: it gets
-  // host copies (the staging copy), made here. A synchronous one writes the
-  // tensors as they are (device tensors copied to the host). Ranks that
-  // write nothing copy nothing.
-  const bool async = cfg_.checkpoint.async;
-  auto stage_copy = [&](const Tensor& t, bool writes) {
-    return async && writes ? saver_.staging_copy(t) : t.is_cpu() ? t : t.to(Device::CPU);
-  };
   // A slice i of parameter `param` (flat, offset lo), or the whole tensor.
   auto add = [&](SavePart& part, const std::string& name, const Tensor& t, const model::Param& param,
                  const parallel::ZeroShard* shard, size_t i) {
     if (sharded && part.index < 0) return;  // another replica writes it
-    const bool writes = part.index >= 0;
     if (!shard) {
-      part.tensors.push_back({name, stage_copy(t, writes)});
+      part.tensors.push_back({name, t});
       return;
     }
     const parallel::OwnedRange r = shard->owned()[i];
     if (r.size() == 0) return;
     const std::string stored = name + "@" + std::to_string(r.lo);
-    part.tensors.push_back({stored, stage_copy(t, writes)});
+    part.tensors.push_back({stored, t});
     part.slices[stored] = {name, r.lo, param.value.shape()};
   };
   for (int v = 0; v < rm.size(); ++v) {
@@ -496,6 +522,35 @@ void Engine::checkpoint() {
       add(moments, state[i].name, state[i].tensor, all[i], shard, i);
       add(moments, state[all.size() + i].name, state[all.size() + i].tensor, all[i], shard, i);
     }
+    // The model state (the MoE routers' biases) is whole and the same on
+    // every replica: replica 0 writes it, with the weights.
+    if (replica == 0 && (!sharded || weights.index >= 0))
+      for (const model::Param& p : rm.chunk(v).state().all()) weights.tensors.push_back({p.name, p.value});
+  }
+  return s;
+}
+
+void Engine::checkpoint() {
+  if (cfg_.checkpoint.dir.empty()) return;
+  // The previous save first (its wait counts as its stall): its staging
+  // buffers then serve this one, so there is never more than one copy.
+  if (saver_.in_flight()) finish_saves(/*wait=*/true);
+  const auto t0 = Clock::now();
+  CheckpointSaver::Prepared prepared;
+  prepared.resident_mib = rss_mib();
+  reset_peak_rss();
+  const bool sharded = cfg_.checkpoint.sharded, async = cfg_.checkpoint.async;
+  auto [weights, moments] = save_parts();
+  // A background save must not see training change what it writes: it gets
+  // host copies (the staging copy), made here. A synchronous one writes the
+  // tensors as they are (device tensors copied to the host). Ranks that
+  // write nothing copy nothing.
+  for (SavePart* part : {&weights, &moments}) {
+    const bool writes = part->index >= 0;
+    for (NamedTensor& t : part->tensors)
+      t.tensor = async && writes ? saver_.staging_copy(t.tensor)
+                 : t.tensor.is_cpu() ? t.tensor
+                                     : t.tensor.to(Device::CPU);
   }
   // Sharded, every tensor written is this rank's staging copy (when async);
   // gathered, rank 0 also holds what the others sent.
@@ -518,7 +573,7 @@ void Engine::checkpoint() {
   };
   in_order(weights);
   in_order(moments);
-  const int64_t opt_steps = opts[0]->steps_taken();
+  const int64_t opt_steps = stepper_->optimizers()[0]->steps_taken();
   prepared.sec = std::chrono::duration<double>(Clock::now() - t0).count();
   if (auto r = saver_.start(std::move(weights), std::move(moments), opt_steps, state_, prepared))
     saved(*r);
@@ -589,6 +644,14 @@ void Engine::attach_depth_stats(bool attach) {
   for (int v = 0; v < rm.size(); ++v) rm.chunk(v).set_depth_stats(attach ? &depth_stats_ : nullptr);
 }
 
+void Engine::attach_moe_stats(bool attach) {
+  // As depth statistics: every rank routes its own layers' tokens, summed
+  // over the job after the step (finish_moe_step).
+  if (attach) moe_stats_.reset(cfg_.model.n_layers, cfg_.model.moe.experts);
+  auto& rm = rt().model();
+  for (int v = 0; v < rm.size(); ++v) rm.chunk(v).set_moe_stats(attach ? &moe_stats_ : nullptr);
+}
+
 void Engine::write_depth_stats(int64_t step) {
   for (auto* part : {&depth_stats_.output_sumsq, &depth_stats_.output_count,
                      &depth_stats_.grad_sumsq, &depth_stats_.grad_count})
@@ -597,7 +660,7 @@ void Engine::write_depth_stats(int64_t step) {
 }
 
 void Engine::log_step(int64_t first_step, double loss, double lr, double norm, double dt,
-                      double elapsed, const parallel::StepStats& st) {
+                      double elapsed, const parallel::StepStats& st, const MoeStepReport* moe) {
   const int64_t tokens_per_step = A_ * B_ * T_ * grid_.D();
   const double tok_s = tokens_per_step / dt;
   // Model FLOP/s (6N + attention) against the peak of all the job's devices.
@@ -612,6 +675,7 @@ void Engine::log_step(int64_t first_step, double loss, double lr, double norm, d
     if (st.bubble) row["bubble"] = *st.bubble;  // not measured in a CUDA graph with peers
   }
   if (mfu) row["mfu"] = achieved / peak;
+  if (moe) row.update(moe->fields);
   metrics_->write(row);
   if (state_.step == first_step + 1)
     spdlog::info("memory per rank (largest): {:.3f} MiB resident in tensors (weights, gradients, "
@@ -630,13 +694,20 @@ void Engine::log_step(int64_t first_step, double loss, double lr, double norm, d
                                                                : std::string("n/a (CUDA graph)"),
                                                      st.pp_bytes * 1e-6);
     spdlog::info("step {:>6}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | "
-                 "{}{} | ETA {}", state_.step, tc_.steps, loss, lr, norm, tok_s, rate, pipe,
-                 format_duration(avg * (tc_.steps - state_.step)));
+                 "{}{}{} | ETA {}", state_.step, tc_.steps, loss, lr, norm, tok_s, rate, pipe,
+                 moe ? moe->line : std::string(), format_duration(avg * (tc_.steps - state_.step)));
   }
 }
 
 int Engine::run() {
   const auto& ck = cfg_.checkpoint;
+  // The staging buffers made beside the start-up, in the pool before the
+  // first step (so that the step's memory high-water does not see them).
+  const auto t_ready = Clock::now();
+  if (const int64_t bytes = saver_.staging_ready(); bytes > 0 && root_)
+    spdlog::info("checkpoint.async: staging buffers for rank 0's saves ({:.3f} MB) made and touched "
+                 "beside the start-up (waited {:.2f} s for them)", bytes * 1e-6,
+                 std::chrono::duration<double>(Clock::now() - t_ready).count());
   if (ck.save_initial && state_.step == 0) checkpoint();
   StopSignals signals;
   const int64_t tokens_per_step = A_ * B_ * T_ * grid_.D();
@@ -646,10 +717,12 @@ int Engine::run() {
   while (state_.step < tc_.steps) {
     const auto t0 = Clock::now();
     const int64_t k = state_.step;
-    const bool depth_stats = depth_stats_due(k);
+    const bool depth_stats = depth_stats_due(k), moe = cfg_.model.has_moe();
     if (depth_stats) attach_depth_stats(true);
+    if (moe) attach_moe_stats(true);
     const parallel::StepStats st = step(k, grad_scale, /*graph=*/!depth_stats);
     if (depth_stats) attach_depth_stats(false);
+    if (moe) attach_moe_stats(false);
     const double loss = st.loss_sum * grad_scale;
     const double norm = stepper_->grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {  // global values: every rank stops
@@ -661,11 +734,17 @@ int Engine::run() {
     }
     const double lr = learning_rate(cfg_.schedule, cfg_.optimizer.lr, k, tc_.steps);
     stepper_->update(lr, norm);
+    std::optional<MoeStepReport> moe_report;
+    if (moe) {  // the step's routing over the job, and the routers' balancing
+      std::vector<model::Model*> chunks;
+      for (int v = 0; v < rt().model().size(); ++v) chunks.push_back(&rt().model().chunk(v));
+      moe_report = finish_moe_step(moe_stats_, chunks, cfg_.model, grid_.world());
+    }
     state_.step = k + 1;
     state_.tokens += tokens_per_step;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-    if (root_) log_step(first_step, loss, lr, norm, dt, elapsed, st);
+    if (root_) log_step(first_step, loss, lr, norm, dt, elapsed, st, moe_report ? &*moe_report : nullptr);
     if (depth_stats) write_depth_stats(state_.step);
     const bool last = state_.step == tc_.steps;
     const bool saved = last || (ck.every > 0 && state_.step % ck.every == 0);

@@ -12,6 +12,19 @@ expect_error "bad n_kv_heads" "model.n_kv_heads" "$BIN" train base.json --model.
 expect_error "unknown residual mode" "model.residual.mode" "$BIN" train base.json --model.residual.mode='"dense"'
 expect_error "block mode without a size" "model.residual" "$BIN" train base.json --model.residual='{"mode":"block"}'
 expect_error "unknown schedule" "schedule.type" "$BIN" train base.json --schedule.type='"linear"'
+# The MoE section (base.json has 2 layers).
+expect_error "MoE top_k above the experts" "model.moe.top_k" "$BIN" train base.json \
+  --model.moe='{"experts": 4, "top_k": 5, "expert_d_ff": 16}'
+expect_error "MoE experts without top_k" "model.moe.top_k" "$BIN" train base.json \
+  --model.moe='{"experts": 4, "expert_d_ff": 16}'
+expect_error "MoE dense_layers leaving no MoE layer" "model.moe.dense_layers" "$BIN" train base.json \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "dense_layers": 2}'
+expect_error "unknown MoE router" "model.moe.router" "$BIN" train base.json \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "router": "relu"}'
+expect_error "unknown MoE balance" "model.moe.balance" "$BIN" train base.json \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "balance": "loss"}'
+expect_error "negative capacity factor" "model.moe.capacity_factor" "$BIN" train base.json \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "capacity_factor": -1}'
 expect_error "missing config file" "nope.json" "$BIN" train nope.json
 echo '{"model": {' > broken.json
 expect_error "config not JSON" "broken.json" "$BIN" train broken.json
@@ -45,6 +58,19 @@ expect_error "fresh run into a used checkpoint dir" "checkpoint.dir" "$BIN" trai
 grep -q "step_00000008" err.txt || fail "auto resume did not warn about the damaged checkpoint"
 grep -q "resumed from ckpt/step_00000004" err.txt || { cat err.txt; fail "auto resume did not pick step 4"; }
 pass "resume=auto skipped the damaged checkpoint"
+
+# A checkpoint of another expert count is refused by name, and left as it was.
+moe4='{"experts": 4, "top_k": 2, "expert_d_ff": 16}'
+"$BIN" train base.json --training.steps=4 --model.moe="$moe4" --checkpoint.dir=ckpt_moe \
+  --run.dir=run_moe >/dev/null 2>err.txt || { cat err.txt; fail "MoE training run failed"; }
+before=$(cd ckpt_moe && find . -type f -exec md5sum {} + | sort)
+expect_error "a checkpoint of another expert count" "model.moe.experts: the checkpoint has 4, the config 8" \
+  "$BIN" train base.json --training.steps=8 --model.moe='{"experts": 8, "top_k": 2, "expert_d_ff": 16}' \
+  --checkpoint.dir=ckpt_moe --run.dir=run_moe --checkpoint.resume=auto
+expect_error "a dense config on a MoE checkpoint" "model.moe: the checkpoint has {" \
+  "$BIN" train base.json --training.steps=8 --checkpoint.dir=ckpt_moe --run.dir=run_moe --checkpoint.resume=auto
+[[ "$before" == "$(cd ckpt_moe && find . -type f -exec md5sum {} + | sort)" ]] \
+  || fail "the MoE checkpoint changed after a refused resume"
 
 # A NaN/inf stops the run with exit 3 and keeps the last good checkpoint.
 rc=0

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/model.h"
 #include "model/params.h"
 #include "model/reference.h"
 #include "testing.h"
@@ -41,6 +42,24 @@ inline model::ModelConfig tiny(model::ResidualMode mode, int64_t block_size = 0,
   return resized(c, 11, 8, 2, 1, 12);
 }
 
+// `c` with a model.moe section: `experts` routed experts of width 6, top_k of
+// them, `shared` shared experts, MoE layers from dense_layers on; the rest
+// of the section at its defaults unless changed after.
+inline model::ModelConfig with_moe(model::ModelConfig c, int64_t experts, int64_t top_k,
+                                   int64_t shared, int64_t dense_layers = 1,
+                                   kernels::MoeRouter router = kernels::MoeRouter::Sigmoid,
+                                   model::MoeBalance balance = model::MoeBalance::AuxFree) {
+  c.moe.experts = experts;
+  c.moe.top_k = top_k;
+  c.moe.shared_experts = shared;
+  c.moe.expert_d_ff = 6;
+  c.moe.dense_layers = dense_layers;
+  c.moe.router = router;
+  c.moe.balance = balance;
+  c.validate();
+  return c;
+}
+
 // Random parameters everywhere (queries and gains too, so every Mix and norm
 // is exercised away from its zero/one initialisation).
 inline void randomize(model::ParamTable& t, uint64_t seed) {
@@ -52,8 +71,35 @@ inline void randomize(model::ParamTable& t, uint64_t seed) {
   }
 }
 
+// A model of cfg in dtype with random parameters (randomize(seed)), and
+// random model state (a MoE router's bias: the choice away from the scores').
+inline model::Model random_model(const model::ModelConfig& cfg, DType dtype, uint64_t seed) {
+  model::Model m(cfg, dtype);
+  randomize(m.params(), seed);
+  randomize(m.state(), seed + 1000);
+  return m;
+}
+
+// B sequences of T random token ids below vocab and their targets (seeds seed
+// and seed + 1), as Model::forward_loss and forward_backward take them.
+struct Microbatch {
+  int64_t B, T;
+  Tensor tokens, targets;
+};
+inline Microbatch random_microbatch(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  return {B, T, random_tokens(B * T, vocab, seed), random_tokens(B * T, vocab, seed + 1)};
+}
+
 inline reference::ParamFn param_fn(const model::ParamTable& t) {
   return [&t](const std::string& name) {
+    Tensor v = t.get(name).value.to(DType::F64);
+    return reference::Vec(v.data<double>(), v.data<double>() + v.numel());
+  };
+}
+// A model's parameters and its state.
+inline reference::ParamFn param_fn(const model::Model& m) {
+  return [&m](const std::string& name) {
+    const model::ParamTable& t = m.state().contains(name) ? m.state() : m.params();
     Tensor v = t.get(name).value.to(DType::F64);
     return reference::Vec(v.data<double>(), v.data<double>() + v.numel());
   };

@@ -69,8 +69,58 @@ inline void rope(Vec& x, size_t n_heads, size_t hd, size_t t, double theta) {
     }
 }
 
-inline std::string lp(int64_t l, const char* s) {
+inline std::string lp(int64_t l, const std::string& s) {
   return "model.layers." + std::to_string(l) + "." + s;
+}
+
+// SwiGLU down(silu(gate u) * up u) with the projections named prefix + "{gate,up,down}_proj.weight".
+inline Vec swiglu_mlp(const ParamFn& P, const std::string& prefix, const Vec& u) {
+  Vec a = linear(P(prefix + "gate_proj.weight"), u);
+  Vec b = linear(P(prefix + "up_proj.weight"), u);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] / (1 + std::exp(-a[i])) * b[i];
+  return linear(P(prefix + "down_proj.weight"), a);
+}
+
+// A MoE layer's MLP (docs/model.md, "Mixture of experts") over one sequence
+// of normalised inputs u[t]: each token's top_k experts by score + bias (ties
+// to the lower index), their outputs weighted by scale s_j / sum of the
+// chosen s, plus the shared experts. With a capacity factor, the sequence is
+// the microbatch: an expert takes ceil(factor T top_k / E) slots, in token
+// order, the rest dropped.
+inline Seq moe_mlp(const model::ModelConfig& c, const ParamFn& P, int64_t l, const Seq& u) {
+  const auto& m = c.moe;
+  const size_t T = u.size(), E = static_cast<size_t>(m.experts), K = static_cast<size_t>(m.top_k);
+  const Vec Wr = P(lp(l, "mlp.gate.weight"));
+  const Vec bias = m.balance == model::MoeBalance::AuxFree
+                       ? P(lp(l, "mlp.gate.e_score_correction_bias")) : Vec(E, 0.0);
+  const size_t capacity = m.capacity_factor > 0
+                              ? static_cast<size_t>(std::ceil(m.capacity_factor * T * K / E)) : T * K;
+  std::vector<size_t> taken(E, 0);
+  Seq y(T);
+  for (size_t t = 0; t < T; ++t) {
+    const Vec r = linear(Wr, u[t]);
+    Vec s(E);
+    double z = 0;
+    for (size_t e = 0; e < E; ++e) z += std::exp(r[e]);
+    for (size_t e = 0; e < E; ++e)
+      s[e] = m.router == kernels::MoeRouter::Sigmoid ? 1 / (1 + std::exp(-r[e])) : std::exp(r[e]) / z;
+    std::vector<size_t> order(E);
+    for (size_t e = 0; e < E; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return s[a] + bias[a] > s[b] + bias[b]; });
+    std::vector<size_t> chosen(order.begin(), order.begin() + K);
+    std::sort(chosen.begin(), chosen.end());
+    double sum = 0;
+    for (size_t e : chosen) sum += s[e];
+    y[t] = m.shared_experts > 0 ? swiglu_mlp(P, lp(l, "mlp.shared_experts."), u[t])
+                                : Vec(u[t].size(), 0.0);
+    for (size_t e : chosen) {
+      if (taken[e]++ >= capacity) continue;  // dropped
+      const Vec ye = swiglu_mlp(P, lp(l, "mlp.experts." + std::to_string(e) + "."), u[t]);
+      for (size_t i = 0; i < ye.size(); ++i) y[t][i] += m.routed_scale * s[e] / sum * ye[i];
+    }
+  }
+  return y;
 }
 
 // f_s applied to a whole sequence of sublayer inputs x[t].
@@ -108,13 +158,10 @@ inline Seq sublayer(const model::ModelConfig& c, const ParamFn& P, int64_t s, co
     }
   } else {
     Vec g = P(lp(l, "post_attention_layernorm.weight"));
-    for (size_t t = 0; t < T; ++t) {
-      u[t] = rmsnorm(x[t], &g, c.norm_eps);
-      Vec a = linear(P(lp(l, "mlp.gate_proj.weight")), u[t]);
-      Vec b = linear(P(lp(l, "mlp.up_proj.weight")), u[t]);
-      for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] / (1 + std::exp(-a[i])) * b[i];
-      y[t] = linear(P(lp(l, "mlp.down_proj.weight")), a);
-    }
+    for (size_t t = 0; t < T; ++t) u[t] = rmsnorm(x[t], &g, c.norm_eps);
+    // The MoE section's layers from dense_layers on, read from the keys.
+    if (c.moe.experts > 0 && l >= c.moe.dense_layers) return moe_mlp(c, P, l, u);
+    for (size_t t = 0; t < T; ++t) y[t] = swiglu_mlp(P, lp(l, "mlp."), u[t]);
   }
   return y;
 }

@@ -19,6 +19,7 @@ using model::ResidualMode;
 using testing::param_fn;
 using testing::randomize;
 using testing::tiny;
+using testing::with_moe;
 
 namespace {
 
@@ -34,7 +35,29 @@ std::vector<testing::NamedConfig> cases() {
       {"full, 5 layers (Mix groups of 4: up to 3 recent sources)",
        tiny(ResidualMode::Full, 0, 0, false, 5)},
       {"baseline, tied embeddings", tiny(ResidualMode::Baseline, 0, 0, true)},
+      // Mixture of experts: the sublayers' outputs the residual modes see.
+      {"block S=2, MoE (sigmoid, aux-free bias, a shared expert, layer 0 dense)",
+       with_moe(tiny(ResidualMode::Block, 2, 0, false, 3), 4, 2, 1)},
+      {"full, MoE (softmax, aux loss, no shared expert, no dense layer)",
+       with_moe(tiny(ResidualMode::Full), 5, 2, 0, 0, kernels::MoeRouter::Softmax,
+                model::MoeBalance::AuxLoss)},
+      {"baseline, MoE top-1 (sigmoid, aux loss, 2 shared experts)",
+       with_moe(tiny(ResidualMode::Baseline, 0, 0, false, 3), 3, 1, 2, 1,
+                kernels::MoeRouter::Sigmoid, model::MoeBalance::AuxLoss)},
   };
+}
+
+// The loss whose gradient forward_backward(..., grad_scale = 1) computes:
+// the summed token loss, plus a MoE model's auxiliary losses, each weighted
+// by the microbatch's tokens (its share of the mean over microbatches).
+double training_loss(model::Model& m, const testing::Microbatch& mb) {
+  const model::ModelConfig& c = m.config();
+  model::MoeStats stats(c.n_layers, c.moe.experts);
+  m.set_moe_stats(&stats);
+  double loss = m.forward_loss(mb.tokens, mb.targets, mb.B, mb.T);
+  m.set_moe_stats(nullptr);
+  for (double a : stats.aux_sum) loss += static_cast<double>(mb.B * mb.T) * a;
+  return loss;
 }
 
 }  // namespace
@@ -65,21 +88,20 @@ TEST_CASE("block sizes and final source counts follow docs/model.md", "[model]")
 TEST_CASE("model loss equals the literal reference of docs/model.md", "[model]") {
   for (const auto& tc : cases()) {
     SECTION(tc.name) {
-      model::Model m(tc.cfg, DType::F64);
-      randomize(m.params(), 42);
-      const int64_t B = 2, T = 5;
-      Tensor tokens = testing::random_tokens(B * T, tc.cfg.vocab_size, 1);
-      Tensor targets = testing::random_tokens(B * T, tc.cfg.vocab_size, 2);
-      double ours = m.forward_loss(tokens, targets, B, T);
+      model::Model m = testing::random_model(tc.cfg, DType::F64, 42);
+      const testing::Microbatch mb = testing::random_microbatch(2, 5, tc.cfg.vocab_size, 1);
+      double ours = m.forward_loss(mb.tokens, mb.targets, mb.B, mb.T);
       double ref = 0;
-      for (int64_t b = 0; b < B; ++b) {
-        std::vector<int32_t> tk(tokens.data<int32_t>() + b * T, tokens.data<int32_t>() + (b + 1) * T);
-        std::vector<int32_t> tg(targets.data<int32_t>() + b * T, targets.data<int32_t>() + (b + 1) * T);
-        ref += reference::sequence_loss(tc.cfg, param_fn(m.params()), tk, tg);
+      const int32_t *tokens = mb.tokens.data<int32_t>(), *targets = mb.targets.data<int32_t>();
+      for (int64_t b = 0; b < mb.B; ++b) {
+        std::vector<int32_t> tk(tokens + b * mb.T, tokens + (b + 1) * mb.T);
+        std::vector<int32_t> tg(targets + b * mb.T, targets + (b + 1) * mb.T);
+        ref += reference::sequence_loss(tc.cfg, param_fn(m), tk, tg);
       }
       CHECK(ours == Approx(ref).epsilon(1e-12));
       // forward_backward reports the same loss as forward_loss.
-      CHECK(m.forward_backward(tokens, targets, B, T, 1.0) == Approx(ref).epsilon(1e-12));
+      CHECK(m.forward_backward(mb.tokens, mb.targets, mb.B, mb.T, 1.0) ==
+            Approx(ref).epsilon(1e-12));
     }
   }
 }
@@ -87,19 +109,18 @@ TEST_CASE("model loss equals the literal reference of docs/model.md", "[model]")
 TEST_CASE("whole-model gradients match finite differences (float64)", "[model]") {
   for (const auto& tc : cases()) {
     SECTION(tc.name) {
-      model::Model m(tc.cfg, DType::F64);
-      randomize(m.params(), 7);
-      const int64_t B = 2, T = 3;
-      Tensor tokens = testing::random_tokens(B * T, tc.cfg.vocab_size, 3);
-      Tensor targets = testing::random_tokens(B * T, tc.cfg.vocab_size, 4);
+      model::Model m = testing::random_model(tc.cfg, DType::F64, 7);
+      const testing::Microbatch mb = testing::random_microbatch(2, 3, tc.cfg.vocab_size, 3);
       m.params().zero_grads();
-      m.forward_backward(tokens, targets, B, T, 1.0);
-      auto loss = [&]() { return m.forward_loss(tokens, targets, B, T); };
+      m.forward_backward(mb.tokens, mb.targets, mb.B, mb.T, 1.0);
+      auto loss = [&]() { return training_loss(m, mb); };
       for (auto& p : m.params().all()) {
         INFO(p.name);
         // h = 3e-5 balances truncation (~h^2) against round-off (~1e-16/h) for
-        // these O(1) weights; both stay under 1e-6 relative here.
-        CHECK(testing::fd_check(p.value, p.grad, loss, 3e-5, 1e-6) < 1e-5);
+        // these O(1) weights; both stay near 1e-9 of the gradient's scale. The
+        // scale, not each element: a MoE expert that a token or two reached
+        // has gradients near 0, whose differences are mostly rounding.
+        CHECK(testing::scaled_diff(p.grad, testing::fd_gradient(p.value, loss, 3e-5)) < 1e-6);
       }
     }
   }
@@ -119,6 +140,7 @@ double chunked_forward_backward(model::Model& m, const Tensor& tokens, const Ten
   m.embed_forward(tokens, B, T, st, acts[0]);
   for (size_t c = 0; c + 1 < b.size(); ++c) {
     acts[c].B = B, acts[c].T = T;
+    acts[c].loss_scale = 1.0;  // as head_forward_backward's grad_scale below
     m.layers_forward(b[c], b[c + 1], st, acts[c]);
   }
   model::DepthGrad g;
@@ -137,7 +159,8 @@ TEST_CASE("chunked layers give the single chunk's loss and gradients bit for bit
   for (const C& c : {C{"full L=8 (groups of 4)", tiny(ResidualMode::Full, 0, 0, false, 8)},
                      C{"full L=12 (groups of 5)", tiny(ResidualMode::Full, 0, 0, false, 12)},
                      C{"block S=5 L=7", tiny(ResidualMode::Block, 5, 0, false, 7)},
-                     C{"baseline L=5", tiny(ResidualMode::Baseline, 0, 0, false, 5)}}) {
+                     C{"baseline L=5", tiny(ResidualMode::Baseline, 0, 0, false, 5)},
+                     C{"block S=3 L=5, MoE", with_moe(tiny(ResidualMode::Block, 3, 0, false, 5), 4, 2, 1)}}) {
     SECTION(c.name) {
       const int64_t B = 2, T = 4, L = c.cfg.n_layers;
       const Tensor tokens = testing::random_tokens(B * T, c.cfg.vocab_size, 1);
@@ -281,21 +304,19 @@ TEST_CASE("float32 model agrees with float64", "[model]") {
 TEST_CASE("KV-cache decoding reproduces the training forward", "[model]") {
   for (const auto& tc : cases()) {
     SECTION(tc.name) {
-      model::Model m(tc.cfg, DType::F64);
-      randomize(m.params(), 9);
+      model::Model m = testing::random_model(tc.cfg, DType::F64, 9);
       const int64_t T = 6;
-      Tensor tokens = testing::random_tokens(T, tc.cfg.vocab_size, 5);
-      Tensor targets = testing::random_tokens(T, tc.cfg.vocab_size, 6);
+      const testing::Microbatch mb = testing::random_microbatch(1, T, tc.cfg.vocab_size, 5);
       auto cache = m.new_decode_cache(T);
       double loss = 0;
       for (int64_t t = 0; t < T; ++t) {
-        auto logits = m.decode_step(tokens.data<int32_t>()[t], cache);
+        auto logits = m.decode_step(mb.tokens.data<int32_t>()[t], cache);
         double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
         for (float v : logits) z += std::exp(v - mx);
-        loss += mx + std::log(z) - logits[targets.data<int32_t>()[t]];
+        loss += mx + std::log(z) - logits[mb.targets.data<int32_t>()[t]];
       }
       // decode_step returns float logits, hence the float tolerance.
-      CHECK(loss == Approx(m.forward_loss(tokens, targets, 1, T)).epsilon(1e-5));
+      CHECK(loss == Approx(m.forward_loss(mb.tokens, mb.targets, 1, T)).epsilon(1e-5));
     }
   }
 }
@@ -417,4 +438,59 @@ TEST_CASE("each layer's q/k/v and gate/up projections are one matrix each, as na
   REQUIRE_THROWS_WITH(
       apart.join_rows({"model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.down_proj.weight"}),
       Catch::Contains("cannot join the values of model.layers.1.mlp.gate_proj.weight"));
+}
+
+TEST_CASE("MoE with a capacity factor drops the slots the reference drops", "[model][moe]") {
+  // One sequence is the microbatch (the reference's capacity is per
+  // sequence); capacity 1.0 x 8 tokens x 2 / 4 experts = 4 slots per expert,
+  // and a large router bias towards expert 0 makes it overflow.
+  for (ResidualMode mode : {ResidualMode::Baseline, ResidualMode::Block}) {
+    ModelConfig c = with_moe(tiny(mode, mode == ResidualMode::Block ? 2 : 0, 0, false, 2), 4, 2, 1);
+    c.moe.capacity_factor = 1.0;
+    model::Model m = testing::random_model(c, DType::F64, 13);
+    testing::set(m.state().get("model.layers.1.mlp.gate.e_score_correction_bias").value, 0, 5.0);
+    const testing::Microbatch mb = testing::random_microbatch(1, 8, c.vocab_size, 3);
+    model::MoeStats stats(c.n_layers, c.moe.experts);
+    m.set_moe_stats(&stats);
+    const double ours = m.forward_loss(mb.tokens, mb.targets, mb.B, mb.T);
+    m.set_moe_stats(nullptr);
+    // All 8 tokens chose expert 0 (4 dropped), and the second choices may
+    // overflow another expert too.
+    CHECK(stats.load[1 * 4 + 0] == 8);
+    double over = 0;
+    for (int64_t e = 0; e < 4; ++e) over += std::max(0.0, stats.load[1 * 4 + e] - 4);
+    CHECK(stats.dropped[1] == over);
+    CHECK(over >= 4);
+    std::vector<int32_t> tk(mb.tokens.data<int32_t>(), mb.tokens.data<int32_t>() + 8);
+    std::vector<int32_t> tg(mb.targets.data<int32_t>(), mb.targets.data<int32_t>() + 8);
+    CHECK(ours == Approx(reference::sequence_loss(c, param_fn(m), tk, tg)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("aux-free balancing moves each router bias towards the mean load by bias_rate",
+          "[model][moe]") {
+  // Layer 0 dense; layers 1 and 2 MoE with 4 experts (mean load 4 in both):
+  // an expert above the mean goes down, one below goes up, one at it stays.
+  const ModelConfig c = with_moe(tiny(ResidualMode::Baseline, 0, 0, false, 3), 4, 2, 0);
+  model::Model m(c, DType::F32);
+  model::MoeStats step(c.n_layers, 4);
+  const std::vector<double> load = {0, 0, 0, 0, 5, 3, 4, 4, 8, 0, 0, 8};
+  step.load = load;
+  std::vector<double> lo(3, 99), hi(3, 99);
+  m.update_router_bias(step, 0.01, lo, hi);
+  m.update_router_bias(step, 0.01, lo, hi);  // twice: the steps add up
+  auto bias = [&](int64_t l) {
+    const Tensor& b = m.state().get("model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias").value;
+    return std::vector<float>(b.data<float>(), b.data<float>() + 4);
+  };
+  CHECK(bias(1) == std::vector<float>{-0.02f, 0.02f, 0.0f, 0.0f});
+  CHECK(bias(2) == std::vector<float>{-0.02f, 0.02f, 0.02f, -0.02f});
+  CHECK(lo == std::vector<double>{99, -0.02f, -0.02f});
+  CHECK(hi == std::vector<double>{99, 0.02f, 0.02f});
+  CHECK_FALSE(m.state().contains("model.layers.0.mlp.gate.e_score_correction_bias"));
+  // Only aux_free has a bias (model state, not a parameter).
+  ModelConfig loss = c;
+  loss.moe.balance = model::MoeBalance::AuxLoss;
+  CHECK(model::Model(loss, DType::F32).state().all().empty());
+  CHECK_FALSE(m.params().contains("model.layers.1.mlp.gate.e_score_correction_bias"));
 }

@@ -11,19 +11,17 @@ run_np() {
   "$MPIEXEC" "$NPFLAG" "$k" "${MPI_FLAGS[@]}" "$@"
 }
 
-write_mpi_config() {
-  cat > base.json <<JSON
-{"model": {"vocab_size": 300, "d_model": 32, "n_layers": 8, "n_heads": 4, "n_kv_heads": 2,
-           "d_ff": 64, "residual": {"mode": "block", "block_size": 3}},
- "optimizer": {"lr": 3e-3},
- "schedule": {"type": "cosine", "warmup_steps": 2},
- "training": {"steps": 8, "micro_batch_size": 2, "seq_len": 16, "grad_accum": 4, "seed": 7},
- "data": {"train": "shards/tiny_train_*.bin", "val": "shards/tiny_val_*.bin", "shuffle": true,
-          "tokenizer": "tok.json"},
- "checkpoint": {"dir": "ckpt", "every": 4, "keep_last": 0},
- "eval": {"every": 4, "batches": 3},
- "run": {"dir": "run", "log_every": 1}}
-JSON
+# base.json for P*V = 8 chunks (tests/cli/lib.sh's write_base_json): 8 layers,
+# 8 steps of 4 microbatches, on the cpu unless a test says otherwise.
+write_mpi_config() { write_base_json 8 8 4 4 3; }
+
+# reference_run: the corpus, base.json and its uninterrupted single-process
+# run (ck_s, run_s, log_s.txt), which runs under other layouts must match.
+reference_run() {
+  make_corpus
+  write_mpi_config
+  "$BIN" train base.json --checkpoint.dir=ck_s --run.dir=run_s 2>log_s.txt \
+    || { cat log_s.txt; fail "the single-process reference run"; }
 }
 
 # A metrics.jsonl's first step's pipeline bytes, and its last train loss.
@@ -31,8 +29,9 @@ pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | awk -F: 'NR == 1 { print $2 }'; 
 last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }
 
 
-# compare_losses A B TOL: the same records; "loss", "val_loss" and "grad_norm"
-# within relative TOL, every other field (step, lr, tokens) identical.
+# compare_losses A B TOL: the same records; "loss", "val_loss", "grad_norm"
+# and a MoE model's "aux_loss" within relative TOL, every other field (step,
+# lr, tokens, the experts' loads and biases) identical.
 compare_losses() {
   [[ $(step_records "$1" | wc -l) -eq $(step_records "$2" | wc -l) ]] || { echo "$1 and $2 differ in length"; return 1; }
   paste -d '\n' <(strip_metrics "$1") <(strip_metrics "$2") | awk -v tol="$3" '
@@ -40,14 +39,14 @@ compare_losses() {
       if (match(line, "\"" key "\":[^,}]*")) return substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3)
       return ""
     }
-    function others(line) { gsub(/"(loss|val_loss|grad_norm)":[^,}]*/, "", line); return line }
+    function others(line) { gsub(/"(loss|val_loss|grad_norm|aux_loss)":[^,}]*/, "", line); return line }
     function abs(x) { return x < 0 ? -x : x }
     NR % 2 == 1 { a = $0; next }
     {
       b = $0; n++
       if (others(a) != others(b)) { print "record " n ": " a " vs " b; bad = 1; exit 1 }
-      split("loss val_loss grad_norm", keys, " ")
-      for (i = 1; i <= 3; i++) {
+      split("loss val_loss grad_norm aux_loss", keys, " ")
+      for (i = 1; i <= 4; i++) {
         x = val(a, keys[i]); y = val(b, keys[i])
         if (x == "" && y == "") continue
         m = abs(x) > abs(y) ? abs(x) : abs(y)

@@ -22,12 +22,16 @@ using testing::config_error;
 
 namespace {
 
-json base() {
-  return json::parse(R"({
-    "model": {"vocab_size": 97, "d_model": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2,
-              "d_ff": 80, "residual": {"mode": "block", "block_size": 2}},
-    "training": {"steps": 8, "micro_batch_size": 2, "seq_len": 16},
-    "data": {"train": "train.bin"}})");
+json base() { return testing::small_config(3, 2); }
+
+// j as a bf16 run on cuda, read (validate() needs a CUDA build: not called);
+// written back and read again, it gives the same config.
+Config read_as_cuda_bf16(json j) {
+  j["training"]["precision"] = "bf16";
+  j["training"]["device"] = "cuda";
+  const Config c = Config::from_json(j, "cfg.json");
+  CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
+  return c;
 }
 
 }  // namespace
@@ -59,6 +63,11 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
       {"model.rope_theta", 50000.0}, {"model.tie_embeddings", true}, {"model.residual.mode", "block"},
       {"model.residual.block_size", 2}, {"model.residual.n_blocks", 3},
       {"model.init_from", "init.safetensors"},
+      {"model.moe.experts", 8}, {"model.moe.top_k", 2}, {"model.moe.shared_experts", 1},
+      {"model.moe.expert_d_ff", 24}, {"model.moe.router", "softmax"}, {"model.moe.routed_scale", 2.5},
+      {"model.moe.balance", "aux_loss"}, {"model.moe.bias_rate", 0.01},
+      {"model.moe.aux_loss_coef", 0.001}, {"model.moe.dense_layers", 2},
+      {"model.moe.capacity_factor", 1.25},
       {"optimizer.lr", 3e-4}, {"optimizer.beta1", 0.8}, {"optimizer.beta2", 0.99},
       {"optimizer.eps", 1e-7}, {"optimizer.weight_decay", 0.05}, {"optimizer.grad_clip", 0.5},
       {"schedule.type", "wsd"}, {"schedule.warmup_steps", 3}, {"schedule.min_lr_ratio", 0.2},
@@ -247,14 +256,10 @@ TEST_CASE("enum-valued keys take exactly their names", "[train]") {
   j = base();
   j["parallel"] = {{"transport", "nccl"}};  // NCCL moves device memory
   CHECK_THAT(config_error(j), Catch::Contains("needs training.device"));
-  j = base();
-  j["training"]["precision"] = "bf16";
-  j["training"]["device"] = "cuda";
-  const Config c = Config::from_json(j, "cfg.json");
+  const Config c = read_as_cuda_bf16(base());
   CHECK(c.training.precision == DType::BF16);
   CHECK(c.training.device == Device::CUDA);
   CHECK(c.to_json()["training"]["precision"] == "bf16");
-  CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
 }
 
 TEST_CASE("training.cuda_graphs: auto, true or false, true on cuda, and with peers never over mpi",
@@ -312,7 +317,7 @@ TEST_CASE("training.cuda_graphs: auto, true or false, true on cuda, and with pee
 
 TEST_CASE("training.attention_kernel: own, auto, or cudnn on cuda only", "[train]") {
   json j = base();
-  Config c = Config::from_json(j, "cfg.json");
+  const Config c = Config::from_json(j, "cfg.json");
   CHECK(c.training.attention_kernel == kernels::AttentionKernel::Own);
   CHECK(c.to_json()["training"]["attention_kernel"] == "own");
   j["training"]["attention_kernel"] = "auto";
@@ -325,16 +330,12 @@ TEST_CASE("training.attention_kernel: own, auto, or cudnn on cuda only", "[train
   CHECK_THAT(config_error(j), Catch::Contains("training.attention_kernel") &&
                               Catch::Contains("auto, own, cudnn"));
   j["training"]["attention_kernel"] = "cudnn";
-  j["training"]["precision"] = "bf16";
-  j["training"]["device"] = "cuda";
-  c = Config::from_json(j, "cfg.json");  // (validate() needs a CUDA build: not called)
-  CHECK(c.training.attention_kernel == kernels::AttentionKernel::Cudnn);
-  CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
+  CHECK(read_as_cuda_bf16(j).training.attention_kernel == kernels::AttentionKernel::Cudnn);
 }
 
 TEST_CASE("training.logits: auto follows the precision, and bf16 only in a bf16 run", "[train]") {
   json j = base();
-  Config c = Config::from_json(j, "cfg.json");
+  const Config c = Config::from_json(j, "cfg.json");
   CHECK(c.training.logits == train::Logits::Auto);
   CHECK(c.to_json()["training"]["logits"] == "auto");
   CHECK(train::logit_dtype(train::Logits::Auto, DType::F32) == DType::F32);
@@ -350,9 +351,5 @@ TEST_CASE("training.logits: auto follows the precision, and bf16 only in a bf16 
   j["training"]["logits"] = "BF16";
   CHECK_THAT(config_error(j), Catch::Contains("training.logits") && Catch::Contains("auto, fp32, bf16"));
   j["training"]["logits"] = "bf16";
-  j["training"]["precision"] = "bf16";
-  j["training"]["device"] = "cuda";
-  c = Config::from_json(j, "cfg.json");  // (validate() needs a CUDA build: not called)
-  CHECK(c.training.logits == train::Logits::BF16);
-  CHECK(Config::from_json(c.to_json(), "again").to_json() == c.to_json());
+  CHECK(read_as_cuda_bf16(j).training.logits == train::Logits::BF16);
 }
