@@ -12,19 +12,18 @@ expect_error "bad n_kv_heads" "model.n_kv_heads" "$BIN" train base.json --model.
 expect_error "unknown residual mode" "model.residual.mode" "$BIN" train base.json --model.residual.mode='"dense"'
 expect_error "block mode without a size" "model.residual" "$BIN" train base.json --model.residual='{"mode":"block"}'
 expect_error "unknown schedule" "schedule.type" "$BIN" train base.json --schedule.type='"linear"'
-# The MoE section (base.json has 2 layers).
-expect_error "MoE top_k above the experts" "model.moe.top_k" "$BIN" train base.json \
-  --model.moe='{"experts": 4, "top_k": 5, "expert_d_ff": 16}'
-expect_error "MoE experts without top_k" "model.moe.top_k" "$BIN" train base.json \
-  --model.moe='{"experts": 4, "expert_d_ff": 16}'
-expect_error "MoE dense_layers leaving no MoE layer" "model.moe.dense_layers" "$BIN" train base.json \
-  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "dense_layers": 2}'
-expect_error "unknown MoE router" "model.moe.router" "$BIN" train base.json \
-  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "router": "relu"}'
-expect_error "unknown MoE balance" "model.moe.balance" "$BIN" train base.json \
-  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "balance": "loss"}'
-expect_error "negative capacity factor" "model.moe.capacity_factor" "$BIN" train base.json \
-  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "capacity_factor": -1}'
+# The MoE section (base.json has 2 layers): what is wrong | the key named |
+# the section's other keys, after 4 experts of width 16.
+while IFS='|' read -r what key keys; do
+  expect_error "$what" "$key" "$BIN" train base.json --model.moe="{\"experts\": 4, \"expert_d_ff\": 16$keys}"
+done <<'CASES'
+MoE top_k above the experts|model.moe.top_k|, "top_k": 5
+MoE experts without top_k|model.moe.top_k|
+MoE dense_layers leaving no MoE layer|model.moe.dense_layers|, "top_k": 2, "dense_layers": 2
+unknown MoE router|model.moe.router|, "top_k": 2, "router": "relu"
+unknown MoE balance|model.moe.balance|, "top_k": 2, "balance": "loss"
+negative capacity factor|model.moe.capacity_factor|, "top_k": 2, "capacity_factor": -1
+CASES
 expect_error "missing config file" "nope.json" "$BIN" train nope.json
 echo '{"model": {' > broken.json
 expect_error "config not JSON" "broken.json" "$BIN" train broken.json
