@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -92,6 +93,22 @@ struct CheckpointSaver::Save {
   bool publishing = false;  // the write phase is over everywhere
   std::thread thread;       // the phase running in the background, if any
   std::atomic<bool> written{false}, published{false};
+  std::promise<void> staged_promise;  // the deferred sources copied (or none to copy)
+  std::shared_future<void> staged = staged_promise.get_future().share();
+  // Test hook ATTNRES_TEST_STAGE_AT_UPDATE: the deferred copies wait until the
+  // training thread lets them (wait_staged, or a join), the latest moment
+  // allowed, so that an update that does not wait for them changes what a
+  // save writes every time, not only when the race is lost
+  // (tests/cli/checkpoint_async.sh).
+  bool copy_at_update = false;
+  std::promise<void> copy_allowed;
+  std::shared_future<void> may_copy = copy_allowed.get_future().share();
+  bool copy_released = false;
+  void release_copy() {
+    if (copy_released) return;
+    copy_released = true;
+    copy_allowed.set_value();
+  }
   std::string error;        // set by the phase's thread before its flag
   json mine;                // what this rank wrote (files, tensors, memory)
   // Rank 0, once published.
@@ -101,6 +118,7 @@ struct CheckpointSaver::Save {
   std::vector<double> rank_peak_mib;
 
   ~Save() {
+    release_copy();
     if (thread.joinable()) thread.join();
   }
 };
@@ -118,6 +136,7 @@ std::optional<SaveRecord> CheckpointSaver::start(SavePart model, SavePart optimi
   if (save_) previous = wait();  // at most one save in flight
   const auto t0 = Clock::now();
   auto s = std::make_unique<Save>();
+  s->copy_at_update = std::getenv("ATTNRES_TEST_STAGE_AT_UPDATE") != nullptr;
   s->step = state.step;
   s->rank = world_.rank();
   s->parts[0] = std::move(model);
@@ -143,8 +162,25 @@ std::optional<SaveRecord> CheckpointSaver::start(SavePart model, SavePart optimi
   return wait();  // a synchronous save: all of it is stall (wait() adds its time)
 }
 
-// Phase 2, on this rank (its own thread when async): its files.
+// Phase 2, on this rank (its own thread when async): its deferred staging
+// copies first (what the training thread waits for before its next update),
+// then its files.
 void CheckpointSaver::run_write(Save& s) {
+  if (s.copy_at_update) s.may_copy.wait();
+  try {
+    for (SavePart& part : s.parts) {
+      for (size_t i = 0; i < part.sources.size(); ++i)
+        if (part.sources[i].defined()) part.tensors[i].tensor.copy_from(part.sources[i]);
+      part.sources.clear();
+    }
+  } catch (const std::exception& e) {
+    s.error = e.what();
+  }
+  s.staged_promise.set_value();
+  if (!s.error.empty()) {
+    s.written.store(true, std::memory_order_release);
+    return;
+  }
   try {
     s.mine = {{"files", json::object()}, {"model", json::object()}, {"optimizer", json::object()}};
     for (int k = 0; k < 2; ++k) {
@@ -270,17 +306,30 @@ int64_t CheckpointSaver::staging_ready() {
   return bytes;
 }
 
-Tensor CheckpointSaver::staging_copy(const Tensor& t) {
+
+Tensor CheckpointSaver::staging_buffer(const Tensor& t) {
   staging_ready();
   for (size_t i = 0; i < free_buffers_.size(); ++i) {
     if (free_buffers_[i].numel() != t.numel() || free_buffers_[i].dtype() != t.dtype()) continue;
     Tensor buf = std::move(free_buffers_[i]);
     free_buffers_.erase(free_buffers_.begin() + static_cast<long>(i));
-    buf = buf.reshape(t.shape());
-    buf.copy_from(t);
-    return buf;
+    return buf.reshape(t.shape());
   }
-  return t.is_cpu() ? t.clone() : t.to(Device::CPU);
+  return Tensor::empty(t.shape(), t.dtype(), Device::CPU);
+}
+
+Tensor CheckpointSaver::staging_copy(const Tensor& t) {
+  Tensor buf = staging_buffer(t);
+  buf.copy_from(t);
+  return buf;
+}
+
+void CheckpointSaver::wait_staged() {
+  if (!save_) return;
+  const auto t0 = Clock::now();
+  save_->release_copy();
+  save_->staged.wait();
+  save_->stall_sec += seconds_since(t0);
 }
 
 void CheckpointSaver::recycle(Save& s) {
@@ -295,7 +344,7 @@ void CheckpointSaver::recycle(Save& s) {
 // publishes (in the background when async and not `block`).
 void CheckpointSaver::gather_and_publish(bool block) {
   Save& s = *save_;
-  if (s.thread.joinable()) s.thread.join();
+  join_thread(s);
   recycle(s);  // written: the staging buffers serve the next save
   s.mine["resident_mib"] = s.resident_mib;
   s.mine["peak_rss_mib"] = peak_rss_mib();
@@ -306,6 +355,12 @@ void CheckpointSaver::gather_and_publish(bool block) {
     s.thread = std::thread([this, &s, shards] { run_publish(s, shards); });
   else
     run_publish(s, shards);
+}
+
+// Joins the save's background phase (a held-back staging copy let go first).
+void CheckpointSaver::join_thread(Save& s) {
+  s.release_copy();
+  if (s.thread.joinable()) s.thread.join();
 }
 
 std::optional<SaveRecord> CheckpointSaver::poll() {
@@ -325,7 +380,7 @@ std::optional<SaveRecord> CheckpointSaver::poll() {
   }
   world_.allreduce_max(flags, 2);
   if (flags[1] != 0) {
-    if (s.thread.joinable()) s.thread.join();
+    join_thread(s);
     check_errors(s.publishing);
   }
   if (flags[0] != 0) return std::nullopt;
@@ -333,7 +388,7 @@ std::optional<SaveRecord> CheckpointSaver::poll() {
     gather_and_publish(/*block=*/false);
     return std::nullopt;  // the next poll sees the publishing done
   }
-  if (s.thread.joinable()) s.thread.join();
+  join_thread(s);
   return complete();
 }
 
@@ -342,11 +397,11 @@ std::optional<SaveRecord> CheckpointSaver::wait() {
   const auto t0 = Clock::now();
   Save& s = *save_;
   if (!s.publishing) {
-    if (s.thread.joinable()) s.thread.join();
+    join_thread(s);
     check_errors(false);
     gather_and_publish(/*block=*/true);
   }
-  if (s.thread.joinable()) s.thread.join();
+  join_thread(s);
   check_errors(true);
   s.stall_sec += seconds_since(t0);
   return complete();

@@ -61,7 +61,12 @@ struct SavePart {
   int index = -1, count = 1;
   std::vector<NamedTensor> tensors;
   std::map<std::string, SliceOf> slices;  // by stored name; empty: whole tensors only
-  bool staged = false;  // the tensors are CheckpointSaver::staging_copy buffers, reused once written
+  bool staged = false;  // the tensors are CheckpointSaver staging buffers, reused once written
+  // Deferred staging (checkpoint.async on the CPU): where sources[i] is
+  // defined, tensors[i] is a staging buffer the save's background thread
+  // fills from it (a live training tensor) before writing; until
+  // CheckpointSaver::wait_staged() the training thread must not change it.
+  std::vector<Tensor> sources;
 };
 
 // What one completed save cost (metrics.jsonl's "checkpoint" record).
@@ -116,6 +121,12 @@ class CheckpointSaver {
   // rank writes. The buffers come back when their save's files are written.
   // Training thread only.
   Tensor staging_copy(const Tensor& t);
+  // A staging buffer shaped like t, not filled: for SavePart::sources.
+  Tensor staging_buffer(const Tensor& t);
+  // Waits until the save in flight has copied its deferred sources, so that
+  // training may change them (the optimizer's update); the wait counts as
+  // the save's stall. Nothing to wait for without one. Training thread only.
+  void wait_staged();
   // Staging buffers for tensors like `like` (their sizes and dtypes: what
   // this rank writes), made and touched in a background thread from now on,
   // so that the first save finds them in the pool as later saves do. The
@@ -136,6 +147,7 @@ class CheckpointSaver {
   SaveRecord complete();
 
   void recycle(Save& s);  // the written part's buffers back to the pool
+  void join_thread(Save& s);
 
   Config cfg_;
   const parallel::Comm& world_;

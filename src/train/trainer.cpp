@@ -8,6 +8,7 @@
 #include <csignal>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <unordered_map>
 
@@ -542,15 +543,24 @@ void Engine::checkpoint() {
   const bool sharded = cfg_.checkpoint.sharded, async = cfg_.checkpoint.async;
   auto [weights, moments] = save_parts();
   // A background save must not see training change what it writes: it gets
-  // host copies (the staging copy), made here. A synchronous one writes the
-  // tensors as they are (device tensors copied to the host). Ranks that
-  // write nothing copy nothing.
+  // host copies (the staging copy). Host tensors are copied by the save's own
+  // thread, while the next step's forward and backward run (they only read
+  // the weights); the update waits for the copies (wait_staged). Device
+  // tensors are copied here. A synchronous save writes the tensors as they
+  // are (device tensors copied to the host). Ranks that write nothing copy
+  // nothing.
   for (SavePart* part : {&weights, &moments}) {
-    const bool writes = part->index >= 0;
-    for (NamedTensor& t : part->tensors)
-      t.tensor = async && writes ? saver_.staging_copy(t.tensor)
-                 : t.tensor.is_cpu() ? t.tensor
-                                     : t.tensor.to(Device::CPU);
+    const bool writes = part->index >= 0, deferred = async && writes && sharded;
+    if (deferred) part->sources.assign(part->tensors.size(), Tensor());
+    for (size_t i = 0; i < part->tensors.size(); ++i) {
+      Tensor& t = part->tensors[i].tensor;
+      if (deferred && t.is_cpu()) {
+        part->sources[i] = t;
+        t = saver_.staging_buffer(t);
+      } else {
+        t = async && writes ? saver_.staging_copy(t) : t.is_cpu() ? t : t.to(Device::CPU);
+      }
+    }
   }
   // Sharded, every tensor written is this rank's staging copy (when async);
   // gathered, rank 0 also holds what the others sent.
@@ -561,15 +571,26 @@ void Engine::checkpoint() {
   }
   if (weights.index < 0) weights.tensors.clear();
   if (moments.index < 0) moments.tensors.clear();
-  // The single process's order (slices after their tensor's place).
+  // The single process's order (slices after their tensor's place), the
+  // deferred sources kept beside their buffers.
   auto in_order = [&](SavePart& part) {
-    auto key = [&](const NamedTensor& t) {
+    auto key = [&](size_t i) {
+      const NamedTensor& t = part.tensors[i];
       auto it = part.slices.find(t.name);
       return std::make_pair(ckpt_order_.at(it == part.slices.end() ? t.name : it->second.tensor),
                             it == part.slices.end() ? 0 : it->second.offset);
     };
-    std::sort(part.tensors.begin(), part.tensors.end(),
-              [&](const NamedTensor& a, const NamedTensor& b) { return key(a) < key(b); });
+    std::vector<size_t> order(part.tensors.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+    std::vector<NamedTensor> tensors;
+    std::vector<Tensor> sources;
+    for (size_t i : order) {
+      tensors.push_back(std::move(part.tensors[i]));
+      if (!part.sources.empty()) sources.push_back(std::move(part.sources[i]));
+    }
+    part.tensors = std::move(tensors);
+    part.sources = std::move(sources);
   };
   in_order(weights);
   in_order(moments);
@@ -733,6 +754,7 @@ int Engine::run() {
       return kExitNonFinite;
     }
     const double lr = learning_rate(cfg_.schedule, cfg_.optimizer.lr, k, tc_.steps);
+    saver_.wait_staged();  // a background save's copies of what the update changes
     stepper_->update(lr, norm);
     std::optional<MoeStepReport> moe_report;
     if (moe) {  // the step's routing over the job, and the routers' balancing

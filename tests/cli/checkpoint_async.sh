@@ -28,6 +28,18 @@ for s in 2 4 6 8; do
 done
 pass "async = sync: the same losses, and checkpoints 2, 4, 6, 8 hold the same tensors and state"
 
+# The background thread copies what it saves while the next step's forward and
+# backward run; the update waits for the copies. With the copies held back to
+# the last moment the trainer allows (ATTNRES_TEST_STAGE_AT_UPDATE), an update
+# that did not wait would change every save: the same checkpoints still.
+ATTNRES_TEST_STAGE_AT_UPDATE=1 "$BIN" train base.json --checkpoint.dir=ck_late --run.dir=run_late \
+  2>log_late.txt || { cat log_late.txt; fail "asynchronous run, copies at the update"; }
+for s in 2 4 6 8; do
+  d=step_0000000$s
+  "$BIN" inspect compare ck_sync/$d ck_late/$d --rtol 0 >/dev/null || fail "$d differs with the copies at the update"
+done
+pass "the staging copies made at the update, not before: checkpoints 2, 4, 6, 8 as the synchronous run's"
+
 # One record per save, with the fields the issue lists.
 "$PY" - run_async/metrics.jsonl run_sync/metrics.jsonl <<'PYEOF' || fail "checkpoint records"
 import json, sys
