@@ -16,8 +16,11 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/device.h"
 #include "core/rng.h"
@@ -164,11 +167,13 @@ const char* kHelp =
     "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
     "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
     "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--attention own|auto|cudnn]\n"
-    "  [--cuda-graphs] [--kernels [--only TEXT]]\n"
+    "  [--cuda-graphs] [--kernels [--only TEXT]] [--moe E,K,Fe[,shared]]\n"
     "  [--gpu-memory GiB] [--plan]\n"
     "Training throughput (forward, backward, AdamW) on synthetic tokens, one row per residual\n"
     "mode, on the CPU (the default) or a GPU (--device cuda). Block mode defaults to S = 4\n"
     "(a preset: N = 8), at most the model's 2L sublayers.\n"
+    "--moe: every layer's MLP a mixture of E experts of width Fe, K per token, plus `shared`\n"
+    "shared experts (model.moe, dense_layers 0): the activated MLP of --d-ff (K + shared) Fe.\n"
     "--kernels times each CUDA op at the model's shapes against its floors\n"
     "(bytes / bandwidth, FLOPs / peak) instead of whole training steps;\n"
     "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.\n"
@@ -193,7 +198,7 @@ int cmd_bench(const Args& args) {
   Flags f(args, "bench",
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
-           "preset", "only", "recompute", "logits", "attention", "gpu-memory"},
+           "preset", "only", "recompute", "logits", "attention", "gpu-memory", "moe"},
           {"help", "kernels", "plan", "cuda-graphs"});
   if (f.has("help")) {
     std::puts(kHelp);
@@ -223,6 +228,22 @@ int cmd_bench(const Args& args) {
   c.n_kv_heads = f.get_int("kv-heads", c.n_kv_heads, "bench");
   c.d_ff = f.get_int("d-ff", c.d_ff, "bench");
   c.vocab_size = f.get_int("vocab", c.vocab_size, "bench");
+  if (f.has("moe")) {
+    std::vector<int64_t> v;
+    std::istringstream in(f.get("moe", ""));
+    for (std::string x; std::getline(in, x, ',');) {
+      char* end = nullptr;
+      const long long n = std::strtoll(x.c_str(), &end, 10);
+      if (x.empty() || *end != '\0' || n < 0)
+        fail("bench: --moe takes E,K,Fe[,shared], got '", f.get("moe", ""), "'");
+      v.push_back(n);
+    }
+    if (v.size() < 3 || v.size() > 4)
+      fail("bench: --moe takes E,K,Fe[,shared], got '", f.get("moe", ""), "'");
+    c.moe.experts = v[0], c.moe.top_k = v[1], c.moe.expert_d_ff = v[2];
+    c.moe.shared_experts = v.size() == 4 ? v[3] : 0;
+    c.moe.dense_layers = 0;
+  }
   T = f.get_int("seq-len", T, "bench");
   const bool auto_batch = f.get("batch", B == 0 ? "auto" : "") == "auto";
   if (!auto_batch) B = f.get_int("batch", B, "bench");
@@ -332,11 +353,15 @@ int cmd_bench(const Args& args) {
         Device::CUDA, &why);
     std::printf("attention: %s\n", cudnn ? "cuDNN's fused attention" : ("ours (" + why + ")").c_str());
   }
-  std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld V=%lld | T=%lld B=%lld A=%lld | "
+  const std::string moe =
+      c.has_moe() ? fmt::format(" MoE E={} K={} Fe={} shared={}", c.moe.experts, c.moe.top_k,
+                                c.moe.expert_d_ff, c.moe.shared_experts)
+                  : "";
+  std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld%s V=%lld | T=%lld B=%lld A=%lld | "
               "median of %d timed steps after %d warm-up\n",
               (long long)c.d_model, (long long)c.n_layers, (long long)c.n_heads,
-              (long long)c.n_kv_heads, (long long)c.d_ff, (long long)c.vocab_size, (long long)T,
-              (long long)B, (long long)A, steps, warmup);
+              (long long)c.n_kv_heads, (long long)c.d_ff, moe.c_str(), (long long)c.vocab_size,
+              (long long)T, (long long)B, (long long)A, steps, warmup);
   // GiB needed by the planner (activations + 8%, + 2 GiB) against what there is.
   if (auto_batch)
     std::printf("micro-batch B=%lld: the largest whose step fits %.1f GiB with one mode in memory "
