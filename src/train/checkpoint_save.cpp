@@ -136,7 +136,7 @@ std::optional<SaveRecord> CheckpointSaver::start(SavePart model, SavePart optimi
   if (save_) previous = wait();  // at most one save in flight
   const auto t0 = Clock::now();
   auto s = std::make_unique<Save>();
-  s->copy_at_update = std::getenv("ATTNRES_TEST_STAGE_AT_UPDATE") != nullptr;
+  s->copy_at_update = async_ && std::getenv("ATTNRES_TEST_STAGE_AT_UPDATE") != nullptr;
   s->step = state.step;
   s->rank = world_.rank();
   s->parts[0] = std::move(model);
@@ -305,7 +305,6 @@ int64_t CheckpointSaver::staging_ready() {
   }
   return bytes;
 }
-
 
 Tensor CheckpointSaver::staging_buffer(const Tensor& t) {
   staging_ready();

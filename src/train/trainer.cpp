@@ -365,8 +365,7 @@ void Engine::log_model(const parallel::RuntimeOptions& ro) {
   auto& rm = rt().model();
   int64_t n = 0;
   for (const auto& chunk : rm.owned_params())
-    for (const model::Param* p : chunk)
-      if (p->trainable) n += p->value.numel();
+    for (const model::Param* p : chunk) n += p->value.numel();
   grid_.world().allreduce_sum(&n, 1);
   n /= D;  // every replica holds the whole model
   const model::ModelConfig& mc = cfg_.model;
