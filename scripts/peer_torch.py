@@ -11,7 +11,8 @@ optimizer, schedule and clipping, so that its per-step losses equal the ones
 attnres writes to metrics.jsonl (within rounding: the test
 tests/cli/peer_torch.sh requires 1e-4 relative in fp32 on the CPU). What a
 PyTorch user would use, and this uses: nn.Linear / nn.Embedding modules,
-torch.optim.AdamW (fused=True on CUDA), torch.nn.utils.clip_grad_norm_, bf16
+torch.optim.AdamW (fused=True on CUDA), torch.nn.utils.clip_grad_norm_, a
+mixture-of-experts layer as a loop over experts with index_select / index_add, bf16
 autocast on CUDA when the config trains in bf16 (fp32 parameters, as autocast
 wants them), scaled_dot_product_attention, and torch.compile with --compile.
 
@@ -335,14 +336,85 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class Router(nn.Module):
+    """`mlp.gate`: the router's weight, and the bias of auxiliary-loss-free
+    balancing (a buffer: state the step updates, not a parameter)."""
+
+    def __init__(self, d, E, aux_free):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(E, d))
+        if aux_free:
+            self.register_buffer("e_score_correction_bias", torch.zeros(E))
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts MLP (docs/model.md, "Mixture of experts"), the way
+    a PyTorch user writes one: route, then a loop over the experts with
+    index_select / index_add_. Keeps the step's loads per expert (for the bias
+    update) and the microbatch's auxiliary loss term."""
+
+    def __init__(self, d, moe):
+        super().__init__()
+        self.E, self.K, self.cfg = moe["experts"], moe["top_k"], moe
+        self.gate = Router(d, self.E, moe["balance"] == "aux_free")
+        self.experts = nn.ModuleList(MLP(d, moe["expert_d_ff"]) for _ in range(self.E))
+        shared = moe["shared_experts"] * moe["expert_d_ff"]
+        self.shared_experts = MLP(d, shared) if shared else None
+        self.loads = torch.zeros(self.E, dtype=torch.long)
+        self.aux = None
+
+    def forward(self, x):
+        B, T, d = x.shape
+        u = x.reshape(B * T, d)
+        N, E, K, cfg = B * T, self.E, self.K, self.cfg
+        with torch.autocast(device_type=u.device.type, enabled=False):
+            logits = F.linear(u.float(), self.gate.weight.float())
+        s = torch.sigmoid(logits) if cfg["router"] == "sigmoid" else torch.softmax(logits, -1)
+        choice = s.detach()
+        if hasattr(self.gate, "e_score_correction_bias"):
+            choice = choice + self.gate.e_score_correction_bias
+        # The K largest, ties to the lower index (a stable sort), in ascending index.
+        chosen = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :K].sort(-1).values
+        picked = s.gather(-1, chosen)
+        weight = cfg["routed_scale"] * picked / picked.sum(-1, keepdim=True)
+        if cfg["capacity_factor"] > 0:  # GShard: slots past an expert's capacity are dropped
+            capacity = math.ceil(cfg["capacity_factor"] * N * K / E)
+            flat = chosen.reshape(-1)
+            seen = F.one_hot(flat, E).cumsum(0).gather(-1, flat[:, None]).view(N, K)
+            weight = weight * (seen <= capacity)
+        counts = torch.bincount(chosen.reshape(-1), minlength=E)
+        self.loads = self.loads.to(counts.device) + counts
+        if cfg["balance"] == "aux_loss":  # coef E sum_e f_e P_e, f not differentiated
+            P = (s / s.sum(-1, keepdim=True) if cfg["router"] == "sigmoid" else s).mean(0)
+            self.aux = cfg["aux_loss_coef"] * E * (counts.float() / (N * K) * P).sum()
+        out = self.shared_experts(u).float() if self.shared_experts is not None \
+            else torch.zeros(N, d, device=u.device)
+        for e, expert in enumerate(self.experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            if token.numel():
+                y = expert(u.index_select(0, token)).float()
+                out = out.index_add(0, token, y * weight[token, slot, None])
+        return out.to(x.dtype).view(B, T, d)
+
+    @torch.no_grad()
+    def update_bias(self):
+        """After the optimizer step: b_e += bias_rate sign(mean load - load_e)."""
+        if hasattr(self.gate, "e_score_correction_bias"):
+            loads = self.loads.double()
+            step = torch.sign(loads.mean() - loads).float() * self.cfg["bias_rate"]
+            self.gate.e_score_correction_bias += step.to(self.gate.e_score_correction_bias.device)
+        self.loads = torch.zeros_like(self.loads)
+
+
 class Layer(nn.Module):
-    def __init__(self, m, attnres):
+    def __init__(self, m, attnres, l):
         super().__init__()
         d, eps = m["d_model"], m["norm_eps"]
         self.input_layernorm = RMSNorm(d, eps)
         self.self_attn = Attention(d, m["n_heads"], m["n_kv_heads"])
         self.post_attention_layernorm = RMSNorm(d, eps)
-        self.mlp = MLP(d, m["d_ff"])
+        moe = m.get("moe")
+        self.mlp = MoE(d, moe) if moe and l >= moe["dense_layers"] else MLP(d, m["d_ff"])
         if attnres:
             self.attn_res = DepthQuery(d)
             self.mlp_res = DepthQuery(d)
@@ -354,7 +426,7 @@ class Body(nn.Module):
     def __init__(self, m, attnres):
         super().__init__()
         self.embed_tokens = nn.Embedding(m["vocab_size"], m["d_model"])
-        self.layers = nn.ModuleList(Layer(m, attnres) for _ in range(m["n_layers"]))
+        self.layers = nn.ModuleList(Layer(m, attnres, l) for l in range(m["n_layers"]))
         if attnres:
             self.final_res = DepthQuery(m["d_model"])
         self.norm = RMSNorm(m["d_model"], m["norm_eps"])
@@ -380,7 +452,8 @@ def depth_mix(w, sources):
 
 
 class CausalLM(nn.Module):
-    """forward(inputs [B, T], targets [B, T]) -> the mean token cross-entropy."""
+    """forward(inputs [B, T], targets [B, T]) -> (the mean token cross-entropy,
+    the MoE layers' auxiliary loss terms summed, or None)."""
 
     def __init__(self, m, seq_len, fp32_logits):
         super().__init__()
@@ -451,7 +524,12 @@ class CausalLM(nn.Module):
         else:
             logits = F.linear(h, self.head_weight())
         V = logits.shape[-1]
-        return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))
+        aux = [layer.mlp.aux for layer in body.layers if getattr(layer.mlp, "aux", None) is not None]
+        return (F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1)),
+                sum(aux) if aux else None)
+
+    def moe_layers(self):
+        return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
 
 # ---------------------------------------------------------------------------
@@ -537,12 +615,13 @@ def train(args):
     autocast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if bf16 \
         else contextlib.nullcontext
     n_params = sum(p.numel() for p in model.parameters())
+    moe = f", MoE {len(model.moe_layers())} layers" if model.moe_layers() else ""
     on = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device
     attention = ("scaled_dot_product_attention" if HAVE_SDPA
                  else "written out (this torch has no scaled_dot_product_attention)")
     note(f"torch {torch.__version__} on {on}, {'bf16 autocast' if bf16 else 'fp32'}, attention "
          f"{attention}, {'torch.compile' if compiled else 'eager'}, AdamW {kind}; {n_params} "
-         f"parameters, {m['residual']['mode']} residual; {M} x {B} x {T} tokens per step; "
+         f"parameters{moe}, {m['residual']['mode']} residual; {M} x {B} x {T} tokens per step; "
          f"{steps} of {K} steps")
 
     def microbatches(k):
@@ -554,9 +633,10 @@ def train(args):
                 inputs = inputs.pin_memory().to(device, non_blocking=True)
                 targets = targets.pin_memory().to(device, non_blocking=True)
             with autocast():
-                loss = forward(inputs, targets) / M
-            loss.backward()
-            total += loss.detach()
+                loss, aux = forward(inputs, targets)
+            # The objective adds the auxiliary loss; the reported loss is the tokens'.
+            ((loss if aux is None else loss + aux) / M).backward()
+            total += loss.detach() / M
         return total
 
     params = [p for g in opt.param_groups for p in g["params"]]
@@ -574,6 +654,8 @@ def train(args):
             note(f"torch.compile failed ({type(e).__name__}: {first_line}); running eager")
             forward, compiled = model, False
             opt.zero_grad(set_to_none=True)
+            for moe in model.moe_layers():
+                moe.loads.zero_()
             total = microbatches(k)
         # The global norm before clipping (clip_grad_norm_ returns it; with
         # clipping off, an infinite bound leaves the gradients as they are).
@@ -592,6 +674,8 @@ def train(args):
             g["lr"] = lr
         opt.step()
         opt.zero_grad(set_to_none=True)
+        for moe in model.moe_layers():
+            moe.update_bias()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)

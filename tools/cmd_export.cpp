@@ -218,15 +218,15 @@ int cmd_export(const Args& args) {
   // The weights, through the loader every command uses (it verifies the
   // checkpoint's manifest first), in the checkpoint's parameter order.
   const train::Config cfg = train::config_from_checkpoint(dir.string());
-  if (cfg.model.has_moe())
-    fail("export: ", dir.string(), " is a mixture-of-experts model (model.moe); its Hugging Face "
-         "export (DeepSeek-V3's tensor names) is not written yet");
   model::Model model(cfg.model, DType::F32);
   train::load_weights(dir.string(), model);
   const json state = json::parse(read_text_file((dir / "state.json").string()));
   std::vector<NamedTensor> tensors;
   for (const auto& p : model.params().all())
     tensors.push_back({p.name, bf16 ? p.weights().to(DType::BF16) : p.weights()});
+  // Model state (a MoE router's e_score_correction_bias): fp32 in either
+  // dtype, since it decides the choice of experts and bf16 would move ties.
+  for (const auto& p : model.state().all()) tensors.push_back({p.name, p.weights()});
 
   std::vector<std::string> tok_files, tok_names;
   std::string tok_format;

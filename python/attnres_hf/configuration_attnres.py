@@ -3,7 +3,13 @@
 # The fields are Hugging Face LlamaConfig's names for the transformer, plus
 # `attn_res`, the residual connections: {"mode": "baseline" | "full" |
 # "block", "block_size": S (sublayers per block; 1 for full), "n_blocks": N
-# (when the training config gave N instead of S)}. The exact function is in
+# (when the training config gave N instead of S)}. A mixture-of-experts model
+# adds DeepSeek-V3's fields: n_routed_experts (E), num_experts_per_tok (K),
+# n_shared_experts, moe_intermediate_size (an expert's width),
+# first_k_dense_replace (the leading dense layers), scoring_func ("sigmoid" |
+# "softmax"), routed_scaling_factor, topk_method ("noaux_tc": the choice adds
+# the router's e_score_correction_bias; "greedy": no bias), and attnres's
+# moe_capacity_factor (0: dropless). The exact function is in
 # modeling_attnres.py and in the attnres repository's docs/model.md.
 #
 # Works with torch alone; when transformers is importable the class is a
@@ -71,6 +77,15 @@ class AttnResConfig(_Base):
         initializer_range=0.02,
         use_cache=True,
         tie_word_embeddings=False,
+        n_routed_experts=0,
+        num_experts_per_tok=0,
+        n_shared_experts=0,
+        moe_intermediate_size=0,
+        first_k_dense_replace=0,
+        scoring_func="sigmoid",
+        routed_scaling_factor=1.0,
+        topk_method="greedy",
+        moe_capacity_factor=0.0,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -86,6 +101,15 @@ class AttnResConfig(_Base):
         self.max_position_embeddings = max_position_embeddings
         self.initializer_range = initializer_range
         self.use_cache = use_cache
+        self.n_routed_experts = n_routed_experts
+        self.num_experts_per_tok = num_experts_per_tok
+        self.n_shared_experts = n_shared_experts
+        self.moe_intermediate_size = moe_intermediate_size
+        self.first_k_dense_replace = first_k_dense_replace
+        self.scoring_func = scoring_func
+        self.routed_scaling_factor = routed_scaling_factor
+        self.topk_method = topk_method
+        self.moe_capacity_factor = moe_capacity_factor
         self._check()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
@@ -103,6 +127,20 @@ class AttnResConfig(_Base):
             raise ValueError(f"attn_res.mode must be one of {RESIDUAL_MODES}, got {mode!r}")
         if mode == "block" and self.residual_block_size() < 1:
             raise ValueError("attn_res.mode 'block' needs attn_res.block_size or n_blocks >= 1")
+        if self.n_routed_experts:
+            if not 1 <= self.num_experts_per_tok <= self.n_routed_experts:
+                raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} must be in "
+                                 f"[1, n_routed_experts = {self.n_routed_experts}]")
+            if self.scoring_func not in ("sigmoid", "softmax"):
+                raise ValueError(f"scoring_func must be sigmoid or softmax, got "
+                                 f"{self.scoring_func!r}")
+            if self.topk_method not in ("noaux_tc", "greedy"):
+                raise ValueError(f"topk_method must be noaux_tc or greedy, got "
+                                 f"{self.topk_method!r}")
+
+    def moe_layer(self, layer_idx):
+        """Whether layer layer_idx's MLP is a mixture of experts."""
+        return self.n_routed_experts > 0 and layer_idx >= self.first_k_dense_replace
 
     def residual_mode(self):
         return self.attn_res["mode"]

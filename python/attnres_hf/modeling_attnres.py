@@ -13,7 +13,10 @@
 #   The head reads z = the stream (baseline) or Mix(w_final, all sources):
 #   logits = RMSNorm(z; g_final) W_out^T, W_out = Embed when tied.
 #   Attention is causal with RoPE (rotate-half, angles computed in float64)
-#   and grouped KV heads (query head h reads KV head h // (H / Hkv)).
+#   and grouped KV heads (query head h reads KV head h // (H / Hkv)). In a
+#   mixture-of-experts model, layers >= first_k_dense_replace replace the MLP
+#   by AttnResMoE (DeepSeek-V3's tensor names: mlp.gate, mlp.experts.E,
+#   mlp.shared_experts).
 #
 # Torch alone is enough: `AttnResForCausalLM.from_pretrained(dir)` reads the
 # safetensors files itself. When transformers is importable the classes are
@@ -252,15 +255,99 @@ class AttnResAttention(nn.Module):
 
 
 class AttnResMLP(nn.Module):
-    def __init__(self, config):
+    """SwiGLU of width f (default: the dense MLP's intermediate_size)."""
+
+    def __init__(self, config, width=None):
         super().__init__()
-        d, f = config.hidden_size, config.intermediate_size
+        d, f = config.hidden_size, width or config.intermediate_size
         self.gate_proj = nn.Linear(d, f, bias=False)
         self.up_proj = nn.Linear(d, f, bias=False)
         self.down_proj = nn.Linear(f, d, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class AttnResMoEGate(nn.Module):
+    """The router (DeepSeek-V3's MoEGate): logits r = u W^T [N, E] in float32;
+    scores s = sigmoid(r) or softmax(r); the K experts with the largest
+    s + e_score_correction_bias (topk_method noaux_tc; no bias for greedy),
+    ties to the lower index, in ascending index; weights routed_scaling_factor
+    s / (sum of the chosen s). With moe_capacity_factor c > 0 an expert takes
+    at most ceil(c N K / E) of the call's N tokens, slots taken in token order:
+    a slot past its expert's capacity is dropped (weight 0, not given to the
+    token's other experts). Returns (experts [N, K], weights [N, K] float32)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.E, self.K = config.n_routed_experts, config.num_experts_per_tok
+        self.scoring, self.scale = config.scoring_func, config.routed_scaling_factor
+        self.capacity_factor = config.moe_capacity_factor
+        self.weight = nn.Parameter(torch.empty(self.E, config.hidden_size))
+        if config.topk_method == "noaux_tc":
+            # Model state, not a parameter (attnres updates it from the loads).
+            self.register_buffer("e_score_correction_bias", torch.zeros(self.E))
+        else:
+            self.e_score_correction_bias = None
+
+    def _apply(self, fn, *args, **kwargs):
+        # model.to(dtype) casts buffers too: the bias decides the choice and
+        # stays float32 (on the weight's device), as transformers'
+        # _keep_in_fp32_modules keeps it.
+        bias = self.e_score_correction_bias
+        super()._apply(fn, *args, **kwargs)
+        if bias is not None:
+            self.e_score_correction_bias = bias.to(device=self.weight.device, dtype=torch.float32)
+        return self
+
+    def forward(self, u):
+        logits = F.linear(u.float(), self.weight.float())
+        s = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
+        choice = s if self.e_score_correction_bias is None else \
+            s + self.e_score_correction_bias.float()
+        # A stable descending sort: of equal values, the lower index first.
+        experts = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :self.K]
+        experts = experts.sort(dim=-1).values
+        chosen = s.gather(-1, experts)
+        weights = self.scale * chosen / chosen.sum(-1, keepdim=True)
+        if self.capacity_factor > 0:
+            N = u.shape[0]
+            capacity = math.ceil(self.capacity_factor * N * self.K / self.E)
+            flat = experts.reshape(-1)  # slots in token order, a token's in ascending index
+            seen = F.one_hot(flat, self.E).cumsum(0).gather(-1, flat[:, None])[:, 0]
+            weights = weights * (seen <= capacity).view(N, self.K)
+        return experts, weights
+
+
+class AttnResMoE(nn.Module):
+    """A mixture-of-experts MLP (DeepSeek-V3's layout): the shared experts (one
+    SwiGLU of width n_shared_experts x moe_intermediate_size) plus, per token,
+    its chosen routed experts' outputs times their weights, added in ascending
+    expert index, in float32."""
+
+    def __init__(self, config):
+        super().__init__()
+        width = config.moe_intermediate_size
+        self.gate = AttnResMoEGate(config)
+        self.experts = nn.ModuleList(AttnResMLP(config, width)
+                                     for _ in range(config.n_routed_experts))
+        self.shared_experts = (AttnResMLP(config, config.n_shared_experts * width)
+                               if config.n_shared_experts else None)
+
+    def forward(self, x):
+        shape = x.shape
+        u = x.reshape(-1, shape[-1])
+        experts, weights = self.gate(u)
+        out = (self.shared_experts(u).float() if self.shared_experts is not None
+               else torch.zeros(u.shape, dtype=torch.float32, device=u.device))
+        for e, expert in enumerate(self.experts):
+            token, slot = (experts == e).nonzero(as_tuple=True)
+            keep = weights[token, slot] != 0
+            token, slot = token[keep], slot[keep]
+            if token.numel():
+                y = expert(u.index_select(0, token)).float()
+                out.index_add_(0, token, y * weights[token, slot, None])
+        return out.to(x.dtype).view(shape)
 
 
 class AttnResDecoderLayer(nn.Module):
@@ -273,7 +360,7 @@ class AttnResDecoderLayer(nn.Module):
         self.input_layernorm = AttnResRMSNorm(config.hidden_size, eps)
         self.self_attn = AttnResAttention(config, layer_idx)
         self.post_attention_layernorm = AttnResRMSNorm(config.hidden_size, eps)
-        self.mlp = AttnResMLP(config)
+        self.mlp = AttnResMoE(config) if config.moe_layer(layer_idx) else AttnResMLP(config)
         if config.residual_mode() != "baseline":
             self.attn_res = AttnResDepthQuery(config.hidden_size)
             self.mlp_res = AttnResDepthQuery(config.hidden_size)
@@ -363,6 +450,7 @@ class AttnResPreTrainedModel(_Base):
     config_class = AttnResConfig
     base_model_prefix = "model"
     _no_split_modules = ["AttnResDecoderLayer"]
+    _keep_in_fp32_modules = ["e_score_correction_bias"]
 
     def _init_weights(self, module):
         # The attnres trainer's initialisation (docs/model.md section 3), up
@@ -375,6 +463,8 @@ class AttnResPreTrainedModel(_Base):
             module.weight.data.fill_(1.0)
         elif isinstance(module, AttnResDepthQuery):
             module.query.data.zero_()
+        elif isinstance(module, AttnResMoEGate):
+            module.weight.data.normal_(0.0, std)
 
 
 class AttnResModel(AttnResPreTrainedModel):

@@ -22,8 +22,8 @@ json hf_config(const model::ModelConfig& m) {
   // another function with Llama's tensors plus the Mix queries: labelled
   // "llama", a Llama loader would load them, drop the queries with a warning
   // and compute something else. "attnres" makes such a loader refuse them.
-  const bool llama = !m.attnres();
-  return {
+  const bool llama = !m.attnres() && !m.has_moe();
+  json out = {
       {"architectures", {llama ? "LlamaForCausalLM" : "AttnResForCausalLM"}},
       {"model_type", llama ? "llama" : "attnres"},
       {"vocab_size", m.vocab_size},
@@ -43,6 +43,30 @@ json hf_config(const model::ModelConfig& m) {
       {"torch_dtype", "float32"},
       {"attn_res", residual},
   };
+  if (m.has_moe()) {
+    // DeepSeek-V3's field names (its config.json); one group (no
+    // group-limited routing); norm_topk_prob: the weights are renormalised
+    // over the chosen experts. topk_method "noaux_tc" is DeepSeek-V3's name
+    // for the choice by s + e_score_correction_bias (balance aux_free).
+    const model::MoeConfig& moe = m.moe;
+    out["n_routed_experts"] = moe.experts;
+    out["num_experts_per_tok"] = moe.top_k;
+    out["n_shared_experts"] = moe.shared_experts;
+    out["moe_intermediate_size"] = moe.expert_d_ff;
+    out["first_k_dense_replace"] = moe.dense_layers;
+    out["moe_layer_freq"] = 1;
+    out["n_group"] = 1;
+    out["topk_group"] = 1;
+    out["scoring_func"] = moe.router == kernels::MoeRouter::Sigmoid ? "sigmoid" : "softmax";
+    out["routed_scaling_factor"] = moe.routed_scale;
+    out["norm_topk_prob"] = true;
+    out["topk_method"] = moe.balance == model::MoeBalance::AuxFree ? "noaux_tc" : "greedy";
+    if (moe.balance == model::MoeBalance::AuxLoss) out["aux_loss_alpha"] = moe.aux_loss_coef;
+    // attnres's own: 0 = dropless; otherwise an expert takes at most
+    // ceil(c N K / E) of a forward call's N tokens (docs/model.md).
+    out["moe_capacity_factor"] = moe.capacity_factor;
+  }
+  return out;
 }
 
 std::string checkpoint_index_file(const std::string& stem) {

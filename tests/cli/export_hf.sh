@@ -2,7 +2,9 @@
 # `attnres export hf` checked against the binary under Debian's python3-torch
 # (tests/cli/hf_export_check.py): tiny models in every residual mode (block
 # with uneven blocks, given by block_size and by n_blocks), GQA and MHA, tied
-# and untied embeddings, a vocabulary padded past the tokenizer's. The
+# and untied embeddings, a vocabulary padded past the tokenizer's, mixture-of-
+# experts layers (sigmoid and softmax routers, shared experts, the aux-free
+# bias, a routed scale, dense first layers). The
 # exported PyTorch model's per-token log-probabilities equal `attnres score`
 # within 1e-5 relative (fp32), its greedy 32-token KV-cache generation equals
 # `attnres generate --temperature 0`, the bf16 and sharded exports load, and
@@ -90,6 +92,34 @@ run_case block_uneven_tied --model.n_layers=3 --model.n_kv_heads=2 --model.tie_e
 run_case block_nblocks_gqa --model.n_layers=4 --model.n_kv_heads=1 \
   --model.residual='{"mode": "block", "n_blocks": 3}'
 grep -q '"n_blocks": 3' hf_block_nblocks_gqa/config.json || fail "n_blocks missing from config.json"
+# Mixture-of-experts models under DeepSeek-V3's names: sigmoid routing with a
+# shared expert and the aux-free bias (a rate that moves the choice within 40
+# steps: the export must carry the bias and the modeling code use it); softmax
+# routing with the auxiliary loss; a routed scale, no balancing and two dense
+# layers of three.
+run_case moe_baseline_sigmoid --model.n_layers=2 --model.tie_embeddings=true \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "shared_experts": 1, "bias_rate": 0.01}'
+run_case moe_full_softmax --model.n_layers=2 --model.n_kv_heads=2 --model.residual='{"mode": "full"}' \
+  --model.moe='{"experts": 3, "top_k": 2, "expert_d_ff": 24, "router": "softmax",
+                "balance": "aux_loss", "dense_layers": 0}'
+run_case moe_block_scaled --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 4}' \
+  --model.moe='{"experts": 5, "top_k": 3, "expert_d_ff": 8, "routed_scale": 2.5, "balance": "none",
+                "dense_layers": 2}'
+"$PY" - hf_moe_baseline_sigmoid <<'PYEOF' || fail "the MoE export's names or bias"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from modeling_attnres import read_weights
+w, cfg = read_weights(sys.argv[1]), json.load(open(sys.argv[1] + "/config.json"))
+assert cfg["model_type"] == "attnres" and cfg["n_routed_experts"] == 4, cfg
+assert cfg["topk_method"] == "noaux_tc" and cfg["first_k_dense_replace"] == 1, cfg
+b = w["model.layers.1.mlp.gate.e_score_correction_bias"]
+assert b.dtype.is_floating_point and b.abs().max() > 0.005, b
+for n in ["model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.weight",
+          "model.layers.1.mlp.experts.3.down_proj.weight",
+          "model.layers.1.mlp.shared_experts.up_proj.weight"]:
+    assert n in w, n
+print(f"  MoE export: DeepSeek-V3 names, bias range {b.min():.3f}..{b.max():.3f}")
+PYEOF
 
 ( IFS=,; echo "[${cases[*]}]" ) > cases.json
 if [[ $part == transformers ]]; then

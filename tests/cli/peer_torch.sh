@@ -88,6 +88,19 @@ run_case block --model.n_layers=3 --model.residual='{"mode": "block", "block_siz
   --schedule.type=wsd --schedule.decay_ratio=0.4 --schedule.warmup_steps=1
 # Full AttnRes, 4 query heads on 1 KV head, cosine down to 0.
 run_case full --model.n_kv_heads=1 --model.residual='{"mode": "full"}' --schedule.min_lr_ratio=0
+# Mixture-of-experts layers, a PyTorch user's loop over experts, in the three
+# modes: sigmoid routing with a shared expert, a capacity that drops slots and
+# an aux-free bias fast enough to change the choice within the 5 steps;
+# softmax routing with a routed scale and an auxiliary loss large enough to
+# move the gradient norm; sigmoid top-1 without balancing on every layer.
+run_case moe_baseline --model.n_layers=3 --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16,
+  "shared_experts": 1, "capacity_factor": 1.0, "bias_rate": 0.05}'
+run_case moe_block --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 4}' \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "router": "softmax", "routed_scale": 1.5,
+  "balance": "aux_loss", "aux_loss_coef": 0.1}'
+run_case moe_full --model.n_kv_heads=1 --model.residual='{"mode": "full"}' \
+  --model.moe='{"experts": 3, "top_k": 1, "expert_d_ff": 24, "balance": "none", "dense_layers": 0,
+  "capacity_factor": 1.25}'
 
 # --steps 3: the first 3 steps of the 5-step run (the schedule unchanged).
 "${PEER[@]}" cfg.json --attnres "$BIN" --steps 3 --model.n_kv_heads=1 \
