@@ -74,15 +74,17 @@ class ChunkModel {
     // What a sublayer's record holds after its forward, by recompute mode,
     // and what its f_s core allocates.
     const int64_t core_attn = 2 * Nd + 2 * N_ * kv * e_ + N_ * m_.n_heads * f_;  // q, att, k, v, lse
-    const int64_t core_mlp = 3 * N_ * F * e_;                               // gu (gate | up), h
+    auto core = [&](int64_t s) { return s % 2 == 0 ? core_attn : mlp(s / 2).record; };
     auto norm_stats = [&](int64_t s) { return ar && m_.recent_sources(s) > 0 ? N_ * (2 * m_.recent_sources(s) + 2) * f_ : Nf; };
     auto dropped = [&](int64_t s) {  // what drop_recomputable frees
       if (!mix) return int64_t{0};
       int64_t b = Nd + norm_stats(s) + (ar ? Nd : 0);  // u, stats, phase-1 output
-      if (s % 2 == 1) b += N_ * F * e_;                 // h
-      if (layer) b += s % 2 == 0 ? core_attn : 2 * N_ * F * e_;
+      if (s % 2 == 1) b += mlp(s / 2).mix_drop;
+      if (layer) b += s % 2 == 0 ? core_attn : mlp(s / 2).layer_drop;
       return b;
     };
+    if (m_.has_moe())
+      out.buffers.push_back({"[N K, d] MoE expert rows", moe_rows() * d * e_});
 
     // ---- forward ----
     if (embed) t.alloc(Nd + (ar ? Nf : 0));  // e (b_0) and its rstd
@@ -104,7 +106,11 @@ class ChunkModel {
       }
       for (; s < end; ++s) {
         t.alloc(Nd + norm_stats(s));                  // u and its statistics
-        t.alloc(s % 2 == 0 ? core_attn : core_mlp);   // f_s up to its last projection
+        t.alloc(core(s));                             // f_s up to its last projection
+        if (s % 2 == 1) {                             // and its transient (MoE: the permuted rows)
+          t.alloc(mlp(s / 2).fwd_tmp);
+          t.free(mlp(s / 2).fwd_tmp);
+        }
         t.alloc(Nd);                                  // y (the new partial sum or stream)
         if (ar && s % S == S - 1) {                   // a completed block, and its rstd
           t.alloc(Nf);
@@ -151,7 +157,7 @@ class ChunkModel {
       }
       // Gradient temporaries of f_s (attention: datt and the joint dq | dk |
       // dv), then du; the norm backward writes d_o.
-      const int64_t tmp = s % 2 == 0 ? 2 * Nd + 2 * N_ * kv * e_ : 3 * N_ * F * e_;
+      const int64_t tmp = s % 2 == 0 ? 2 * Nd + 2 * N_ * kv * e_ : mlp(s / 2).bwd_tmp;
       t.alloc(tmp + Nd);
       if (s % 2 == 0) {  // cuDNN's attention backward workspace, while it runs
         t.alloc(attn_ws_);
@@ -164,8 +170,7 @@ class ChunkModel {
       }
       t.free(Nd);  // du
       // The record goes (all but the leader's phase-1 record and d_o).
-      const int64_t rec = s % 2 == 0 ? core_attn : core_mlp;
-      t.free(Nd + norm_stats(s) + rec + (ar ? Nd : 0));
+      t.free(Nd + norm_stats(s) + core(s) + (ar ? Nd : 0));
       // y of the sublayer before is freed with this record's reference to it
       // (partial sums and the stream; completed blocks stay in the store).
       if (s > s0 && !(ar && (s - 1) % S == S - 1)) t.free(Nd);
@@ -179,6 +184,41 @@ class ChunkModel {
   }
 
  private:
+  // An MLP sublayer's bytes: its record after the forward, the forward's
+  // transient, what recompute mix and layer drop of the record, and the
+  // backward's temporaries (Model::mlp_core / moe_core, mlp_backward /
+  // moe_backward).
+  struct MlpBytes {
+    int64_t record = 0, fwd_tmp = 0, mix_drop = 0, layer_drop = 0, bwd_tmp = 0;
+  };
+  // A MoE layer's routed rows: N K slots (dropless), or at most E C kept.
+  int64_t moe_rows() const {
+    const model::MoeConfig& moe = m_.moe;
+    const int64_t slots = N_ * moe.top_k, C = m_.moe_capacity(N_);
+    return C > 0 ? std::min(slots, moe.experts * C) : slots;
+  }
+  MlpBytes mlp(int64_t l) const {
+    const int64_t d = m_.d_model, F = m_.d_ff;
+    if (!m_.moe_layer(l)) return {3 * N_ * F * e_, 0, N_ * F * e_, 2 * N_ * F * e_, 3 * N_ * F * e_};
+    // Routing: logits [N, E] and gate weights [N, K] in the statistics'
+    // dtype, slot experts and rows [N, K] and the rows' tokens [M] as I32.
+    // Shared experts: gu [N, 2 Fs], h [N, Fs]. Routed: gu [M, 2 Fe],
+    // h [M, Fe], y [M, d]; the permuted input x [M, d] is transient.
+    const model::MoeConfig& moe = m_.moe;
+    const int64_t E = moe.experts, K = moe.top_k, Fe = moe.expert_d_ff;
+    const int64_t Fs = moe.shared_experts * Fe, M = moe_rows();
+    const int64_t routing = N_ * E * f_ + N_ * K * (f_ + 8) + M * 4;
+    MlpBytes b;
+    b.record = routing + 3 * N_ * Fs * e_ + 3 * M * Fe * e_ + M * d * e_;
+    b.fwd_tmp = M * d * e_;
+    b.mix_drop = N_ * Fs * e_ + M * Fe * e_;                        // both h
+    b.layer_drop = 2 * N_ * Fs * e_ + 2 * M * Fe * e_ + M * d * e_;  // both gu, the rows' y
+    // Shared dh [N, Fs]; dgate [N, K] and dlogits [N, E]; the rows' dy, x,
+    // dx [M, d], dh [M, Fe], dgu [M, 2 Fe].
+    b.bwd_tmp = N_ * Fs * e_ + N_ * (K + E) * f_ + 3 * M * d * e_ + 3 * M * Fe * e_;
+    return b;
+  }
+
   model::ModelConfig m_;
   parallel::DepthPlan plan_ = parallel::DepthPlan::of(m_);
   model::Recompute r_;

@@ -4,7 +4,8 @@
 # high-water"): the activation high-water within 10% and the resident state
 # within 1%, largest rank against largest rank, at two shapes, in the Block
 # and Full modes, without and with recomputation, in one process and under
-# mpirun (P = 2 x V = 2, P = 4 x V = 2, P = 2 x D = 2).
+# mpirun (P = 2 x V = 2, P = 4 x V = 2, P = 2 x D = 2), and with
+# mixture-of-experts layers.
 source "$(dirname "$0")/lib.sh"
 make_corpus
 write_mpi_config
@@ -45,4 +46,17 @@ for shape in "${shapes[@]}"; do
     check 4 $shape $mode --parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2
   done
 done
+# Mixture-of-experts layers (the routing, the shared and routed experts'
+# rows): dropless and with a capacity, every recompute mode, and a pipeline.
+moe='--model.moe={"experts": 4, "top_k": 2, "expert_d_ff": 48, "shared_experts": 1}'
+shape="--model.d_model=64 --model.d_ff=160 --training.seq_len=32 --training.micro_batch_size=4"
+for rc in none mix layer; do
+  # shellcheck disable=SC2086
+  check 1 $shape --model.residual.mode=block "$moe" --training.recompute=$rc
+done
+# shellcheck disable=SC2086
+check 1 $shape --model.residual.mode=full --model.residual.block_size=0 \
+  --model.moe='{"experts": 6, "top_k": 3, "expert_d_ff": 40, "capacity_factor": 0.5, "dense_layers": 0}'
+# shellcheck disable=SC2086
+check 4 $shape --model.residual.mode=block "$moe" --parallel.pipeline=4 --parallel.virtual_stages=2
 pass "inspect memory within 10% of the measured activation high-water, 1% of the resident state"
