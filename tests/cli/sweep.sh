@@ -93,7 +93,7 @@ check_shipped_sweeps() {
     || { cat cpu_plan.txt; fail "configs/sweeps/cpu_small.json does not validate"; }
   grep -q "27 runs" cpu_plan.txt || { cat cpu_plan.txt; fail "cpu_small: expected 27 runs"; }
   local name count plan
-  for name_count in "gpu_paper 15" "gpu_h100 18"; do
+  for name_count in "gpu_paper 15" "gpu_paper_dense 15" "gpu_h100 18"; do
     read -r name count <<<"$name_count"
     plan=(sweep "$SRC/configs/sweeps/$name.json" --dry-run)
     if ! "$BIN" "${plan[@]}" > "${name}_plan.txt" 2>&1; then
@@ -103,7 +103,15 @@ check_shipped_sweeps() {
     fi
     grep -q "$count runs" "${name}_plan.txt" || { cat "${name}_plan.txt"; fail "$name: expected $count runs"; }
   done
-  pass "configs/sweeps/cpu_small.json (27 runs), gpu_paper.json (15) and gpu_h100.json (18) validate"
+  # Both paper sweeps: each run's activated non-embedding parameters (the plan's
+  # params column) within 3% of its size in the paper's Table 2 (the run's name).
+  local f
+  for f in gpu_paper_plan.txt gpu_paper_dense_plan.txt; do
+    awk '$1 ~ /^[0-9]+M_/ { n++; want = substr($1, 1, index($1, "M_") - 1) * 1e6;
+           if ($7 < 0.97 * want || $7 > 1.03 * want) { print "FAIL: " FILENAME ": " $1 " has " $7 " activated parameters"; bad = 1 } }
+         END { exit bad || n != 15 }' "$f" || fail "$f: activated parameters off Table 2's"
+  done
+  pass "configs/sweeps/cpu_small.json (27 runs), gpu_paper.json (15, MoE), gpu_paper_dense.json (15) and gpu_h100.json (18) validate"
 }
 if [[ $part == cuda ]]; then
   check_cuda_jobs
