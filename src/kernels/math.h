@@ -26,8 +26,69 @@ ATTNRES_HD T silu_grad(T x) {
   return s * (T(1) + x * (T(1) - s));
 }
 
+// A MoE token's router scores from its E logits r (kernels/moe.h): sigmoid(r_e),
+// or the softmax over the E (its max and sum taken first), one expert at a
+// time, so that a GPU thread needs no per-expert storage. The CPU and CUDA
+// routings both go through it (and moe_top_k): one choice rule.
+template <typename T>
+struct MoeScores {
+  const T* r;
+  bool sigmoid_router;
+  T m = T(0), sum = T(1);
+  ATTNRES_HD MoeScores(const T* logits, long long E, bool sigmoid_scores)
+      : r(logits), sigmoid_router(sigmoid_scores) {
+    if (sigmoid_router) return;
+    m = r[0];
+    for (long long e = 1; e < E; ++e) m = r[e] > m ? r[e] : m;
+    sum = T(0);
+    for (long long e = 0; e < E; ++e) sum += exp(r[e] - m);
+  }
+  ATTNRES_HD T operator()(long long e) const {
+    return sigmoid_router ? sigmoid(r[e]) : exp(r[e] - m) / sum;
+  }
+};
+
+// The K experts with the largest score(e) + bias[e] (bias may be null), ties
+// to the lower index, written in ascending index to idx[0..K) with their
+// scores in chosen[0..K); key: K values of scratch. One pass over the E
+// experts keeping the best K sorted by key (then index): an expert enters
+// only above the K-th key, so an equal key leaves the lower index in.
+template <typename T, typename Scores>
+ATTNRES_HD void moe_top_k(const Scores& score, const T* bias, long long E, int K, int* idx,
+                          T* chosen, T* key) {
+  int n = 0;
+  for (long long e = 0; e < E; ++e) {
+    const T s = score(e), k = s + (bias ? bias[e] : T(0));
+    if (n == K && !(k > key[K - 1])) continue;
+    int p = n < K ? n++ : K - 1;  // the end, or the evicted K-th's place
+    for (; p > 0 && k > key[p - 1]; --p) {
+      key[p] = key[p - 1];
+      idx[p] = idx[p - 1];
+      chosen[p] = chosen[p - 1];
+    }
+    key[p] = k;
+    idx[p] = static_cast<int>(e);
+    chosen[p] = s;
+  }
+  for (int i = 1; i < K; ++i)  // ascending index: the order the outputs are added in
+    for (int p = i; p > 0 && idx[p] < idx[p - 1]; --p) {
+      const int ti = idx[p];
+      idx[p] = idx[p - 1], idx[p - 1] = ti;
+      const T ts = chosen[p];
+      chosen[p] = chosen[p - 1], chosen[p - 1] = ts;
+    }
+}
+
 // A MoE token's gate weights g_j = scale s_j / sum_i s_i over its K chosen
-// experts' scores s (kernels/moe.h), and their backward: from dL/dg to
+// experts' scores s (kernels/moe.h), in the order given.
+template <typename T>
+ATTNRES_HD void moe_gates(const T* s, int K, T scale, T* g) {
+  T sum = T(0);
+  for (int j = 0; j < K; ++j) sum += s[j];
+  for (int j = 0; j < K; ++j) g[j] = scale * s[j] / sum;
+}
+
+// Their backward: from dL/dg to
 // dL/dr_j, r the router logits. Sigmoid scores: ds_j = scale / sum (dg_j -
 // sum_i dg_i s_i / sum), times s_j (1 - s_j). Softmax scores renormalised
 // over the chosen are a softmax over the chosen logits, g = scale q: dr_j =

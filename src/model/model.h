@@ -285,6 +285,7 @@ class Model {
   void moe_output(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const;
   Tensor moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double loss_scale);
   kernels::MoeRouteOptions moe_route_options(int64_t N) const;
+  Tensor stat_copy(const Tensor& t) const;  // t itself, or converted to the statistics' dtype
   Tensor new_act(int64_t rows, int64_t cols) const;    // uninitialised activations
   Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
   Tensor new_stat(const Shape& shape) const;           // fp32 (fp64) statistics

@@ -527,6 +527,11 @@ void Config::validate() const {
            " ranks (pipeline = ", parallel.pipeline, ", data = ", parallel.data,
            ") captures their communication too, which parallel.transport = \"mpi\" cannot (the "
            "host drives its transfers): use \"nccl\" or \"auto\", or cuda_graphs = false");
+    if (model.has_moe())
+      fail("config key training.cuda_graphs: true with model.moe: a MoE layer's expert GEMMs are "
+           "sized by the routing, which the host reads back each microbatch (and a dropless "
+           "layer's sizes change from step to step), so its step cannot be one captured graph; "
+           "use false or \"auto\"");
   }
   if (training.device == Device::CUDA && !cuda::compiled())
     fail("config key training.device: \"cuda\", but this build has no CUDA backend (nvcc was not "

@@ -24,6 +24,9 @@ unknown MoE router|model.moe.router|, "top_k": 2, "router": "relu"
 unknown MoE balance|model.moe.balance|, "top_k": 2, "balance": "loss"
 negative capacity factor|model.moe.capacity_factor|, "top_k": 2, "capacity_factor": -1
 CASES
+expect_error "CUDA graphs over MoE layers" "training.cuda_graphs: true with model.moe" "$BIN" train \
+  base.json --training.device=cuda --training.cuda_graphs=true \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16}'
 expect_error "missing config file" "nope.json" "$BIN" train nope.json
 echo '{"model": {' > broken.json
 expect_error "config not JSON" "broken.json" "$BIN" train broken.json

@@ -28,8 +28,23 @@ ModelConfig full_deep_wide(int64_t layers, int64_t d) {
   return testing::resized(testing::tiny(ResidualMode::Full, 0, 0, false, layers), 97, d, d / 16,
                           d / 32, 96);
 }
+// Mixture-of-experts layers on the small model (experts of width 32).
+ModelConfig moe(ModelConfig c, int64_t experts, int64_t top_k, int64_t shared,
+                kernels::MoeRouter router, model::MoeBalance balance, double capacity) {
+  c = testing::with_moe(c, experts, top_k, shared, 1, router, balance);
+  c.moe.expert_d_ff = 32;
+  c.moe.capacity_factor = capacity;
+  c.validate();
+  return c;
+}
 std::vector<Case> cases() {
   return {{"baseline", small(ResidualMode::Baseline)},
+          {"block S=2, MoE (sigmoid, a shared expert, aux-free bias)",
+           moe(small(ResidualMode::Block, 2), 4, 2, 1, kernels::MoeRouter::Sigmoid,
+               model::MoeBalance::AuxFree, 0)},
+          {"full, MoE (softmax, aux loss, a capacity that drops)",
+           moe(small(ResidualMode::Full), 6, 3, 0, kernels::MoeRouter::Softmax,
+               model::MoeBalance::AuxLoss, 1.0)},
           {"full", small(ResidualMode::Full)},
           {"full, 6 layers (Mix groups of 4)", full_deep_wide(6, 64)},
           {"full, d = 1280 (block-mode Mix rows)", full_deep_wide(2, 1280)},

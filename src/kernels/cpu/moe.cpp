@@ -15,70 +15,26 @@ constexpr int64_t kParallelMin = 1 << 14;
 // Token t's scores over the E experts: sigmoid(r), or softmax(r).
 template <typename T>
 void scores_of(T* s, const T* r, int64_t E, bool sigmoid_router) {
-  if (sigmoid_router) {
-    for (int64_t e = 0; e < E; ++e) s[e] = math::sigmoid(r[e]);
-    return;
-  }
-  T m = r[0], sum = T(0);
-  for (int64_t e = 1; e < E; ++e) m = std::max(m, r[e]);
-  for (int64_t e = 0; e < E; ++e) sum += (s[e] = std::exp(r[e] - m));
-  for (int64_t e = 0; e < E; ++e) s[e] /= sum;
+  const math::MoeScores<T> score(r, E, sigmoid_router);
+  for (int64_t e = 0; e < E; ++e) s[e] = score(e);
 }
 
 }  // namespace
 
 template <typename T>
-void moe_route(const T* logits, const T* bias, int64_t N, int64_t E, const MoeRouteOptions& opt,
-               int32_t* expert, T* gate, int32_t* row, std::vector<int32_t>& token,
-               std::vector<int64_t>& offsets, std::vector<int64_t>& load, int64_t& dropped) {
-  const int64_t K = opt.top_k;
+void moe_choose(const T* logits, const T* bias, int64_t N, int64_t E, const MoeRouteOptions& opt,
+                int32_t* expert, T* gate) {
+  const int K = static_cast<int>(opt.top_k);
   const bool sig = opt.router == MoeRouter::Sigmoid;
-  // The choice and the gate weights: each token on its own.
 #pragma omp parallel if (N * E >= kParallelMin)
   {
-    std::vector<T> s(static_cast<size_t>(E)), key(static_cast<size_t>(E));
-    std::vector<int32_t> idx(static_cast<size_t>(E));
+    std::vector<T> chosen(static_cast<size_t>(K)), key(static_cast<size_t>(K));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < N; ++t) {
-      scores_of(s.data(), logits + t * E, E, sig);
-      for (int64_t e = 0; e < E; ++e) key[e] = s[e] + (bias ? bias[e] : T(0));
-      std::iota(idx.begin(), idx.end(), 0);
-      // The K largest keys, ties to the lower index; then in ascending index.
-      std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
-        return key[a] > key[b] || (key[a] == key[b] && a < b);
-      });
-      std::sort(idx.begin(), idx.begin() + K);
-      T sum = T(0);
-      for (int64_t j = 0; j < K; ++j) sum += s[idx[j]];
-      for (int64_t j = 0; j < K; ++j) {
-        expert[t * K + j] = idx[j];
-        gate[t * K + j] = static_cast<T>(opt.scale) * s[idx[j]] / sum;
-      }
+      const math::MoeScores<T> score(logits + t * E, E, sig);
+      math::moe_top_k(score, bias, E, K, expert + t * K, chosen.data(), key.data());
+      math::moe_gates(chosen.data(), K, static_cast<T>(opt.scale), gate + t * K);
     }
-  }
-  // Capacity and the permutation, in token order: who is dropped depends on
-  // the order, so one pass over the slots decides it.
-  load.assign(static_cast<size_t>(E), 0);
-  std::vector<int64_t> kept(static_cast<size_t>(E), 0);
-  dropped = 0;
-  for (int64_t i = 0; i < N * K; ++i) {
-    const int32_t e = expert[i];
-    ++load[e];
-    if (opt.capacity > 0 && kept[e] >= opt.capacity) {
-      row[i] = -1;
-      gate[i] = T(0);
-      ++dropped;
-    } else {
-      row[i] = static_cast<int32_t>(kept[e]++);  // its index within e, for now
-    }
-  }
-  offsets.assign(static_cast<size_t>(E + 1), 0);
-  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + kept[e];
-  token.assign(static_cast<size_t>(offsets[E]), 0);
-  for (int64_t i = 0; i < N * K; ++i) {
-    if (row[i] < 0) continue;
-    row[i] = static_cast<int32_t>(offsets[expert[i]] + row[i]);
-    token[row[i]] = static_cast<int32_t>(i / K);
   }
 }
 
@@ -211,9 +167,8 @@ void moe_combine_backward(T* dy, T* dgate, const T* dout, const T* y, const T* g
 }
 
 #define ATTNRES_MOE_INSTANTIATE(T)                                                              \
-  template void moe_route<T>(const T*, const T*, int64_t, int64_t, const MoeRouteOptions&,      \
-                             int32_t*, T*, int32_t*, std::vector<int32_t>&,                     \
-                             std::vector<int64_t>&, std::vector<int64_t>&, int64_t&);           \
+  template void moe_choose<T>(const T*, const T*, int64_t, int64_t, const MoeRouteOptions&,      \
+                             int32_t*, T*);                                                     \
   template void moe_route_backward<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, \
                                       const MoeRouteOptions&);                                  \
   template double moe_balance<T>(const T*, const std::vector<int64_t>&, int64_t, int64_t,       \

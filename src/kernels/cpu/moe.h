@@ -8,12 +8,11 @@
 
 namespace attnres::kernels::cpu {
 
-// The choice, gate weights and permutation of N tokens over E experts:
-// expert, gate, row [N, K]; token [M], offsets [E + 1], load [E], dropped.
+// The choice and gate weights of N tokens over E experts: expert, gate [N, K]
+// (before the capacity: kernels/moe.cpp's moe_assign_rows applies it).
 template <typename T>
-void moe_route(const T* logits, const T* bias, int64_t N, int64_t E, const MoeRouteOptions& opt,
-               int32_t* expert, T* gate, int32_t* row, std::vector<int32_t>& token,
-               std::vector<int64_t>& offsets, std::vector<int64_t>& load, int64_t& dropped);
+void moe_choose(const T* logits, const T* bias, int64_t N, int64_t E, const MoeRouteOptions& opt,
+                int32_t* expert, T* gate);
 
 template <typename T>
 void moe_route_backward(T* dlogits, const T* dgate, const T* logits, const int32_t* expert,
