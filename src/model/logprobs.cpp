@@ -48,7 +48,7 @@ std::vector<double> Model::head_logprobs(const DepthState& st, const std::vector
   }
   // The selected rows of h (a row gather is an embedding lookup with h as
   // the table), in the dtype of the full-precision output weights. A ZeRO-1
-  // bf16 run keeps only its slice of the fp32 masters (AdamW::
+  // bf16 run keeps only its slice of the fp32 masters (Optimizer::
   // take_master_slices): there the bf16 weights the forward used are widened
   // to fp32 for this pass, so the logits are fp32 in every run.
   const Tensor& w = w_.lm_head->weights();

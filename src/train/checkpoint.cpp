@@ -276,7 +276,7 @@ std::string model_differences(const std::string& prefix, const json& have, const
 
 TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& model,
                            const std::vector<model::ParamTable*>& tables,
-                           const std::vector<AdamW*>& opts,
+                           const std::vector<Optimizer*>& opts,
                            const std::vector<model::ParamTable*>& state, bool verify) {
   ATTNRES_CHECK(tables.size() == opts.size(), "load_checkpoint: ", tables.size(), " tables, ",
                 opts.size(), " optimizers");

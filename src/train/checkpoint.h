@@ -60,7 +60,7 @@ std::map<std::string, std::string> checkpoint_weight_map(const std::string& dir,
 // (another rank verified them).
 TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& model,
                            const std::vector<model::ParamTable*>& tables,
-                           const std::vector<AdamW*>& opts,
+                           const std::vector<Optimizer*>& opts,
                            const std::vector<model::ParamTable*>& state, bool verify = true);
 
 // Load weights only, from a safetensors file or a checkpoint directory (model.init_from,

@@ -62,6 +62,11 @@ struct Names<model::MoeBalance> {
       {model::MoeBalance::None, model::moe_balance_name(model::MoeBalance::None)}};
 };
 template <>
+struct Names<OptimizerType> {
+  static constexpr EnumName<OptimizerType> all[] = {{OptimizerType::AdamW, "adamw"},
+                                                    {OptimizerType::Muon, "muon"}};
+};
+template <>
 struct Names<ScheduleType> {
   static constexpr EnumName<ScheduleType> all[] = {
       {ScheduleType::Constant, "constant"}, {ScheduleType::Cosine, "cosine"}, {ScheduleType::Wsd, "wsd"}};
@@ -120,7 +125,7 @@ E parse_name(const std::string& name, const std::string& where) {
 }
 template <typename E>
 constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> || std::is_same_v<E, model::Recompute> ||
-                               std::is_same_v<E, ScheduleType> || std::is_same_v<E, TransportKind> ||
+                               std::is_same_v<E, ScheduleType> || std::is_same_v<E, OptimizerType> || std::is_same_v<E, TransportKind> ||
                                std::is_same_v<E, Logits> ||
                                std::is_same_v<E, kernels::AttentionKernel> ||
                                std::is_same_v<E, CudaGraphs> ||
@@ -195,6 +200,8 @@ void for_each_key(C& c, V&& v) {
     KeySpec{"0: dropless; c > 0: an expert takes ceil(c N K / E) of a microbatch's N tokens, "
             "later slots dropped", Check::NonNegativeReal});
   auto& o = c.optimizer;
+  v("optimizer.type", o.type,
+    KeySpec{"`adamw`, or `muon`: Muon for the 2-D weights inside the layers, AdamW for the rest"});
   v("optimizer.lr", o.lr, KeySpec{"peak learning rate", Check::PositiveReal});
   v("optimizer.beta1", o.beta1, KeySpec{"AdamW beta1", Check::OpenFraction});
   v("optimizer.beta2", o.beta2, KeySpec{"AdamW beta2", Check::OpenFraction});
@@ -202,6 +209,7 @@ void for_each_key(C& c, V&& v) {
   v("optimizer.weight_decay", o.weight_decay,
     KeySpec{"decoupled decay, tensors with >= 2 dims only", Check::NonNegativeReal});
   v("optimizer.grad_clip", o.grad_clip, KeySpec{"global-norm clip; 0 disables", Check::NonNegativeReal});
+  v("optimizer.momentum", o.momentum, KeySpec{"Muon's Nesterov momentum", Check::OpenFraction});
   auto& sc = c.schedule;
   v("schedule.type", sc.type, KeySpec{"`constant`, `cosine` or `wsd`"});
   v("schedule.warmup_steps", sc.warmup_steps, KeySpec{"linear warmup: lr (k+1)/W", Check::NonNegative});
@@ -552,6 +560,10 @@ void Config::validate() const {
   if (parallel.virtual_stages > 1 && parallel.pipeline == 1)
     fail("config key parallel.virtual_stages: ", parallel.virtual_stages,
          " virtual stages need parallel.pipeline > 1 (they interleave chunks across pipeline ranks)");
+  if (optimizer.type == OptimizerType::Muon && parallel.zero == 1)
+    fail("config key optimizer.type: \"muon\" with parallel.zero = 1 is not supported yet (each "
+         "matrix's Newton-Schulz needs its whole gradient on one owner replica, which ZeRO-1's "
+         "element slices do not give); use parallel.zero = 0");
   if (parallel.zero > 1)
     fail("config key parallel.zero: 0 (replicated optimizer state) or 1 (ZeRO-1), got ",
          parallel.zero);

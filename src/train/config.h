@@ -19,6 +19,9 @@ namespace attnres::train {
 using json = nlohmann::json;
 
 enum class ScheduleType { Constant, Cosine, Wsd };
+// optimizer.type (docs/model.md section 4): AdamW for every tensor, or Muon for
+// the 2-D weights inside the transformer layers and AdamW for the rest.
+enum class OptimizerType { AdamW, Muon };
 // training.logits: the dtype of the LM head's logits (kernels/cross_entropy.h).
 // Auto: bf16 in a bf16 run, fp32 in an fp32 run; F32: fp32 logits in any run
 // (the reference a bf16-logit run is compared with); BF16: bf16 logits, only
@@ -35,7 +38,9 @@ enum class CudaGraphs { Auto, On, Off };
 using parallel::TransportKind;
 
 struct OptimizerConfig {
+  OptimizerType type = OptimizerType::AdamW;
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
+  double momentum = 0.95;  // Muon's
 };
 struct ScheduleConfig {
   ScheduleType type = ScheduleType::Cosine;

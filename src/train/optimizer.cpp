@@ -5,13 +5,14 @@
 #include <unordered_map>
 
 #include "kernels/adamw.h"
+#include "kernels/muon.h"
 #include "kernels/reduce.h"
 
 namespace attnres::train {
 
 namespace kern = attnres::kernels;
 
-AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg,
+Optimizer::Optimizer(model::ParamTable& params, const OptimizerConfig& cfg,
              const parallel::ZeroShard* shard)
     : params_(params), cfg_(cfg), shard_(shard) {
   // Moments in the precision of the weights the optimizer updates (fp32
@@ -24,12 +25,24 @@ AdamW::AdamW(model::ParamTable& params, const OptimizerConfig& cfg,
   for (size_t i = 0; i < ps.size(); ++i) {
     const Tensor& w = ps[i].weights();
     const Shape shape = shard_ ? Shape{shard_->owned()[i].size()} : w.shape();
-    m_.push_back(Tensor::zeros(shape, w.dtype(), w.device()));
-    v_.push_back(Tensor::zeros(shape, w.dtype(), w.device()));
+    muon_.push_back(cfg_.type == OptimizerType::Muon && takes_muon(ps[i]));
+    ATTNRES_CHECK(!(shard_ && muon_.back()), "Muon with a ZeRO-1 shard (config validation refuses it)");
+    m_.push_back(Tensor::zeros(shape, w.dtype(), w.device()));  // Muon: the momentum buffer
+    v_.push_back(muon_.back() ? Tensor() : Tensor::zeros(shape, w.dtype(), w.device()));
   }
 }
 
-void AdamW::take_master_slices() {
+bool Optimizer::takes_muon(const model::Param& p) {
+  // The 2-D weights inside the transformer layers: q, k, v, o, the MLP's
+  // gate, up and down, each routed and shared expert's; not the routers
+  // (mlp.gate.weight), nor the embedding, head, norm gains and depth queries.
+  const std::string router = "mlp.gate.weight";
+  return p.trainable && p.value.ndim() == 2 && p.name.rfind("model.layers.", 0) == 0 &&
+         !(p.name.size() >= router.size() &&
+           p.name.compare(p.name.size() - router.size(), router.size(), router) == 0);
+}
+
+void Optimizer::take_master_slices() {
   auto& ps = params_.all();
   if (!shard_ || !master_.empty() ||
       std::none_of(ps.begin(), ps.end(), [](const model::Param& p) { return p.master.defined(); }))
@@ -41,13 +54,14 @@ void AdamW::take_master_slices() {
   }
 }
 
-int64_t AdamW::state_bytes() const {
+int64_t Optimizer::state_bytes() const {
   int64_t b = 0;
-  for (size_t i = 0; i < m_.size(); ++i) b += static_cast<int64_t>(m_[i].nbytes() + v_[i].nbytes());
+  for (size_t i = 0; i < m_.size(); ++i)
+    b += static_cast<int64_t>(m_[i].nbytes() + (v_[i].defined() ? v_[i].nbytes() : 0));
   return b;
 }
 
-double AdamW::grad_norm() const {
+double Optimizer::grad_norm() const {
   std::vector<Tensor> grads;
   for (const auto& p : params_.all()) grads.push_back(p.grad);
   double sq = 0;
@@ -55,7 +69,7 @@ double AdamW::grad_norm() const {
   return std::sqrt(sq);
 }
 
-void AdamW::step(double lr, double norm) {
+void Optimizer::step(double lr, double norm) {
   // Clipping scales the gradients inside the update (no pass of its own).
   const double clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip ? cfg_.grad_clip / (norm + 1e-6)
                                                                    : 1.0;
@@ -68,6 +82,7 @@ void AdamW::step(double lr, double norm) {
   views.reserve(3 * ps.size());
   for (size_t i = 0; i < ps.size(); ++i) {
     model::Param& p = ps[i];
+    if (muon_[i]) continue;  // below
     Tensor* w = &p.weights();
     const Tensor* g = &p.grad;
     Tensor* lowp = p.master.defined() ? &p.value : nullptr;
@@ -82,17 +97,25 @@ void AdamW::step(double lr, double norm) {
     all.push_back({w, g, &m_[i], &v_[i], p.decay, lowp});
   }
   kern::adamw_update_each(all, st);
+  // Muon, one matrix at a time (each Newton-Schulz sees its whole gradient).
+  const kern::MuonStep ms{lr, cfg_.momentum, cfg_.weight_decay, clip};
+  for (size_t i = 0; i < ps.size(); ++i)
+    if (muon_[i])
+      kern::muon_update(ps[i].weights(), ps[i].grad, m_[i], ms,
+                        ps[i].master.defined() ? &ps[i].value : nullptr);
 }
 
-std::vector<NamedTensor> AdamW::state_tensors() const {
+std::vector<NamedTensor> Optimizer::state_tensors() const {
   std::vector<NamedTensor> out;
   const auto& ps = params_.all();
-  for (size_t i = 0; i < ps.size(); ++i) out.push_back({first_moment_name(ps[i].name), m_[i]});
-  for (size_t i = 0; i < ps.size(); ++i) out.push_back({second_moment_name(ps[i].name), v_[i]});
+  for (size_t i = 0; i < ps.size(); ++i)
+    out.push_back({muon_[i] ? momentum_name(ps[i].name) : first_moment_name(ps[i].name), m_[i]});
+  for (size_t i = 0; i < ps.size(); ++i)
+    out.push_back({muon_[i] ? std::string() : second_moment_name(ps[i].name), v_[i]});
   return out;
 }
 
-void AdamW::load_state_tensors(const std::vector<NamedTensor>& tensors, const std::string& source) {
+void Optimizer::load_state_tensors(const std::vector<NamedTensor>& tensors, const std::string& source) {
   std::unordered_map<std::string, const Tensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t.tensor;
   const auto& ps = params_.all();
@@ -107,6 +130,10 @@ void AdamW::load_state_tensors(const std::vector<NamedTensor>& tensors, const st
     dst.copy_from(shard_ ? shard_->owned_view(i, whole) : whole);
   };
   for (size_t i = 0; i < ps.size(); ++i) {
+    if (muon_[i]) {
+      load(i, ps[i], momentum_name(ps[i].name), m_[i]);
+      continue;
+    }
     load(i, ps[i], first_moment_name(ps[i].name), m_[i]);
     load(i, ps[i], second_moment_name(ps[i].name), v_[i]);
   }

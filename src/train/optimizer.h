@@ -1,4 +1,6 @@
-// AdamW over a ParamTable, with global-norm gradient clipping (docs/model.md section 4).
+// The optimizer over a ParamTable (docs/model.md section 4): AdamW, or Muon for
+// the 2-D weights inside the layers and AdamW for the rest (optimizer.type),
+// with global-norm gradient clipping.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,12 +13,12 @@
 
 namespace attnres::train {
 
-class AdamW {
+class Optimizer {
  public:
   // `shard` (ZeRO-1, parallel/zero.h): the optimizer keeps moments for, and
   // updates, only the elements of each parameter this replica owns; nullptr:
   // all of them.
-  AdamW(model::ParamTable& params, const OptimizerConfig& cfg,
+  Optimizer(model::ParamTable& params, const OptimizerConfig& cfg,
         const parallel::ZeroShard* shard = nullptr);
 
   // Global L2 norm of all gradients (deterministic, accumulated in double).
@@ -32,6 +34,8 @@ class AdamW {
 
   // First/second moments as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>"):
   // entry i is parameter i's first moment, entry n + i its second (n parameters).
+  // A Muon matrix has its momentum buffer ("momentum_buffer.<param>") at i and
+  // nothing at n + i (an undefined tensor, no name).
   // Sharded: each is the owned part only, flat (Runtime::all_gather_owned
   // makes them whole).
   std::vector<NamedTensor> state_tensors() const;
@@ -51,6 +55,9 @@ class AdamW {
   int64_t state_bytes() const;
   static std::string first_moment_name(const std::string& param) { return "exp_avg." + param; }
   static std::string second_moment_name(const std::string& param) { return "exp_avg_sq." + param; }
+  static std::string momentum_name(const std::string& param) { return "momentum_buffer." + param; }
+  // Whether optimizer.type = muon updates p with Muon (else AdamW).
+  static bool takes_muon(const model::Param& p);
   // Restore from whole moments (a checkpoint's; a sharded optimizer takes its
   // part); every moment must be present with the right shape, else the error
   // names the missing/mismatched tensor and `source`.
@@ -60,7 +67,8 @@ class AdamW {
   model::ParamTable& params_;
   OptimizerConfig cfg_;
   const parallel::ZeroShard* shard_;
-  std::vector<Tensor> m_, v_;
+  std::vector<Tensor> m_, v_;  // AdamW's moments; a Muon matrix's momentum in m_
+  std::vector<bool> muon_;     // per parameter: updated by Muon
   std::vector<Tensor> master_;  // see master_slices()
   int64_t t_ = 0;
 };

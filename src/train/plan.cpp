@@ -136,10 +136,10 @@ ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int s
   ro.recompute = cfg.training.recompute;
   parallel::Runtime rt(grid, cfg.model, DType::F32, Device::CPU, ro, B, T);
   auto& rm = rt.model();
-  std::vector<std::unique_ptr<AdamW>> opts;
+  std::vector<std::unique_ptr<Optimizer>> opts;
   for (int v = 0; v < rm.size(); ++v) {
     rm.chunk(v).params().init(cfg.training.seed);
-    opts.push_back(std::make_unique<AdamW>(rm.chunk(v).params(), cfg.optimizer));
+    opts.push_back(std::make_unique<Optimizer>(rm.chunk(v).params(), cfg.optimizer));
   }
   auto random_ids = [&](uint64_t stream) {
     Tensor t = Tensor::empty({B * T}, DType::I32);

@@ -12,7 +12,7 @@ Stepper::Stepper(const parallel::ProcessGrid& grid, const Config& cfg,
     rm.chunk(v).set_logits(logit_dtype(tc.logits, tc.precision));
     rm.chunk(v).set_attention_kernel(tc.attention_kernel);
     // AdamW takes the table's shapes; its moments start at zero.
-    opts_.push_back(std::make_unique<AdamW>(rm.chunk(v).params(), cfg.optimizer, rt_->zero_shard(v)));
+    opts_.push_back(std::make_unique<Optimizer>(rm.chunk(v).params(), cfg.optimizer, rt_->zero_shard(v)));
   }
 }
 
@@ -28,8 +28,8 @@ std::vector<model::ParamTable*> Stepper::state_tables() {
   return out;
 }
 
-std::vector<AdamW*> Stepper::optimizers() {
-  std::vector<AdamW*> out;
+std::vector<Optimizer*> Stepper::optimizers() {
+  std::vector<Optimizer*> out;
   for (auto& o : opts_) out.push_back(o.get());
   return out;
 }

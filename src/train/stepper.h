@@ -27,7 +27,7 @@ class Stepper {
   // Per local chunk: its parameter table and its optimizer, and its model
   // state (Model::state: no optimizer).
   std::vector<model::ParamTable*> tables();
-  std::vector<AdamW*> optimizers();
+  std::vector<Optimizer*> optimizers();
   std::vector<model::ParamTable*> state_tables();
   // docs/model.md section 3, from the seed (every chunk: its own tensors).
   void init_weights(uint64_t seed);
@@ -45,7 +45,7 @@ class Stepper {
 
  private:
   std::unique_ptr<parallel::Runtime> rt_;
-  std::vector<std::unique_ptr<AdamW>> opts_;  // one per local chunk
+  std::vector<std::unique_ptr<Optimizer>> opts_;  // one per local chunk
 };
 
 }  // namespace attnres::train

@@ -160,8 +160,9 @@ std::unordered_map<std::string, size_t> checkpoint_order(const model::ModelConfi
   const auto shapes = model::param_shapes(m);
   for (size_t i = 0; i < shapes.size(); ++i) {
     order[shapes[i].name] = i;
-    order[AdamW::first_moment_name(shapes[i].name)] = i;
-    order[AdamW::second_moment_name(shapes[i].name)] = shapes.size() + i;
+    order[Optimizer::first_moment_name(shapes[i].name)] = i;
+    order[Optimizer::second_moment_name(shapes[i].name)] = shapes.size() + i;
+    order[Optimizer::momentum_name(shapes[i].name)] = i;  // a Muon matrix's, instead of both
   }
   return order;
 }
@@ -403,14 +404,14 @@ void Engine::resume() {
     if (!resume_dir.empty()) verify_checkpoint(resume_dir);
   }
   grid_.world().bcast(resume_dir, 0);
-  const std::vector<AdamW*> opts = stepper_->optimizers();
+  const std::vector<Optimizer*> opts = stepper_->optimizers();
   if (!resume_dir.empty()) {
     // Checkpoints hold global tensor names: any layout loads any checkpoint.
     state_ = load_checkpoint(resume_dir, cfg_.model, stepper_->tables(), opts,
                              stepper_->state_tables(), /*verify=*/false);
     if (root_) spdlog::info("resumed from {} at step {}", resume_dir, state_.step);
   }
-  for (AdamW* opt : opts) opt->take_master_slices();  // ZeRO-1, bf16: the weights are final
+  for (Optimizer* opt : opts) opt->take_master_slices();  // ZeRO-1, bf16: the weights are final
   if (state_.step >= tc_.steps && root_)
     spdlog::warn("checkpoint is at step {} >= training.steps = {}: nothing to train", state_.step,
                  tc_.steps);
@@ -497,7 +498,7 @@ Engine::SaveParts Engine::save_parts() {
   };
   for (int v = 0; v < rm.size(); ++v) {
     const auto& all = rm.chunk(v).params().all();
-    const AdamW& opt = *opts[static_cast<size_t>(v)];
+    const Optimizer& opt = *opts[static_cast<size_t>(v)];
     auto state = opt.state_tensors();
     const auto& mine = owned[static_cast<size_t>(v)];
     std::vector<Tensor> master = opt.master_slices();
@@ -521,7 +522,8 @@ Engine::SaveParts Engine::save_parts() {
       else
         add(weights, all[i].name, master[i], all[i], shard, i);
       add(moments, state[i].name, state[i].tensor, all[i], shard, i);
-      add(moments, state[all.size() + i].name, state[all.size() + i].tensor, all[i], shard, i);
+      if (state[all.size() + i].tensor.defined())  // none for a Muon matrix
+        add(moments, state[all.size() + i].name, state[all.size() + i].tensor, all[i], shard, i);
     }
     // The model state (the MoE routers' biases) is whole and the same on
     // every replica: replica 0 writes it, with the weights.

@@ -62,7 +62,7 @@ std::vector<double> train_losses(model::Model& m, int steps, int64_t A, int64_t 
                                  bool repeat = false) {
   train::OptimizerConfig oc;
   oc.lr = m.config().d_model > 256 ? 3e-4 : 3e-3;
-  train::AdamW opt(m.params(), oc);
+  train::Optimizer opt(m.params(), oc);
   std::vector<double> losses;
   const int64_t V = m.config().vocab_size;
   for (int k = 0; k < steps; ++k) {

@@ -75,7 +75,7 @@ struct Reference {
 Reference single_process(const model::ModelConfig& cfg, int64_t A, int64_t D, DType dtype) {
   model::Model m(cfg, dtype);
   m.params().init(5);
-  train::AdamW opt(m.params(), optimizer());
+  train::Optimizer opt(m.params(), optimizer());
   Reference ref;
   const double scale = 1.0 / static_cast<double>(A * D * kB * kT);
   for (int64_t k = 0; k < kSteps; ++k) {
@@ -165,10 +165,10 @@ void check_layout(const Layout& L) {
     ro.recompute = L.recompute;
     ro.zero = L.zero;
     parallel::Runtime rt(grid, cfg, L.dtype, Device::CPU, ro, kB, kT);
-    std::vector<std::unique_ptr<train::AdamW>> opts;
+    std::vector<std::unique_ptr<train::Optimizer>> opts;
     for (int v = 0; v < rt.model().size(); ++v) {
       rt.model().chunk(v).params().init(5);
-      opts.push_back(std::make_unique<train::AdamW>(rt.model().chunk(v).params(), optimizer(),
+      opts.push_back(std::make_unique<train::Optimizer>(rt.model().chunk(v).params(), optimizer(),
                                                     rt.zero_shard(v)));
       // ZeRO-1: this replica holds 1/D of the chunk's AdamW state (up to
       // the padding of the flat space to a multiple of D).

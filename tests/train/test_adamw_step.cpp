@@ -1,4 +1,4 @@
-// train::AdamW::step (clipping factor, the weight-decay mask, ZeRO-1 slices)
+// train::Optimizer::step (clipping factor, the weight-decay mask, ZeRO-1 slices)
 // against an independent reference: PyTorch's torch.nn.utils.clip_grad_norm_
 // followed by torch.optim.AdamW, written out below in plain double-precision
 // C++ from their documented algorithms and docs/model.md section 4, sharing no
@@ -209,14 +209,14 @@ void run_scenario(DType dt, const train::OptimizerConfig& oc, int D) {
     for (size_t i = 0; i < ref.size(); ++i) set_values(tables[r].all()[i].weights(), ref[i].p);
   }
   std::vector<std::unique_ptr<parallel::ZeroShard>> shards;
-  std::vector<std::unique_ptr<train::AdamW>> opts;
+  std::vector<std::unique_ptr<train::Optimizer>> opts;
   for (int r = 0; r < replicas; ++r) {
     if (D > 0) {
       std::vector<model::Param*> ps;
       for (auto& p : tables[r].all()) ps.push_back(&p);
       shards.push_back(std::make_unique<parallel::ZeroShard>(ps, D, r));
     }
-    opts.push_back(std::make_unique<train::AdamW>(tables[r], oc, D > 0 ? shards[r].get() : nullptr));
+    opts.push_back(std::make_unique<train::Optimizer>(tables[r], oc, D > 0 ? shards[r].get() : nullptr));
   }
   const std::vector<std::vector<double>> start = [&] {
     std::vector<std::vector<double>> s;
