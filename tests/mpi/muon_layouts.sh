@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# optimizer.type = "muon" under mpirun equals the single process, as AdamW
+# does (tests/mpi/train_exact.sh): every replica and stage runs each of its
+# matrices' Newton-Schulz on the whole summed gradient, so pipelines that keep
+# every sum in the single-process order are bit for bit (metrics and
+# checkpoints, momentum buffers included), and cached interleaving and data
+# parallelism within relative 1e-5. A dense Block model and a MoE model
+# (experts take Muon, routers AdamW). A run stopped at step 4 resumes bit for
+# bit on its own layout and within 1e-5 on another; a resume that changes the
+# optimizer type is refused naming the missing state; ZeRO-1 is refused.
+source "$(dirname "$0")/lib.sh"
+make_corpus
+write_mpi_config
+
+mu=(--optimizer.type=muon --optimizer.momentum=0.9)
+models=("" '--model.moe={"experts": 4, "top_k": 2, "shared_experts": 1, "expert_d_ff": 24}')
+for model in "${models[@]}"; do
+  echo "== ${model:-dense}"
+  m=("${mu[@]}"); [[ -n $model ]] && m+=("$model")
+  rm -rf ck_1 run_1
+  "$BIN" train base.json --checkpoint.dir=ck_1 --run.dir=run_1 "${m[@]}" 2>log_1.txt \
+    || { cat log_1.txt; fail "single process"; }
+  python3 - ck_1/step_00000008 <<'PY' || fail "the checkpoint's optimizer state is not Muon's"
+import glob, json, struct, sys
+names = set()
+for f in glob.glob(sys.argv[1] + "/*.safetensors"):
+    with open(f, "rb") as h:
+        n = struct.unpack("<Q", h.read(8))[0]
+        names |= set(json.loads(h.read(n)))
+assert "momentum_buffer.model.layers.0.self_attn.q_proj.weight" in names, sorted(names)[:8]
+assert "exp_avg.model.embed_tokens.weight" in names
+assert not any(n.startswith("exp_avg.model.layers.0.self_attn") for n in names)
+PY
+  for args in "--parallel.pipeline=4" "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false"; do
+    rm -rf ck_p run_p
+    np=$(echo "$args" | sed -E 's/.*pipeline=([0-9]+).*/\1/')
+    run_np "$np" "$BIN" train base.json --checkpoint.dir=ck_p --run.dir=run_p "${m[@]}" $args 2>log_p.txt \
+      || { cat log_p.txt; fail "mpirun $args"; }
+    diff <(strip_metrics run_1/metrics.jsonl) <(strip_metrics run_p/metrics.jsonl) \
+      || fail "$args: metrics differ from the single process"
+    "$BIN" inspect compare ck_1/step_00000008 ck_p/step_00000008 --rtol 0 >/dev/null \
+      || fail "$args: checkpoint tensors differ"
+    pass "$args: metrics and every checkpoint tensor bit-identical to the single process"
+  done
+  for args in "--parallel.pipeline=4 --parallel.virtual_stages=2" \
+              "--parallel.data=2 --training.grad_accum=2" \
+              "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2"; do
+    rm -rf ck_p run_p
+    P=1; [[ "$args" == *pipeline=* ]] && P=$(echo "$args" | sed -E 's/.*pipeline=([0-9]+).*/\1/')
+    D=1; [[ "$args" == *data=2* ]] && D=2
+    run_np $((P * D)) "$BIN" train base.json --checkpoint.dir=ck_p --run.dir=run_p "${m[@]}" $args \
+      2>log_p.txt || { cat log_p.txt; fail "mpirun $args"; }
+    compare_losses run_1/metrics.jsonl run_p/metrics.jsonl 1e-5 || fail "$args: losses differ"
+    "$BIN" inspect compare ck_1/step_00000008 ck_p/step_00000008 --rtol 1e-5 >/dev/null \
+      || fail "$args: final checkpoint differs"
+    pass "$args: equal to the single process within 1e-5"
+  done
+done
+
+# Resume: stopped at step 4, continued on the same layout (bit for bit) and
+# on another (within 1e-5).
+rm -rf ck_r run_r ck_s run_s
+"$BIN" train base.json --checkpoint.dir=ck_r --run.dir=run_r "${mu[@]}" --run.stop_after=4 2>log_r1.txt \
+  || { cat log_r1.txt; fail "the first half"; }
+cp -r ck_r ck_s
+cp -r run_r run_s
+"$BIN" train base.json --checkpoint.dir=ck_r --run.dir=run_r "${mu[@]}" --checkpoint.resume=auto \
+  2>log_r2.txt || { cat log_r2.txt; fail "the second half"; }
+"$BIN" train base.json --checkpoint.dir=ck_1d --run.dir=run_1d "${mu[@]}" 2>log_1d.txt \
+  || { cat log_1d.txt; fail "the dense single process again"; }
+diff <(strip_metrics run_1d/metrics.jsonl) <(strip_metrics run_r/metrics.jsonl) \
+  || fail "resumed: metrics differ from the uninterrupted run"
+"$BIN" inspect compare ck_1d/step_00000008 ck_r/step_00000008 --rtol 0 >/dev/null \
+  || fail "resumed: checkpoint differs from the uninterrupted run's"
+pass "stopped at step 4 and resumed: bit-identical to the uninterrupted run"
+run_np 2 "$BIN" train base.json --checkpoint.dir=ck_s --run.dir=run_s "${mu[@]}" \
+  --parallel.data=2 --training.grad_accum=2 --checkpoint.resume=auto 2>log_s.txt \
+  || { cat log_s.txt; fail "the second half on D = 2"; }
+grep -q "resumed from ck_s/step_00000004" log_s.txt || { cat log_s.txt; fail "did not resume from step 4"; }
+compare_losses run_1d/metrics.jsonl run_s/metrics.jsonl 1e-5 || fail "resumed on D = 2: losses differ"
+pass "stopped at step 4 in one process, resumed on D = 2: the uninterrupted run's losses within 1e-5"
+
+# The optimizer's state must match its type; ZeRO-1 is not there yet.
+expect_error "AdamW resuming Muon's checkpoint" "exp_avg.model.layers.0" "$BIN" train base.json \
+  --checkpoint.dir=ck_s --run.dir=run_t --checkpoint.resume=auto --training.steps=12
+expect_error "Muon with ZeRO-1" "optimizer.type" "$BIN" train base.json "${mu[@]}" --parallel.data=2 \
+  --training.grad_accum=2 --parallel.zero=1
+echo "all muon_layouts checks passed"
