@@ -41,7 +41,7 @@ int inspect_memory(const Args& args) {
         "usage: attnres inspect memory CONFIG.json [--gpu-memory GiB] [--json]\n"
         "                              [--section.key=value ...]\n"
         "  Bytes per pipeline rank of the config's layout: weights, fp32 master weights,\n"
-        "  gradients, AdamW state, activations (kept per microbatch x in flight under the\n"
+        "  gradients, optimizer state (AdamW: 2 moments, Muon: 1 buffer), activations (kept per microbatch x in flight under the\n"
         "  schedule, and the step's high-water, replayed from the model's allocations), total.\n"
         "  --gpu-memory G: does it fit in G GiB, and the largest model.n_layers and\n"
         "  training.micro_batch_size that would.");
@@ -76,7 +76,7 @@ int inspect_memory(const Args& args) {
               (long long)cfg.parallel.data, (long long)cfg.training.grad_accum,
               cfg.parallel.cache_blocks ? "cached blocks" : "naive");
   std::printf("\nMiB per rank  %9s %9s %9s %9s  %-24s %11s %10s\n", "weights", "master", "grads",
-              "AdamW", "kept/microbatch x held", "activations", "total");
+              "optimizer", "kept/microbatch x held", "activations", "total");
   for (const auto& r : ranks) {
     std::string chunks;
     for (size_t v = 0; v < r.kept_per_microbatch.size(); ++v) {

@@ -1,5 +1,6 @@
 #include "train/memory.h"
 
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -8,6 +9,7 @@
 #include "model/params.h"
 #include "parallel/layout.h"
 #include "parallel/schedule.h"
+#include "train/optimizer.h"
 
 namespace attnres::train {
 
@@ -256,15 +258,21 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       parts.layer_end = layout.layers(c).end;
       parts.embedding = c == 0;
       parts.head = c == C - 1;
-      int64_t n = 0;
-      for (const auto& s : model::param_shapes(m, parts)) n += s.numel();
+      // Optimizer state: AdamW's two moments per element, Muon's one buffer
+      // per element of the matrices it takes (optimizer.type = muon).
+      int64_t n = 0, state = 0;
+      const bool muon = cfg.optimizer.type == OptimizerType::Muon;
+      for (const auto& s : model::param_shapes(m, parts)) {
+        n += s.numel();
+        state += s.numel() * (muon && Optimizer::takes_muon(s.name, static_cast<int>(s.shape.size())) ? 4 : 8);
+      }
       // ZeRO-1: the optimizer keeps the moments (and in a bf16 run the fp32
       // masters) of its slice of the chunk's flat space only.
       const int64_t D = cfg.parallel.zero == 1 ? cfg.parallel.data : 1, slice = (n + D - 1) / D;
       r.weights += n * (bf16 ? 2 : 4);
       r.master += bf16 ? slice * 4 : 0;
       r.grads += n * 4;
-      r.optimizer += slice * 8;
+      r.optimizer += (state + D - 1) / D;
       replay[c] = chunk_model.replay(2 * parts.layer_begin, 2 * parts.layer_end, c == 0,
                                      c == C - 1);
       r.kept_per_microbatch.push_back(replay[c].kept);

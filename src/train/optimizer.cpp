@@ -32,14 +32,14 @@ Optimizer::Optimizer(model::ParamTable& params, const OptimizerConfig& cfg,
   }
 }
 
-bool Optimizer::takes_muon(const model::Param& p) {
+bool Optimizer::takes_muon(const std::string& name, int ndim) {
   // The 2-D weights inside the transformer layers: q, k, v, o, the MLP's
   // gate, up and down, each routed and shared expert's; not the routers
   // (mlp.gate.weight), nor the embedding, head, norm gains and depth queries.
   const std::string router = "mlp.gate.weight";
-  return p.trainable && p.value.ndim() == 2 && p.name.rfind("model.layers.", 0) == 0 &&
-         !(p.name.size() >= router.size() &&
-           p.name.compare(p.name.size() - router.size(), router.size(), router) == 0);
+  return ndim == 2 && name.rfind("model.layers.", 0) == 0 &&
+         !(name.size() >= router.size() &&
+           name.compare(name.size() - router.size(), router.size(), router) == 0);
 }
 
 void Optimizer::take_master_slices() {

@@ -56,8 +56,12 @@ class Optimizer {
   static std::string first_moment_name(const std::string& param) { return "exp_avg." + param; }
   static std::string second_moment_name(const std::string& param) { return "exp_avg_sq." + param; }
   static std::string momentum_name(const std::string& param) { return "momentum_buffer." + param; }
-  // Whether optimizer.type = muon updates p with Muon (else AdamW).
-  static bool takes_muon(const model::Param& p);
+  // Whether optimizer.type = muon updates p with Muon (else AdamW), by its
+  // name and number of dims.
+  static bool takes_muon(const std::string& name, int ndim);
+  static bool takes_muon(const model::Param& p) {
+    return p.trainable && takes_muon(p.name, p.value.ndim());
+  }
   // Restore from whole moments (a checkpoint's; a sharded optimizer takes its
   // part); every moment must be present with the right shape, else the error
   // names the missing/mismatched tensor and `source`.

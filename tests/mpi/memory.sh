@@ -59,4 +59,9 @@ check 1 $shape --model.residual.mode=full --model.residual.block_size=0 \
   --model.moe='{"experts": 6, "top_k": 3, "expert_d_ff": 40, "capacity_factor": 0.5, "dense_layers": 0}'
 # shellcheck disable=SC2086
 check 4 $shape --model.residual.mode=block "$moe" --parallel.pipeline=4 --parallel.virtual_stages=2
+# Muon's state: one buffer per element of the layers' matrices, AdamW's two for the rest.
+# shellcheck disable=SC2086
+check 1 $shape --model.residual.mode=block "$moe" --optimizer.type=muon
+# shellcheck disable=SC2086
+check 4 $shape --model.residual.mode=block --optimizer.type=muon --parallel.pipeline=4 --parallel.virtual_stages=2
 pass "inspect memory within 10% of the measured activation high-water, 1% of the resident state"
