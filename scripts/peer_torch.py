@@ -11,7 +11,8 @@ optimizer, schedule and clipping, so that its per-step losses equal the ones
 attnres writes to metrics.jsonl (within rounding: the test
 tests/cli/peer_torch.sh requires 1e-4 relative in fp32 on the CPU). What a
 PyTorch user would use, and this uses: nn.Linear / nn.Embedding modules,
-torch.optim.AdamW (fused=True on CUDA), torch.nn.utils.clip_grad_norm_, a
+torch.optim.AdamW (fused=True on CUDA), Muon with optimizer.type = "muon"
+(torch.optim.Muon where this torch has it), torch.nn.utils.clip_grad_norm_, a
 mixture-of-experts layer as a loop over experts with index_select / index_add, bf16
 autocast on CUDA when the config trains in bf16 (fp32 parameters, as autocast
 wants them), scaled_dot_product_attention, and torch.compile with --compile.
@@ -572,7 +573,86 @@ def adamw(model, opt_cfg, device):
         extra["fused"] = True
     opt = torch.optim.AdamW(groups, lr=opt_cfg["lr"], betas=(opt_cfg["beta1"], opt_cfg["beta2"]),
                             eps=opt_cfg["eps"], **extra)
-    return opt, ("fused" if extra else "default")
+    return opt, ("AdamW fused" if extra else "AdamW default")
+
+
+def takes_muon(name, p):
+    """optimizer.type = muon: the 2-D weights inside the layers but the routers."""
+    return p.dim() == 2 and name.startswith("model.layers.") and not name.endswith("mlp.gate.weight")
+
+
+class MuonFormula(torch.optim.Optimizer):
+    """Muon as docs/model.md section 4 writes it, for a torch without
+    torch.optim.Muon: Nesterov momentum, the Newton-Schulz quintic (transposed
+    when m > n), W = W (1 - lr wd) - lr 0.2 sqrt(max(m, n)) X."""
+
+    def __init__(self, params, lr, momentum, weight_decay):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @staticmethod
+    def orthogonalise(u):
+        a, b, c = 3.4445, -4.7750, 2.0315
+        x = u / (u.norm() + 1e-7)
+        tall = x.shape[0] > x.shape[1]
+        if tall:
+            x = x.T
+        for _ in range(5):
+            A = x @ x.T
+            x = a * x + (b * A + c * A @ A) @ x
+        return x.T if tall else x
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            mu, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
+                buf.mul_(mu).add_(p.grad)
+                x = self.orthogonalise(p.grad + mu * buf)
+                p.mul_(1 - lr * wd).add_(x, alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
+
+
+class Optimizers:
+    """Muon for the layers' matrices and AdamW for the rest, or AdamW alone:
+    step() and zero_grad() over both, param_groups for the learning rate."""
+
+    def __init__(self, opts):
+        self.opts = opts
+
+    @property
+    def param_groups(self):
+        return [g for o in self.opts for g in o.param_groups]
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+
+def muon(model, opt_cfg, device):
+    """torch.optim.Muon (adjust_lr_fn="match_rms_adamw") where this torch has it,
+    else the formula; AdamW for the rest, as adamw() sets it up."""
+    named = list(model.named_parameters())  # a tied embedding is listed once
+    matrices = [p for n, p in named if takes_muon(n, p)]
+    rest = [p for n, p in named if not takes_muon(n, p)]
+    kw = dict(lr=opt_cfg["lr"], momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"])
+    if hasattr(torch.optim, "Muon"):
+        m = torch.optim.Muon(matrices, nesterov=True, adjust_lr_fn="match_rms_adamw", **kw)
+        kind = "torch.optim.Muon + AdamW"
+    else:
+        m = MuonFormula(matrices, **kw)
+        kind = "Muon written out (this torch has no torch.optim.Muon) + AdamW"
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": opt_cfg["weight_decay"]},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    a = torch.optim.AdamW(groups, lr=opt_cfg["lr"], betas=(opt_cfg["beta1"], opt_cfg["beta2"]),
+                          eps=opt_cfg["eps"])
+    return Optimizers([m, a]), kind
 
 
 def train(args):
@@ -602,7 +682,8 @@ def train(args):
                          "the export")
     model.load_state_dict(weights, strict=True)
     model.to(device)
-    opt, kind = adamw(model, opt_cfg, device)
+    opt, kind = (muon(model, opt_cfg, device) if opt_cfg.get("type") == "muon"
+                 else adamw(model, opt_cfg, device))
     data = TokenUnits(cfg["data"]["train"], B, T, cfg["data"]["shuffle"], tc["seed"])
 
     forward = model
@@ -620,7 +701,7 @@ def train(args):
     attention = ("scaled_dot_product_attention" if HAVE_SDPA
                  else "written out (this torch has no scaled_dot_product_attention)")
     note(f"torch {torch.__version__} on {on}, {'bf16 autocast' if bf16 else 'fp32'}, attention "
-         f"{attention}, {'torch.compile' if compiled else 'eager'}, AdamW {kind}; {n_params} "
+         f"{attention}, {'torch.compile' if compiled else 'eager'}, {kind}; {n_params} "
          f"parameters{moe}, {m['residual']['mode']} residual; {M} x {B} x {T} tokens per step; "
          f"{steps} of {K} steps")
 
@@ -657,6 +738,12 @@ def train(args):
             for moe in model.moe_layers():
                 moe.loads.zero_()
             total = microbatches(k)
+        # An expert that no token reached this step has no gradient; attnres
+        # steps every parameter (g = 0: AdamW's moments and Muon's momentum
+        # still decay, and weight decay acts), so give it a zero one.
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         # The global norm before clipping (clip_grad_norm_ returns it; with
         # clipping off, an infinite bound leaves the gradients as they are).
         # torch clips by clip / (norm + 1e-6) capped at 1, attnres only when

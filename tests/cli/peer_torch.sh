@@ -101,6 +101,17 @@ run_case moe_block --model.n_layers=3 --model.residual='{"mode": "block", "block
 run_case moe_full --model.n_kv_heads=1 --model.residual='{"mode": "full"}' \
   --model.moe='{"experts": 3, "top_k": 1, "expert_d_ff": 24, "balance": "none", "dense_layers": 0,
   "capacity_factor": 1.25}'
+# Muon (optimizer.type = "muon": the layers' matrices, experts included; AdamW
+# for the rest), written out as docs/model.md section 4 gives it where torch
+# has no torch.optim.Muon, in the three modes and on a MoE model whose fast
+# aux-free bias starves an expert on some steps (no token, no gradient: both
+# still step it, with g = 0).
+mu=(--optimizer.type=muon --optimizer.momentum=0.9)
+run_case muon_baseline "${mu[@]}" --model.tie_embeddings=true
+run_case muon_block "${mu[@]}" --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 4}' \
+  --schedule.type=wsd --schedule.decay_ratio=0.4 --schedule.warmup_steps=1
+run_case muon_full_moe "${mu[@]}" --model.n_kv_heads=1 --model.residual='{"mode": "full"}' \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "shared_experts": 1, "bias_rate": 0.05}'
 
 # --steps 3: the first 3 steps of the 5-step run (the schedule unchanged).
 "${PEER[@]}" cfg.json --attnres "$BIN" --steps 3 --model.n_kv_heads=1 \
