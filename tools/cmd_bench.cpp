@@ -51,6 +51,7 @@ struct RunSpec {
   std::string label;
   model::ModelConfig cfg;
   model::Recompute recompute = model::Recompute::None;
+  train::OptimizerType optimizer = train::OptimizerType::AdamW;
 };
 
 // One run's optimizer steps on fixed synthetic tokens, through the engine
@@ -78,8 +79,13 @@ class ModeRunner {
     reset_tensor_peak(device_);
     stepper_.forward_backward(static_cast<int>(A_), [&](int) { return batch_; },
                               1.0 / static_cast<double>(A_ * B_ * T_));
-    stepper_.update(1e-4, stepper_.grad_norm());  // the norm returns to the host
+    const double norm = stepper_.grad_norm();  // the norm returns to the host
+    const auto t1 = std::chrono::steady_clock::now();
+    stepper_.update(1e-4, norm);
     if (device_ == Device::CUDA) cuda::synchronize();
+    if (timed)
+      update_times_.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
     act_peak_ = std::max(act_peak_, tensor_memory(device_).peak - resident);
     if (timed) times_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -87,11 +93,9 @@ class ModeRunner {
   const std::string& label() const { return label_; }
   // Median step time in seconds: robust to a machine busy with something else
   // for part of the run.
-  double median_sec() const {
-    std::vector<double> t = times_;
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
+  double median_sec() const { return median(times_); }
+  // The optimizer update's part of the step (AdamW, or Muon's Newton-Schulz too).
+  double median_update_sec() const { return median(update_times_); }
   double tokens_per_step() const { return static_cast<double>(A_ * B_ * T_); }
   double flops_per_token() const { return model::training_flops_per_token(cfg_, T_); }
 
@@ -105,6 +109,7 @@ class ModeRunner {
     c.training.device = device, c.training.precision = dtype, c.training.recompute = run.recompute;
     c.training.logits = logits;
     c.training.attention_kernel = attention;
+    c.optimizer.type = run.optimizer;
     return c;
   }
   static parallel::RuntimeOptions options(const RunSpec& run, bool graphs) {
@@ -122,8 +127,12 @@ class ModeRunner {
   const parallel::ProcessGrid grid_;
   train::Stepper stepper_;
   data::TokenLoader::Batch batch_;
-  std::vector<double> times_;
+  std::vector<double> times_, update_times_;
   size_t act_peak_ = 0;
+  static double median(std::vector<double> t) {
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
 };
 
 // Bytes of GPU memory the runs need at micro-batch B, by the memory planner
@@ -149,6 +158,7 @@ BenchMemory plan_bench_memory(const std::vector<RunSpec>& runs, int64_t B, int64
     c.model = run.cfg;
     c.training.micro_batch_size = B, c.training.seq_len = T, c.training.grad_accum = A;
     c.training.device = device, c.training.precision = dtype, c.training.recompute = run.recompute;
+    c.optimizer.type = run.optimizer;
     const train::RankMemory r = train::plan_memory(c).at(0);  // one rank: no pipeline here
     const double act = static_cast<double>(r.activations) * kActivationMargin;
     m.side_by_side += static_cast<double>(r.resident());
@@ -167,13 +177,15 @@ const char* kHelp =
     "  [--layers 6] [--heads 8] [--kv-heads 4] [--d-ff 688] [--vocab 4096] [--seq-len 256]\n"
     "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
     "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--attention own|auto|cudnn]\n"
-    "  [--cuda-graphs] [--kernels [--only TEXT]] [--moe E,K,Fe[,shared]]\n"
+    "  [--cuda-graphs] [--kernels [--only TEXT]] [--moe E,K,Fe[,shared]] [--optimizer adamw|muon]\n"
     "  [--gpu-memory GiB] [--plan]\n"
     "Training throughput (forward, backward, AdamW) on synthetic tokens, one row per residual\n"
     "mode, on the CPU (the default) or a GPU (--device cuda). Block mode defaults to S = 4\n"
     "(a preset: N = 8), at most the model's 2L sublayers.\n"
     "--moe: every layer's MLP a mixture of E experts of width Fe, K per token, plus `shared`\n"
     "shared experts (model.moe, dense_layers 0): the activated MLP of --d-ff (K + shared) Fe.\n"
+    "--optimizer: optimizer.type (muon: Muon for the layers' matrices); a line after the table\n"
+    "gives each row's optimizer update (Newton-Schulz included) as its share of the step.\n"
     "--kernels times each CUDA op at the model's shapes against its floors\n"
     "(bytes / bandwidth, FLOPs / peak) instead of whole training steps;\n"
     "--only times just the ops whose row name contains TEXT, e.g. 'phase-1 bwd'.\n"
@@ -198,7 +210,7 @@ int cmd_bench(const Args& args) {
   Flags f(args, "bench",
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
-           "preset", "only", "recompute", "logits", "attention", "gpu-memory", "moe"},
+           "preset", "only", "recompute", "logits", "attention", "gpu-memory", "moe", "optimizer"},
           {"help", "kernels", "plan", "cuda-graphs"});
   if (f.has("help")) {
     std::puts(kHelp);
@@ -290,6 +302,11 @@ int cmd_bench(const Args& args) {
     recomputes = {model::Recompute::None, model::Recompute::Mix, model::Recompute::Layer};
   else
     recomputes = {train::parse_recompute(r, "bench: --recompute (or all)")};
+  const std::string opt_name = f.get("optimizer", "adamw");
+  if (opt_name != "adamw" && opt_name != "muon")
+    fail("bench: --optimizer must be adamw or muon, got '", opt_name, "'");
+  const train::OptimizerType optimizer =
+      opt_name == "muon" ? train::OptimizerType::Muon : train::OptimizerType::AdamW;
   std::vector<RunSpec> runs;
   const bool all = which == "all";
   const model::ResidualMode only = all ? model::ResidualMode::Baseline
@@ -314,7 +331,7 @@ int cmd_bench(const Args& args) {
       runs.push_back({recomputes.size() > 1 || r != model::Recompute::None
                           ? label + " rc=" + model::recompute_name(r)
                           : label,
-                      mc, r});
+                      mc, r, optimizer});
   }
   auto plan = [&](int64_t b) { return plan_bench_memory(runs, b, T, A, device, dtype); };
   if (auto_batch) {
@@ -389,11 +406,12 @@ int cmd_bench(const Args& args) {
     std::string label;
     double sec, tokens, flops_per_token;
     size_t act_bytes;
+    double update_sec;
   };
   std::vector<Result> results;
   auto result = [](const ModeRunner& r) {
     return Result{r.label(), r.median_sec(), r.tokens_per_step(), r.flops_per_token(),
-                  r.activation_peak_bytes()};
+                  r.activation_peak_bytes(), r.median_update_sec()};
   };
   // Warm-up, then the timed steps of `rs`, each step of each in turn. The
   // timed steps are the region a profiler started with profiling off records
@@ -439,6 +457,12 @@ int cmd_bench(const Args& args) {
                 device == Device::CUDA ? flops * 1e-12 : flops * 1e-9, mfu, rel,
                 r.act_bytes / 1048576.0);
   }
+  std::printf("optimizer update (%s), median ms and share of the step:",
+              optimizer == train::OptimizerType::Muon ? "Muon + AdamW" : "AdamW");
+  for (const Result& r : results)
+    std::printf(" %s %.1f (%.1f%%);", r.label.c_str(), r.update_sec * 1e3,
+                100.0 * r.update_sec / r.sec);
+  std::printf("\n");
   if (device == Device::CUDA) {
     auto ms = cuda::memory_stats();
     std::printf("GPU memory: peak %.2f GiB in tensors, pool %.2f GiB\n", gib(double(ms.peak)),

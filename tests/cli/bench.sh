@@ -27,6 +27,22 @@ awk -v a="${act[0]}" -v b="${act[1]}" -v c="${act[2]}" 'BEGIN { exit !(a > b && 
   || { cat out.txt; fail "activation MiB not none > mix > layer: ${act[*]}"; }
 pass "bench --recompute all: activation MiB none ${act[0]} > mix ${act[1]} > layer ${act[2]}"
 
+# The optimizer's share of each row's step, AdamW's and Muon's (Newton-Schulz
+# on the layers' matrices): printed and a share of the step (figures, not
+# compared: a timed assertion would depend on the machine).
+share() {  # share OUT.TXT: the baseline row's optimizer share in %
+  sed -nE 's/^optimizer update .* baseline [0-9.]+ \(([0-9.]+)%\).*/\1/p' "$1"
+}
+"$BIN" bench "${small[@]}" --mode baseline --d-model 64 >adam.txt 2>err.txt || { cat err.txt; fail "bench (adamw)"; }
+"$BIN" bench "${small[@]}" --mode baseline --d-model 64 --optimizer muon >muon.txt 2>err.txt \
+  || { cat err.txt; fail "bench --optimizer muon"; }
+a=$(share adam.txt) m=$(share muon.txt)
+grep -q "optimizer update (AdamW)" adam.txt && grep -q "optimizer update (Muon + AdamW)" muon.txt \
+  && awk -v a="$a" -v m="$m" 'BEGIN { exit !(a > 0 && a < 100 && m > 0 && m < 100) }' \
+  || { cat adam.txt muon.txt; fail "the optimizer's share: AdamW '$a'%, Muon '$m'%"; }
+pass "bench: the optimizer update's share of the step, AdamW $a%, Muon $m%"
+expect_error "unknown optimizer" "--optimizer must be adamw or muon" "$BIN" bench "${small[@]}" --optimizer sgd
+
 expect_error "bf16 on the cpu" "bf16 is a CUDA precision" "$BIN" bench "${small[@]}" --precision bf16
 expect_error "unknown preset" "unknown --preset" "$BIN" bench --preset 7b
 expect_error "--only without --kernels" "--only selects rows of --kernels" "$BIN" bench "${small[@]}" --only mix
