@@ -145,6 +145,8 @@ class Graph {
   explicit Graph(cudnnHandle_t handle) : handle_(handle) {}
   ~Graph() {
     plan_.reset();
+    engine_cfgs_.clear();
+    heur_.reset();
     while (!descs_.empty()) descs_.pop_back();
   }
   Graph(const Graph&) = delete;
@@ -239,12 +241,12 @@ class Graph {
       return "cuDNN does not take the attention graph (" + last_error() + ")";
     std::string why = "cuDNN's heuristics found no engine for the attention graph";
     for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-      Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-      set_desc(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph.get());
-      set(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-      if (cudnnBackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) continue;
+      auto heur = std::make_unique<Desc>(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+      set_desc(heur->get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph.get());
+      set(heur->get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+      if (cudnnBackendFinalize(heur->get()) != CUDNN_STATUS_SUCCESS) continue;
       int64_t count = 0;
-      ATTNRES_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+      ATTNRES_CUDNN_CHECK(cudnnBackendGetAttribute(heur->get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
                                                    nullptr));
       if (count <= 0) continue;
@@ -255,7 +257,7 @@ class Graph {
         raw.push_back(cfgs.back().get());
       }
       int64_t got = 0;
-      ATTNRES_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+      ATTNRES_CUDNN_CHECK(cudnnBackendGetAttribute(heur->get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
                                                    raw.data()));
       for (int64_t i = 0; i < got; ++i) {
@@ -273,8 +275,11 @@ class Graph {
                                                      CUDNN_TYPE_INT64, 1, nullptr, &workspace_));
         engine_notes(raw[i]);
         plan_ = std::move(plan);
-        // The configs (and the heuristics descriptor) go out of scope here: the finalized
-        // plan holds what it needs of its engine config.
+        // The engine configs and the heuristics descriptor live as long as the plan: the
+        // plan refers to its engine config, and cuDNN's frontend keeps both for the plan's
+        // life (destroying them after finalizing is not documented as safe).
+        engine_cfgs_ = std::move(cfgs);
+        heur_ = std::move(heur);
         return "";
       }
     }
@@ -318,6 +323,8 @@ class Graph {
   std::vector<std::unique_ptr<Desc>> descs_;
   std::vector<cudnnBackendDescriptor_t> ops_;
   std::unique_ptr<Desc> plan_;
+  std::vector<Desc> engine_cfgs_;  // the heuristics' configs, the plan's among them
+  std::unique_ptr<Desc> heur_;
   int64_t workspace_ = 0;
   int64_t next_virtual_ = kVirtual;
   std::string notes_;
@@ -400,7 +407,9 @@ std::string build_forward(Graph& g, const AttnShape& s) {
   return g.build_plan();
 }
 
-std::string build_backward(Graph& g, const AttnShape& s) {
+// group_sum: the dtype of the GQA backward's per-head dK and dV before the sum
+// over each KV head's group (unused when H = Hkv); see gqa_sum_types().
+std::string build_backward(Graph& g, const AttnShape& s, cudnnDataType_t group_sum) {
   const Dims stat_d{s.B, s.H, s.T, 1}, stat_s{s.H * s.T, s.T, 1, 1};
   const Dims sd{s.B, s.H, s.T, s.T}, ss{s.H * s.T * s.T, s.T * s.T, s.T, 1};
   const Dims st_s{s.H * s.T * s.T, s.T * s.T, 1, s.T};  // [B, H, Tkv, Tq] view of an S-shaped tensor
@@ -433,14 +442,14 @@ std::string build_backward(Graph& g, const AttnShape& s) {
   g.pointwise(CUDNN_POINTWISE_EXP, x, nullptr, p);
 
   // out = a^T b for a [B, H, T, T] score-shaped tensor (transposed by a reshape, in bf16),
-  // per query head; under GQA the per-head products (fp32: rounded once, after the sum) are
-  // summed over each KV head's group. dV from P, dK from dS.
+  // per query head; under GQA the per-head products (in group_sum's dtype) are summed over
+  // each KV head's group. dV from P, dK from dS.
   auto transposed_matmul = [&](cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
                                cudnnBackendDescriptor_t out) {
     auto at = g.virt(CUDNN_DATA_BFLOAT16, {s.B, s.H, s.T, s.T}, st_s);
     g.reshape(a, at);
     if (s.H == s.Hkv) return g.matmul(at, b, out);
-    auto full = g.virt(CUDNN_DATA_FLOAT, full_d, full_s);
+    auto full = g.virt(group_sum, full_d, full_s);
     g.matmul(at, b, full);
     g.reduce(CUDNN_REDUCE_TENSOR_ADD, full, out);
   };
@@ -494,7 +503,22 @@ struct KeyHash {
 struct Plans {
   std::unique_ptr<Graph> fwd, bwd;
   std::string why;  // "" when both built
+  std::string group_sum;  // the GQA backward's per-head dK / dV dtype that built ("" for MHA)
 };
+
+// The dtypes to try for the GQA backward's per-head dK and dV before the group
+// sum, in order. cuDNN's frontend declares that intermediate in the I/O type
+// (bf16), and the fused engines accept only graphs that match their patterns,
+// so bf16 comes first; fp32 (one rounding, after the sum) next.
+// ATTNRES_CUDNN_GQA_SUM=bf16 or fp32 tries only that one.
+std::vector<std::pair<cudnnDataType_t, const char*>> gqa_sum_types() {
+  const char* env = std::getenv("ATTNRES_CUDNN_GQA_SUM");
+  const std::string want = env ? env : "";
+  if (want == "bf16") return {{CUDNN_DATA_BFLOAT16, "bf16"}};
+  if (want == "fp32") return {{CUDNN_DATA_FLOAT, "fp32"}};
+  if (!want.empty()) fail("ATTNRES_CUDNN_GQA_SUM must be bf16 or fp32, got '", want, "'");
+  return {{CUDNN_DATA_BFLOAT16, "bf16"}, {CUDNN_DATA_FLOAT, "fp32"}};
+}
 
 // What rules a shape out before any graph is built.
 std::string precheck(const AttnShape& s) {
@@ -535,8 +559,29 @@ class Cudnn {
       try {
         p->why = build_forward(*p->fwd, s);
         if (p->why.empty()) {
-          p->bwd = std::make_unique<Graph>(handle_);
-          p->why = build_backward(*p->bwd, s);
+          // Under GQA, each group-sum dtype in turn until one builds (the reasons of
+          // those that did not are kept, in case none does).
+          std::string whys;
+          for (const auto& [type, name] : gqa_sum_types()) {
+            p->bwd = std::make_unique<Graph>(handle_);
+            std::string why;
+            try {
+              why = build_backward(*p->bwd, s, type);
+            } catch (const std::exception& e) {
+              why = e.what();
+            }
+            if (why.empty()) {
+              p->group_sum = s.H == s.Hkv ? "" : name;
+              whys.clear();
+              break;
+            }
+            if (s.H == s.Hkv) {  // no group sum: one graph
+              whys = why;
+              break;
+            }
+            whys += std::string(whys.empty() ? "" : "; ") + "GQA sum in " + name + ": " + why;
+          }
+          p->why = whys;
         }
       } catch (const std::exception& e) {  // a descriptor cuDNN refused: not supported
         p->why = e.what();
@@ -548,7 +593,10 @@ class Cudnn {
                    (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.Hkv,
                    (long long)s.hd, p->why.empty() ? "fwd " : p->why.c_str(),
                    p->why.empty() ? p->fwd->notes().c_str() : "",
-                   p->why.empty() ? (", bwd " + p->bwd->notes()).c_str() : "");
+                   p->why.empty() ? (", bwd " + p->bwd->notes() +
+                                     (p->group_sum.empty() ? "" : ", GQA sum in " + p->group_sum))
+                                        .c_str()
+                                  : "");
     return *plans_.emplace(key, std::move(p)).first->second;
   }
 
