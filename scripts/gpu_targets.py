@@ -400,76 +400,74 @@ def markdown(r):
         lines.append(f"| {t['target']} | {t['measured'] or 'not measured'} | {t['goal']} | "
                      f"{t['goal_from']} | {met} |")
     c = r["ceilings"]
-    if r["floors"]:
-        lines += ["", f"**Floor of a bf16 baseline step** from the measured ceilings (copy "
-                  f"{c['copy_gbs']:.0f} GB/s, GEMM {c['gemm_tflops']:.0f} TFLOP/s, cuDNN attention), "
-                  "the LM head's logit traffic in the run's logit dtype (bf16: "
-                  f"{lm_head_bytes_per_logit(2)}, fp32: {lm_head_bytes_per_logit(4)} bytes per "
-                  "logit); an estimate:", "",
-                  "| model | B x T | logits | model TFLOP | floor step | MFU at floor | step for the "
-                  "MFU target | measured baseline | measured / floor |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for f in r["floors"]:
-            got = f["baseline_ms"]
-            lines.append(f"| {f['label']} | {f['B']} x {f['T']} | {f['logits']} | {f['tflop']:.1f} | "
-                         f"{f['floor_ms']:.1f} ms | {f['floor_mfu']:.1f}% | "
-                         f"{f['target_ms']:.1f} ms ({f['target_mfu']}%) | "
-                         + (f"{got:.1f} ms | {got / f['floor_ms']:.2f}x |" if got else "- | - |"))
-    if r["overheads"]:
-        lines += ["", "**AttnRes overhead against the traffic of its depth Mix** beyond the "
-                  f"baseline's residual + norm: passes over a [B*T, d] bf16 tensor at "
-                  f"{c['copy_gbs']:.0f} GB/s, an estimate (x: measured / floor; %: of the "
-                  "baseline step):", "",
-                  "| model | mode | measured | our kernels' floor | measured / floor | "
-                  "dw fused, no zero fill | of the baseline step |", "|---|---|---|---|---|---|---|"]
-        for o in r["overheads"]:
-            lines.append(f"| {o['label_model']} | {o['label']} | {o['ms']:+.1f} ms ({o['pct']:+.1f}%) | "
-                         f"{o['ours_passes']} passes, {o['ours_ms']:.2f} ms | "
-                         f"{o['ms'] / o['ours_ms']:.1f}x | {o['low_passes']} passes, "
-                         f"{o['low_ms']:.2f} ms | {o['low_pct']:+.1f}% |")
-    if r["attention"]:
-        lines += ["", "**Attention** forward + backward against PyTorch's cuDNN SDPA at the "
-                  "kernel benchmark's shape (information, not a target):", "",
-                  "| model | shape (B, H, T, hd) | ours ms | cuDNN ms | ours / cuDNN |",
-                  "|---|---|---|---|---|"]
-        for a in r["attention"]:
-            lines.append(f"| {a['label']} | {a['shape']} | {a['ours_ms']:.3f} | "
-                         f"{a['cudnn_ms']:.3f} | {a['ratio']:.2f}x |")
-    if r["race"]:
-        lines += ["", "**The race**: a whole training step, attnres against the PyTorch peer "
-                  "(`scripts/race_torch.py`: the same config, initial weights and data on the "
-                  "same card; median tokens/s past the first steps):", "",
-                  "| model | mode | attnres tok/s | peer tok/s | attnres / peer | peer compiled | "
-                  "max loss rel diff |", "|---|---|---|---|---|---|---|"]
-        for x in r["race"]:
-            lines.append(f"| {x['label']} | {x['mode']} | {x['attnres']:.0f} | {x['peer']:.0f} | "
-                         f"{x['ratio']:.2f}x | {'no' if x['compiled'] is False else 'yes'} | "
-                         f"{x['loss_diff']:.1e} |")
-    if r["graphs"]:
-        lines += ["", "**The step as one CUDA graph** (`bench --cuda-graphs` against the eager "
-                  "table of the same report; information):", "",
-                  "| model | mode | eager ms | graph ms | saved |", "|---|---|---|---|---|"]
-        for g in r["graphs"]:
-            saved = g["eager_ms"] - g["graph_ms"]
-            lines.append(f"| {g['label']} | {g['mode']} | {g['eager_ms']:.1f} | {g['graph_ms']:.1f} | "
-                         f"{saved:+.1f} ms ({100 * saved / g['eager_ms']:+.1f}%) |")
-    if r["mix_floors"]:
-        lines += ["", "**Mix kernels against their traffic floor** (`bench --kernels`: the bytes "
-                  "each must move, every input once and every output once, at the measured copy "
-                  "bandwidth):", "",
-                  "| model | row | MB | ms | floor ms | ms / floor |", "|---|---|---|---|---|---|"]
-        for k in r["mix_floors"]:
-            lines.append(f"| {k['label']} | {k['op']} | {k['mb']:.1f} | {k['ms']:.3f} | "
-                         f"{k['floor_ms']:.3f} | {k['ratio']:.2f}x |")
-    if r["mix_kernels"]:
-        lines += ["", "**Mix kernels, the default (rows) kernels against the warp kernels** "
-                  "(`bench --kernels`: each row again with ATTNRES_MIX_KERNELS=warp; information):", "",
-                  "| model | row | default ms | warp ms | floor ms | default / warp | default "
-                  "of floor |", "|---|---|---|---|---|---|---|"]
-        for k in r["mix_kernels"]:
-            lines.append(f"| {k['label']} | {k['op']} | {k['ms']:.3f} | {k['warp_ms']:.3f} | "
-                         f"{k['floor_ms']:.3f} | {k['ms'] / k['warp_ms']:.2f}x | "
-                         f"{100 * k['floor_ms'] / k['ms']:.1f}% |")
+
+    def section(title, columns, rows):
+        """A blank line, the title, a blank line, then a markdown table."""
+        return (["", title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                + ["| " + " | ".join(row) + " |" for row in rows])
+
+    lines += section(
+        f"**Floor of a bf16 baseline step** from the measured ceilings (copy "
+        f"{c['copy_gbs']:.0f} GB/s, GEMM {c['gemm_tflops']:.0f} TFLOP/s, cuDNN attention), "
+        "the LM head's logit traffic in the run's logit dtype (bf16: "
+        f"{lm_head_bytes_per_logit(2)}, fp32: {lm_head_bytes_per_logit(4)} bytes per "
+        "logit); an estimate:",
+        ["model", "B x T", "logits", "model TFLOP", "floor step", "MFU at floor",
+         "step for the MFU target", "measured baseline", "measured / floor"],
+        [[f["label"], f"{f['B']} x {f['T']}", f["logits"], f"{f['tflop']:.1f}",
+          f"{f['floor_ms']:.1f} ms", f"{f['floor_mfu']:.1f}%",
+          f"{f['target_ms']:.1f} ms ({f['target_mfu']}%)"]
+         + ([f"{f['baseline_ms']:.1f} ms", f"{f['baseline_ms'] / f['floor_ms']:.2f}x"]
+            if f["baseline_ms"] else ["-", "-"])
+         for f in r["floors"]]) if r["floors"] else []
+    lines += section(
+        "**AttnRes overhead against the traffic of its depth Mix** beyond the "
+        f"baseline's residual + norm: passes over a [B*T, d] bf16 tensor at "
+        f"{c['copy_gbs']:.0f} GB/s, an estimate (x: measured / floor; %: of the "
+        "baseline step):",
+        ["model", "mode", "measured", "our kernels' floor", "measured / floor",
+         "dw fused, no zero fill", "of the baseline step"],
+        [[o["label_model"], o["label"], f"{o['ms']:+.1f} ms ({o['pct']:+.1f}%)",
+          f"{o['ours_passes']} passes, {o['ours_ms']:.2f} ms", f"{o['ms'] / o['ours_ms']:.1f}x",
+          f"{o['low_passes']} passes, {o['low_ms']:.2f} ms", f"{o['low_pct']:+.1f}%"]
+         for o in r["overheads"]]) if r["overheads"] else []
+    lines += section(
+        "**Attention** forward + backward against PyTorch's cuDNN SDPA at the "
+        "kernel benchmark's shape (information, not a target):",
+        ["model", "shape (B, H, T, hd)", "ours ms", "cuDNN ms", "ours / cuDNN"],
+        [[a["label"], str(a["shape"]), f"{a['ours_ms']:.3f}", f"{a['cudnn_ms']:.3f}",
+          f"{a['ratio']:.2f}x"] for a in r["attention"]]) if r["attention"] else []
+    lines += section(
+        "**The race**: a whole training step, attnres against the PyTorch peer "
+        "(`scripts/race_torch.py`: the same config, initial weights and data on the "
+        "same card; median tokens/s past the first steps):",
+        ["model", "mode", "attnres tok/s", "peer tok/s", "attnres / peer", "peer compiled",
+         "max loss rel diff"],
+        [[x["label"], x["mode"], f"{x['attnres']:.0f}", f"{x['peer']:.0f}", f"{x['ratio']:.2f}x",
+          "no" if x["compiled"] is False else "yes", f"{x['loss_diff']:.1e}"]
+         for x in r["race"]]) if r["race"] else []
+    lines += section(
+        "**The step as one CUDA graph** (`bench --cuda-graphs` against the eager "
+        "table of the same report; information):",
+        ["model", "mode", "eager ms", "graph ms", "saved"],
+        [[g["label"], g["mode"], f"{g['eager_ms']:.1f}", f"{g['graph_ms']:.1f}",
+          f"{g['eager_ms'] - g['graph_ms']:+.1f} ms "
+          f"({100 * (g['eager_ms'] - g['graph_ms']) / g['eager_ms']:+.1f}%)"]
+         for g in r["graphs"]]) if r["graphs"] else []
+    lines += section(
+        "**Mix kernels against their traffic floor** (`bench --kernels`: the bytes "
+        "each must move, every input once and every output once, at the measured copy "
+        "bandwidth):",
+        ["model", "row", "MB", "ms", "floor ms", "ms / floor"],
+        [[k["label"], k["op"], f"{k['mb']:.1f}", f"{k['ms']:.3f}", f"{k['floor_ms']:.3f}",
+          f"{k['ratio']:.2f}x"] for k in r["mix_floors"]]) if r["mix_floors"] else []
+    lines += section(
+        "**Mix kernels, the default (rows) kernels against the warp kernels** "
+        "(`bench --kernels`: each row again with ATTNRES_MIX_KERNELS=warp; information):",
+        ["model", "row", "default ms", "warp ms", "floor ms", "default / warp", "default of floor"],
+        [[k["label"], k["op"], f"{k['ms']:.3f}", f"{k['warp_ms']:.3f}", f"{k['floor_ms']:.3f}",
+          f"{k['ms'] / k['warp_ms']:.2f}x", f"{100 * k['floor_ms'] / k['ms']:.1f}%"]
+         for k in r["mix_kernels"]]) if r["mix_kernels"] else []
     return "\n".join(lines)
 
 

@@ -28,6 +28,11 @@ except ImportError:
     _PretrainedConfig = None
 
 RESIDUAL_MODES = ("baseline", "full", "block")
+# DeepSeek-V3's mixture-of-experts fields and attnres's capacity, with the
+# values of a dense model (no experts).
+MOE_DEFAULTS = {"n_routed_experts": 0, "num_experts_per_tok": 0, "n_shared_experts": 0,
+                "moe_intermediate_size": 0, "first_k_dense_replace": 0, "scoring_func": "sigmoid",
+                "routed_scaling_factor": 1.0, "topk_method": "greedy", "moe_capacity_factor": 0.0}
 
 
 class _PlainConfig:
@@ -77,15 +82,6 @@ class AttnResConfig(_Base):
         initializer_range=0.02,
         use_cache=True,
         tie_word_embeddings=False,
-        n_routed_experts=0,
-        num_experts_per_tok=0,
-        n_shared_experts=0,
-        moe_intermediate_size=0,
-        first_k_dense_replace=0,
-        scoring_func="sigmoid",
-        routed_scaling_factor=1.0,
-        topk_method="greedy",
-        moe_capacity_factor=0.0,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -101,15 +97,8 @@ class AttnResConfig(_Base):
         self.max_position_embeddings = max_position_embeddings
         self.initializer_range = initializer_range
         self.use_cache = use_cache
-        self.n_routed_experts = n_routed_experts
-        self.num_experts_per_tok = num_experts_per_tok
-        self.n_shared_experts = n_shared_experts
-        self.moe_intermediate_size = moe_intermediate_size
-        self.first_k_dense_replace = first_k_dense_replace
-        self.scoring_func = scoring_func
-        self.routed_scaling_factor = routed_scaling_factor
-        self.topk_method = topk_method
-        self.moe_capacity_factor = moe_capacity_factor
+        for key, default in MOE_DEFAULTS.items():
+            setattr(self, key, kwargs.pop(key, default))
         self._check()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
@@ -131,12 +120,10 @@ class AttnResConfig(_Base):
             if not 1 <= self.num_experts_per_tok <= self.n_routed_experts:
                 raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} must be in "
                                  f"[1, n_routed_experts = {self.n_routed_experts}]")
-            if self.scoring_func not in ("sigmoid", "softmax"):
-                raise ValueError(f"scoring_func must be sigmoid or softmax, got "
-                                 f"{self.scoring_func!r}")
-            if self.topk_method not in ("noaux_tc", "greedy"):
-                raise ValueError(f"topk_method must be noaux_tc or greedy, got "
-                                 f"{self.topk_method!r}")
+            for key, known in (("scoring_func", ("sigmoid", "softmax")),
+                               ("topk_method", ("noaux_tc", "greedy"))):
+                if getattr(self, key) not in known:
+                    raise ValueError(f"{key} must be one of {known}, got {getattr(self, key)!r}")
 
     def moe_layer(self, layer_idx):
         """Whether layer layer_idx's MLP is a mixture of experts."""

@@ -24,6 +24,44 @@ reference_run() {
     || { cat log_s.txt; fail "the single-process reference run"; }
 }
 
+# ranks_of "ARGS": the processes a layout's overrides ask for (pipeline x data).
+ranks_of() {
+  local P=1 D=1
+  [[ "$1" == *pipeline=* ]] && P=$(sed -E 's/.*pipeline=([0-9]+).*/\1/' <<<"$1")
+  [[ "$1" == *data=2* ]] && D=2
+  echo $((P * D))
+}
+
+# same_as_reference REF TOL "LAYOUT"... -- EXTRA...: base.json with EXTRA
+# under each layout (its overrides, one string), against the run REF
+# (ck_REF / run_REF, step 8): metrics and every checkpoint tensor bit for bit
+# when TOL is 0, else losses and checkpoint tensors within relative TOL.
+same_as_reference() {
+  local ref="$1" tol="$2"; shift 2
+  local layouts=() args
+  while [[ $# -gt 0 && "$1" != "--" ]]; do layouts+=("$1"); shift; done
+  shift
+  for args in "${layouts[@]}"; do
+    rm -rf ck_p run_p
+    # shellcheck disable=SC2086
+    run_np "$(ranks_of "$args")" "$BIN" train base.json --checkpoint.dir=ck_p --run.dir=run_p "$@" \
+      $args 2>log_p.txt || { cat log_p.txt; fail "mpirun $args"; }
+    if [[ $tol == 0 ]]; then
+      diff <(strip_metrics "run_$ref/metrics.jsonl") <(strip_metrics run_p/metrics.jsonl) \
+        || fail "$args: metrics differ from the single process"
+    else
+      compare_losses "run_$ref/metrics.jsonl" run_p/metrics.jsonl "$tol" || fail "$args: losses differ"
+    fi
+    "$BIN" inspect compare "ck_$ref/step_00000008" ck_p/step_00000008 --rtol "$tol" >/dev/null \
+      || fail "$args: checkpoint tensors differ"
+    if [[ $tol == 0 ]]; then
+      pass "$args: metrics and every checkpoint tensor bit-identical to the single process"
+    else
+      pass "$args: equal to the single process within $tol"
+    fi
+  done
+}
+
 # A metrics.jsonl's first step's pipeline bytes, and its last train loss.
 pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | awk -F: 'NR == 1 { print $2 }'; }
 last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }

@@ -24,33 +24,15 @@ for moe in "${moe_settings[@]}"; do
   "$BIN" train base.json --checkpoint.dir=ck_1 --run.dir=run_1 "${m[@]}" 2>log_1.txt \
     || { cat log_1.txt; fail "single process"; }
   grep -q '"moe_load"' run_1/metrics.jsonl || fail "no moe_load in the step records"
-  for args in "--parallel.pipeline=4" "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false"; do
-    rm -rf ck_p run_p
-    np=$(echo "$args" | sed -E 's/.*pipeline=([0-9]+).*/\1/')
-    run_np "$np" "$BIN" train base.json --checkpoint.dir=ck_p --run.dir=run_p "${m[@]}" $args 2>log_p.txt \
-      || { cat log_p.txt; fail "mpirun $args"; }
-    diff <(strip_metrics run_1/metrics.jsonl) <(strip_metrics run_p/metrics.jsonl) \
-      || fail "$args: metrics differ from the single process"
-    "$BIN" inspect compare ck_1/step_00000008 ck_p/step_00000008 --rtol 0 >/dev/null \
-      || fail "$args: checkpoint tensors differ"
-    pass "$args: metrics and every checkpoint tensor bit-identical to the single process"
-  done
+  same_as_reference 1 0 "--parallel.pipeline=4" \
+    "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false" -- "${m[@]}"
   "$BIN" train base.json --checkpoint.dir=ck_e --run.dir=run_e --optimizer.eps=1e-4 "${m[@]}" 2>log_e.txt \
     || { cat log_e.txt; fail "single process (eps 1e-4)"; }
-  for args in "--parallel.pipeline=4 --parallel.virtual_stages=2" \
-              "--parallel.data=2 --training.grad_accum=2" \
-              "--parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
-              "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 --parallel.zero=1"; do
-    rm -rf ck_p run_p
-    P=1; [[ "$args" == *pipeline=* ]] && P=$(echo "$args" | sed -E 's/.*pipeline=([0-9]+).*/\1/')
-    D=1; [[ "$args" == *data=2* ]] && D=2
-    run_np $((P * D)) "$BIN" train base.json --checkpoint.dir=ck_p --run.dir=run_p --optimizer.eps=1e-4 \
-      "${m[@]}" $args 2>log_p.txt || { cat log_p.txt; fail "mpirun $args"; }
-    compare_losses run_e/metrics.jsonl run_p/metrics.jsonl 1e-5 || fail "$args: losses differ"
-    "$BIN" inspect compare ck_e/step_00000008 ck_p/step_00000008 --rtol 1e-5 >/dev/null \
-      || fail "$args: final checkpoint differs"
-    pass "$args: equal to the single process within 1e-5, the same expert loads and biases"
-  done
+  same_as_reference e 1e-5 "--parallel.pipeline=4 --parallel.virtual_stages=2" \
+    "--parallel.data=2 --training.grad_accum=2" \
+    "--parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
+    "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
+    -- --optimizer.eps=1e-4 "${m[@]}"
 done
 
 # A resume on another layout: the first run (aux-free, a pipeline of 2) stops

@@ -31,30 +31,11 @@ assert "momentum_buffer.model.layers.0.self_attn.q_proj.weight" in names, sorted
 assert "exp_avg.model.embed_tokens.weight" in names
 assert not any(n.startswith("exp_avg.model.layers.0.self_attn") for n in names)
 PY
-  for args in "--parallel.pipeline=4" "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false"; do
-    rm -rf ck_p run_p
-    np=$(echo "$args" | sed -E 's/.*pipeline=([0-9]+).*/\1/')
-    run_np "$np" "$BIN" train base.json --checkpoint.dir=ck_p --run.dir=run_p "${m[@]}" $args 2>log_p.txt \
-      || { cat log_p.txt; fail "mpirun $args"; }
-    diff <(strip_metrics run_1/metrics.jsonl) <(strip_metrics run_p/metrics.jsonl) \
-      || fail "$args: metrics differ from the single process"
-    "$BIN" inspect compare ck_1/step_00000008 ck_p/step_00000008 --rtol 0 >/dev/null \
-      || fail "$args: checkpoint tensors differ"
-    pass "$args: metrics and every checkpoint tensor bit-identical to the single process"
-  done
-  for args in "--parallel.pipeline=4 --parallel.virtual_stages=2" \
-              "--parallel.data=2 --training.grad_accum=2" \
-              "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2"; do
-    rm -rf ck_p run_p
-    P=1; [[ "$args" == *pipeline=* ]] && P=$(echo "$args" | sed -E 's/.*pipeline=([0-9]+).*/\1/')
-    D=1; [[ "$args" == *data=2* ]] && D=2
-    run_np $((P * D)) "$BIN" train base.json --checkpoint.dir=ck_p --run.dir=run_p "${m[@]}" $args \
-      2>log_p.txt || { cat log_p.txt; fail "mpirun $args"; }
-    compare_losses run_1/metrics.jsonl run_p/metrics.jsonl 1e-5 || fail "$args: losses differ"
-    "$BIN" inspect compare ck_1/step_00000008 ck_p/step_00000008 --rtol 1e-5 >/dev/null \
-      || fail "$args: final checkpoint differs"
-    pass "$args: equal to the single process within 1e-5"
-  done
+  same_as_reference 1 0 "--parallel.pipeline=4" \
+    "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false" -- "${m[@]}"
+  same_as_reference 1 1e-5 "--parallel.pipeline=4 --parallel.virtual_stages=2" \
+    "--parallel.data=2 --training.grad_accum=2" \
+    "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2" -- "${m[@]}"
 done
 
 # Resume: stopped at step 4, continued on the same layout (bit for bit) and
