@@ -291,16 +291,75 @@ kern::MoeRouteOptions Model::moe_route_options(int64_t N) const {
 }
 
 namespace {
-// Routed expert e's rows [offsets[e], offsets[e + 1]) of an [M, *] tensor.
-Tensor expert_rows(const Tensor& t, const kern::MoeRouting& r, int64_t e) {
-  return t.rows(r.offsets[e], r.offsets[e + 1] - r.offsets[e]);
+// Local expert j's rows [offsets[j], offsets[j + 1]) of an [M, *] tensor.
+Tensor expert_rows(const Tensor& t, const std::vector<int64_t>& offsets, size_t j) {
+  return t.rows(offsets[j], offsets[j + 1] - offsets[j]);
+}
+
+// Expert parallelism: the rows one member received, member-major (member p's
+// rows for local experts j = 0..El-1 in turn), and the same rows
+// expert-major (expert j's from members p = 0..EP-1 in turn); counts[p * El
+// + j] rows each. Copies `in` into `out` in the direction asked.
+void regroup(Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, int64_t EP,
+             bool to_expert_major) {
+  const size_t El = counts.size() / static_cast<size_t>(EP);
+  std::vector<int64_t> expert_major(counts.size());
+  int64_t at = 0;
+  for (size_t j = 0; j < El; ++j)
+    for (size_t p = 0; p < static_cast<size_t>(EP); ++p)
+      expert_major[p * El + j] = at, at += counts[p * El + j];
+  at = 0;
+  for (size_t i = 0; i < counts.size(); at += counts[i], ++i) {
+    if (counts[i] == 0) continue;
+    if (to_expert_major) out.rows(expert_major[i], counts[i]).copy_from(in.rows(at, counts[i]));
+    else out.rows(at, counts[i]).copy_from(in.rows(expert_major[i], counts[i]));
+  }
+}
+
+// Rows this member sends to each member q (the routing's rows for q's
+// experts) and receives from each member p (its counts for our experts).
+void member_rows(const SublayerActs& a, int64_t EP, std::vector<int64_t>& send,
+                 std::vector<int64_t>& recv) {
+  const std::vector<int64_t>& off = a.moe_route.offsets;
+  const size_t El = a.moe_offsets.size() - 1;
+  send.assign(static_cast<size_t>(EP), 0);
+  recv.assign(static_cast<size_t>(EP), 0);
+  for (size_t q = 0; q < static_cast<size_t>(EP); ++q) {
+    send[q] = off[(q + 1) * El] - off[q * El];
+    for (size_t j = 0; j < El; ++j) recv[q] += a.moe_counts[q * El + j];
+  }
 }
 }  // namespace
+
+Tensor Model::to_experts(const SublayerActs& a, const Tensor& rows) const {
+  if (!exchange_) return rows;
+  const int64_t EP = exchange_->members();
+  std::vector<int64_t> send, recv;
+  member_rows(a, EP, send, recv);
+  Tensor got = new_act(a.moe_offsets.back(), rows.dim(1));
+  exchange_->rows(rows, send, got, recv);
+  Tensor out = new_act(a.moe_offsets.back(), rows.dim(1));
+  regroup(out, got, a.moe_counts, EP, /*to_expert_major=*/true);
+  return out;
+}
+
+Tensor Model::from_experts(const SublayerActs& a, const Tensor& rows) const {
+  if (!exchange_) return rows;
+  const int64_t EP = exchange_->members();
+  std::vector<int64_t> send, recv;
+  member_rows(a, EP, send, recv);
+  Tensor back = new_act(a.moe_offsets.back(), rows.dim(1));
+  regroup(back, rows, a.moe_counts, EP, /*to_expert_major=*/false);
+  Tensor out = new_act(a.moe_route.rows(), rows.dim(1));
+  exchange_->rows(back, recv, out, send);
+  return out;
+}
 
 void Model::moe_core(int64_t l, SublayerActs& a) const {
   const MoeConfig& moe = cfg_.moe;
   const int64_t N = a.u.dim(0), d = cfg_.d_model, E = moe.experts;
   const LayerParams& L = layer(l);
+  const size_t El = L.expert_gate.size();  // the routed experts held here
   kern::MoeRouting& r = a.moe_route;
   if (!a.moe_logits.defined()) {  // route (once per forward: the routing is kept)
     a.moe_logits = new_stat({N, E});
@@ -317,34 +376,52 @@ void Model::moe_core(int64_t l, SublayerActs& a) const {
         st.aux_count.at(l) += 1;
       }
     }
+    // The rows of the experts held here (see SublayerActs).
+    if (!exchange_) {
+      a.moe_offsets = r.offsets;
+    } else {
+      std::vector<int64_t> kept(static_cast<size_t>(E));
+      for (size_t e = 0; e < kept.size(); ++e) kept[e] = r.offsets[e + 1] - r.offsets[e];
+      a.moe_counts = exchange_->counts(kept);
+      a.moe_offsets.assign(El + 1, 0);
+      for (size_t j = 0; j < El; ++j) {
+        a.moe_offsets[j + 1] = a.moe_offsets[j];
+        for (size_t p = 0; p * El < a.moe_counts.size(); ++p)
+          a.moe_offsets[j + 1] += a.moe_counts[p * El + j];
+      }
+    }
   }
   if (L.shared_gate)
     swiglu_core(a.gu, a.h, a.u, gate_up_of(L.shared_gate->value, L.shared_up->value, l), dtype_,
                 device_);
-  // The routed experts, each a SwiGLU over its consecutive rows of x (the
-  // token rows in the routing's order; gathered again where needed).
-  const int64_t M = r.rows(), Fe = moe.expert_d_ff;
-  const int64_t e0 = L.expert_begin, e1 = e0 + static_cast<int64_t>(L.expert_gate.size());
+  // The routed experts, each a SwiGLU over its consecutive rows (the token
+  // rows in the routing's order, sent to their experts' member; gathered
+  // again where needed).
+  const std::vector<int64_t>& off = a.moe_offsets;
+  const int64_t Mx = off.back(), Fe = moe.expert_d_ff;
   if (!a.moe_gu.defined()) {
-    Tensor x = new_act(M, d);
+    Tensor x = new_act(r.rows(), d);
     kern::moe_permute(x, a.u, r);
-    a.moe_gu = new_act(M, 2 * Fe);
-    for (int64_t e = e0; e < e1; ++e) {
-      if (r.offsets[e + 1] == r.offsets[e]) continue;
-      Tensor gu = expert_rows(a.moe_gu, r, e);
-      kern::matmul_forward(gu, expert_rows(x, r, e),
-                           gate_up_of(L.expert_gate[e - e0]->value, L.expert_up[e - e0]->value, l));
+    x = to_experts(a, x);
+    if (exchange_) a.moe_x = x;  // without the exchange, backward permutes u again
+    a.moe_gu = new_act(Mx, 2 * Fe);
+    for (size_t j = 0; j < El; ++j) {
+      if (off[j + 1] == off[j]) continue;
+      Tensor gu = expert_rows(a.moe_gu, off, j);
+      kern::matmul_forward(gu, expert_rows(x, off, j),
+                           gate_up_of(L.expert_gate[j]->value, L.expert_up[j]->value, l));
     }
   }
-  a.moe_h = new_act(M, Fe);
+  a.moe_h = new_act(Mx, Fe);
   kern::swiglu_forward(a.moe_h, a.moe_gu);  // row by row: as per expert
   if (!a.moe_y.defined()) {
-    a.moe_y = new_act(M, d);
-    for (int64_t e = e0; e < e1; ++e) {
-      if (r.offsets[e + 1] == r.offsets[e]) continue;
-      Tensor y = expert_rows(a.moe_y, r, e);
-      kern::matmul_forward(y, expert_rows(a.moe_h, r, e), L.expert_down[e - e0]->value);
+    Tensor y = new_act(Mx, d);
+    for (size_t j = 0; j < El; ++j) {
+      if (off[j + 1] == off[j]) continue;
+      Tensor yj = expert_rows(y, off, j);
+      kern::matmul_forward(yj, expert_rows(a.moe_h, off, j), L.expert_down[j]->value);
     }
+    a.moe_y = from_experts(a, y);
   }
 }
 
@@ -362,8 +439,10 @@ Tensor Model::moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double 
   const MoeConfig& moe = cfg_.moe;
   const LayerParams& L = layer(l);
   const kern::MoeRouting& r = a.moe_route;
-  const int64_t N = a.u.dim(0), d = cfg_.d_model, M = r.rows(), Fe = moe.expert_d_ff;
-  const int64_t e0 = L.expert_begin, e1 = e0 + static_cast<int64_t>(L.expert_gate.size());
+  const int64_t N = a.u.dim(0), d = cfg_.d_model, Fe = moe.expert_d_ff;
+  const std::vector<int64_t>& off = a.moe_offsets;
+  const int64_t Mx = off.back();
+  const size_t El = L.expert_gate.size();
   // du: the shared experts' (written), then the router's and the routed
   // experts' added, in that order.
   Tensor du = new_act(N, d);
@@ -377,29 +456,36 @@ Tensor Model::moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double 
   } else {
     du.zero_();
   }
-  // The combine: each kept row's dL/dy (g dy of its token) and each slot's dL/dg.
-  Tensor dyr = new_act(M, d), dgate = new_stat({N, r.K});
+  // The combine: each kept row's dL/dy (g dy of its token) and each slot's
+  // dL/dg; the rows' gradients go to their experts.
+  Tensor dyr = new_act(r.rows(), d), dgate = new_stat({N, r.K});
   kern::moe_combine_backward(dyr, dgate, dy, a.moe_y, r);
+  dyr = to_experts(a, dyr);
   // The routed experts, each over its rows.
-  Tensor x = new_act(M, d), dx = new_act(M, d), dh = new_act(M, Fe), dgu = new_act(M, 2 * Fe);
-  kern::moe_permute(x, a.u, r);
-  for (int64_t e = e0; e < e1; ++e) {
-    if (r.offsets[e + 1] == r.offsets[e]) continue;
-    Tensor dh_e = expert_rows(dh, r, e);
-    Param& wd = *L.expert_down[e - e0];
-    kern::matmul_backward(&dh_e, &wd.grad, expert_rows(dyr, r, e), expert_rows(a.moe_h, r, e),
+  Tensor x = a.moe_x;
+  if (!x.defined()) {
+    x = new_act(Mx, d);
+    kern::moe_permute(x, a.u, r);
+  }
+  Tensor dx = new_act(Mx, d), dh = new_act(Mx, Fe), dgu = new_act(Mx, 2 * Fe);
+  for (size_t j = 0; j < El; ++j) {
+    if (off[j + 1] == off[j]) continue;
+    Tensor dh_j = expert_rows(dh, off, j);
+    Param& wd = *L.expert_down[j];
+    kern::matmul_backward(&dh_j, &wd.grad, expert_rows(dyr, off, j), expert_rows(a.moe_h, off, j),
                           wd.value, kern::Store::Set);
   }
   kern::swiglu_backward(dgu, dh, a.moe_gu, kern::Store::Set);
-  for (int64_t e = e0; e < e1; ++e) {
-    if (r.offsets[e + 1] == r.offsets[e]) continue;
-    Tensor dx_e = expert_rows(dx, r, e);
-    Param& wg = *L.expert_gate[e - e0];
-    Param& wu = *L.expert_up[e - e0];
+  for (size_t j = 0; j < El; ++j) {
+    if (off[j + 1] == off[j]) continue;
+    Tensor dx_j = expert_rows(dx, off, j);
+    Param& wg = *L.expert_gate[j];
+    Param& wu = *L.expert_up[j];
     Tensor dw = gate_up_of(wg.grad, wu.grad, l);
-    kern::matmul_backward(&dx_e, &dw, expert_rows(dgu, r, e), expert_rows(x, r, e),
+    kern::matmul_backward(&dx_j, &dw, expert_rows(dgu, off, j), expert_rows(x, off, j),
                           gate_up_of(wg.value, wu.value, l), kern::Store::Set);
   }
+  dx = from_experts(a, dx);
   // The router: through the gate weights, and the auxiliary loss's balance
   // term (its weight in the step's loss: loss_scale N per microbatch mean).
   Tensor dlogits = new_stat({N, moe.experts});
@@ -678,7 +764,8 @@ void Model::drop_recomputable(SublayerActs& a) const {
   if (cfg_.attnres()) a.x = Tensor();
   a.mix_stats = a.norm_rstd = a.u = Tensor();
   a.h = a.moe_h = Tensor();
-  if (recompute_ == Recompute::Layer) a.qkv = a.att = a.lse = a.gu = a.moe_gu = a.moe_y = Tensor();
+  if (recompute_ == Recompute::Layer)
+    a.qkv = a.att = a.lse = a.gu = a.moe_x = a.moe_gu = a.moe_y = Tensor();
 }
 
 void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,

@@ -57,9 +57,38 @@ struct SublayerActs {
   // (kept under every recompute setting: it is small, and routing again would
   // count the loads twice), and the routed experts' rows: their gate | up
   // [M, 2Fe], SwiGLU output [M, Fe] and output [M, d] (the combine's input).
+  //
+  // The routed experts held here run on "their rows": local expert j's are
+  // rows [moe_offsets[j], moe_offsets[j + 1]) of moe_gu and moe_h. Without
+  // expert parallelism those are the routing's own rows (moe_offsets =
+  // moe_route.offsets). With it (ExpertExchange), every member of the expert
+  // group sends the rows routed to each member's experts and receives the
+  // rows of its own: moe_counts[p * El + j] rows from member p for local
+  // expert j (kept with the routing), regrouped by expert; moe_x keeps them
+  // for backward, and moe_y holds the outputs back in the routing's order.
   Tensor moe_logits;
   kernels::MoeRouting moe_route;
-  Tensor moe_gu, moe_h, moe_y;
+  std::vector<int64_t> moe_counts, moe_offsets;
+  Tensor moe_x, moe_gu, moe_h, moe_y;
+};
+
+// Expert parallelism (parallel.expert = EP; docs/parallel.md "Expert
+// parallelism"): each member of a group of EP replicas holds E / EP
+// consecutive routed experts of every MoE layer (ModelParts::expert_begin),
+// routes its own tokens over all E and sends each row to the member holding
+// its expert. What the model needs from the runtime (parallel/expert_exchange.h);
+// every member calls these at the same point of the same schedule.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int members() const = 0;  // EP
+  // mine [EP * k]: k counts for each member q at [q * k, (q + 1) * k);
+  // returns what each member p sent this one, at [p * k, (p + 1) * k).
+  virtual std::vector<int64_t> counts(const std::vector<int64_t>& mine) = 0;
+  // Rows of `send` [*, c]: send_rows[q] consecutive ones to member q; rows
+  // from member p (recv_rows[p] of them) into `recv`, in member order.
+  virtual void rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                    const std::vector<int64_t>& recv_rows) = 0;
 };
 
 // Everything one microbatch's forward through a chunk saved for backward.
@@ -208,6 +237,10 @@ class Model {
   // moe.experts): the trainer keeps one attached over its training steps; it
   // feeds the balancing bias and the logs.
   void set_moe_stats(MoeStats* sink) { moe_stats_ = sink; }
+  // Expert parallelism: the exchange with the expert group (not owned), for
+  // a model made with the parts' experts (ModelParts::expert_begin/end, E /
+  // EP of them); nullptr (the default): this model holds every expert.
+  void set_expert_exchange(ExpertExchange* x) { exchange_ = x; }
   // Auxiliary-loss-free balancing (model.moe.balance = aux_free), after an
   // optimizer step: for each MoE layer held here, b_e += rate sign(mean
   // load - load_e), from a step's loads summed over its global batch. The
@@ -285,6 +318,10 @@ class Model {
   void moe_output(int64_t l, SublayerActs& a, Tensor& y, const Tensor* residual) const;
   Tensor moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double loss_scale);
   kernels::MoeRouteOptions moe_route_options(int64_t N) const;
+  // Rows [M, c] in the routing's order -> the rows of the experts held here
+  // (moe_offsets), and back; the identity without expert parallelism.
+  Tensor to_experts(const SublayerActs& a, const Tensor& rows) const;
+  Tensor from_experts(const SublayerActs& a, const Tensor& rows) const;
   Tensor stat_copy(const Tensor& t) const;  // t itself, or converted to the statistics' dtype
   Tensor new_act(int64_t rows, int64_t cols) const;    // uninitialised activations
   Tensor zero_act(int64_t rows, int64_t cols) const;   // zeroed (gradient accumulators)
@@ -304,6 +341,7 @@ class Model {
   ModelParams w_;  // typed handles into params_ and state_
   DepthStats* depth_stats_ = nullptr;  // not owned; see set_depth_stats
   MoeStats* moe_stats_ = nullptr;      // not owned; see set_moe_stats
+  ExpertExchange* exchange_ = nullptr; // not owned; see set_expert_exchange
   Recompute recompute_ = Recompute::None;
   DType logits_ = DType::F32;
   kernels::AttentionKernel attention_kernel_ = kernels::AttentionKernel::Own;

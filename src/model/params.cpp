@@ -216,7 +216,8 @@ ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& pa
   std::vector<ParamShape> shapes;
   for (const auto& s : param_shapes(cfg, parts))
     if (s.trainable) shapes.push_back(s);
-  for (const auto& s : shapes) t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value);
+  for (const auto& s : shapes)
+    t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value).expert = s.expert;
   // Each layer's q, k and v projections, and each SwiGLU's gate and up
   // projections (each declared one after the other), share an allocation, so
   // attention computes q, k and v with one GEMM (Model::attention_core) and

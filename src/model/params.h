@@ -27,6 +27,10 @@ struct Param {
   // false: model state, not a parameter (no gradient: `grad` is undefined,
   // no optimizer state, not counted); saved, loaded and laid out as the rest.
   bool trainable = true;
+  // A routed expert's (its global index), else -1: with expert parallelism
+  // held by one member of each expert group, its gradient summed over the
+  // replicas holding it (parallel::Replicas::SameExperts).
+  int64_t expert = -1;
 
   // The full-precision weights: what the optimizer updates and checkpoints hold.
   Tensor& weights() { return master.defined() ? master : value; }

@@ -20,15 +20,21 @@ using Clock = std::chrono::steady_clock;
 // ---------------------------------------------------------------------------
 
 RankModel::RankModel(const model::ModelConfig& cfg, DType dtype, Device device,
-                     const PipelineLayout& layout, int stage)
+                     const PipelineLayout& layout, int stage, int expert_rank, int EP)
     : layout_(layout), stage_(stage), tied_(cfg.tie_embeddings) {
   ATTNRES_CHECK(stage >= 0 && stage < layout.P(), "stage ", stage, " of ", layout.P());
+  ATTNRES_CHECK(EP == 1 || (cfg.has_moe() && cfg.moe.experts % EP == 0 && expert_rank < EP),
+                "expert parallelism ", EP, " over ", cfg.moe.experts, " experts");
   for (int c : layout.chunks_of(stage)) {
     model::ModelParts parts;
     parts.layer_begin = layout.layers(c).begin;
     parts.layer_end = layout.layers(c).end;
     parts.embedding = c == 0;
     parts.head = c == layout.C() - 1;
+    if (EP > 1) {
+      parts.expert_begin = expert_rank * cfg.moe.experts / EP;
+      parts.expert_end = (expert_rank + 1) * cfg.moe.experts / EP;
+    }
     chunks_.push_back(std::make_unique<model::Model>(cfg, dtype, parts, device));
   }
 }

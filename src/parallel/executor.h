@@ -42,8 +42,11 @@ namespace attnres::parallel {
 // is summed with chunk 0's before every update so the copies stay identical).
 class RankModel {
  public:
+  // With expert parallelism (EP > 1), member `expert_rank` of its expert
+  // group: its chunks hold routed experts [expert_rank E / EP, (expert_rank
+  // + 1) E / EP) of each MoE layer.
   RankModel(const model::ModelConfig& cfg, DType dtype, Device device, const PipelineLayout& layout,
-            int stage);
+            int stage, int expert_rank = 0, int EP = 1);
 
   int size() const { return static_cast<int>(chunks_.size()); }
   model::Model& chunk(int v) { return *chunks_.at(static_cast<size_t>(v)); }

@@ -392,6 +392,47 @@ void Comm::allgather_bytes(const void* mine, size_t bytes, void* all) const {
   }
 }
 
+std::vector<int64_t> Comm::alltoall(const std::vector<int64_t>& mine) const {
+  if (solo_) return mine;
+  const int n = size();
+  ATTNRES_CHECK(mine.size() % static_cast<size_t>(n) == 0, "alltoall of ", mine.size(),
+                " values over ", n, " members");
+  const int k = static_cast<int>(mine.size() / static_cast<size_t>(n));
+  std::vector<int64_t> out(mine.size());
+  MPI_Request req;
+  mpi_check(MPI_Ialltoall(mine.data(), k, MPI_INT64_T, out.data(), k, MPI_INT64_T, raw(*this), &req),
+            "MPI_Ialltoall");
+  wait_bounded(req, "an all-to-all of counts");
+  return out;
+}
+
+void Comm::alltoallv_bytes(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                           const std::vector<int64_t>& recv_bytes) const {
+  const size_t n = static_cast<size_t>(size());
+  ATTNRES_CHECK(send_bytes.size() == n && recv_bytes.size() == n, "alltoallv over ", n,
+                " members with ", send_bytes.size(), " and ", recv_bytes.size(), " counts");
+  if (solo_) {
+    ATTNRES_CHECK(send_bytes[0] == recv_bytes[0], "alltoallv to itself: ", send_bytes[0],
+                  " bytes sent, ", recv_bytes[0], " expected");
+    if (send_bytes[0] > 0) std::memcpy(recv, send, static_cast<size_t>(send_bytes[0]));
+    return;
+  }
+  std::vector<int> sc(n), sd(n), rc(n), rd(n);
+  int64_t s_at = 0, r_at = 0;
+  for (size_t q = 0; q < n; ++q) {
+    ATTNRES_CHECK(s_at + send_bytes[q] < (int64_t(1) << 31) && r_at + recv_bytes[q] < (int64_t(1) << 31),
+                  "alltoallv: more than 2 GiB in one exchange");
+    sc[q] = static_cast<int>(send_bytes[q]), sd[q] = static_cast<int>(s_at);
+    rc[q] = static_cast<int>(recv_bytes[q]), rd[q] = static_cast<int>(r_at);
+    s_at += send_bytes[q], r_at += recv_bytes[q];
+  }
+  MPI_Request req;
+  mpi_check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
+                           MPI_BYTE, raw(*this), &req),
+            "MPI_Ialltoallv");
+  wait_bounded(req, "an all-to-all of token rows (expert parallelism)");
+}
+
 std::vector<std::string> Comm::gather(const std::string& mine, int root) const {
   // Point-to-point in 1 GiB pieces: a rank's share of a large checkpoint can
   // exceed MPI's int counts. Tag 1 keeps it apart from anything else.
@@ -506,6 +547,16 @@ void Comm::allgather_bytes(const void* mine, size_t bytes, void* all) const {
   if (!solo_) no_mpi();
   std::memcpy(all, mine, bytes);
 }
+std::vector<int64_t> Comm::alltoall(const std::vector<int64_t>& mine) const {
+  if (!solo_) no_mpi();
+  return mine;
+}
+void Comm::alltoallv_bytes(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                           const std::vector<int64_t>&) const {
+  if (!solo_) no_mpi();
+  if (!send_bytes.empty() && send_bytes[0] > 0)
+    std::memcpy(recv, send, static_cast<size_t>(send_bytes[0]));
+}
 std::vector<std::string> Comm::gather(const std::string& mine, int) const {
   if (!solo_) no_mpi();
   return {mine};
@@ -525,8 +576,11 @@ Comm Comm::solo() {
 // ProcessGrid
 // ---------------------------------------------------------------------------
 
-ProcessGrid::ProcessGrid(const Comm& world, int P, int D) : world_(&world), P_(P), D_(D) {
+ProcessGrid::ProcessGrid(const Comm& world, int P, int D, int EP)
+    : world_(&world), P_(P), D_(D), EP_(EP) {
   if (P < 1 || D < 1) fail("parallel.pipeline and parallel.data must be >= 1, got ", P, " and ", D);
+  if (EP < 1 || D % EP != 0)
+    fail("config key parallel.expert: ", EP, " does not divide parallel.data = ", D);
   const int n = world.size();
   if (n != P * D)
     fail("config keys parallel.pipeline * parallel.data = ", P, " * ", D, " = ", P * D,
@@ -536,6 +590,8 @@ ProcessGrid::ProcessGrid(const Comm& world, int P, int D) : world_(&world), P_(P
   rank_ = world.rank();
   pipeline_ = world.split(/*color=*/replica(), /*key=*/stage());
   data_ = world.split(/*color=*/stage(), /*key=*/replica());
+  experts_ = world.split(/*color=*/stage() + P * (replica() / EP), /*key=*/expert_rank());
+  expert_data_ = world.split(/*color=*/stage() + P * expert_rank(), /*key=*/replica() / EP);
 }
 
 }  // namespace attnres::parallel

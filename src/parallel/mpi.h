@@ -141,6 +141,14 @@ class Comm {
   // Every member's `bytes` bytes (the same count on every member) into `all`
   // [size() * bytes], in member order; any size (moved in pieces).
   void allgather_bytes(const void* mine, size_t bytes, void* all) const;
+  // All-to-all: member q receives mine[q * k, (q + 1) * k) of every member
+  // p at out[p * k, (p + 1) * k) (mine.size() = size() * k).
+  std::vector<int64_t> alltoall(const std::vector<int64_t>& mine) const;
+  // All-to-all of byte ranges: send_bytes[q] consecutive bytes of `send` go
+  // to member q (in member order), and recv_bytes[p] bytes from member p land
+  // in `recv`, in member order (each count below 2 GiB).
+  void alltoallv_bytes(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                       const std::vector<int64_t>& recv_bytes) const;
   // Every member's blob on `root` (empty vector elsewhere).
   std::vector<std::string> gather(const std::string& mine, int root) const;
   // In-place sum of float/double buffers over all members, with bit-identical
@@ -188,12 +196,15 @@ class MpiSession {
   Comm node_;
 };
 
-// The P x D grid over a communicator of P*D processes (normally the world).
+// The P x D grid over a communicator of P*D processes (normally the world),
+// with expert parallelism EP (dividing D): the replicas of a stage form D / EP
+// expert groups of EP consecutive replicas; replica d is member d mod EP of
+// group d div EP and holds that share of each MoE layer's routed experts.
 class ProcessGrid {
  public:
-  // Throws attnres::Error (naming parallel.pipeline / parallel.data) when
-  // world.size() != P*D.
-  ProcessGrid(const Comm& world, int P, int D);
+  // Throws attnres::Error (naming parallel.pipeline / parallel.data /
+  // parallel.expert) when world.size() != P*D or EP does not divide D.
+  ProcessGrid(const Comm& world, int P, int D, int EP = 1);
 
   int rank() const { return rank_; }  // in `world`
   int P() const { return P_; }
@@ -205,11 +216,18 @@ class ProcessGrid {
   const Comm& world() const { return *world_; }
   const Comm& pipeline() const { return pipeline_; }  // this replica's P stages; rank = stage
   const Comm& data() const { return data_; }          // this stage's D replicas; rank = replica
+  int EP() const { return EP_; }
+  int expert_rank() const { return replica() % EP_; }  // member of its expert group
+  // This stage's expert group (EP replicas: the all-to-all; rank =
+  // expert_rank()) and the D / EP replicas of this stage holding the same
+  // experts (their gradient sums; rank = replica() / EP).
+  const Comm& experts() const { return experts_; }
+  const Comm& expert_data() const { return expert_data_; }
 
  private:
   const Comm* world_;
-  int rank_, P_, D_;
-  Comm pipeline_, data_;
+  int rank_, P_, D_, EP_;
+  Comm pipeline_, data_, experts_, expert_data_;
 };
 
 }  // namespace attnres::parallel

@@ -245,9 +245,11 @@ class MpiPendingScatter : public PendingSum {
 
 }  // namespace
 
-std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor> tensors) {
-  if (grid_.D() == 1 || tensors.empty()) return std::make_unique<DonePendingSum>();
-  return std::make_unique<MpiPendingSum>(grid_.data(), staging_, std::move(tensors));
+std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor> tensors,
+                                                                    Replicas group) {
+  const Comm& comm = replicas(group);
+  if (comm.size() == 1 || tensors.empty()) return std::make_unique<DonePendingSum>();
+  return std::make_unique<MpiPendingSum>(comm, staging_, std::move(tensors));
 }
 
 std::unique_ptr<cuda::HostBuffer> StagingPool::take(size_t bytes, bool pinned) {
@@ -268,22 +270,40 @@ void StagingPool::give(std::unique_ptr<cuda::HostBuffer> buffer) {
   free_.push_back(std::move(buffer));
 }
 
-std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor flat, Tensor mine) {
-  return std::make_unique<MpiPendingScatter>(grid_.data(), flat, std::move(mine));
+std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor flat, Tensor mine,
+                                                               Replicas group) {
+  return std::make_unique<MpiPendingScatter>(replicas(group), flat, std::move(mine));
 }
 
-void MpiTransport::all_gather(const Tensor& mine, Tensor& flat) {
+void MpiTransport::all_gather(const Tensor& mine, Tensor& flat, Replicas group) {
+  const Comm& comm = replicas(group);
   const Tensor in = mine.is_cpu() ? mine : mine.to(Device::CPU);
   Tensor out = flat.is_cpu() ? flat : Tensor::empty(flat.shape(), flat.dtype(), Device::CPU);
-  ATTNRES_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * grid_.D(),
+  ATTNRES_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * comm.size(),
                 "all-gather of ", in.describe(), " into ", out.describe());
   MPI_Request req;
   const MPI_Datatype type = mpi_type(in.dtype());
   mpi_check(MPI_Iallgather(in.raw(), mpi_count(in), type, out.raw(), mpi_count(in), type,
-                           raw(grid_.data()), &req),
+                           raw(comm), &req),
             "MPI_Iallgather (ZeRO-1 weights)");
   wait_bounded(req, "the ZeRO-1 weight all-gather");
   if (!flat.is_cpu()) flat.copy_from(out);
+}
+
+void MpiTransport::all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows,
+                              Tensor& recv, const std::vector<int64_t>& recv_rows) {
+  // Host memory: device rows are staged (the CUDA runs' path is NCCL's).
+  const Tensor in = send.is_cpu() ? send : send.to(Device::CPU);
+  Tensor out = recv.is_cpu() ? recv : Tensor::empty(recv.shape(), recv.dtype(), Device::CPU);
+  const int64_t row_bytes = in.ndim() == 2 ? in.dim(1) * static_cast<int64_t>(dtype_size(in.dtype())) : 0;
+  ATTNRES_CHECK(in.ndim() == 2 && out.ndim() == 2 && in.dim(1) == out.dim(1) &&
+                    in.dtype() == out.dtype(),
+                "all-to-all of ", in.describe(), " into ", out.describe());
+  std::vector<int64_t> sb, rb;
+  for (int64_t n : send_rows) sb.push_back(n * row_bytes);
+  for (int64_t n : recv_rows) rb.push_back(n * row_bytes);
+  grid_.experts().alltoallv_bytes(in.raw(), sb, out.raw(), rb);
+  if (!recv.is_cpu()) recv.copy_from(out);
 }
 
 void MpiTransport::sum_with_peer(Tensor& t, int peer) {
@@ -310,13 +330,17 @@ MpiTransport::MpiTransport(const ProcessGrid& grid) : Transport(grid.P(), grid.s
 }
 Request MpiTransport::send_to(const Tensor&, int) { fail("no MPI in this build"); }
 Request MpiTransport::recv_from(const Tensor&, int) { fail("no MPI in this build"); }
-std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor>) {
+std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor>, Replicas) {
   fail("no MPI in this build");
 }
-std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor, Tensor) {
+std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor, Tensor, Replicas) {
   fail("no MPI in this build");
 }
-void MpiTransport::all_gather(const Tensor&, Tensor&) { fail("no MPI in this build"); }
+void MpiTransport::all_gather(const Tensor&, Tensor&, Replicas) { fail("no MPI in this build"); }
+void MpiTransport::all_to_all(const Tensor&, const std::vector<int64_t>&, Tensor&,
+                              const std::vector<int64_t>&) {
+  fail("no MPI in this build");
+}
 void MpiTransport::sum_with_peer(Tensor&, int) { fail("no MPI in this build"); }
 
 #endif

@@ -30,9 +30,12 @@ class MpiTransport : public Transport {
   explicit MpiTransport(const ProcessGrid& grid);
   std::string name() const override { return "mpi"; }
   bool graph_capturable() const override { return false; }  // the host drives its transfers
-  std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
-  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) override;
-  void all_gather(const Tensor& mine, Tensor& flat) override;
+  std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors,
+                                                        Replicas group) override;
+  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine, Replicas group) override;
+  void all_gather(const Tensor& mine, Tensor& flat, Replicas group) override;
+  void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                  const std::vector<int64_t>& recv_rows) override;
   void sum_with_peer(Tensor& t, int peer) override;
 
  protected:
@@ -40,6 +43,9 @@ class MpiTransport : public Transport {
   Request recv_from(const Tensor& buffer, int peer) override;
 
  private:
+  const Comm& replicas(Replicas group) const {
+    return group == Replicas::All ? grid_.data() : grid_.expert_data();
+  }
   const ProcessGrid& grid_;
   StagingPool staging_;  // the data-parallel sums' buffers
 };

@@ -20,16 +20,21 @@ std::unique_ptr<Transport> make_transport(TransportKind kind, const ProcessGrid&
 Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType dtype, Device device,
                  const RuntimeOptions& opt, int64_t B, int64_t T)
     : grid_(grid), cfg_(cfg), layout_(cfg.n_layers, grid.P(), opt.V, opt.layers_per_chunk) {
-  model_ = std::make_unique<RankModel>(cfg, dtype, device, layout_, grid.stage());
+  model_ = std::make_unique<RankModel>(cfg, dtype, device, layout_, grid.stage(),
+                                       grid.expert_rank(), grid.EP());
   for (int v = 0; v < model_->size(); ++v) {
     model_->chunk(v).set_recompute(opt.recompute);
     if (opt.zero) {
       std::vector<model::Param*> ps;
       for (auto& p : model_->chunk(v).params().all()) ps.push_back(&p);
-      zero_.emplace_back(std::move(ps), grid.D(), grid.replica());
+      zero_.emplace_back(std::move(ps), grid.D(), grid.replica(), grid.EP());
     }
   }
   transport_ = make_transport(opt.transport, grid);
+  if (grid.EP() > 1) {
+    exchange_ = std::make_unique<GroupExpertExchange>(grid, *transport_);
+    for (int v = 0; v < model_->size(); ++v) model_->chunk(v).set_expert_exchange(exchange_.get());
+  }
   executor_ = std::make_unique<PipelineExecutor>(cfg, *model_, *transport_, opt.cache_blocks, B, T);
   if (opt.cuda_graphs) {
     // train::Config::validate and the trainer's transport choice refuse the
@@ -84,7 +89,10 @@ StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
   // soon as its last backward is done, overlapping the rest of the step
   // (the loss scale already divides by the global token count). Every
   // replica runs the same schedule, so they start these sums in the same order.
-  std::vector<std::unique_ptr<PendingSum>> pending(static_cast<size_t>(model_->size()));
+  // With expert parallelism a chunk has two sums: its routed experts' over
+  // the replicas holding them, the rest over all D.
+  std::vector<std::unique_ptr<PendingSum>> pending(static_cast<size_t>(model_->size())),
+      pending_experts(pending.size());
   // ZeRO-1: each replica receives the sum of its own slice only. A chunk
   // holding a tied embedding (or its copy) waits for the tied sum below,
   // which needs the whole gradient.
@@ -92,11 +100,15 @@ StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
   auto holds_tied = [&](int v) {
     return tied && (model_->chunk_id(v) == 0 || model_->chunk_id(v) == layout_.C() - 1);
   };
-  std::vector<Tensor> mine(zero_.size());
+  std::vector<std::vector<Tensor>> mine(zero_.size());  // per chunk, per space
   auto start_scatter = [&](int v) {
     const auto i = static_cast<size_t>(v);
-    mine[i] = Tensor::empty({zero_[i].shard_elements()}, DType::F32, model_->chunk(v).device());
-    pending[i] = transport_->start_reduce_scatter(zero_[i].pack_grads(), mine[i]);
+    const ZeroShard& z = zero_[i];
+    for (int sp = 0; sp < z.spaces(); ++sp) {
+      mine[i].push_back(Tensor::empty({z.shard_elements(sp)}, DType::F32, model_->chunk(v).device()));
+      (sp == 0 ? pending : pending_experts)[i] =
+          transport_->start_reduce_scatter(z.pack_grads(sp), mine[i].back(), z.group(sp));
+    }
   };
   auto grads_ready = [&](int v) {
     if (!zero_.empty()) {
@@ -104,13 +116,18 @@ StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
       return;
     }
     if (grid_.D() == 1) return;
-    std::vector<Tensor> grads;
-    for (auto& p : model_->chunk(v).params().all()) grads.push_back(p.grad);
+    std::vector<Tensor> grads, expert_grads;
+    for (auto& p : model_->chunk(v).params().all())
+      (grid_.EP() > 1 && p.expert >= 0 ? expert_grads : grads).push_back(p.grad);
     pending[static_cast<size_t>(v)] = transport_->start_sum_across_replicas(std::move(grads));
+    if (!expert_grads.empty())
+      pending_experts[static_cast<size_t>(v)] =
+          transport_->start_sum_across_replicas(std::move(expert_grads), Replicas::SameExperts);
   };
   StepStats st = executor_->train_step(M, data, grad_scale, grads_ready);
-  for (auto& p : pending)
-    if (p) p->finish();
+  for (auto* list : {&pending, &pending_experts})
+    for (auto& p : *list)
+      if (p) p->finish();
 
   // Tied embeddings: chunk 0 holds the input embedding, chunk C-1 a copy for
   // the LM head; both need the sum of both gradients (a + b == b + a, so the
@@ -131,9 +148,11 @@ StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
     const auto i = static_cast<size_t>(v);
     if (holds_tied(v)) {  // started in chunk order on every replica
       start_scatter(v);
-      pending[i]->finish();
+      for (auto* list : {&pending, &pending_experts})
+        if ((*list)[i]) (*list)[i]->finish();
     }
-    zero_[i].unpack_owned_grads(mine[i]);
+    for (int sp = 0; sp < zero_[i].spaces(); ++sp)
+      zero_[i].unpack_owned_grads(sp, mine[i][static_cast<size_t>(sp)]);
   }
   return st;
 }
@@ -160,6 +179,22 @@ double Runtime::grad_norm() {
   for (double s : kernels::sum_squares_each(grads)) mine.push_back(s);
   if (!zero_.empty())
     grid_.data().allreduce_sum(mine.data() + owned.size(), static_cast<int>(grads.size()));
+  if (grid_.EP() > 1 && zero_.empty()) {
+    // (With ZeRO-1 the sum over all D replicas above counts every expert:
+    // each replica's experts' owned slices.)
+    // The members of an expert group hold different experts in the same
+    // places: each place's squares summed over the group count every expert.
+    std::vector<double> experts;
+    std::vector<size_t> at;
+    size_t k = owned.size();
+    for (const auto& chunk : owned)
+      for (const model::Param* p : chunk) {
+        if (p->expert >= 0) experts.push_back(mine[k]), at.push_back(k);
+        ++k;
+      }
+    grid_.experts().allreduce_sum(experts.data(), static_cast<int>(experts.size()));
+    for (size_t i = 0; i < at.size(); ++i) mine[at[i]] = experts[i];
+  }
   const auto all = grid_.pipeline().allgather(mine);
   // Chunk c lives on stage c mod P as local chunk c div P: walk the chunks in
   // global order, which is the single-process parameter order.
@@ -179,9 +214,24 @@ void Runtime::trim_device_memory() {
   if (graph_) cuda::trim_memory_pool();
 }
 
+int Runtime::forward_microbatches(int M) const {
+  if (grid_.EP() == 1) return M;
+  int64_t m = M;
+  grid_.experts().allreduce_max(&m, 1);
+  return static_cast<int>(m);
+}
+
 double Runtime::eval_loss_sum(int M, const DataFn& data) {
   double loss = 0;
-  if (M > 0) loss = executor_->forward_only(M, data).loss_sum;
+  const int run = forward_microbatches(M);
+  if (run == M && M > 0) {
+    loss = executor_->forward_only(M, data).loss_sum;
+  } else if (run > M) {  // the extra microbatches' losses left out
+    executor_->forward_only(run, data, [&](int mb, model::Model& m, const model::DepthState& st,
+                                           model::Activations& acts) {
+      if (mb < M) loss += m.head_loss(st, data(mb).targets, acts);
+    });
+  }
   grid_.world().allreduce_sum(&loss, 1);
   return loss;
 }
@@ -193,21 +243,29 @@ const ZeroShard* Runtime::zero_shard(int v) const {
 std::vector<Tensor> Runtime::all_gather_owned(int v, const std::vector<Tensor>& owned_parts,
                                               DType dtype) {
   const ZeroShard& z = zero_.at(static_cast<size_t>(v));
-  Tensor flat = Tensor::empty({z.shard_elements() * grid_.D()}, dtype, model_->chunk(v).device());
-  transport_->all_gather(z.pack_owned(owned_parts, dtype), flat);
   std::vector<Tensor> out;
   for (const auto& p : model_->chunk(v).params().all())
     out.push_back(Tensor::empty(p.value.shape(), dtype, p.value.device()));
-  z.unpack_all(flat, out);
+  for (int sp = 0; sp < z.spaces(); ++sp) {
+    Tensor flat = Tensor::empty({z.shard_elements(sp) * z.members(sp)}, dtype,
+                                model_->chunk(v).device());
+    transport_->all_gather(z.pack_owned(sp, owned_parts, dtype), flat, z.group(sp));
+    z.unpack_all(sp, flat, out);
+  }
   return out;
 }
 
 std::vector<Tensor> Runtime::gather_owned_to_host(int v, const std::vector<Tensor>& owned_parts) {
   const ZeroShard& z = zero_.at(static_cast<size_t>(v));
-  const Tensor mine = z.pack_owned(owned_parts, DType::F32).to(Device::CPU);
-  Tensor flat = Tensor::empty({z.shard_elements() * grid_.D()}, DType::F32, Device::CPU);
-  grid_.data().allgather_bytes(mine.raw(), mine.nbytes(), flat.raw());
-  return z.views(flat);
+  std::vector<Tensor> out(owned_parts.size());
+  for (int sp = 0; sp < z.spaces(); ++sp) {
+    const Tensor mine = z.pack_owned(sp, owned_parts, DType::F32).to(Device::CPU);
+    Tensor flat = Tensor::empty({z.shard_elements(sp) * z.members(sp)}, DType::F32, Device::CPU);
+    const Comm& comm = z.group(sp) == Replicas::All ? grid_.data() : grid_.expert_data();
+    comm.allgather_bytes(mine.raw(), mine.nbytes(), flat.raw());
+    z.views(sp, flat, out);
+  }
+  return out;
 }
 
 void Runtime::gather_updated_weights() {
@@ -254,16 +312,15 @@ std::vector<NamedTensor> Runtime::gather_to_root(const std::vector<NamedTensor>&
   if (grid_.world().size() == 1) return mine;  // nothing to move
   // Blob: per tensor name length, name, dtype, ndim, dims, raw bytes.
   std::string blob;
-  if (grid_.replica() == 0)
-    for (const auto& t : mine) {
-      const Tensor h = t.tensor.is_cpu() ? t.tensor : t.tensor.to(Device::CPU);
-      put(blob, static_cast<uint32_t>(t.name.size()));
-      put(blob, t.name.data(), t.name.size());
-      put(blob, static_cast<uint8_t>(h.dtype()));
-      put(blob, static_cast<uint32_t>(h.ndim()));
-      for (int64_t d : h.shape()) put(blob, d);
-      put(blob, h.raw(), h.nbytes());
-    }
+  for (const auto& t : mine) {
+    const Tensor h = t.tensor.is_cpu() ? t.tensor : t.tensor.to(Device::CPU);
+    put(blob, static_cast<uint32_t>(t.name.size()));
+    put(blob, t.name.data(), t.name.size());
+    put(blob, static_cast<uint8_t>(h.dtype()));
+    put(blob, static_cast<uint32_t>(h.ndim()));
+    for (int64_t d : h.shape()) put(blob, d);
+    put(blob, h.raw(), h.nbytes());
+  }
   const auto blobs = grid_.world().gather(blob, 0);
   std::vector<NamedTensor> out;
   for (const std::string& b : blobs) {

@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "model/model.h"
 #include "parallel/executor.h"
+#include "parallel/expert_exchange.h"
 #include "parallel/layout.h"
 #include "parallel/mpi.h"
 #include "parallel/step_graph.h"
@@ -87,18 +88,26 @@ class Runtime {
   // replica's packed slice (1/D of the chunk) is on its device, so a save
   // needs no device memory of the whole chunk's size (a run that fits a GPU
   // only thanks to ZeRO-1 fits at its saves too). The tensors returned are
-  // views into one host buffer. Collective over the replicas.
+  // views into one host buffer per ZeroShard space. Collective over the replicas.
   std::vector<Tensor> gather_owned_to_host(int v, const std::vector<Tensor>& owned_parts);
 
   // Forward-only loss over this replica's M microbatches; returns the loss
-  // summed over all replicas. Collective.
+  // summed over all replicas. Collective. With expert parallelism `data`
+  // must also give microbatches M .. forward_microbatches(M) - 1 (run, their
+  // losses left out).
   double eval_loss_sum(int M, const DataFn& data);
+  // How many microbatches a forward-only pass over this replica's M runs:
+  // M, or with expert parallelism the largest M of its expert group (whose
+  // members exchange rows in every MoE layer, so they run the same count).
+  // Collective over the expert group.
+  int forward_microbatches(int M) const;
 
   // Collective helpers on the world communicator.
   int64_t max(int64_t v) const;
 
-  // Tensors from every rank of replica 0, at world rank 0 (in rank order);
-  // empty elsewhere. Device tensors are copied to the host (in a job of one
+  // The tensors every rank passes (each passes what it contributes: in a
+  // checkpoint, what replica 0 holds and the experts of the members of its
+  // expert group), at world rank 0 in rank order; empty elsewhere. Device tensors are copied to the host (in a job of one
   // rank, `mine` is returned as it is).
   std::vector<NamedTensor> gather_to_root(const std::vector<NamedTensor>& mine) const;
 
@@ -112,6 +121,7 @@ class Runtime {
   PipelineLayout layout_;
   std::unique_ptr<RankModel> model_;
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<GroupExpertExchange> exchange_;  // expert parallelism (EP > 1)
   std::unique_ptr<PipelineExecutor> executor_;
   std::vector<ZeroShard> zero_;  // per local chunk, with ZeRO-1
   // RuntimeOptions::cuda_graphs. Declared after transport_ so that it is

@@ -65,14 +65,22 @@ Request LocalTransport::recv_from(const Tensor&, int peer) {
   ATTNRES_CHECK(false, "a single-process job has no pipeline peer (receive from ", peer, ")");
   return {};
 }
-std::unique_ptr<PendingSum> LocalTransport::start_sum_across_replicas(std::vector<Tensor>) {
+std::unique_ptr<PendingSum> LocalTransport::start_sum_across_replicas(std::vector<Tensor>,
+                                                                      Replicas) {
   return std::make_unique<NothingToSum>();  // one replica: its gradients are the sum
 }
-std::unique_ptr<PendingSum> LocalTransport::start_reduce_scatter(Tensor flat, Tensor mine) {
+std::unique_ptr<PendingSum> LocalTransport::start_reduce_scatter(Tensor flat, Tensor mine,
+                                                                 Replicas) {
   mine.copy_from(flat);  // one replica owns everything
   return std::make_unique<NothingToSum>();
 }
-void LocalTransport::all_gather(const Tensor& mine, Tensor& flat) { flat.copy_from(mine); }
+void LocalTransport::all_gather(const Tensor& mine, Tensor& flat, Replicas) { flat.copy_from(mine); }
+void LocalTransport::all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows,
+                                Tensor& recv, const std::vector<int64_t>& recv_rows) {
+  // An expert group of one: the rows stay here.
+  ATTNRES_CHECK(send_rows.size() == 1 && recv_rows == send_rows, "a single process's all-to-all");
+  if (send_rows[0] > 0) recv.rows(0, send_rows[0]).copy_from(send.rows(0, send_rows[0]));
+}
 void LocalTransport::sum_with_peer(Tensor&, int peer) {
   ATTNRES_CHECK(false, "a single-process job has no pipeline peer (sum with ", peer, ")");
 }

@@ -93,6 +93,12 @@ struct Traffic {
   int64_t total_sent() const;
 };
 
+// Which of this stage's replicas a data-parallel operation spans: all D
+// (every parameter but the routed experts), or, with expert parallelism
+// (parallel.expert = EP), the D / EP replicas that hold the same routed
+// experts (ProcessGrid::expert_data; all D when EP = 1).
+enum class Replicas { All, SameExperts };
+
 // Which transport a job uses (config key parallel.transport). Auto becomes
 // Nccl for CUDA runs when NCCL is built in, else Mpi.
 enum class TransportKind { Auto, Mpi, Nccl };
@@ -119,7 +125,8 @@ class Transport {
   // returns at once so the sum can overlap with the rest of the backward
   // pass (the runtime starts it for a chunk as soon as its last backward is
   // done); every replica must start its sums in the same order.
-  virtual std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) = 0;
+  virtual std::unique_ptr<PendingSum> start_sum_across_replicas(
+      std::vector<Tensor> tensors, Replicas group = Replicas::All) = 0;
   void sum_across_replicas(std::vector<Tensor>& tensors) {
     start_sum_across_replicas(tensors)->finish();
   }
@@ -128,10 +135,21 @@ class Transport {
   // `mine` [n]. Started like start_sum_across_replicas (at once, finished
   // later, in the same order on every replica); F32 tensors on the
   // transport's device side.
-  virtual std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) = 0;
+  // (With Replicas::SameExperts: over the G = D / EP replicas of the group,
+  // `flat` [G * n], member g receiving [g * n, (g + 1) * n).)
+  virtual std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine,
+                                                           Replicas group = Replicas::All) = 0;
   // `flat` [D * n] = every replica's `mine` [n], in replica order (blocking;
-  // F32 or BF16).
-  virtual void all_gather(const Tensor& mine, Tensor& flat) = 0;
+  // F32 or BF16); of the group's G replicas with Replicas::SameExperts.
+  virtual void all_gather(const Tensor& mine, Tensor& flat, Replicas group = Replicas::All) = 0;
+  // Expert parallelism: rows of `send` [*, c] to the EP members of this
+  // stage's expert group (ProcessGrid::experts), send_rows[q] consecutive rows
+  // to member q in member order, and recv_rows[p] rows from member p into
+  // `recv` [*, c], in member order. Blocking for the host (the MPI transport)
+  // or for the compute stream (NCCL); every member calls it at the same point
+  // of the same schedule.
+  virtual void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                          const std::vector<int64_t>& recv_rows) = 0;
   // t = t + (peer's t), with a pipeline peer that calls this at the same time
   // (tied embeddings: first and last stage). Both sides get identical bits.
   virtual void sum_with_peer(Tensor& t, int peer) = 0;
@@ -165,9 +183,12 @@ class LocalTransport : public Transport {
   LocalTransport() : Transport(1, 0) {}
   std::string name() const override { return "none (single process)"; }
   bool graph_capturable() const override { return true; }
-  std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override;
-  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) override;
-  void all_gather(const Tensor& mine, Tensor& flat) override;
+  std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors,
+                                                        Replicas group) override;
+  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine, Replicas group) override;
+  void all_gather(const Tensor& mine, Tensor& flat, Replicas group) override;
+  void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                  const std::vector<int64_t>& recv_rows) override;
   void sum_with_peer(Tensor&, int peer) override;
 
  protected:

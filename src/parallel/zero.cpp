@@ -10,18 +10,27 @@ namespace {
 Tensor flat_view(const Tensor& t) { return t.reshape({t.numel()}); }
 }  // namespace
 
-ZeroShard::ZeroShard(std::vector<model::Param*> params, int D, int replica)
-    : params_(std::move(params)), D_(D), replica_(replica) {
-  ATTNRES_CHECK(D >= 1 && replica >= 0 && replica < D, "ZeroShard: replica ", replica, " of ", D);
-  int64_t total = 0;
-  for (const model::Param* p : params_) {
-    offset_.push_back(total);
-    total += p->value.numel();
+ZeroShard::ZeroShard(std::vector<model::Param*> params, int D, int replica, int EP)
+    : params_(std::move(params)) {
+  ATTNRES_CHECK(D >= 1 && replica >= 0 && replica < D && EP >= 1 && D % EP == 0,
+                "ZeroShard: replica ", replica, " of ", D, ", expert parallelism ", EP);
+  spaces_.push_back({Replicas::All, D, replica, 0, {}});
+  if (EP > 1) spaces_.push_back({Replicas::SameExperts, D / EP, replica / EP, 0, {}});
+  std::vector<int64_t> total(spaces_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int s = EP > 1 && params_[i]->expert >= 0 ? 1 : 0;
+    space_of_.push_back(s);
+    offset_.push_back(total[s]);
+    total[s] += params_[i]->value.numel();
+    spaces_[s].params.push_back(i);
   }
   if (!params_.empty()) device_ = params_.front()->value.device();
-  n_ = (total + D - 1) / D;
-  const int64_t begin = replica * n_, end = std::min(total, begin + n_);
+  for (size_t s = 0; s < spaces_.size(); ++s)
+    spaces_[s].n = (total[s] + spaces_[s].size - 1) / spaces_[s].size;
   for (size_t i = 0; i < params_.size(); ++i) {
+    const Space& sp = spaces_[static_cast<size_t>(space_of_[i])];
+    const int64_t begin = sp.member * sp.n;
+    const int64_t end = std::min(total[static_cast<size_t>(space_of_[i])], begin + sp.n);
     const int64_t o = offset_[i], len = params_[i]->value.numel();
     owned_.push_back({std::clamp(begin - o, int64_t{0}, len), std::clamp(end - o, int64_t{0}, len)});
   }
@@ -32,9 +41,10 @@ Tensor ZeroShard::owned_view(size_t i, const Tensor& t) const {
   return flat_view(t).rows(r.lo, r.size());
 }
 
-Tensor ZeroShard::pack_grads() const {
-  Tensor flat = Tensor::zeros({n_ * D_}, DType::F32, device_);  // zero padding
-  for (size_t i = 0; i < params_.size(); ++i) {
+Tensor ZeroShard::pack_grads(int s) const {
+  const Space& sp = spaces_.at(static_cast<size_t>(s));
+  Tensor flat = Tensor::zeros({sp.n * sp.size}, DType::F32, device_);  // zero padding
+  for (size_t i : sp.params) {
     const Tensor& g = params_[i]->grad;
     ATTNRES_CHECK(g.dtype() == DType::F32, "ZeRO-1 needs F32 gradients, ", params_[i]->name,
                   " has ", g.describe());
@@ -43,21 +53,23 @@ Tensor ZeroShard::pack_grads() const {
   return flat;
 }
 
-void ZeroShard::unpack_owned_grads(const Tensor& mine) const {
-  const int64_t begin = replica_ * n_;
-  for (size_t i = 0; i < params_.size(); ++i) {
+void ZeroShard::unpack_owned_grads(int s, const Tensor& mine) const {
+  const Space& sp = spaces_.at(static_cast<size_t>(s));
+  const int64_t begin = sp.member * sp.n;
+  for (size_t i : sp.params) {
     const OwnedRange r = owned_[i];
     if (r.size() > 0)
       owned_view(i, params_[i]->grad).copy_from(mine.rows(offset_[i] + r.lo - begin, r.size()));
   }
 }
 
-Tensor ZeroShard::pack_owned(const std::vector<Tensor>& owned_parts, DType dtype) const {
+Tensor ZeroShard::pack_owned(int s, const std::vector<Tensor>& owned_parts, DType dtype) const {
   ATTNRES_CHECK(owned_parts.size() == params_.size(), "pack_owned: ", owned_parts.size(),
                 " tensors for ", params_.size(), " parameters");
-  Tensor mine = Tensor::zeros({n_}, dtype, device_);
-  const int64_t begin = replica_ * n_;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  const Space& sp = spaces_.at(static_cast<size_t>(s));
+  Tensor mine = Tensor::zeros({sp.n}, dtype, device_);
+  const int64_t begin = sp.member * sp.n;
+  for (size_t i : sp.params) {
     const OwnedRange r = owned_[i];
     if (r.size() > 0)
       mine.rows(offset_[i] + r.lo - begin, r.size()).copy_from(flat_view(owned_parts[i]));
@@ -65,22 +77,21 @@ Tensor ZeroShard::pack_owned(const std::vector<Tensor>& owned_parts, DType dtype
   return mine;
 }
 
-void ZeroShard::unpack_all(const Tensor& flat, std::vector<Tensor>& out) const {
-  ATTNRES_CHECK(out.size() == params_.size() && flat.numel() == n_ * D_, "unpack_all: ",
+void ZeroShard::unpack_all(int s, const Tensor& flat, std::vector<Tensor>& out) const {
+  const Space& sp = spaces_.at(static_cast<size_t>(s));
+  ATTNRES_CHECK(out.size() == params_.size() && flat.numel() == sp.n * sp.size, "unpack_all: ",
                 out.size(), " tensors for ", params_.size(), " parameters");
-  for (size_t i = 0; i < params_.size(); ++i)
-    flat_view(out[i]).copy_from(flat.rows(offset_[i], out[i].numel()));
+  for (size_t i : sp.params) flat_view(out[i]).copy_from(flat.rows(offset_[i], out[i].numel()));
 }
 
-std::vector<Tensor> ZeroShard::views(const Tensor& flat) const {
-  ATTNRES_CHECK(flat.numel() == n_ * D_, "views of ", flat.describe(), ": expected ", n_ * D_,
-                " elements");
-  std::vector<Tensor> out;
-  for (size_t i = 0; i < params_.size(); ++i) {
+void ZeroShard::views(int s, const Tensor& flat, std::vector<Tensor>& out) const {
+  const Space& sp = spaces_.at(static_cast<size_t>(s));
+  ATTNRES_CHECK(flat.numel() == sp.n * sp.size && out.size() == params_.size(), "views of ",
+                flat.describe(), ": expected ", sp.n * sp.size, " elements");
+  for (size_t i : sp.params) {
     const Tensor& p = params_[i]->value;
-    out.push_back(flat.rows(offset_[i], p.numel()).reshape(p.shape()));
+    out[i] = flat.rows(offset_[i], p.numel()).reshape(p.shape());
   }
-  return out;
 }
 
 }  // namespace attnres::parallel

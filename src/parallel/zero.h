@@ -7,12 +7,18 @@
 // replica gets the sum of its own slice only), each replica's optimizer
 // updates its slice, and the updated weights are all-gathered. The gradient
 // norm sums the owned slices' squares over the replicas.
+//
+// With expert parallelism (EP > 1) the routed experts' parameters form a
+// second space, split the same way over the G = D / EP replicas that hold
+// those experts (member d div EP of its Replicas::SameExperts group): an
+// expert's state is sharded over the replicas holding it.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/params.h"
+#include "parallel/transport.h"
 
 namespace attnres::parallel {
 
@@ -25,34 +31,47 @@ struct OwnedRange {
 
 class ZeroShard {
  public:
-  // `params`: the chunk's table in order; this is replica `replica` of D.
-  ZeroShard(std::vector<model::Param*> params, int D, int replica);
+  // `params`: the chunk's table in order; this is replica `replica` of D,
+  // with expert parallelism EP.
+  ZeroShard(std::vector<model::Param*> params, int D, int replica, int EP = 1);
 
-  int64_t shard_elements() const { return n_; }  // n: elements per replica
+  // The flat spaces: 0 (every parameter but the routed experts'), and 1
+  // (theirs) when EP > 1; the replicas each spans.
+  int spaces() const { return static_cast<int>(spaces_.size()); }
+  Replicas group(int s) const { return spaces_.at(static_cast<size_t>(s)).group; }
+  int64_t shard_elements(int s) const { return spaces_.at(static_cast<size_t>(s)).n; }
   const std::vector<OwnedRange>& owned() const { return owned_; }
   // The owned part of a parameter-shaped tensor, as a flat view (shares storage).
   Tensor owned_view(size_t i, const Tensor& t) const;
 
-  // The gradients as the flat [D * n] space (F32, on the parameters' device).
-  Tensor pack_grads() const;
-  // The summed slice [n] from the reduce-scatter, written into the owned
+  // Space s's gradients as its flat [size * n] (F32, on the parameters' device).
+  Tensor pack_grads(int s) const;
+  // Its summed slice [n] from the reduce-scatter, written into the owned
   // elements of the gradients (the rest of each gradient is stale).
-  void unpack_owned_grads(const Tensor& mine) const;
-  // This replica's slice [n] (of `dtype`) of per-parameter owned tensors (as
-  // owned_view gives them), and the whole flat space back into full
-  // per-parameter tensors (`out[i]` shaped like parameter i, of flat's dtype).
-  Tensor pack_owned(const std::vector<Tensor>& owned_parts, DType dtype = DType::F32) const;
-  void unpack_all(const Tensor& flat, std::vector<Tensor>& out) const;
-  // Per-parameter views of the whole flat space [D * n], shaped like the
-  // parameters (no copy).
-  std::vector<Tensor> views(const Tensor& flat) const;
+  void unpack_owned_grads(int s, const Tensor& mine) const;
+  // This replica's slice [n] of space s (of `dtype`) from per-parameter
+  // owned tensors (as owned_view gives them; one per parameter, those of
+  // other spaces ignored), and space s's whole flat back into its
+  // parameters' tensors (`out[i]` shaped like parameter i, of flat's dtype).
+  Tensor pack_owned(int s, const std::vector<Tensor>& owned_parts, DType dtype = DType::F32) const;
+  void unpack_all(int s, const Tensor& flat, std::vector<Tensor>& out) const;
+  // Views of space s's whole flat [size * n] shaped like its parameters, at
+  // their places in `out` (one per parameter; no copy).
+  void views(int s, const Tensor& flat, std::vector<Tensor>& out) const;
+  int members(int s) const { return spaces_.at(static_cast<size_t>(s)).size; }
 
  private:
+  struct Space {
+    Replicas group;
+    int size = 1, member = 0;  // replicas it spans; this one's place among them
+    int64_t n = 0;             // elements per replica
+    std::vector<size_t> params;
+  };
   std::vector<model::Param*> params_;
-  std::vector<int64_t> offset_;  // start of each parameter in the flat space
+  std::vector<int> space_of_;     // each parameter's space
+  std::vector<int64_t> offset_;   // its start in that space
   std::vector<OwnedRange> owned_;
-  int D_, replica_;
-  int64_t n_ = 0;
+  std::vector<Space> spaces_;
   Device device_ = Device::CPU;
 };
 

@@ -269,6 +269,10 @@ void for_each_key(C& c, V&& v) {
   v("parallel.virtual_stages", p.virtual_stages,
     KeySpec{"V chunks per stage (interleaved 1F1B); needs P > 1", Check::Positive});
   v("parallel.data", p.data, KeySpec{"D data-parallel replicas", Check::Positive});
+  v("parallel.expert", p.expert,
+    KeySpec{"EP: expert parallelism of a MoE model; each group of EP replicas holds E / EP routed "
+            "experts per rank and exchanges token rows by all-to-all (divides `parallel.data` and "
+            "`model.moe.experts`)", Check::Positive});
   v("parallel.cache_blocks", p.cache_blocks,
     KeySpec{"cross-stage block caching (false: the naive protocol, same numbers, more traffic)"});
   v("parallel.zero", p.zero,
@@ -564,6 +568,17 @@ void Config::validate() const {
     fail("config key optimizer.type: \"muon\" with parallel.zero = 1 is not supported yet (each "
          "matrix's Newton-Schulz needs its whole gradient on one owner replica, which ZeRO-1's "
          "element slices do not give); use parallel.zero = 0");
+  if (parallel.expert > 1) {
+    if (!model.has_moe())
+      fail("config key parallel.expert: ", parallel.expert,
+           " needs a MoE model (model.moe); a dense model has no experts to split");
+    if (parallel.data % parallel.expert != 0)
+      fail("config key parallel.expert: ", parallel.expert, " does not divide parallel.data = ",
+           parallel.data, " (each group of EP data-parallel replicas splits the experts)");
+    if (model.moe.experts % parallel.expert != 0)
+      fail("config key parallel.expert: ", parallel.expert, " does not divide model.moe.experts = ",
+           model.moe.experts, " (each rank of a group holds experts / EP of them)");
+  }
   if (parallel.zero > 1)
     fail("config key parallel.zero: 0 (replicated optimizer state) or 1 (ZeRO-1), got ",
          parallel.zero);

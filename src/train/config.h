@@ -69,6 +69,9 @@ struct DataConfig {
 };
 struct ParallelConfig {
   int64_t pipeline = 1, virtual_stages = 1, data = 1;
+  // EP: expert parallelism of a MoE model (docs/parallel.md "Expert
+  // parallelism"): groups of EP replicas split each MoE layer's routed experts.
+  int64_t expert = 1;
   bool cache_blocks = true;
   int64_t zero = 0;  // 0 | 1 (ZeRO-1: AdamW state and master weights split over the replicas)
   TransportKind transport = TransportKind::Auto;

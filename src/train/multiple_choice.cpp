@@ -186,7 +186,9 @@ ChoiceScores score_questions(parallel::Runtime& rt, const std::vector<ChoiceQues
     const std::vector<double> lp = m.head_logprobs(st, positions, targets, acts);
     for (size_t i = 0; i < lp.size(); ++i) sums[static_cast<size_t>(owner[i])] += lp[i];
   };
-  if (M > 0) rt.executor().forward_only(M, batch_of, head);
+  // (With expert parallelism the group's largest count: the extra
+  // microbatches are padding, which the head skips.)
+  if (const int run = rt.forward_microbatches(M); run > 0) rt.executor().forward_only(run, batch_of, head);
   // Each row was summed by exactly one rank (the last stage of its replica),
   // the others hold 0 there: the world sum is that value exactly.
   if (R > 0) rt.grid().world().allreduce_sum(sums.data(), static_cast<int>(R));

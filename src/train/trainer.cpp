@@ -248,7 +248,8 @@ Engine::Engine(const Config& cfg, const parallel::Comm& world, const parallel::G
       T_(tc_.seq_len),
       A_(tc_.grad_accum),
       gpu_(gpu),
-      grid_(world, static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.data)),
+      grid_(world, static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.data),
+            static_cast<int>(cfg.parallel.expert)),
       root_(grid_.rank() == 0),
       replica_(grid_.replica()),
       // The data, validated by every rank before any compute.
@@ -365,11 +366,13 @@ void Engine::init_weights() {
 void Engine::log_model(const parallel::RuntimeOptions& ro) {
   const int P = grid_.P(), D = grid_.D();
   auto& rm = rt().model();
-  int64_t n = 0;
+  int64_t n_all[2] = {0, 0};  // the routed experts' apart (expert parallelism)
   for (const auto& chunk : rm.owned_params())
-    for (const model::Param* p : chunk) n += p->value.numel();
-  grid_.world().allreduce_sum(&n, 1);
-  n /= D;  // every replica holds the whole model
+    for (const model::Param* p : chunk) n_all[p->expert >= 0] += p->value.numel();
+  grid_.world().allreduce_sum(n_all, 2);
+  // Every replica holds the whole model but the routed experts, which every
+  // expert group holds once.
+  const int64_t n = n_all[0] / D + n_all[1] / (D / grid_.EP());
   const model::ModelConfig& mc = cfg_.model;
   const std::string moe =
       mc.has_moe()
@@ -388,9 +391,17 @@ void Engine::log_model(const parallel::RuntimeOptions& ro) {
     chunks += fmt::format("{}chunk {} = layers [{}, {})", v ? ", " : "", rm.chunk_id(v), lr.begin,
                           lr.end);
   }
+  const int EP = grid_.EP();
+  std::string experts;
+  if (EP > 1) {
+    const int64_t per = mc.moe.experts / EP, first = grid_.expert_rank() * per;
+    chunks += fmt::format("; routed experts [{}, {})", first, first + per);
+    experts = fmt::format(" (expert parallel: groups of {} replicas, {} of {} routed experts each)",
+                          EP, per, mc.moe.experts);
+  }
   if (root_)
-    spdlog::info("parallel: {} pipeline stages x {} virtual x {} replicas, {} transport, "
-                 "cache_blocks {}; rank = replica * {} + stage", P, ro.V, D,
+    spdlog::info("parallel: {} pipeline stages x {} virtual x {} replicas{}, {} transport, "
+                 "cache_blocks {}; rank = replica * {} + stage", P, ro.V, D, experts,
                  transport_name(ro.transport), cfg_.parallel.cache_blocks, P);
   spdlog::info("rank {} = stage {} of replica {}: {}", grid_.rank(), grid_.stage(), replica_,
                chunks);
@@ -461,12 +472,18 @@ parallel::StepStats Engine::step(int64_t k, double grad_scale, bool graph) {
 Engine::SaveParts Engine::save_parts() {
   const bool sharded = cfg_.checkpoint.sharded;
   const int P = grid_.P(), D = grid_.D(), stage = grid_.stage(), replica = grid_.replica();
+  const int EP = grid_.EP();
   // What this rank writes: sharded (the default), replica 0 of every stage
   // the weights and moments of the parameters its chunks own (a tied
-  // embedding's copy in the last chunk belongs to chunk 0) as its own files;
-  // with ZeRO-1 every replica the slices of the moments (and of a bf16 run's
-  // fp32 masters) it owns instead, so no rank holds another's. Gathered
-  // (checkpoint.sharded = false): every rank hands its part to rank 0.
+  // embedding's copy in the last chunk belongs to chunk 0) as its own files,
+  // and with expert parallelism the other members of replica 0's expert
+  // group those of their routed experts; with ZeRO-1 every replica the
+  // slices of the moments (and of a bf16 run's fp32 masters) it owns
+  // instead, so no rank holds another's. Gathered (checkpoint.sharded =
+  // false): those ranks hand the same parts to rank 0.
+  auto writes_whole = [&](const model::Param& p) {
+    return replica == 0 || (p.expert >= 0 && replica < EP);
+  };
   SaveParts s;
   SavePart& weights = s.weights;
   SavePart& moments = s.moments;
@@ -475,10 +492,11 @@ Engine::SaveParts Engine::save_parts() {
   const auto& opts = stepper_->optimizers();
   const bool zero = opts[0]->sharded(), masters = !opts[0]->master_slices().empty();
   if (sharded) {
-    weights.index = masters ? stage * D + replica : replica == 0 ? stage : -1;
-    weights.count = masters ? P * D : P;
-    moments.index = zero ? stage * D + replica : replica == 0 ? stage : -1;
-    moments.count = zero ? P * D : P;
+    const int whole = replica < EP ? stage * EP + replica : -1;
+    weights.index = masters ? stage * D + replica : whole;
+    weights.count = masters ? P * D : P * EP;
+    moments.index = zero ? stage * D + replica : whole;
+    moments.count = zero ? P * D : P * EP;
   } else {
     weights.index = moments.index = root_ ? 0 : -1;
   }
@@ -487,7 +505,7 @@ Engine::SaveParts Engine::save_parts() {
                  const parallel::ZeroShard* shard, size_t i) {
     if (sharded && part.index < 0) return;  // another replica writes it
     if (!shard) {
-      part.tensors.push_back({name, t});
+      if (writes_whole(param)) part.tensors.push_back({name, t});
       return;
     }
     const parallel::OwnedRange r = shard->owned()[i];
@@ -644,7 +662,7 @@ void Engine::evaluate_val_loss() {
   const int64_t n = std::min(cfg_.eval.batches, val_data_->units_per_epoch());
   const int M = static_cast<int>(n > replica_ ? (n - replica_ + D - 1) / D : 0);
   const double sum =
-      rt().eval_loss_sum(M, [&](int mb) { return val_data_->unit(replica_ + int64_t(mb) * D); });
+      rt().eval_loss_sum(M, [&](int mb) { return val_data_->unit((replica_ + int64_t(mb) * D) % n); });
   const double loss = sum / static_cast<double>(n * B_ * T_);
   if (root_) {
     metrics_->write({{"step", state_.step}, {"val_loss", loss}});

@@ -24,6 +24,17 @@ unknown MoE router|model.moe.router|, "top_k": 2, "router": "relu"
 unknown MoE balance|model.moe.balance|, "top_k": 2, "balance": "loss"
 negative capacity factor|model.moe.capacity_factor|, "top_k": 2, "capacity_factor": -1
 CASES
+# Expert parallelism: EP must divide the replicas and the experts, and needs experts.
+moe4='{"experts": 4, "top_k": 2, "expert_d_ff": 16}'
+expect_error "expert parallelism not dividing the experts" \
+  "parallel.expert: 3 does not divide model.moe.experts = 4" \
+  "$BIN" train base.json --model.moe="$moe4" --parallel.data=3 --parallel.expert=3
+expect_error "expert parallelism not dividing the replicas" \
+  "parallel.expert: 2 does not divide parallel.data = 1" \
+  "$BIN" train base.json --model.moe="$moe4" --parallel.expert=2
+expect_error "expert parallelism of a dense model" "parallel.expert: 2 needs a MoE model" \
+  "$BIN" train base.json --parallel.data=2 --parallel.expert=2
+expect_error "zero expert parallelism" "parallel.expert" "$BIN" train base.json --parallel.expert=0
 expect_error "CUDA graphs over MoE layers" "training.cuda_graphs: true with model.moe" "$BIN" train \
   base.json --training.device=cuda --training.cuda_graphs=true \
   --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16}'
@@ -62,7 +73,6 @@ grep -q "resumed from ckpt/step_00000004" err.txt || { cat err.txt; fail "auto r
 pass "resume=auto skipped the damaged checkpoint"
 
 # A checkpoint of another expert count is refused by name, and left as it was.
-moe4='{"experts": 4, "top_k": 2, "expert_d_ff": 16}'
 "$BIN" train base.json --training.steps=4 --model.moe="$moe4" --checkpoint.dir=ckpt_moe \
   --run.dir=run_moe >/dev/null 2>err.txt || { cat err.txt; fail "MoE training run failed"; }
 before=$(cd ckpt_moe && find . -type f -exec md5sum {} + | sort)

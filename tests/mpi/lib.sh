@@ -28,7 +28,7 @@ reference_run() {
 ranks_of() {
   local P=1 D=1
   [[ "$1" == *pipeline=* ]] && P=$(sed -E 's/.*pipeline=([0-9]+).*/\1/' <<<"$1")
-  [[ "$1" == *data=2* ]] && D=2
+  [[ "$1" == *data=* ]] && D=$(sed -E 's/.*data=([0-9]+).*/\1/' <<<"$1")
   echo $((P * D))
 }
 

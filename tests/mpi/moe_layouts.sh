@@ -5,10 +5,12 @@
 # routers' balancing biases included); cached interleaving, data parallelism
 # and ZeRO-1 within relative 1e-5, with the same expert loads and biases in
 # every step record (the loads are summed over the whole global batch, so
-# every replica nudges its biases alike). Two MoE settings: sigmoid routing
+# every replica nudges its biases alike); expert parallelism (EP replicas
+# splitting the experts, rows exchanged by all-to-all) under data, pipeline,
+# interleaved and ZeRO-1 layouts, gathered checkpoints too. Two MoE settings: sigmoid routing
 # with aux-free balancing and a shared expert; softmax routing with the
 # auxiliary loss and a capacity that drops. A resume on another layout
-# continues the run exactly.
+# continues the run exactly, one that changes EP included.
 source "$(dirname "$0")/lib.sh"
 make_corpus
 write_mpi_config
@@ -32,6 +34,10 @@ for moe in "${moe_settings[@]}"; do
     "--parallel.data=2 --training.grad_accum=2" \
     "--parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
     "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
+    "--parallel.data=2 --parallel.expert=2 --training.grad_accum=2" \
+    "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.data=2 --parallel.expert=2 --training.grad_accum=2" \
+    "--parallel.data=4 --parallel.expert=2 --training.grad_accum=1 --parallel.zero=1" \
+    "--parallel.pipeline=2 --parallel.data=2 --parallel.expert=2 --training.grad_accum=2 --parallel.zero=1 --checkpoint.sharded=false" \
     -- --optimizer.eps=1e-4 "${m[@]}"
 done
 
@@ -49,4 +55,21 @@ run_np 2 "$BIN" train base.json --checkpoint.dir=ck_r --run.dir=run_r --optimize
 grep -q "resumed from ck_r/step_00000004" log_r2.txt || { cat log_r2.txt; fail "did not resume from step 4"; }
 compare_losses run_e/metrics.jsonl run_r/metrics.jsonl 1e-5 || fail "resumed on D = 2: losses differ"
 pass "stopped at step 4 on P = 2, resumed on D = 2: the uninterrupted run's losses, loads and biases"
+
+# A resume that changes expert parallelism: experts 2 per rank (D = 2, EP =
+# 2, ZeRO-1: each expert's moments sharded over its holders) to 1 per rank
+# (D = 4, EP = 4); the checkpoint names experts by global index.
+rm -rf ck_r run_r
+run_np 2 "$BIN" train base.json --checkpoint.dir=ck_r --run.dir=run_r --optimizer.eps=1e-4 "${m[@]}" \
+  --parallel.data=2 --parallel.expert=2 --parallel.zero=1 --training.grad_accum=2 --run.stop_after=4 \
+  2>log_r1.txt || { cat log_r1.txt; fail "the first half, D = 2, EP = 2"; }
+run_np 4 "$BIN" train base.json --checkpoint.dir=ck_r --run.dir=run_r --optimizer.eps=1e-4 "${m[@]}" \
+  --parallel.data=4 --parallel.expert=4 --training.grad_accum=1 --checkpoint.resume=auto 2>log_r2.txt \
+  || { cat log_r2.txt; fail "the second half, D = 4, EP = 4"; }
+grep -q "resumed from ck_r/step_00000004" log_r2.txt || { cat log_r2.txt; fail "did not resume from step 4"; }
+compare_losses run_e/metrics.jsonl run_r/metrics.jsonl 1e-5 || fail "resumed on EP = 4: losses differ"
+"$BIN" inspect compare ck_e/step_00000008 ck_r/step_00000008 --rtol 1e-5 >/dev/null \
+  || fail "resumed on EP = 4: checkpoint tensors differ"
+pass "stopped at step 4 on D = 2 with EP = 2 and ZeRO-1, resumed on D = 4 with EP = 4: the uninterrupted run"
+
 echo "all moe_layouts checks passed"

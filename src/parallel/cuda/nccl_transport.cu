@@ -233,6 +233,12 @@ class NcclTransport : public Transport {
     connect_collective(pipeline_, "the pipeline communicator");
     data_.init(grid.data(), "data-parallel");
     connect_collective(data_, "the data-parallel communicator");
+    if (grid.EP() > 1) {  // expert parallelism: the all-to-all and the experts' sums
+      experts_.init(grid.experts(), "expert-parallel");
+      connect_collective(experts_, "the expert-parallel communicator");
+      expert_data_.init(grid.expert_data(), "expert data-parallel");
+      connect_collective(expert_data_, "the expert data-parallel communicator");
+    }
     init_links();
   }
   // Destroying a communicator can wait for its peer to destroy it too, so
@@ -271,7 +277,8 @@ class NcclTransport : public Transport {
     return Request(std::make_unique<NcclRequest>(buffer, l.stream.get(), /*recv=*/true));
   }
 
-  std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors) override {
+  std::unique_ptr<PendingSum> start_sum_across_replicas(std::vector<Tensor> tensors,
+                                                        Replicas group) override {
     // (The runtime does not call this with one replica; the one-GPU NCCL
     // test does, to run the same NCCL calls as D > 1.)
     auto pending = std::make_unique<NcclPendingSum>(std::move(tensors));
@@ -284,7 +291,7 @@ class NcclTransport : public Transport {
     for (Tensor& t : pending->tensors) {
       ATTNRES_CHECK(t.is_cuda(), "NCCL data-parallel sum of a host tensor: ", t.describe());
       ATTNRES_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()),
-                                       nccl_type(t.dtype()), ncclSum, data_.get(),
+                                       nccl_type(t.dtype()), ncclSum, replicas(group),
                                        cuda::comm_stream()));
     }
     ATTNRES_NCCL_CHECK(ncclGroupEnd());
@@ -293,31 +300,64 @@ class NcclTransport : public Transport {
     return pending;
   }
 
-  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine) override {
+  std::unique_ptr<PendingSum> start_reduce_scatter(Tensor flat, Tensor mine,
+                                                   Replicas group) override {
     check(flat, "ZeRO-1 reduce-scatter");
     check(mine, "ZeRO-1 reduce-scatter");
-    ATTNRES_CHECK(flat.numel() == mine.numel() * grid_.D(), "reduce-scatter of ", flat.describe(),
+    ATTNRES_CHECK(flat.numel() == mine.numel() * members(group), "reduce-scatter of ", flat.describe(),
                   " into ", mine.describe());
     auto pending = std::make_unique<NcclPendingSum>(std::vector<Tensor>{flat, mine});
     ATTNRES_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::compute_stream()));
     ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::comm_stream(), ready_.get(), 0));
     ATTNRES_NCCL_CHECK(ncclReduceScatter(flat.raw(), mine.raw(), static_cast<size_t>(mine.numel()),
-                                         nccl_type(mine.dtype()), ncclSum, data_.get(),
+                                         nccl_type(mine.dtype()), ncclSum, replicas(group),
                                          cuda::comm_stream()));
     pending->done = std::make_shared<Event>();
     ATTNRES_CUDA_CHECK(cudaEventRecord(pending->done->get(), cuda::comm_stream()));
     return pending;
   }
 
-  void all_gather(const Tensor& mine, Tensor& flat) override {
+  void all_gather(const Tensor& mine, Tensor& flat, Replicas group) override {
     check(flat, "ZeRO-1 all-gather");
     check(mine, "ZeRO-1 all-gather");
-    ATTNRES_CHECK(flat.numel() == mine.numel() * grid_.D(), "all-gather of ", mine.describe(),
+    ATTNRES_CHECK(flat.numel() == mine.numel() * members(group), "all-gather of ", mine.describe(),
                   " into ", flat.describe());
     ATTNRES_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::compute_stream()));
     ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::comm_stream(), ready_.get(), 0));
     ATTNRES_NCCL_CHECK(ncclAllGather(mine.raw(), flat.raw(), static_cast<size_t>(mine.numel()),
-                                     nccl_type(mine.dtype()), data_.get(), cuda::comm_stream()));
+                                     nccl_type(mine.dtype()), replicas(group), cuda::comm_stream()));
+    join_comm_stream();
+  }
+
+  // Grouped ncclSend/ncclRecv on the expert group's communicator (NCCL's
+  // all-to-all pattern), on the communication stream after the compute so
+  // far; the compute stream waits for it.
+  void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                  const std::vector<int64_t>& recv_rows) override {
+    check(send, "all-to-all");
+    check(recv, "all-to-all");
+    const int n = grid_.EP();
+    ATTNRES_CHECK(send.ndim() == 2 && recv.ndim() == 2 && send.dim(1) == recv.dim(1) &&
+                      send.dtype() == recv.dtype() && static_cast<int>(send_rows.size()) == n &&
+                      static_cast<int>(recv_rows.size()) == n,
+                  "all-to-all of ", send.describe(), " into ", recv.describe());
+    const int64_t c = send.dim(1);
+    after_compute(cuda::comm_stream());
+    ATTNRES_NCCL_CHECK(ncclGroupStart());
+    int64_t s_at = 0, r_at = 0;
+    for (int q = 0; q < n; ++q) {
+      if (send_rows[q] > 0)
+        ATTNRES_NCCL_CHECK(ncclSend(send.rows(s_at, send_rows[q]).raw(),
+                                    static_cast<size_t>(send_rows[q] * c), nccl_type(send.dtype()), q,
+                                    experts_comm(), cuda::comm_stream()));
+      if (recv_rows[q] > 0)
+        ATTNRES_NCCL_CHECK(ncclRecv(recv.rows(r_at, recv_rows[q]).raw(),
+                                    static_cast<size_t>(recv_rows[q] * c), nccl_type(recv.dtype()), q,
+                                    experts_comm(), cuda::comm_stream()));
+      s_at += send_rows[q];
+      r_at += recv_rows[q];
+    }
+    ATTNRES_NCCL_CHECK(ncclGroupEnd());
     join_comm_stream();
   }
 
@@ -408,9 +448,20 @@ class NcclTransport : public Transport {
     ATTNRES_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), joined_.get(), 0));
   }
 
+  ncclComm_t replicas(Replicas group) const {
+    return group == Replicas::SameExperts && grid_.EP() > 1 ? expert_data_.get() : data_.get();
+  }
+  int members(Replicas group) const {
+    return group == Replicas::SameExperts ? grid_.D() / grid_.EP() : grid_.D();
+  }
+  ncclComm_t experts_comm() const {
+    ATTNRES_CHECK(grid_.EP() > 1, "NCCL all-to-all without expert parallelism");
+    return experts_.get();
+  }
+
   const ProcessGrid& grid_;
   Tensor probe_;  // one float on the device: the connecting exchanges' buffer
-  NcclComm pipeline_, data_;
+  NcclComm pipeline_, data_, experts_, expert_data_;
   std::vector<std::unique_ptr<Link>> links_;  // this rank's links, in the global order made
   std::map<int, Link*> out_, in_;             // by peer: links this rank sends / receives on
   Event ready_, joined_;
