@@ -52,9 +52,14 @@ class ChunkModel {
   // fp32 row sums [B, H, T] and an fp32 dQ accumulator [N, H hd] while it
   // runs (kernels/cuda/attention_cudnn.cu; the engine's own part, unknown
   // before its plan is built, is not counted).
+  // expert_parallel: parallel.expert > 1, whose MoE layers exchange their
+  // rows with the expert group (Model::to_experts / from_experts). A member
+  // then runs its experts over the rows the group routed to them: counted
+  // as many as it sends (the balanced load; an expert that draws more rows
+  // than its share makes that member's high-water larger).
   ChunkModel(const model::ModelConfig& m, model::Recompute r, int64_t N, DType act,
-             bool cudnn_attention)
-      : m_(m), r_(r), N_(N), e_(static_cast<int64_t>(dtype_size(act))),
+             bool cudnn_attention, bool expert_parallel)
+      : m_(m), r_(r), N_(N), ep_(expert_parallel), e_(static_cast<int64_t>(dtype_size(act))),
         f_(static_cast<int64_t>(dtype_size(kernels::stat_dtype(act)))),
         attn_ws_(cudnn_attention ? N * m.n_heads * 4 + N * m.n_heads * m.head_dim() * 4 : 0) {}
 
@@ -218,13 +223,25 @@ class ChunkModel {
     // Shared dh [N, Fs]; dgate [N, K] and dlogits [N, E]; the rows' dy, x,
     // dx [M, d], dh [M, Fe], dgu [M, 2 Fe].
     b.bwd_tmp = N_ * Fs * e_ + N_ * (K + E) * f_ + 3 * M * d * e_ + 3 * M * Fe * e_;
+    if (ep_) {
+      // The received rows x [M, d] are kept for backward (not permuted
+      // again), and recompute layer drops them; the exchanges' copies (rows
+      // received, then regrouped; outputs regrouped, then returned) are
+      // transient, two [M, d] at a time, in forward and backward alike.
+      b.record += M * d * e_;
+      b.layer_drop += M * d * e_;
+      b.fwd_tmp += 2 * M * d * e_;
+      b.bwd_tmp += 2 * M * d * e_;
+    }
     return b;
   }
 
   model::ModelConfig m_;
   parallel::DepthPlan plan_ = parallel::DepthPlan::of(m_);
   model::Recompute r_;
-  int64_t N_, e_, f_;
+  int64_t N_;
+  bool ep_;
+  int64_t e_, f_;
   int64_t attn_ws_;
 };
 
@@ -244,7 +261,8 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
   const int C = layout.C();
   const bool cudnn_attention =
       tc.device == Device::CUDA && tc.attention_kernel != kernels::AttentionKernel::Own;
-  const ChunkModel chunk_model(m, tc.recompute, N, act, cudnn_attention);
+  const int64_t EP = cfg.parallel.expert, D_all = cfg.parallel.data;
+  const ChunkModel chunk_model(m, tc.recompute, N, act, cudnn_attention, EP > 1);
   const auto lists = parallel::pipeline_schedule({P, V, M, false});
 
   std::vector<RankMemory> out;
@@ -258,21 +276,27 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       parts.layer_end = layout.layers(c).end;
       parts.embedding = c == 0;
       parts.head = c == C - 1;
+      if (EP > 1) parts.expert_end = m.moe.experts / EP;  // E / EP routed experts per member
       // Optimizer state: AdamW's two moments per element, Muon's one buffer
-      // per element of the matrices it takes (optimizer.type = muon).
-      int64_t n = 0, state = 0;
+      // per element of the matrices it takes (optimizer.type = muon); the
+      // routed experts' apart (with EP > 1 their own ZeRO-1 space).
+      int64_t n[2] = {0, 0}, state[2] = {0, 0};
       const bool muon = cfg.optimizer.type == OptimizerType::Muon;
       for (const auto& s : model::param_shapes(m, parts)) {
-        n += s.numel();
-        state += s.numel() * (muon && Optimizer::takes_muon(s.name, static_cast<int>(s.shape.size())) ? 4 : 8);
+        const size_t k = EP > 1 && s.expert >= 0;
+        n[k] += s.numel();
+        state[k] += s.numel() * (muon && Optimizer::takes_muon(s.name, static_cast<int>(s.shape.size())) ? 4 : 8);
       }
       // ZeRO-1: the optimizer keeps the moments (and in a bf16 run the fp32
-      // masters) of its slice of the chunk's flat space only.
-      const int64_t D = cfg.parallel.zero == 1 ? cfg.parallel.data : 1, slice = (n + D - 1) / D;
-      r.weights += n * (bf16 ? 2 : 4);
-      r.master += bf16 ? slice * 4 : 0;
-      r.grads += n * 4;
-      r.optimizer += (state + D - 1) / D;
+      // masters) of its slice of each flat space only: the chunk's over the
+      // D replicas, its experts' over the D / EP holding them.
+      for (size_t k = 0; k < 2; ++k) {
+        const int64_t D = cfg.parallel.zero == 1 ? (k ? D_all / EP : D_all) : 1;
+        r.weights += n[k] * (bf16 ? 2 : 4);
+        r.master += bf16 ? (n[k] + D - 1) / D * 4 : 0;
+        r.grads += n[k] * 4;
+        r.optimizer += (state[k] + D - 1) / D;
+      }
       replay[c] = chunk_model.replay(2 * parts.layer_begin, 2 * parts.layer_end, c == 0,
                                      c == C - 1);
       r.kept_per_microbatch.push_back(replay[c].kept);

@@ -59,10 +59,22 @@ model::ModelParts chunk_parts(const parallel::PipelineLayout& pl, int c) {
   return parts;
 }
 
-double chunk_params(const model::ModelConfig& m, const model::ModelParts& parts) {
-  double n = 0;
-  for (const auto& p : model::param_shapes(m, parts)) n += static_cast<double>(p.numel());
+// The chunk's parameters: those of every replica, and its routed experts'
+// (all E; with expert parallelism a rank holds E / EP of them).
+struct ChunkParams {
+  double dense = 0, experts = 0;
+};
+ChunkParams chunk_params(const model::ModelConfig& m, const model::ModelParts& parts) {
+  ChunkParams n;
+  for (const auto& p : model::param_shapes(m, parts))
+    (p.expert >= 0 ? n.experts : n.dense) += static_cast<double>(p.numel());
   return n;
+}
+
+// A ring all-reduce of `bytes` over n members: 2 (n-1)/n of the bytes each
+// way, 2 (n-1) latencies.
+double ring_sum(const parallel::LinkCost& link, int n, double bytes) {
+  return n > 1 ? 2.0 * (n - 1) / n * bytes / link.bytes_per_sec + 2.0 * (n - 1) * link.latency : 0;
 }
 
 // Values the AttnRes Mix reads per token over the chunk's sublayers, in units
@@ -110,13 +122,13 @@ HardwareProfile hardware_profile(const std::string& name) {
 
 std::string describe(const PlanLayout& l) {
   return "P" + std::to_string(l.P) + " V" + std::to_string(l.V) + " D" + std::to_string(l.D) +
-         (l.cache ? " cached" : " naive");
+         (l.EP > 1 ? " EP" + std::to_string(l.EP) : "") + (l.cache ? " cached" : " naive");
 }
 
 PlanLayout layout_of(const Config& cfg) {
   return {static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.virtual_stages),
           static_cast<int>(cfg.parallel.data), static_cast<int>(cfg.training.grad_accum),
-          cfg.parallel.cache_blocks};
+          cfg.parallel.cache_blocks, static_cast<int>(cfg.parallel.expert)};
 }
 
 int threads_per_rank(const HardwareProfile& hw, const PlanLayout& l) {
@@ -197,11 +209,30 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
   const int C = spec.C();
   auto costs = parallel::StepCosts::uniform(spec, 0, 0);
 
-  std::vector<double> params(static_cast<size_t>(C));
+  std::vector<ChunkParams> params(static_cast<size_t>(C));
+  std::vector<double> exchange(static_cast<size_t>(C), 0.0);  // all-to-all seconds per pass
+  // Expert parallelism: each MoE layer's forward sends its routed rows to
+  // the expert group and gets their outputs back, and its backward does the
+  // same with the gradients: 4 all-to-alls per layer and microbatch, each
+  // member sending (EP-1)/EP of its N K [, d] rows (balanced routing) over
+  // NVLink when the group's EP P consecutive ranks share a node. A member
+  // waits for them inside its forward and backward: they add to the chunk's
+  // times.
+  const parallel::LinkCost group_link =
+      L.EP * L.P <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
+  const double a2a =
+      L.EP > 1 ? static_cast<double>(L.EP - 1) / L.EP * tokens * static_cast<double>(m.moe.top_k) *
+                         d * elem / group_link.bytes_per_sec +
+                     (L.EP - 1) * group_link.latency
+               : 0;
   for (int c = 0; c < C; ++c) {
     const model::ModelParts parts = chunk_parts(pl, c);
     const auto i = static_cast<size_t>(c);
     params[i] = chunk_params(m, parts);
+    int moe_layers = 0;
+    for (int64_t l = parts.layer_begin; l < parts.layer_end; ++l) moe_layers += m.moe_layer(l);
+    exchange[i] = 2 * moe_layers * a2a;
+    costs.fwd[i] = costs.bwd[i] = exchange[i];
     if (c > 0)
       costs.msg_bytes[i] =
           static_cast<double>(parallel::boundary_message(pl, plan, c, L.cache).tensors()) * tokens *
@@ -209,32 +240,37 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
     if (hw.measure_cpu) continue;
     const double flops = model::forward_flops_per_token(m, T, parts) * tokens;
     const double mix = chunk_mix_reads(m, parts) * tokens * d * elem / hw.hbm_bytes_per_sec;
-    costs.fwd[i] = flops / (hw.peak_flops * hw.efficiency) + mix;
-    costs.bwd[i] = 2 * costs.fwd[i];
+    const double compute = flops / (hw.peak_flops * hw.efficiency) + mix;
+    costs.fwd[i] += compute;
+    costs.bwd[i] += 2 * compute;
   }
   if (hw.measure_cpu) {
     ATTNRES_CHECK(measured && static_cast<int>(measured->fwd.size()) == C,
                   "predict: the cpu profile needs chunk times measured for ", C, " chunks");
-    costs.fwd = measured->fwd;
-    costs.bwd = measured->bwd;
+    for (size_t i = 0; i < static_cast<size_t>(C); ++i) {
+      costs.fwd[i] += measured->fwd[i];
+      costs.bwd[i] += measured->bwd[i];
+    }
     costs.cores = hw.cores;
     costs.threads = threads_per_rank(hw, L);
   }
   auto node = [&](int stage) { return stage / hw.devices_per_node; };  // replica 0
   costs.link = [&](int a, int b) { return node(a) == node(b) ? hw.intra_node : hw.inter_node; };
-  // Data-parallel sums: a ring over the D replicas (2 (D-1)/D of the bytes
-  // each way, 2 (D-1) latencies), on NVLink when all replicas share a node.
+  // Data-parallel sums: a ring over the D replicas, on NVLink when all
+  // replicas share a node; a rank's E / EP experts' over the D / EP
+  // replicas holding them.
   const parallel::LinkCost ring = L.gpus() <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
   for (int c = 0; c < C; ++c) {
     const auto i = static_cast<size_t>(c);
-    if (L.D > 1)
-      costs.grad_sum[i] = 2.0 * (L.D - 1) / L.D * params[i] * 4 / ring.bytes_per_sec +
-                          2.0 * (L.D - 1) * ring.latency;
+    const double experts = params[i].experts / L.EP;  // held by this rank
+    costs.grad_sum[i] = ring_sum(ring, L.D, params[i].dense * 4) +
+                        ring_sum(ring, L.D / L.EP, experts * 4);
     const int r = c % L.P;
     // AdamW: fp32 weight, gradient and moments read, weight and moments
     // written, bf16 copy written: 30 bytes per parameter on a GPU.
     costs.update[static_cast<size_t>(r)] +=
-        hw.measure_cpu ? measured->update[i] : params[i] * 30 / hw.hbm_bytes_per_sec;
+        hw.measure_cpu ? measured->update[i]
+                       : (params[i].dense + experts) * 30 / hw.hbm_bytes_per_sec;
   }
   if (m.tie_embeddings && C > 1)  // the embedding gradient goes both ways between first and last
     for (int r : {0, (C - 1) % L.P})
@@ -250,6 +286,10 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
   auto free_costs = costs;
   free_costs.link = nullptr;
   for (auto& g : free_costs.grad_sum) g = 0;
+  for (size_t i = 0; i < exchange.size(); ++i) {
+    free_costs.fwd[i] -= exchange[i];
+    free_costs.bwd[i] -= exchange[i];
+  }
   p.exposed_comm = p.sim.step_time - parallel::simulate(spec, lists, comm, free_costs).step_time;
   p.step_time = p.sim.step_time;
   const double step_tokens = tokens * L.M * L.D;
@@ -261,6 +301,7 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
   at.parallel.pipeline = L.P;
   at.parallel.virtual_stages = L.V;
   at.parallel.data = L.D;
+  at.parallel.expert = L.EP;
   at.parallel.cache_blocks = L.cache;
   at.training.grad_accum = L.M;
   at.training.precision = hw.measure_cpu ? DType::F32 : DType::BF16;
@@ -276,14 +317,14 @@ std::vector<PlanLayout> candidate_layouts(const Config& cfg, int gpus) {
   std::vector<PlanLayout> out;
   for (int P = 1; P <= gpus; ++P) {
     if (gpus % P != 0 || P > cfg.model.n_layers) continue;
-    const int D = gpus / P;
-    if (G % D != 0) continue;
+    const int D = gpus / P, EP = static_cast<int>(cfg.parallel.expert);
+    if (G % D != 0 || D % EP != 0) continue;
     const int M = static_cast<int>(G / D);
     for (int V : {1, 2, 4}) {
       if (P * V > cfg.model.n_layers || (V > 1 && (P == 1 || M % P != 0))) continue;
       for (bool cache : {false, true}) {
         if (!cache && (!cfg.model.attnres() || P == 1)) continue;
-        out.push_back({P, V, D, M, cache});
+        out.push_back({P, V, D, M, cache, EP});
       }
     }
   }

@@ -41,6 +41,7 @@ struct PlanLayout {
   int P = 1, V = 1, D = 1;  // pipeline stages, virtual stages, data-parallel replicas
   int M = 1;                // microbatches per replica and step
   bool cache = true;        // cross-stage block caching
+  int EP = 1;               // expert parallelism (parallel.expert): groups of EP replicas
   int gpus() const { return P * D; }
 };
 std::string describe(const PlanLayout& l);
@@ -76,7 +77,8 @@ Prediction predict(const Config& cfg, const PlanLayout& layout, const HardwarePr
 // Layouts of `gpus` devices for the config's global batch (grad_accum x
 // data microbatches): every P dividing gpus with P <= n_layers, D = gpus / P
 // dividing the global microbatches, V in {1, 2, 4} where the schedule
-// allows it, naive and cached blocks (AttnRes only).
+// allows it, naive and cached blocks (AttnRes only); the config's
+// parallel.expert where it divides D (else that D is left out).
 std::vector<PlanLayout> candidate_layouts(const Config& cfg, int gpus);
 
 }  // namespace attnres::train

@@ -5,7 +5,7 @@
 # within 1%, largest rank against largest rank, at two shapes, in the Block
 # and Full modes, without and with recomputation, in one process and under
 # mpirun (P = 2 x V = 2, P = 4 x V = 2, P = 2 x D = 2), and with
-# mixture-of-experts layers.
+# mixture-of-experts layers, expert parallelism included.
 source "$(dirname "$0")/lib.sh"
 make_corpus
 write_mpi_config
@@ -59,6 +59,16 @@ check 1 $shape --model.residual.mode=full --model.residual.block_size=0 \
   --model.moe='{"experts": 6, "top_k": 3, "expert_d_ff": 40, "capacity_factor": 0.5, "dense_layers": 0}'
 # shellcheck disable=SC2086
 check 4 $shape --model.residual.mode=block "$moe" --parallel.pipeline=4 --parallel.virtual_stages=2
+# Expert parallelism: E / EP experts per rank (their ZeRO-1 state over the
+# replicas holding them), the exchanged rows kept and copied.
+for rc in none layer; do
+  # shellcheck disable=SC2086
+  check 2 $shape --model.residual.mode=block "$moe" --parallel.data=2 --parallel.expert=2 \
+    --training.grad_accum=2 --training.recompute=$rc
+done
+# shellcheck disable=SC2086
+check 4 $shape --model.residual.mode=block "$moe" --parallel.data=4 --parallel.expert=2 \
+  --training.grad_accum=1 --parallel.zero=1
 # Muon's state: one buffer per element of the layers' matrices, AdamW's two for the rest.
 # shellcheck disable=SC2086
 check 1 $shape --model.residual.mode=block "$moe" --optimizer.type=muon
