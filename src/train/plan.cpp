@@ -74,7 +74,8 @@ ChunkParams chunk_params(const model::ModelConfig& m, const model::ModelParts& p
 // A ring all-reduce of `bytes` over n members: 2 (n-1)/n of the bytes each
 // way, 2 (n-1) latencies.
 double ring_sum(const parallel::LinkCost& link, int n, double bytes) {
-  return n > 1 ? 2.0 * (n - 1) / n * bytes / link.bytes_per_sec + 2.0 * (n - 1) * link.latency : 0;
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * (n - 1) / n * bytes / link.bytes_per_sec + 2.0 * (n - 1) * link.latency;
 }
 
 // Values the AttnRes Mix reads per token over the chunk's sublayers, in units

@@ -57,6 +57,19 @@ pass "cpu profile predicts the config's layout"
 rows=$(grep -cE "^P[0-9]+ V[0-9] D[0-9]+ (naive|cached)" gpu.txt)
 [[ $rows -ge 4 ]] || { cat gpu.txt; fail "h100 --gpus 8: only $rows layouts"; }
 pass "h100 profile ranks $rows layouts of 8 GPUs"
+# Expert parallelism: the all-to-alls of a MoE model's layers make the same
+# layout slower with EP 8 than with EP 1, and its rows name EP.
+moe='--model.moe={"experts": 16, "top_k": 2, "shared_experts": 1, "expert_d_ff": 512}'
+step_of() {  # step_of EP: the P1 V1 D8 row's step ms
+  "$BIN" inspect plan "$SRC/configs/gpu_350m.json" --profile h100 --gpus 8 --top 100 \
+    --training.device=cpu --training.precision=fp32 "$moe" --parallel.data=8 --parallel.expert="$1" \
+    > "ep$1.txt" || fail "inspect plan with parallel.expert=$1"
+  awk -v want="P1 V1 D8 $([[ $1 -gt 1 ]] && echo "EP$1 ")cached" 'index($0, want) == 1 { print $(NF - 8) }' "ep$1.txt"
+}
+t1=$(step_of 1); t8=$(step_of 8)
+[[ -n "$t1" && -n "$t8" ]] || { cat ep1.txt ep8.txt; fail "no P1 V1 D8 row"; }
+awk -v a="$t1" -v b="$t8" 'BEGIN { exit !(b > a) }' || fail "EP 8 ($t8 ms) not slower than EP 1 ($t1 ms)"
+pass "h100 profile: P1 V1 D8 with EP 8 ($t8 ms) pays its all-to-alls over EP 1 ($t1 ms)"
 expect_error "unknown profile" "unknown hardware profile 'tpu'" \
   "$BIN" inspect plan "$SRC/configs/quickstart.json" --profile tpu
 expect_error "--gpus with the cpu profile" "--gpus ranks GPU layouts" \
