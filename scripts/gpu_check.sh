@@ -11,7 +11,8 @@
 #              (scripts/bench_vs_train.sh, 30 steps of 124M, one round), recomputation
 #              none vs mix / layer bit for bit (test_gpu "[recompute]")
 #   --multi    the NCCL transport test (1 rank), then the multi-rank scripts
-#              tests/gpu/pipeline_cuda.sh and tests/gpu/zero_bf16.sh
+#              tests/gpu/pipeline_cuda.sh, tests/gpu/moe_ep_cuda.sh and
+#              tests/gpu/zero_bf16.sh
 #   --bench    124M and 350M training steps (and 124M with recomputation), the
 #              per-kernel tables, PyTorch's attention at the same shapes, the
 #              targets (scripts/gpu_targets.py), bf16 against fp32 logits
@@ -86,6 +87,7 @@ engine|0.1|300|script|cuda_graphs.log||training.cuda_graphs through attnres trai
 engine|0.1|180|catch2|gpu_tests_recompute.log||recomputation (none vs mix, layer) bit for bit on the GPU|build-gpu/tests/test_gpu "[recompute]" -w NoTests --durations yes
 multi|0.1|120|catch2|nccl.log|if_mpirun|the NCCL transport, 1 rank (self-exchange, P = 1 with two chunks)|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 mpirun -np 1 $MPIRUN_FLAGS build-gpu/tests/test_mpi "[nccl]" -s --use-colour no
 multi|1.2|240|script|pipeline_cuda.log|if_mpirun|pipeline and data-parallel layouts, 2 and 4 ranks on the visible GPUs, against one GPU|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/pipeline_cuda.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
+multi|0.4|240|script|moe_ep_cuda.log|if_mpirun|MoE on cuda against the cpu, then D2, D2 EP2 and P2 x D2 EP2 ZeRO-1 (the all-to-all) against one GPU|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/moe_ep_cuda.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
 multi|0.2|180|script|zero_bf16.log|if_mpirun|ZeRO-1 in bf16, 2 ranks|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/zero_bf16.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
 bench|0.2|240|bench|bench_124m.txt||training steps, 124M, every residual mode (bf16, bf16 logits)|build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3
 bench|0.3|240|bench|bench_350m.txt||training steps, 350M|build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2
