@@ -80,7 +80,7 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
       {"training.peak_tflops", 500.0},
       {"data.train", "train.bin"}, {"data.val", "val.bin"}, {"data.tokenizer", "tok.json"},
       {"data.shuffle", true},
-      {"parallel.pipeline", 2}, {"parallel.virtual_stages", 2}, {"parallel.data", 3},
+      {"parallel.pipeline", 2}, {"parallel.virtual_stages", 2}, {"parallel.data", 4}, {"parallel.expert", 2},
       {"parallel.cache_blocks", false}, {"parallel.zero", 1}, {"parallel.transport", "nccl"},
       {"checkpoint.dir", "ckpt"}, {"checkpoint.every", 4}, {"checkpoint.keep_last", 2},
       {"checkpoint.resume", "auto"}, {"checkpoint.sharded", false}, {"checkpoint.async", false}, {"checkpoint.save_initial", true},
