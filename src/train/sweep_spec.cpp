@@ -99,12 +99,19 @@ struct ModeSpec {
   std::string name;
   json residual;          // model.residual of its runs
   bool baseline = false;  // residual mode "baseline"
+  json config = json::object();  // more config keys of its runs (e.g. optimizer.type)
 };
 
 ModeSpec parse_mode(const json& m, size_t i, const std::string& source) {
   const std::string where = "modes[" + std::to_string(i) + "]";
-  check_keys(m, where, {"name", "mode", "block_size", "n_blocks"}, source);
+  check_keys(m, where, {"name", "mode", "block_size", "n_blocks", "config"}, source);
   ModeSpec spec;
+  if (m.contains("config")) {
+    if (!m["config"].is_object()) fail(source, ": '", where, ".config' must be an object");
+    if (find_path(m["config"], "model.residual"))
+      fail(source, ": '", where, ".config' sets model.residual, which the mode's own keys set");
+    spec.config = m["config"];
+  }
   const std::string mode = get_string(m, "mode", where, source, "", true);
   const model::ResidualMode rm = model::parse_residual_mode(mode, source + ": '" + where + ".mode'");
   spec.residual = {{"mode", mode}};
@@ -157,6 +164,7 @@ SweepRun make_run(const SweepPlan& plan, const RunSpec& spec, double warmup_frac
   const std::string run_source = plan.source + " (run " + run.name + ")";
 
   json cj = spec.size_base;
+  cj.merge_patch(spec.mode.config);
   cj["model"]["residual"] = spec.mode.residual;
   cj["training"]["steps"] = 1;  // placeholder until the batch size is known
   if (spec.seeded) {
@@ -252,6 +260,7 @@ SweepPlan parse_sweep(const json& j, const std::string& source,
   std::vector<ModeSpec> modes;
   for (size_t i = 0; i < j["modes"].size(); ++i) {
     modes.push_back(parse_mode(j["modes"][i], i, source));
+    forbid_sweep_keys(modes.back().config, "modes[" + std::to_string(i) + "].config", source);
     for (size_t k = 0; k + 1 < modes.size(); ++k)
       if (modes[k].name == modes.back().name)
         fail(source, ": 'modes[", i, "]': two modes are named \"", modes.back().name,

@@ -158,6 +158,26 @@ TEST_CASE("sweep plan: sizes x modes x budgets with names, steps and compute", "
   CHECK(moved.out_dir == "elsewhere");
   CHECK(moved.runs[0].dir == "elsewhere/runs/a_baseline_300");
   CHECK(moved.runs[0].config.training.seed == 2);
+  // A mode's own config keys (two optimizers of one residual mode): merged
+  // into its runs only.
+  json opt = j;
+  opt["modes"] = {{{"mode", "baseline"}},
+                  {{"mode", "baseline"}, {"name", "baseline_muon"},
+                   {"config", {{"optimizer", {{"type", "muon"}, {"momentum", 0.9}}}}}}};
+  const SweepPlan two = parse_sweep(opt, "sweep.json");
+  auto run_named = [&](const std::string& name) -> const SweepRun& {
+    for (const SweepRun& r : two.runs)
+      if (r.name == name) return r;
+    FAIL("no run " << name);
+    return two.runs.front();
+  };
+  const SweepRun& adamw = run_named("a_baseline_300");
+  const SweepRun& muon = run_named("a_baseline_muon_300");
+  CHECK(adamw.config.optimizer.type == OptimizerType::AdamW);
+  CHECK(muon.config.optimizer.type == OptimizerType::Muon);
+  CHECK(muon.config.optimizer.momentum == 0.9);
+  CHECK(muon.config.optimizer.lr == adamw.config.optimizer.lr);
+  CHECK(muon.config.model.mode == model::ResidualMode::Baseline);
 }
 
 TEST_CASE("sweep files: mistakes are errors naming the key and the reason", "[sweep]") {
@@ -181,6 +201,11 @@ TEST_CASE("sweep files: mistakes are errors naming the key and the reason", "[sw
              Contains("sizes[0].model.residual") && Contains("come from 'modes'"));
   CHECK_THAT(err([](json& j) { j["sizes"][1]["config"] = {{"run", {{"dir", "x"}}}}; }),
              Contains("'sizes[1].config' sets config key 'run.dir'"));
+  CHECK_THAT(err([](json& j) { j["modes"][0]["config"] = {{"model", {{"residual", {{"mode", "full"}}}}}}; }),
+             Contains("'modes[0].config' sets model.residual"));
+  CHECK_THAT(err([](json& j) { j["modes"][0]["config"] = {{"training", {{"steps", 3}}}}; }),
+             Contains("'modes[0].config' sets config key 'training.steps'"));
+  CHECK_THAT(err([](json& j) { j["modes"][0]["config"] = 3; }), Contains("'modes[0].config' must be an object"));
   CHECK_THAT(err([](json& j) { j["sizes"][0].erase("name"); }), Contains("'sizes[0].name' is missing"));
   CHECK_THAT(err([](json& j) { j["sizes"][1]["name"] = "a"; }), Contains("two sizes are named \"a\""));
   CHECK_THAT(err([](json& j) { j["sizes"][0]["name"] = "a b"; }), Contains("not a usable name"));
