@@ -26,8 +26,12 @@ Runtime::Runtime(const ProcessGrid& grid, const model::ModelConfig& cfg, DType d
     model_->chunk(v).set_recompute(opt.recompute);
     if (opt.zero) {
       std::vector<model::Param*> ps;
-      for (auto& p : model_->chunk(v).params().all()) ps.push_back(&p);
-      zero_.emplace_back(std::move(ps), grid.D(), grid.replica(), grid.EP());
+      std::vector<bool> whole;
+      for (auto& p : model_->chunk(v).params().all()) {
+        ps.push_back(&p);
+        whole.push_back(opt.zero_whole && opt.zero_whole(p));
+      }
+      zero_.emplace_back(std::move(ps), grid.D(), grid.replica(), grid.EP(), whole);
     }
   }
   transport_ = make_transport(opt.transport, grid);

@@ -7,6 +7,7 @@
 // tables of model().chunk(v) with the global norm from grad_norm().
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,9 @@ struct RuntimeOptions {
   std::vector<int64_t> layers_per_chunk;  // explicit split; empty = even
   model::Recompute recompute = model::Recompute::None;  // training.recompute
   bool zero = false;                      // parallel.zero = 1 (parallel/zero.h)
+  // With zero: the parameters the optimizer updates whole (Muon's matrices:
+  // ZeroShard gives each one owner); none when unset.
+  std::function<bool(const model::Param&)> zero_whole;
   // training.cuda_graphs resolved: each rank's step as one CUDA graph
   // (parallel/step_graph.h); on a CUDA device, with a transport that can be
   // captured (Transport::graph_capturable: NCCL) when there are peers.

@@ -10,30 +10,84 @@ namespace {
 Tensor flat_view(const Tensor& t) { return t.reshape({t.numel()}); }
 }  // namespace
 
-ZeroShard::ZeroShard(std::vector<model::Param*> params, int D, int replica, int EP)
+std::vector<int> whole_owners(const std::vector<Shape>& shapes, int members) {
+  auto work = [&](size_t i) {
+    const Shape& s = shapes[i];
+    double a = s.empty() ? 1.0 : static_cast<double>(s[0]), b = 1.0;
+    for (size_t k = 1; k < s.size(); ++k) b *= static_cast<double>(s[k]);
+    return std::min(a, b) * std::min(a, b) * std::max(a, b);
+  };
+  std::vector<size_t> order(shapes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return work(x) > work(y); });
+  std::vector<double> load(static_cast<size_t>(members), 0.0);
+  std::vector<int> owner(shapes.size(), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = static_cast<int>(r);
+    load[r] += work(i);
+  }
+  return owner;
+}
+
+ZeroShard::ZeroShard(std::vector<model::Param*> params, int D, int replica, int EP,
+                     const std::vector<bool>& whole)
     : params_(std::move(params)) {
   ATTNRES_CHECK(D >= 1 && replica >= 0 && replica < D && EP >= 1 && D % EP == 0,
                 "ZeroShard: replica ", replica, " of ", D, ", expert parallelism ", EP);
-  spaces_.push_back({Replicas::All, D, replica, 0, {}});
-  if (EP > 1) spaces_.push_back({Replicas::SameExperts, D / EP, replica / EP, 0, {}});
-  std::vector<int64_t> total(spaces_.size(), 0);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const int s = EP > 1 && params_[i]->expert >= 0 ? 1 : 0;
-    space_of_.push_back(s);
-    offset_.push_back(total[s]);
-    total[s] += params_[i]->value.numel();
-    spaces_[s].params.push_back(i);
-  }
+  ATTNRES_CHECK(whole.empty() || whole.size() == params_.size(), "ZeroShard: ", whole.size(),
+                " whole flags for ", params_.size(), " parameters");
   if (!params_.empty()) device_ = params_.front()->value.device();
-  for (size_t s = 0; s < spaces_.size(); ++s)
-    spaces_[s].n = (total[s] + spaces_[s].size - 1) / spaces_[s].size;
+  // The spaces: (experts?, whole?) in that order, the first always.
+  auto space_key = [&](size_t i) {
+    const bool expert = EP > 1 && params_[i]->expert >= 0;
+    return 2 * int(expert) + int(!whole.empty() && whole[i]);
+  };
+  space_of_.assign(params_.size(), 0);
+  offset_.assign(params_.size(), 0);
+  owner_.assign(params_.size(), -1);
+  for (int key = 0; key < 4; ++key) {
+    std::vector<size_t> members;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (space_key(i) == key) members.push_back(i);
+    if (members.empty() && key > 0) continue;
+    const bool expert = key >= 2;
+    Space sp{expert ? Replicas::SameExperts : Replicas::All, expert ? D / EP : D,
+             expert ? replica / EP : replica, key % 2 == 1, 0, members};
+    for (size_t i : members) space_of_[i] = static_cast<int>(spaces_.size());
+    if (!sp.whole) {
+      int64_t total = 0;
+      for (size_t i : members) offset_[i] = total, total += params_[i]->value.numel();
+      sp.n = (total + sp.size - 1) / sp.size;
+    } else {
+      std::vector<Shape> shapes;
+      for (size_t i : members) shapes.push_back(params_[i]->value.shape());
+      const std::vector<int> owners = whole_owners(shapes, sp.size);
+      for (size_t k = 0; k < members.size(); ++k) owner_[members[k]] = owners[k];
+      // Each member's block: its matrices in table order.
+      std::vector<int64_t> fill(static_cast<size_t>(sp.size), 0);
+      for (size_t i : members) fill[static_cast<size_t>(owner_[i])] += params_[i]->value.numel();
+      sp.n = *std::max_element(fill.begin(), fill.end());
+      std::fill(fill.begin(), fill.end(), 0);
+      for (size_t i : members) {
+        const auto r = static_cast<size_t>(owner_[i]);
+        offset_[i] = static_cast<int64_t>(r) * sp.n + fill[r];
+        fill[r] += params_[i]->value.numel();
+      }
+    }
+    spaces_.push_back(std::move(sp));
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const Space& sp = spaces_[static_cast<size_t>(space_of_[i])];
-    const int64_t begin = sp.member * sp.n;
-    const int64_t end = std::min(total[static_cast<size_t>(space_of_[i])], begin + sp.n);
+    const int64_t begin = sp.member * sp.n, end = begin + sp.n;
     const int64_t o = offset_[i], len = params_[i]->value.numel();
     owned_.push_back({std::clamp(begin - o, int64_t{0}, len), std::clamp(end - o, int64_t{0}, len)});
   }
+}
+
+int ZeroShard::owner(size_t i) const {
+  ATTNRES_CHECK(owner_.at(i) >= 0, "ZeroShard: ", params_.at(i)->name, " is not updated whole");
+  return owner_[i];
 }
 
 Tensor ZeroShard::owned_view(size_t i, const Tensor& t) const {
@@ -71,7 +125,7 @@ Tensor ZeroShard::pack_owned(int s, const std::vector<Tensor>& owned_parts, DTyp
   const int64_t begin = sp.member * sp.n;
   for (size_t i : sp.params) {
     const OwnedRange r = owned_[i];
-    if (r.size() > 0)
+    if (r.size() > 0 && owned_parts[i].defined())  // undefined: zeros (a state Muon lacks)
       mine.rows(offset_[i] + r.lo - begin, r.size()).copy_from(flat_view(owned_parts[i]));
   }
   return mine;

@@ -9,6 +9,7 @@
 #include "model/params.h"
 #include "parallel/layout.h"
 #include "parallel/schedule.h"
+#include "parallel/zero.h"
 #include "train/optimizer.h"
 
 namespace attnres::train {
@@ -279,23 +280,40 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       if (EP > 1) parts.expert_end = m.moe.experts / EP;  // E / EP routed experts per member
       // Optimizer state: AdamW's two moments per element, Muon's one buffer
       // per element of the matrices it takes (optimizer.type = muon); the
-      // routed experts' apart (with EP > 1 their own ZeRO-1 space).
-      int64_t n[2] = {0, 0}, state[2] = {0, 0};
+      // routed experts' apart (with EP > 1 their own ZeRO-1 spaces).
       const bool muon = cfg.optimizer.type == OptimizerType::Muon;
+      struct Group {
+        int64_t n = 0, sliced = 0;  // all elements; those sliced by ZeRO-1
+        std::vector<Shape> whole;   // Muon's matrices
+      } g[2];
       for (const auto& s : model::param_shapes(m, parts)) {
-        const size_t k = EP > 1 && s.expert >= 0;
-        n[k] += s.numel();
-        state[k] += s.numel() * (muon && Optimizer::takes_muon(s.name, static_cast<int>(s.shape.size())) ? 4 : 8);
+        Group& k = g[EP > 1 && s.expert >= 0];
+        k.n += s.numel();
+        if (muon && Optimizer::takes_muon(s.name, static_cast<int>(s.shape.size())))
+          k.whole.push_back(s.shape);
+        else
+          k.sliced += s.numel();
       }
       // ZeRO-1: the optimizer keeps the moments (and in a bf16 run the fp32
-      // masters) of its slice of each flat space only: the chunk's over the
-      // D replicas, its experts' over the D / EP holding them.
+      // masters) of its slice of each sliced space only (the chunk's over the
+      // D replicas, its experts' over the D / EP holding them), and of the
+      // Muon matrices it owns (parallel/zero.h): the largest owner's here.
       for (size_t k = 0; k < 2; ++k) {
-        const int64_t D = cfg.parallel.zero == 1 ? (k ? D_all / EP : D_all) : 1;
-        r.weights += n[k] * (bf16 ? 2 : 4);
-        r.master += bf16 ? (n[k] + D - 1) / D * 4 : 0;
-        r.grads += n[k] * 4;
-        r.optimizer += (state[k] + D - 1) / D;
+        const int D = cfg.parallel.zero == 1 ? static_cast<int>(k ? D_all / EP : D_all) : 1;
+        int64_t owned_whole = 0;
+        std::vector<int64_t> block(static_cast<size_t>(D), 0);
+        const auto owners = parallel::whole_owners(g[k].whole, D);
+        for (size_t i = 0; i < owners.size(); ++i) {
+          int64_t e = 1;
+          for (int64_t dim : g[k].whole[i]) e *= dim;
+          block[static_cast<size_t>(owners[i])] += e;
+        }
+        if (!block.empty()) owned_whole = *std::max_element(block.begin(), block.end());
+        const int64_t slice = (g[k].sliced + D - 1) / D;
+        r.weights += g[k].n * (bf16 ? 2 : 4);
+        r.master += bf16 ? (slice + owned_whole) * 4 : 0;
+        r.grads += g[k].n * 4;
+        r.optimizer += slice * 8 + owned_whole * 4;
       }
       replay[c] = chunk_model.replay(2 * parts.layer_begin, 2 * parts.layer_end, c == 0,
                                      c == C - 1);

@@ -26,7 +26,10 @@ Optimizer::Optimizer(model::ParamTable& params, const OptimizerConfig& cfg,
     const Tensor& w = ps[i].weights();
     const Shape shape = shard_ ? Shape{shard_->owned()[i].size()} : w.shape();
     muon_.push_back(cfg_.type == OptimizerType::Muon && takes_muon(ps[i]));
-    ATTNRES_CHECK(!(shard_ && muon_.back()), "Muon with a ZeRO-1 shard (config validation refuses it)");
+    // ZeRO-1: a Muon matrix is owned whole by one replica (ZeroShard).
+    ATTNRES_CHECK(!(shard_ && muon_.back()) || shard_->owned()[i].size() == 0 ||
+                      shard_->owned()[i].size() == w.numel(),
+                  "Muon: ", ps[i].name, " is sliced by the ZeRO-1 shard (its owner needs all of it)");
     m_.push_back(Tensor::zeros(shape, w.dtype(), w.device()));  // Muon: the momentum buffer
     v_.push_back(muon_.back() ? Tensor() : Tensor::zeros(shape, w.dtype(), w.device()));
   }
@@ -97,12 +100,18 @@ void Optimizer::step(double lr, double norm) {
     all.push_back({w, g, &m_[i], &v_[i], p.decay, lowp});
   }
   kern::adamw_update_each(all, st);
-  // Muon, one matrix at a time (each Newton-Schulz sees its whole gradient).
+  // Muon, one matrix at a time (each Newton-Schulz sees its whole gradient;
+  // ZeRO-1: the matrices this replica owns, whose summed gradients it has).
   const kern::MuonStep ms{lr, cfg_.momentum, cfg_.weight_decay, clip};
-  for (size_t i = 0; i < ps.size(); ++i)
-    if (muon_[i])
-      kern::muon_update(ps[i].weights(), ps[i].grad, m_[i], ms,
-                        ps[i].master.defined() ? &ps[i].value : nullptr);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!muon_[i]) continue;
+    model::Param& p = ps[i];
+    if (shard_ && shard_->owned()[i].size() == 0) continue;
+    const Shape shape = p.value.shape();
+    Tensor w = master_.empty() ? p.weights() : master_[i].reshape(shape);
+    Tensor m = m_[i].reshape(shape);  // flat when sharded
+    kern::muon_update(w, p.grad, m, ms, p.master.defined() || !master_.empty() ? &p.value : nullptr);
+  }
 }
 
 std::vector<NamedTensor> Optimizer::state_tensors() const {

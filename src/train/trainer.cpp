@@ -322,6 +322,8 @@ parallel::RuntimeOptions Engine::runtime_options() {
   ro.cache_blocks = cfg_.parallel.cache_blocks;
   ro.recompute = tc_.recompute;
   ro.zero = cfg_.parallel.zero == 1;
+  if (cfg_.optimizer.type == OptimizerType::Muon)  // each Muon matrix has one owner replica
+    ro.zero_whole = [](const model::Param& p) { return Optimizer::takes_muon(p); };
   ro.transport = choose_transport();
   ro.cuda_graphs = cfg_.cuda_graphs();
   const bool peers = grid_.world().size() > 1;
@@ -530,7 +532,8 @@ Engine::SaveParts Engine::save_parts() {
         std::vector<Tensor> parts;
         for (size_t i = 0; i < n; ++i) parts.push_back(state[half + i].tensor);
         const auto whole = rt().gather_owned_to_host(v, parts);
-        for (size_t i = 0; i < n; ++i) state[half + i].tensor = whole[i];
+        for (size_t i = 0; i < n; ++i)  // (a Muon matrix has no second moment)
+          if (state[half + i].tensor.defined()) state[half + i].tensor = whole[i];
       }
     }
     for (size_t i = 0; i < all.size(); ++i) {

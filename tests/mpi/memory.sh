@@ -74,4 +74,8 @@ check 4 $shape --model.residual.mode=block "$moe" --parallel.data=4 --parallel.e
 check 1 $shape --model.residual.mode=block "$moe" --optimizer.type=muon
 # shellcheck disable=SC2086
 check 4 $shape --model.residual.mode=block --optimizer.type=muon --parallel.pipeline=4 --parallel.virtual_stages=2
+# ZeRO-1 under Muon: an owner replica per matrix (its momentum there only).
+# shellcheck disable=SC2086
+check 2 $shape --model.residual.mode=block "$moe" --optimizer.type=muon --parallel.data=2 \
+  --training.grad_accum=2 --parallel.zero=1
 pass "inspect memory within 10% of the measured activation high-water, 1% of the resident state"

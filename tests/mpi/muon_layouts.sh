@@ -7,7 +7,12 @@
 # parallelism within relative 1e-5. A dense Block model and a MoE model
 # (experts take Muon, routers AdamW). A run stopped at step 4 resumes bit for
 # bit on its own layout and within 1e-5 on another; a resume that changes the
-# optimizer type is refused naming the missing state; ZeRO-1 is refused.
+# optimizer type is refused naming the missing state. ZeRO-1: each matrix has
+# one owner replica, which holds its momentum, runs its Newton-Schulz on the
+# whole summed gradient and shares the result (the all-gather): D2, P2 x D2,
+# D4 (4 owners; gathered checkpoints), and with the experts of a MoE model
+# split by expert parallelism (their owners among the replicas holding them);
+# a resume from ZeRO-1 onto another layout.
 source "$(dirname "$0")/lib.sh"
 make_corpus
 write_mpi_config
@@ -35,7 +40,12 @@ PY
     "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false" -- "${m[@]}"
   same_as_reference 1 1e-5 "--parallel.pipeline=4 --parallel.virtual_stages=2" \
     "--parallel.data=2 --training.grad_accum=2" \
-    "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2" -- "${m[@]}"
+    "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2" \
+    "--parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
+    "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
+    "--parallel.data=4 --training.grad_accum=1 --parallel.zero=1 --checkpoint.sharded=false" -- "${m[@]}"
+  [[ -n $model ]] && same_as_reference 1 1e-5 \
+    "--parallel.data=4 --parallel.expert=2 --training.grad_accum=1 --parallel.zero=1" -- "${m[@]}"
 done
 
 # Resume: stopped at step 4, continued on the same layout (bit for bit) and
@@ -61,9 +71,22 @@ grep -q "resumed from ck_s/step_00000004" log_s.txt || { cat log_s.txt; fail "di
 compare_losses run_1d/metrics.jsonl run_s/metrics.jsonl 1e-5 || fail "resumed on D = 2: losses differ"
 pass "stopped at step 4 in one process, resumed on D = 2: the uninterrupted run's losses within 1e-5"
 
-# The optimizer's state must match its type; ZeRO-1 is not there yet.
+# ZeRO-1's owners write their momentum buffers: stopped at step 4 on D2 with
+# ZeRO-1, resumed on P2 without it.
+rm -rf ck_z run_z
+run_np 2 "$BIN" train base.json --checkpoint.dir=ck_z --run.dir=run_z "${mu[@]}" --parallel.data=2 \
+  --training.grad_accum=2 --parallel.zero=1 --run.stop_after=4 2>log_z1.txt \
+  || { cat log_z1.txt; fail "the first half on D = 2 with ZeRO-1"; }
+run_np 2 "$BIN" train base.json --checkpoint.dir=ck_z --run.dir=run_z "${mu[@]}" \
+  --parallel.pipeline=2 --checkpoint.resume=auto 2>log_z2.txt \
+  || { cat log_z2.txt; fail "the second half on P = 2"; }
+grep -q "resumed from ck_z/step_00000004" log_z2.txt || { cat log_z2.txt; fail "did not resume from step 4"; }
+compare_losses run_1d/metrics.jsonl run_z/metrics.jsonl 1e-5 || fail "resumed from ZeRO-1 on P = 2: losses differ"
+"$BIN" inspect compare ck_1d/step_00000008 ck_z/step_00000008 --rtol 1e-5 >/dev/null \
+  || fail "resumed from ZeRO-1 on P = 2: checkpoint differs"
+pass "stopped at step 4 on D = 2 with ZeRO-1 (an owner per matrix), resumed on P = 2: the uninterrupted run"
+
+# The optimizer's state must match its type.
 expect_error "AdamW resuming Muon's checkpoint" "exp_avg.model.layers.0" "$BIN" train base.json \
   --checkpoint.dir=ck_s --run.dir=run_t --checkpoint.resume=auto --training.steps=12
-expect_error "Muon with ZeRO-1" "optimizer.type" "$BIN" train base.json "${mu[@]}" --parallel.data=2 \
-  --training.grad_accum=2 --parallel.zero=1
 echo "all muon_layouts checks passed"
