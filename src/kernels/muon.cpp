@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/common.h"
 #include "kernels/matmul.h"
 #include "kernels/reduce.h"
 
@@ -24,20 +25,29 @@ Tensor scaled(const Tensor& t, double s) {
 
 }  // namespace
 
-void newton_schulz5(Tensor& x, const Tensor& u) {
-  ATTNRES_CHECK(u.ndim() == 2 && x.shape() == u.shape() && x.dtype() == u.dtype() &&
-                    x.device() == u.device(),
-                "newton_schulz5: x ", x.describe(), " for u ", u.describe());
+void newton_schulz5(Tensor& x_out, const Tensor& u, DType iterate) {
+  ATTNRES_CHECK(u.ndim() == 2 && x_out.shape() == u.shape() && x_out.dtype() == u.dtype() &&
+                    x_out.device() == u.device(),
+                "newton_schulz5: x ", x_out.describe(), " for u ", u.describe());
   const int64_t m = u.dim(0), n = u.dim(1), k = std::min(m, n);
-  x.copy_from(u);
-  scale_(x, 1.0 / (std::sqrt(sum_squares(u)) + 1e-7));
-  Tensor A = like(u, {k, k}), AA = like(u, {k, k}), BX = like(u, {m, n});
+  x_out.copy_from(u);
+  scale_(x_out, 1.0 / (std::sqrt(sum_squares(u)) + 1e-7));
+  Tensor x = x_out;
+  if (iterate != u.dtype()) {
+    x = Tensor::empty(u.shape(), iterate, u.device());
+    convert(x, x_out);
+  }
+  Tensor A = like(x, {k, k}), AA = like(x, {k, k}), BX = like(x, {m, n});
+  // X^T X comes from matmul's weight gradient, which accumulates in the
+  // gradient dtype: fp32 for bf16 x, then rounded into A.
+  Tensor A_acc = grad_dtype(x.dtype()) == x.dtype() ? A : Tensor::empty({k, k}, grad_dtype(x.dtype()), x.device());
   for (int i = 0; i < kMuonSteps; ++i) {
     if (m <= n) {
       matmul_forward(A, x, x);  // X X^T
     } else {
-      A.zero_();  // dw accumulates: X^T X
-      matmul_backward(nullptr, &A, x, x, A, Store::Set);
+      A_acc.zero_();  // dw accumulates: X^T X
+      matmul_backward(nullptr, &A_acc, x, x, A, Store::Set);
+      if (A_acc.dtype() != A.dtype()) convert(A, A_acc);
     }
     matmul_forward(AA, A, A);  // A A^T = A A (A symmetric)
     scale_(AA, kMuonC);
@@ -49,6 +59,7 @@ void newton_schulz5(Tensor& x, const Tensor& u) {
     scale_(x, kMuonA);
     add_(x, BX);
   }
+  if (iterate != u.dtype()) convert(x_out, x);
 }
 
 void muon_update(Tensor& w, const Tensor& g, Tensor& buf, const MuonStep& st, Tensor* w_lowp) {
@@ -61,7 +72,8 @@ void muon_update(Tensor& w, const Tensor& g, Tensor& buf, const MuonStep& st, Te
   Tensor u = scaled(buf, st.momentum);
   add_(u, gs);                        // u = g + mu buf
   Tensor x = like(w, w.shape());
-  newton_schulz5(x, u);
+  const bool bf16 = w.is_cuda() && w_lowp && w_lowp->dtype() == DType::BF16;
+  newton_schulz5(x, u, bf16 ? DType::BF16 : u.dtype());
   const double rms = 0.2 * std::sqrt(static_cast<double>(std::max(w.dim(0), w.dim(1))));
   scale_(w, 1.0 - st.lr * st.weight_decay);
   scale_(x, -st.lr * rms);

@@ -21,14 +21,21 @@ struct MuonStep {
 // m > n; five times A = X X^T, X = a X + (b A + c A A) X; transposed back.
 // (The transposes are not made: for m > n the same steps are written with
 // A = X^T X and X = a X + X (b A + c A A).) u and x: same shape, dtype, device.
-void newton_schulz5(Tensor& x, const Tensor& u);
+// `iterate`: the dtype the five steps' GEMMs and sums run in (default u's);
+// BF16 on CUDA: bf16 inputs and outputs, fp32 accumulation inside cuBLASLt,
+// as Muon's reference runs it (the normalisation stays in u's dtype, and x
+// gets the result converted back).
+void newton_schulz5(Tensor& x, const Tensor& u, DType iterate);
+inline void newton_schulz5(Tensor& x, const Tensor& u) { newton_schulz5(x, u, u.dtype()); }
 
 // One matrix's Muon update, w [m, n] (the fp32 master in a bf16 run), g its
 // gradient, buf its momentum (w's dtype):
 //   g' = grad_scale g; buf = mu buf + g'; u = g' + mu buf (Nesterov);
 //   w = w (1 - lr wd) - lr 0.2 sqrt(max(m, n)) NS5(u)
 // (0.2 sqrt(max(m, n)): Moonlight's scale, an update of AdamW's RMS). With
-// w_lowp, the bf16 weights the model computes with are refreshed from w.
+// w_lowp, the bf16 weights the model computes with are refreshed from w; on
+// CUDA a bf16 run's Newton-Schulz iterates in bf16 (newton_schulz5's
+// `iterate`), the rest stays fp32.
 void muon_update(Tensor& w, const Tensor& g, Tensor& buf, const MuonStep& step,
                  Tensor* w_lowp = nullptr);
 

@@ -93,10 +93,14 @@ StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
   // soon as its last backward is done, overlapping the rest of the step
   // (the loss scale already divides by the global token count). Every
   // replica runs the same schedule, so they start these sums in the same order.
-  // With expert parallelism a chunk has two sums: its routed experts' over
-  // the replicas holding them, the rest over all D.
-  std::vector<std::unique_ptr<PendingSum>> pending(static_cast<size_t>(model_->size())),
-      pending_experts(pending.size());
+  // Per chunk: its sums in flight (with expert parallelism the routed
+  // experts' over the replicas holding them, the rest over all D; with
+  // ZeRO-1 one reduce-scatter per ZeroShard space).
+  std::vector<std::vector<std::unique_ptr<PendingSum>>> pending(static_cast<size_t>(model_->size()));
+  auto finish = [](std::vector<std::unique_ptr<PendingSum>>& sums) {
+    for (auto& p : sums) p->finish();
+    sums.clear();
+  };
   // ZeRO-1: each replica receives the sum of its own slice only. A chunk
   // holding a tied embedding (or its copy) waits for the tied sum below,
   // which needs the whole gradient.
@@ -110,8 +114,8 @@ StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
     const ZeroShard& z = zero_[i];
     for (int sp = 0; sp < z.spaces(); ++sp) {
       mine[i].push_back(Tensor::empty({z.shard_elements(sp)}, DType::F32, model_->chunk(v).device()));
-      (sp == 0 ? pending : pending_experts)[i] =
-          transport_->start_reduce_scatter(z.pack_grads(sp), mine[i].back(), z.group(sp));
+      pending[i].push_back(
+          transport_->start_reduce_scatter(z.pack_grads(sp), mine[i].back(), z.group(sp)));
     }
   };
   auto grads_ready = [&](int v) {
@@ -123,15 +127,14 @@ StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
     std::vector<Tensor> grads, expert_grads;
     for (auto& p : model_->chunk(v).params().all())
       (grid_.EP() > 1 && p.expert >= 0 ? expert_grads : grads).push_back(p.grad);
-    pending[static_cast<size_t>(v)] = transport_->start_sum_across_replicas(std::move(grads));
+    auto& sums = pending[static_cast<size_t>(v)];
+    sums.push_back(transport_->start_sum_across_replicas(std::move(grads)));
     if (!expert_grads.empty())
-      pending_experts[static_cast<size_t>(v)] =
-          transport_->start_sum_across_replicas(std::move(expert_grads), Replicas::SameExperts);
+      sums.push_back(
+          transport_->start_sum_across_replicas(std::move(expert_grads), Replicas::SameExperts));
   };
   StepStats st = executor_->train_step(M, data, grad_scale, grads_ready);
-  for (auto* list : {&pending, &pending_experts})
-    for (auto& p : *list)
-      if (p) p->finish();
+  for (auto& sums : pending) finish(sums);
 
   // Tied embeddings: chunk 0 holds the input embedding, chunk C-1 a copy for
   // the LM head; both need the sum of both gradients (a + b == b + a, so the
@@ -152,8 +155,7 @@ StepStats Runtime::local_step(int M, const DataFn& data, double grad_scale) {
     const auto i = static_cast<size_t>(v);
     if (holds_tied(v)) {  // started in chunk order on every replica
       start_scatter(v);
-      for (auto* list : {&pending, &pending_experts})
-        if ((*list)[i]) (*list)[i]->finish();
+      finish(pending[i]);
     }
     for (int sp = 0; sp < zero_[i].spaces(); ++sp)
       zero_[i].unpack_owned_grads(sp, mine[i][static_cast<size_t>(sp)]);

@@ -62,6 +62,26 @@ same_as_reference() {
   done
 }
 
+# resume_on REF TOL "FIRST" "SECOND" -- EXTRA...: base.json with EXTRA stopped
+# at step 4 on the layout FIRST (its overrides, one string; "" = one
+# process), then resumed on SECOND (ck_r / run_r): the run REF's losses and
+# final checkpoint within relative TOL.
+resume_on() {
+  local ref="$1" tol="$2" first="$3" second="$4"; shift 5
+  rm -rf ck_r run_r
+  # shellcheck disable=SC2086
+  run_np "$(ranks_of "$first")" "$BIN" train base.json --checkpoint.dir=ck_r --run.dir=run_r "$@" \
+    $first --run.stop_after=4 2>log_r1.txt || { cat log_r1.txt; fail "the first half on '$first'"; }
+  # shellcheck disable=SC2086
+  run_np "$(ranks_of "$second")" "$BIN" train base.json --checkpoint.dir=ck_r --run.dir=run_r "$@" \
+    $second --checkpoint.resume=auto 2>log_r2.txt || { cat log_r2.txt; fail "the second half on '$second'"; }
+  grep -q "resumed from ck_r/step_00000004" log_r2.txt || { cat log_r2.txt; fail "did not resume from step 4"; }
+  compare_losses "run_$ref/metrics.jsonl" run_r/metrics.jsonl "$tol" || fail "resumed on '$second': losses differ"
+  "$BIN" inspect compare "ck_$ref/step_00000008" ck_r/step_00000008 --rtol "$tol" >/dev/null \
+    || fail "resumed on '$second': checkpoint tensors differ"
+  pass "stopped at step 4 on '${first:-one process}', resumed on '$second': the uninterrupted run within $tol"
+}
+
 # A metrics.jsonl's first step's pipeline bytes, and its last train loss.
 pp_bytes() { grep -o '"pp_bytes":[0-9]*' "$1" | awk -F: 'NR == 1 { print $2 }'; }
 last_loss() { grep -o '"loss":[^,}]*' "$1" | tail -1 | cut -d: -f2; }
