@@ -77,10 +77,11 @@ cpu|0.5|0|-|-||the Debian packages of the CPU side as .deb files in .deps/ (carr
 cpu|0.5|0|-|-||GPT-2's vocabulary and the Brown corpus, if data/gpt2, data/brown/raw are missing|scripts/fetch_gpt2.sh && scripts/fetch_brown.sh
 cpu|0.1|0|-|-||the Brown corpus in GPT-2 tokens for the engine's train run and the logits comparison (carried)|build/attnres tokenize encode --tokenizer data/gpt2/encoder.json --input data/brown/raw --format brown --output-dir .shards/brown_gpt2 --val-fraction 0.05 --name brown
 build|1.6|560|build|build.log||configure (Release, sm_90) and build attnres, test_gpu and test_mpi|cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 $DEPS_CMAKE_ARGS && cmake --build build-gpu -j"$(nproc)" --target $(build_targets build-gpu)
+tests|0.2|180|catch2|gpu_tests_cudnn.log|if_cudnn_engines|GPU tests: cuDNN's fused attention first (a GQA and a multi-head shape among its cases), with cuDNN's own log (CUDNN_LOGLEVEL_DBG=2) in this log|CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr build-gpu/tests/test_gpu "[cudnn]" -w NoTests --durations yes
 tests|0.1|120|catch2|gpu_tests_matmul.log||GPU tests: matmul, each cuBLASLt plan's algorithm logged (ATTNRES_GEMM_LOG)|ATTNRES_GEMM_LOG=1 build-gpu/tests/test_gpu "[matmul]" -w NoTests --durations yes
 tests|1.4|240|catch2|gpu_tests_ce_swiglu_store.log||GPU tests: cross-entropy, SwiGLU, Store|build-gpu/tests/test_gpu "[cross_entropy],[swiglu],[store]" -w NoTests --durations yes
 tests|0.1|240|catch2|gpu_tests_model.log||GPU tests: the model (training steps against the CPU, bf16, decoding)|build-gpu/tests/test_gpu "[model]~[recompute]" -w NoTests --durations yes
-tests|2.4|360|catch2|gpu_tests_rest.log||GPU tests: everything else (matmul, attention, mix, norms, AdamW, ...)|build-gpu/tests/test_gpu "~[cross_entropy]~[swiglu]~[store]~[model]" -w NoTests --durations yes
+tests|2.4|360|catch2|gpu_tests_rest.log||GPU tests: everything else (matmul, our attention, mix, norms, AdamW, MoE, Muon, ...)|build-gpu/tests/test_gpu "~[cross_entropy]~[swiglu]~[store]~[model]~[cudnn]" -w NoTests --durations yes
 engine|0.1|300|script|resume.log||exact resume and eval through the engine on the GPU in bf16|ATTNRES_TEST_DEVICE=cuda bash tests/cli/resume.sh "$PWD/build-gpu/attnres" "$PWD"
 engine|0.2|300|text|bench_vs_train.txt||the engine's training tokens/s (30-step 124M train) against the benchmark's|bash scripts/bench_vs_train.sh --device cuda --preset 124m --steps 30 --rounds 1 --bin build-gpu/attnres --data .shards/brown_gpt2
 engine|0.1|300|script|cuda_graphs.log||training.cuda_graphs through attnres train (eval, checkpoints, depth statistics, a resume) against the run without graphs, bit for bit, bf16|bash tests/gpu/cuda_graphs_train.sh "$PWD/build-gpu/attnres" "$PWD"
@@ -118,6 +119,19 @@ CARRY='[".deps", ".shards"]'
 # is skipped: not a failure) or 2 (the step is not run and that is a failure).
 if_mpirun() { command -v mpirun >/dev/null && return 0; echo "no mpirun on PATH"; return 2; }
 if_torch() { python3 -c "import torch" 2>/dev/null && return 0; echo "python3 cannot import torch"; return 1; }
+# cuDNN's fused attention graphs run on its runtime-compiled engines, which
+# load NVRTC and cuDNN's engines_runtime_compiled library when they run: both
+# must be known to the loader (ldconfig -p), else the cases fail for a reason
+# that is not ours.
+if_cudnn_engines() {
+  local lib missing=()
+  for lib in libnvrtc libcudnn_engines_runtime_compiled; do
+    ldconfig -p 2>/dev/null | grep -q "$lib\.so" || missing+=("$lib")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  echo "ldconfig -p does not list ${missing[*]} (cuDNN's runtime-compiled engines need them)"
+  return 2
+}
 if_shards() {
   ls .shards/brown_gpt2/brown_train_*.bin >/dev/null 2>&1 && return 0
   echo "no .shards/brown_gpt2 (make it on the CPU machine: the command at the head of" \
@@ -146,6 +160,7 @@ cond_text() {
     if_mpirun) echo "only with mpirun on PATH (else not run: a failure)" ;;
     if_torch) echo "only if python3 imports torch (else skipped)" ;;
     if_shards) echo "only with .shards/brown_gpt2 (else skipped)" ;;
+    if_cudnn_engines) echo "only if ldconfig -p lists libnvrtc and libcudnn_engines_runtime_compiled (else not run: a failure)" ;;
     *) echo "only if $1" ;;
   esac
 }

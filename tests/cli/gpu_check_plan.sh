@@ -55,9 +55,10 @@ pass "stages in order (${stages% }), each under 9 minutes; $n steps, each under 
 order=('scripts/gpu_deps.sh'
        'tokenize encode --tokenizer data/gpt2/encoder.json'
        'cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90'
+       'CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr build-gpu/tests/test_gpu "[cudnn]"'
        'test_gpu "[cross_entropy],[swiglu],[store]"'
        'test_gpu "[model]~[recompute]"'
-       'test_gpu "~[cross_entropy]~[swiglu]~[store]~[model]"'
+       'test_gpu "~[cross_entropy]~[swiglu]~[store]~[model]~[cudnn]"'
        'ATTNRES_TEST_DEVICE=cuda bash tests/cli/resume.sh'
        'scripts/bench_vs_train.sh --device cuda --preset 124m --steps 30 --rounds 1 --bin build-gpu/attnres --data .shards/brown_gpt2'
        'test_gpu "[recompute]"'
@@ -141,12 +142,18 @@ cat > repo/build-gpu/tests/test_gpu <<'SH'
 echo "GPU tests on a fake device"
 echo "args: $*"
 echo "ATTNRES_GEMM_LOG=${ATTNRES_GEMM_LOG:-}"
+echo "CUDNN_LOGLEVEL_DBG=${CUDNN_LOGLEVEL_DBG:-}"
 case "$1" in
   "[model]~[recompute]") echo "FAILED: (a fake failure)"; echo "test cases: 2 | 1 passed | 1 failed"; exit 1 ;;
   *) echo "All tests passed (3 assertions in 1 test case)" ;;
 esac
 SH
 chmod +x repo/build-gpu/tests/test_gpu
+# The loader knows cuDNN's runtime-compiled engines and NVRTC (the check
+# before the [cudnn] cases reads ldconfig -p).
+printf '#!/bin/sh\necho "\tlibnvrtc.so.13 => /x/libnvrtc.so.13"\necho "\tlibcudnn_engines_runtime_compiled.so.9 => /x/libcudnn_engines_runtime_compiled.so.9"\n' \
+  > fakebin/ldconfig
+chmod +x fakebin/ldconfig
 rc=0
 OUT="$WORK/out" PATH="$WORK/fakebin:$PATH" repo/scripts/gpu_check.sh --tests > out.txt 2>&1 || rc=$?
 cat out.txt
@@ -158,13 +165,16 @@ grep -qxF 'ATTNRES_GEMM_LOG=' $r/gpu_tests_rest.log || fail "ATTNRES_GEMM_LOG le
 grep -qxF 'args: [cross_entropy],[swiglu],[store] -w NoTests --durations yes' $r/gpu_tests_ce_swiglu_store.log \
   || fail "second run: $(cat $r/gpu_tests_ce_swiglu_store.log)"
 grep -qxF 'args: [model]~[recompute] -w NoTests --durations yes' $r/gpu_tests_model.log || fail "third run"
-grep -qxF 'args: ~[cross_entropy]~[swiglu]~[store]~[model] -w NoTests --durations yes' $r/gpu_tests_rest.log \
-  || fail "fourth run"
+grep -qxF 'args: ~[cross_entropy]~[swiglu]~[store]~[model]~[cudnn] -w NoTests --durations yes' $r/gpu_tests_rest.log \
+  || fail "fifth run"
+grep -qxF 'args: [cudnn] -w NoTests --durations yes' $r/gpu_tests_cudnn.log \
+  && grep -qxF 'CUDNN_LOGLEVEL_DBG=2' $r/gpu_tests_cudnn.log || fail "the [cudnn] run: $(cat $r/gpu_tests_cudnn.log)"
+grep -qxF 'CUDNN_LOGLEVEL_DBG=' $r/gpu_tests_rest.log || fail "cuDNN's logging leaked into the other runs"
 [[ $(awk '$1 == "tests" { print $2, $3 }' $r/steps.txt | tr '\n' ';') == \
-   "gpu_tests_matmul.log ok;gpu_tests_ce_swiglu_store.log ok;gpu_tests_model.log FAILED;gpu_tests_rest.log ok;" ]] \
+   "gpu_tests_cudnn.log ok;gpu_tests_matmul.log ok;gpu_tests_ce_swiglu_store.log ok;gpu_tests_model.log FAILED;gpu_tests_rest.log ok;" ]] \
   || { cat $r/steps.txt; fail "steps.txt"; }
 grep -q "steps.txt" <(tar tzf out/gpu_check_2_tests.tgz) || fail "no steps.txt in \$OUT/gpu_check_2_tests.tgz"
-pass "--tests: four runs in order, each its own log, a failure fails the stage, steps.txt, \$OUT archive"
+pass "--tests: five runs in order ([cudnn] first, with cuDNN's log), each its own log, a failure fails the stage, steps.txt, \$OUT archive"
 
 rc=0
 PATH="$WORK/fakebin:$PATH" repo/scripts/gpu_check.sh --only "[mix],[adamw]" > out.txt 2>&1 || rc=$?
