@@ -7,6 +7,7 @@
 #include "kernels/common.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
+#include "kernels/grouped_matmul.h"
 #include "kernels/matmul.h"
 #include "kernels/mix.h"
 #include "kernels/moe.h"
@@ -291,9 +292,19 @@ kern::MoeRouteOptions Model::moe_route_options(int64_t N) const {
 }
 
 namespace {
-// Local expert j's rows [offsets[j], offsets[j + 1]) of an [M, *] tensor.
-Tensor expert_rows(const Tensor& t, const std::vector<int64_t>& offsets, size_t j) {
-  return t.rows(offsets[j], offsets[j + 1] - offsets[j]);
+// The routed experts' joint gate | up matrices and down matrices held here
+// (of the values, or of the gradients: `of` = &Param::grad), by local index:
+// the grouped GEMMs' weights (kernels/grouped_matmul.h).
+struct ExpertMatrices {
+  std::vector<Tensor> gate_up, down;
+};
+ExpertMatrices expert_matrices(const LayerParams& L, int64_t l, Tensor Param::*of) {
+  ExpertMatrices m;
+  for (size_t j = 0; j < L.expert_gate.size(); ++j) {
+    m.gate_up.push_back(gate_up_of(L.expert_gate[j]->*of, L.expert_up[j]->*of, l));
+    m.down.push_back(L.expert_down[j]->*of);
+  }
+  return m;
 }
 
 // Expert parallelism: the rows one member received, member-major (member p's
@@ -399,28 +410,20 @@ void Model::moe_core(int64_t l, SublayerActs& a) const {
   // again where needed).
   const std::vector<int64_t>& off = a.moe_offsets;
   const int64_t Mx = off.back(), Fe = moe.expert_d_ff;
+  const ExpertMatrices w = expert_matrices(L, l, &Param::value);
   if (!a.moe_gu.defined()) {
     Tensor x = new_act(r.rows(), d);
     kern::moe_permute(x, a.u, r);
     x = to_experts(a, x);
     if (exchange_) a.moe_x = x;  // without the exchange, backward permutes u again
     a.moe_gu = new_act(Mx, 2 * Fe);
-    for (size_t j = 0; j < El; ++j) {
-      if (off[j + 1] == off[j]) continue;
-      Tensor gu = expert_rows(a.moe_gu, off, j);
-      kern::matmul_forward(gu, expert_rows(x, off, j),
-                           gate_up_of(L.expert_gate[j]->value, L.expert_up[j]->value, l));
-    }
+    kern::grouped_matmul_forward(a.moe_gu, x, w.gate_up, off);
   }
   a.moe_h = new_act(Mx, Fe);
   kern::swiglu_forward(a.moe_h, a.moe_gu);  // row by row: as per expert
   if (!a.moe_y.defined()) {
     Tensor y = new_act(Mx, d);
-    for (size_t j = 0; j < El; ++j) {
-      if (off[j + 1] == off[j]) continue;
-      Tensor yj = expert_rows(y, off, j);
-      kern::matmul_forward(yj, expert_rows(a.moe_h, off, j), L.expert_down[j]->value);
-    }
+    kern::grouped_matmul_forward(y, a.moe_h, w.down, off);
     a.moe_y = from_experts(a, y);
   }
 }
@@ -442,7 +445,6 @@ Tensor Model::moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double 
   const int64_t N = a.u.dim(0), d = cfg_.d_model, Fe = moe.expert_d_ff;
   const std::vector<int64_t>& off = a.moe_offsets;
   const int64_t Mx = off.back();
-  const size_t El = L.expert_gate.size();
   // du: the shared experts' (written), then the router's and the routed
   // experts' added, in that order.
   Tensor du = new_act(N, d);
@@ -468,23 +470,11 @@ Tensor Model::moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double 
     kern::moe_permute(x, a.u, r);
   }
   Tensor dx = new_act(Mx, d), dh = new_act(Mx, Fe), dgu = new_act(Mx, 2 * Fe);
-  for (size_t j = 0; j < El; ++j) {
-    if (off[j + 1] == off[j]) continue;
-    Tensor dh_j = expert_rows(dh, off, j);
-    Param& wd = *L.expert_down[j];
-    kern::matmul_backward(&dh_j, &wd.grad, expert_rows(dyr, off, j), expert_rows(a.moe_h, off, j),
-                          wd.value, kern::Store::Set);
-  }
+  const ExpertMatrices w = expert_matrices(L, l, &Param::value);
+  ExpertMatrices dw = expert_matrices(L, l, &Param::grad);
+  kern::grouped_matmul_backward(&dh, dw.down, dyr, a.moe_h, w.down, off, kern::Store::Set);
   kern::swiglu_backward(dgu, dh, a.moe_gu, kern::Store::Set);
-  for (size_t j = 0; j < El; ++j) {
-    if (off[j + 1] == off[j]) continue;
-    Tensor dx_j = expert_rows(dx, off, j);
-    Param& wg = *L.expert_gate[j];
-    Param& wu = *L.expert_up[j];
-    Tensor dw = gate_up_of(wg.grad, wu.grad, l);
-    kern::matmul_backward(&dx_j, &dw, expert_rows(dgu, off, j), expert_rows(x, off, j),
-                          gate_up_of(wg.value, wu.value, l), kern::Store::Set);
-  }
+  kern::grouped_matmul_backward(&dx, dw.gate_up, dgu, x, w.gate_up, off, kern::Store::Set);
   dx = from_experts(a, dx);
   // The router: through the gate weights, and the auxiliary loss's balance
   // term (its weight in the step's loss: loss_scale N per microbatch mean).

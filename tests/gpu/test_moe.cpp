@@ -1,7 +1,8 @@
 // CUDA mixture-of-experts routing, permutation and combine (kernels/moe.h)
 // against the CPU ops on the same random inputs: both routers, with and
 // without the aux-free bias, dropless and with a capacity that drops; the
-// rows in F32 and BF16; every backward, and the balance term.
+// rows in F32 and BF16; every backward, and the balance term; the experts'
+// grouped GEMMs against the CPU's GEMM per group.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "gpu_testing.h"
+#include "kernels/grouped_matmul.h"
 #include "kernels/moe.h"
 
 using namespace attnres;
@@ -137,4 +139,39 @@ TEST_CASE("cuda moe routing, permutation and combine match the CPU", "[gpu][moe]
       kern::moe_balance_backward(dlc, logits, rc, c.router, 0.7);
       CHECK(rel_l2(to_host_f32(dl), dlc) < 1e-5);
     }
+}
+
+TEST_CASE("cuda grouped expert GEMMs match the CPU's GEMM per group", "[gpu][moe]") {
+  // 5 experts of w [N, K] over M rows, one group empty and one of a single
+  // row; the CPU runs a matmul per group on the same (bf16-rounded) values.
+  const int64_t N = 48, K = 40;
+  const std::vector<int64_t> offsets = {0, 7, 7, 30, 31, 52};
+  const int64_t M = offsets.back(), G = static_cast<int64_t>(offsets.size()) - 1;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtype_name(dt));
+    Pair x = random_pair({M, K}, dt, 11, false), dy = random_pair({M, N}, dt, 12, false);
+    std::vector<Tensor> wc, wg, dwc, dwg;
+    for (int64_t g = 0; g < G; ++g) {
+      Pair w = random_pair({N, K}, dt, 20 + static_cast<uint64_t>(g), false);
+      wc.push_back(w.host);
+      wg.push_back(w.dev);
+      Tensor acc = randn_f32({N, K}, 40 + static_cast<uint64_t>(g));  // dw accumulates into it
+      dwc.push_back(acc.clone());
+      dwg.push_back(acc.to(Device::CUDA));  // F32: the gradient dtype of F32 and BF16 weights
+    }
+    Tensor y = poisoned({M, N}, dt), yc = Tensor::empty({M, N});
+    kern::grouped_matmul_forward(y, x.dev, wg, offsets);
+    kern::grouped_matmul_forward(yc, x.host, wc, offsets);
+    CHECK(rel_l2(to_host_f32(y), yc) < tol(dt));
+
+    for (kern::Store store : {kern::Store::Set, kern::Store::Add}) {
+      INFO((store == kern::Store::Set ? "dx set" : "dx add"));
+      Pair dx = random_pair({M, K}, dt, 13, false);
+      if (store == kern::Store::Set) dx.dev = poisoned({M, K}, dt);
+      kern::grouped_matmul_backward(&dx.dev, dwg, dy.dev, x.dev, wg, offsets, store);
+      kern::grouped_matmul_backward(&dx.host, dwc, dy.host, x.host, wc, offsets, store);
+      CHECK(rel_l2(to_host_f32(dx.dev), dx.host) < tol(dt));
+      for (int64_t g = 0; g < G; ++g) CHECK(rel_l2(to_host_f32(dwg[g]), dwc[g]) < tol(dt));
+    }
+  }
 }

@@ -1,0 +1,223 @@
+// CUDA grouped linear layers: a MoE layer's expert GEMMs as one
+// cublasGemmGroupedBatchedEx each (forward, dx, dw), instead of a cuBLASLt
+// GEMM per expert (kernels/cuda/matmul.cu).
+//
+// Why: a layer's experts are E GEMMs of one weight shape over row counts the
+// routing decides. Per expert that is E launches (each too small to fill an
+// H100 at E = 64+), and with cuBLASLt a plan per new row count (a dropless
+// layer's counts change every step, so the plan cache keeps growing and
+// every new count pays a heuristic query). The grouped call takes every
+// problem's sizes at run time in one launch.
+//
+// The row-major mapping is gemm.cu's: row-major C[m, n] = A B^T is the
+// column-major C^T = B A^T, so each problem below names our operands in
+// swapped order. The groups' pointers go to the device (cuBLAS reads them
+// there) through a small buffer per call; sizes, leading dimensions, alpha
+// and beta stay on the host, one entry per group (group_size 1: each expert
+// is its own group, since the row counts differ).
+//
+// Types: F32 (true fp32) or BF16 inputs with fp32 accumulation; dw's C is
+// F32 for BF16 inputs. Where cuBLAS does not take a call
+// (CUBLAS_STATUS_NOT_SUPPORTED, e.g. a type mix it lacks) the op falls back to
+// a GEMM per group, once reported on stderr; ATTNRES_MOE_GROUPED_GEMM=0 forces
+// the fallback (to compare the two on a GPU).
+//
+// Never run on a GPU yet (docs/cuda.md): tests/gpu/test_moe.cpp checks it
+// against the CPU's GEMM per group.
+#include "kernels/cuda/grouped_matmul.h"
+
+#include <cublas_v2.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "core/device.h"
+#include "kernels/common.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/matmul.h"
+
+namespace attnres::kernels::cuda {
+
+namespace {
+
+cudaDataType_t cublas_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    default: fail("grouped GEMM: F32 or BF16, got ", dtype_name(t));
+  }
+}
+
+// The cuBLAS handle of the process (created on first use, on the compute
+// stream; destroyed at exit), as gemm.cu's cuBLASLt handle.
+class Blas {
+ public:
+  static Blas& get() {
+    static Blas b;
+    return b;
+  }
+  cublasHandle_t handle() const { return handle_; }
+  // Whether grouped calls are used (ATTNRES_MOE_GROUPED_GEMM, and no
+  // NOT_SUPPORTED answer so far).
+  bool grouped() const { return grouped_; }
+  void give_up(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!grouped_) return;
+    grouped_ = false;
+    std::fprintf(stderr, "warning: cuBLAS grouped GEMM not available (%s): a GEMM per expert\n",
+                 why.c_str());
+  }
+
+ private:
+  Blas() {
+    stream();  // the runtime first, so it outlives the handle
+    const cublasStatus_t st = cublasCreate(&handle_);
+    if (st != CUBLAS_STATUS_SUCCESS) fail_internal("cublasCreate failed: ", cublasGetStatusString(st));
+    // CUBLAS_COMPUTE_32F below: F32 inputs compute in true fp32 (no TF32), as gemm.cu's.
+    const char* env = std::getenv("ATTNRES_MOE_GROUPED_GEMM");
+    grouped_ = !(env && std::string(env) == "0");
+  }
+  ~Blas() { cublasDestroy(handle_); }
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  cublasHandle_t handle_ = nullptr;
+  std::mutex mu_;
+  bool grouped_ = true;
+};
+
+// One problem per non-empty group, column-major:
+//   C_g (m x n_g, ldc) = op_a(A_g) op_b(B_g) (k_g) + beta C_g
+// where exactly one of n and k varies with the group (its row count).
+struct Problems {
+  cublasOperation_t op_a, op_b;
+  int m = 0, lda = 0, ldb = 0, ldc = 0;
+  std::vector<int> n, k;
+  std::vector<const void*> a, b;
+  std::vector<void*> c;
+};
+
+// Runs them as one grouped call; false when cuBLAS does not take it.
+bool run_grouped(const Problems& p, DType ab, DType c_type, float beta) {
+  const int G = static_cast<int>(p.c.size());
+  if (G == 0) return true;
+  Blas& blas = Blas::get();
+  if (!blas.grouped()) return false;
+  std::vector<cublasOperation_t> op_a(G, p.op_a), op_b(G, p.op_b);
+  std::vector<int> m(G, p.m), lda(G, p.lda), ldb(G, p.ldb), ldc(G, p.ldc), size(G, 1);
+  std::vector<float> alpha(G, 1.0f), betas(G, beta);
+  // The pointer arrays on the device: A, B, C of every problem, in one copy
+  // (from pageable memory: the call returns once it was read).
+  std::vector<const void*> host;
+  host.insert(host.end(), p.a.begin(), p.a.end());
+  host.insert(host.end(), p.b.begin(), p.b.end());
+  host.insert(host.end(), p.c.begin(), p.c.end());
+  static_assert(sizeof(void*) == 2 * sizeof(int32_t), "pointers are two I32 elements");
+  Tensor ptrs = Tensor::empty({static_cast<int64_t>(2 * host.size())}, DType::I32, Device::CUDA);
+  ATTNRES_CUDA_CHECK(cudaMemcpyAsync(ptrs.raw(), host.data(), host.size() * sizeof(void*),
+                                     cudaMemcpyHostToDevice, stream()));
+  auto** dev = static_cast<void**>(ptrs.raw());
+  ATTNRES_CHECK(cublasSetStream(blas.handle(), stream()) == CUBLAS_STATUS_SUCCESS,
+                "cublasSetStream failed");
+  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+      blas.handle(), op_a.data(), op_b.data(), m.data(), p.n.data(), p.k.data(), alpha.data(),
+      const_cast<const void* const*>(dev), cublas_type(ab), lda.data(),
+      const_cast<const void* const*>(dev + G), cublas_type(ab), ldb.data(), betas.data(),
+      dev + 2 * G, cublas_type(c_type), ldc.data(), G, size.data(), CUBLAS_COMPUTE_32F);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    blas.give_up(std::string("A/B ") + dtype_name(ab) + ", C " + dtype_name(c_type));
+    return false;
+  }
+  if (st != CUBLAS_STATUS_SUCCESS)
+    fail_internal("cublasGemmGroupedBatchedEx failed: ", cublasGetStatusString(st), " (", G,
+                  " groups, A/B ", dtype_name(ab), ", C ", dtype_name(c_type), ")");
+  return true;
+}
+
+int to_int(int64_t v, const char* what) {
+  ATTNRES_CHECK(v <= 2147483647, "grouped GEMM: ", what, " ", v, " exceeds cuBLAS's int");
+  return static_cast<int>(v);
+}
+
+// Row `row` of a row-major matrix.
+void* at(const Tensor& t, int64_t row) { return t.rows(row, 0).raw(); }
+
+}  // namespace
+
+void grouped_matmul_forward(Tensor& y, const Tensor& x, Span<const Tensor> w,
+                            const std::vector<int64_t>& offsets) {
+  const int64_t K = x.dim(1), N = w[0].dim(0);
+  // y_g[M_g, N] = x_g w_g^T: column-major y_g^T (N x M_g, ld N) = w_g (N x K:
+  // w_g^T stored K x N, ld K, transposed) x_g^T (K x M_g, ld K).
+  Problems p{CUBLAS_OP_T, CUBLAS_OP_N, to_int(N, "N"), to_int(K, "K"), to_int(K, "K"), to_int(N, "N")};
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    p.n.push_back(to_int(rows, "rows"));
+    p.k.push_back(to_int(K, "K"));
+    p.a.push_back(w[g].raw());
+    p.b.push_back(at(x, offsets[g]));
+    p.c.push_back(at(y, offsets[g]));
+  }
+  if (run_grouped(p, x.dtype(), y.dtype(), 0.0f)) return;
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    Tensor yg = y.rows(offsets[g], rows);
+    matmul_forward(yg, x.rows(offsets[g], rows), w[g], nullptr);
+  }
+}
+
+void grouped_matmul_backward(Tensor* dx, Span<Tensor> dw, const Tensor& dy, const Tensor& x,
+                             Span<const Tensor> w, const std::vector<int64_t>& offsets,
+                             Store dx_store) {
+  const int64_t K = x.dim(1), N = w[0].dim(0);
+  if (dx) {
+    // dx_g[M_g, K] (+)= dy_g[M_g, N] w_g[N, K]: column-major dx_g^T (K x M_g)
+    // = w_g^T (K x N, ld K) dy_g^T (N x M_g, ld N), no transposes.
+    Problems p{CUBLAS_OP_N, CUBLAS_OP_N, to_int(K, "K"), to_int(K, "K"), to_int(N, "N"), to_int(K, "K")};
+    for (size_t g = 0; g < w.size(); ++g) {
+      const int64_t rows = offsets[g + 1] - offsets[g];
+      if (rows == 0) continue;
+      p.n.push_back(to_int(rows, "rows"));
+      p.k.push_back(to_int(N, "N"));
+      p.a.push_back(w[g].raw());
+      p.b.push_back(at(dy, offsets[g]));
+      p.c.push_back(at(*dx, offsets[g]));
+    }
+    // In place in bf16 (Store::Add) is gemm.cu's special case: per group there.
+    const bool add = dx_store == Store::Add;
+    if ((add && dx->dtype() == DType::BF16) || !run_grouped(p, x.dtype(), dx->dtype(), add ? 1.0f : 0.0f))
+      for (size_t g = 0; g < w.size(); ++g) {
+        const int64_t rows = offsets[g + 1] - offsets[g];
+        if (rows == 0) continue;
+        Tensor dxg = dx->rows(offsets[g], rows);
+        matmul_backward(&dxg, nullptr, dy.rows(offsets[g], rows), x.rows(offsets[g], rows), w[g],
+                        dx_store);
+      }
+  }
+  if (dw.empty() || N == 0) return;
+  // dw_g[N, K] += dy_g^T x_g: column-major dw_g^T (K x N, ld K) = x_g^T
+  // (K x M_g, ld K) dy_g (M_g x N: dy_g^T stored N x M_g, ld N, transposed).
+  Problems p{CUBLAS_OP_N, CUBLAS_OP_T, to_int(K, "K"), to_int(K, "K"), to_int(N, "N"), to_int(K, "K")};
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    p.n.push_back(to_int(N, "N"));
+    p.k.push_back(to_int(rows, "rows"));
+    p.a.push_back(at(x, offsets[g]));
+    p.b.push_back(at(dy, offsets[g]));
+    p.c.push_back(dw[g].raw());
+  }
+  if (run_grouped(p, x.dtype(), dw[0].dtype(), 1.0f)) return;
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    matmul_backward(nullptr, &dw[g], dy.rows(offsets[g], rows), x.rows(offsets[g], rows), w[g],
+                    Store::Set);
+  }
+}
+
+}  // namespace attnres::kernels::cuda
