@@ -253,7 +253,6 @@ ModelParams resolve_params(ParamTable& params, ParamTable& state, const ModelCon
   w.layer_begin = parts.layer_begin;
   const int64_t end = parts.layer_end < 0 ? cfg.n_layers : parts.layer_end;
   w.layers.resize(static_cast<size_t>(std::max<int64_t>(0, end - parts.layer_begin)));
-  for (LayerParams& L : w.layers) L.expert_begin = parts.expert_begin;
   size_t next[2] = {0, 0};  // the next of the state table, of the parameter table
   for (const ParamShape& s : shapes) {
     Param* p = &(s.trainable ? params : state).all().at(next[s.trainable]++);

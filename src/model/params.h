@@ -134,10 +134,10 @@ struct LayerParams {
   Param *mlp_norm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;  // dense MLP
   Param *attn_query = nullptr, *mlp_query = nullptr;  // AttnRes modes only
   // MoE layers: the router and its bias (aux_free only), the shared experts
-  // (shared_experts > 0), and the routed experts held, expert_begin on.
+  // (shared_experts > 0), and the routed experts held (ModelParts::expert_begin
+  // on; indexed from 0 here, as their rows are: SublayerActs::moe_offsets).
   Param *router = nullptr, *router_bias = nullptr;
   Param *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
-  int64_t expert_begin = 0;
   std::vector<Param*> expert_gate, expert_up, expert_down;
 };
 struct ModelParams {

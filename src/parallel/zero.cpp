@@ -45,7 +45,7 @@ ZeroShard::ZeroShard(std::vector<model::Param*> params, int D, int replica, int 
   };
   space_of_.assign(params_.size(), 0);
   offset_.assign(params_.size(), 0);
-  owner_.assign(params_.size(), -1);
+  std::vector<int> owner(params_.size(), -1);  // a whole parameter's member
   for (int key = 0; key < 4; ++key) {
     std::vector<size_t> members;
     for (size_t i = 0; i < params_.size(); ++i)
@@ -63,14 +63,14 @@ ZeroShard::ZeroShard(std::vector<model::Param*> params, int D, int replica, int 
       std::vector<Shape> shapes;
       for (size_t i : members) shapes.push_back(params_[i]->value.shape());
       const std::vector<int> owners = whole_owners(shapes, sp.size);
-      for (size_t k = 0; k < members.size(); ++k) owner_[members[k]] = owners[k];
+      for (size_t k = 0; k < members.size(); ++k) owner[members[k]] = owners[k];
       // Each member's block: its matrices in table order.
       std::vector<int64_t> fill(static_cast<size_t>(sp.size), 0);
-      for (size_t i : members) fill[static_cast<size_t>(owner_[i])] += params_[i]->value.numel();
+      for (size_t i : members) fill[static_cast<size_t>(owner[i])] += params_[i]->value.numel();
       sp.n = *std::max_element(fill.begin(), fill.end());
       std::fill(fill.begin(), fill.end(), 0);
       for (size_t i : members) {
-        const auto r = static_cast<size_t>(owner_[i]);
+        const auto r = static_cast<size_t>(owner[i]);
         offset_[i] = static_cast<int64_t>(r) * sp.n + fill[r];
         fill[r] += params_[i]->value.numel();
       }
@@ -83,11 +83,6 @@ ZeroShard::ZeroShard(std::vector<model::Param*> params, int D, int replica, int 
     const int64_t o = offset_[i], len = params_[i]->value.numel();
     owned_.push_back({std::clamp(begin - o, int64_t{0}, len), std::clamp(end - o, int64_t{0}, len)});
   }
-}
-
-int ZeroShard::owner(size_t i) const {
-  ATTNRES_CHECK(owner_.at(i) >= 0, "ZeroShard: ", params_.at(i)->name, " is not updated whole");
-  return owner_[i];
 }
 
 Tensor ZeroShard::owned_view(size_t i, const Tensor& t) const {

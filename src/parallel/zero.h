@@ -61,8 +61,6 @@ class ZeroShard {
   int64_t shard_elements(int s) const { return spaces_.at(static_cast<size_t>(s)).n; }
   // Per parameter: the elements this replica owns (a whole one's: all or none).
   const std::vector<OwnedRange>& owned() const { return owned_; }
-  // The member of its space's replicas that owns whole parameter i.
-  int owner(size_t i) const;
   // The owned part of a parameter-shaped tensor, as a flat view (shares storage).
   Tensor owned_view(size_t i, const Tensor& t) const;
 
@@ -92,7 +90,6 @@ class ZeroShard {
   };
   std::vector<model::Param*> params_;
   std::vector<int> space_of_;     // each parameter's space
-  std::vector<int> owner_;        // a whole parameter's owner (member of its space), else -1
   std::vector<int64_t> offset_;   // its start in that space
   std::vector<OwnedRange> owned_;
   std::vector<Space> spaces_;
