@@ -564,6 +564,17 @@ void Config::validate() const {
   if (parallel.virtual_stages > 1 && parallel.pipeline == 1)
     fail("config key parallel.virtual_stages: ", parallel.virtual_stages,
          " virtual stages need parallel.pipeline > 1 (they interleave chunks across pipeline ranks)");
+  if (parallel.expert > 1) {
+    if (!model.has_moe())
+      fail("config key parallel.expert: ", parallel.expert,
+           " needs a MoE model (model.moe); a dense model has no experts to split");
+    if (parallel.data % parallel.expert != 0)
+      fail("config key parallel.expert: ", parallel.expert, " does not divide parallel.data = ",
+           parallel.data, " (each group of EP data-parallel replicas splits the experts)");
+    if (model.moe.experts % parallel.expert != 0)
+      fail("config key parallel.expert: ", parallel.expert, " does not divide model.moe.experts = ",
+           model.moe.experts, " (each rank of a group holds experts / EP of them)");
+  }
   if (parallel.zero > 1)
     fail("config key parallel.zero: 0 (replicated optimizer state) or 1 (ZeRO-1), got ",
          parallel.zero);
