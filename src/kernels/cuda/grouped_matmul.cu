@@ -144,80 +144,74 @@ int to_int(int64_t v, const char* what) {
 // Row `row` of a row-major matrix.
 void* at(const Tensor& t, int64_t row) { return t.rows(row, 0).raw(); }
 
+// f(g, first row, rows) for every non-empty group g.
+template <typename F>
+void for_groups(const std::vector<int64_t>& offsets, F f) {
+  for (size_t g = 0; g + 1 < offsets.size(); ++g)
+    if (offsets[g + 1] > offsets[g]) f(g, offsets[g], offsets[g + 1] - offsets[g]);
+}
+
 }  // namespace
 
 void grouped_matmul_forward(Tensor& y, const Tensor& x, Span<const Tensor> w,
                             const std::vector<int64_t>& offsets) {
-  const int64_t K = x.dim(1), N = w[0].dim(0);
+  const int K = to_int(x.dim(1), "K"), N = to_int(w[0].dim(0), "N");
   // y_g[M_g, N] = x_g w_g^T: column-major y_g^T (N x M_g, ld N) = w_g (N x K:
   // w_g^T stored K x N, ld K, transposed) x_g^T (K x M_g, ld K).
-  Problems p{CUBLAS_OP_T, CUBLAS_OP_N, to_int(N, "N"), to_int(K, "K"), to_int(K, "K"), to_int(N, "N")};
-  for (size_t g = 0; g < w.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
+  Problems p{CUBLAS_OP_T, CUBLAS_OP_N, N, K, K, N};
+  for_groups(offsets, [&](size_t g, int64_t row, int64_t rows) {
     p.n.push_back(to_int(rows, "rows"));
-    p.k.push_back(to_int(K, "K"));
+    p.k.push_back(K);
     p.a.push_back(w[g].raw());
-    p.b.push_back(at(x, offsets[g]));
-    p.c.push_back(at(y, offsets[g]));
-  }
+    p.b.push_back(at(x, row));
+    p.c.push_back(at(y, row));
+  });
   if (run_grouped(p, x.dtype(), y.dtype(), 0.0f)) return;
-  for (size_t g = 0; g < w.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    Tensor yg = y.rows(offsets[g], rows);
-    matmul_forward(yg, x.rows(offsets[g], rows), w[g], nullptr);
-  }
+  for_groups(offsets, [&](size_t g, int64_t row, int64_t rows) {
+    Tensor yg = y.rows(row, rows);
+    matmul_forward(yg, x.rows(row, rows), w[g], nullptr);
+  });
 }
 
 void grouped_matmul_backward(Tensor* dx, Span<Tensor> dw, const Tensor& dy, const Tensor& x,
                              Span<const Tensor> w, const std::vector<int64_t>& offsets,
                              Store dx_store) {
-  const int64_t K = x.dim(1), N = w[0].dim(0);
+  const int K = to_int(x.dim(1), "K"), N = to_int(w[0].dim(0), "N");
   if (dx) {
     // dx_g[M_g, K] (+)= dy_g[M_g, N] w_g[N, K]: column-major dx_g^T (K x M_g)
     // = w_g^T (K x N, ld K) dy_g^T (N x M_g, ld N), no transposes.
-    Problems p{CUBLAS_OP_N, CUBLAS_OP_N, to_int(K, "K"), to_int(K, "K"), to_int(N, "N"), to_int(K, "K")};
-    for (size_t g = 0; g < w.size(); ++g) {
-      const int64_t rows = offsets[g + 1] - offsets[g];
-      if (rows == 0) continue;
+    Problems p{CUBLAS_OP_N, CUBLAS_OP_N, K, K, N, K};
+    for_groups(offsets, [&](size_t g, int64_t row, int64_t rows) {
       p.n.push_back(to_int(rows, "rows"));
-      p.k.push_back(to_int(N, "N"));
+      p.k.push_back(N);
       p.a.push_back(w[g].raw());
-      p.b.push_back(at(dy, offsets[g]));
-      p.c.push_back(at(*dx, offsets[g]));
-    }
-    // In place in bf16 (Store::Add) is gemm.cu's special case: per group there.
+      p.b.push_back(at(dy, row));
+      p.c.push_back(at(*dx, row));
+    });
+    // Added in place in bf16 is gemm.cu's special case: per group there.
     const bool add = dx_store == Store::Add;
-    if ((add && dx->dtype() == DType::BF16) || !run_grouped(p, x.dtype(), dx->dtype(), add ? 1.0f : 0.0f))
-      for (size_t g = 0; g < w.size(); ++g) {
-        const int64_t rows = offsets[g + 1] - offsets[g];
-        if (rows == 0) continue;
-        Tensor dxg = dx->rows(offsets[g], rows);
-        matmul_backward(&dxg, nullptr, dy.rows(offsets[g], rows), x.rows(offsets[g], rows), w[g],
-                        dx_store);
-      }
+    if ((add && dx->dtype() == DType::BF16) ||
+        !run_grouped(p, x.dtype(), dx->dtype(), add ? 1.0f : 0.0f))
+      for_groups(offsets, [&](size_t g, int64_t row, int64_t rows) {
+        Tensor dxg = dx->rows(row, rows);
+        matmul_backward(&dxg, nullptr, dy.rows(row, rows), x.rows(row, rows), w[g], dx_store);
+      });
   }
   if (dw.empty() || N == 0) return;
   // dw_g[N, K] += dy_g^T x_g: column-major dw_g^T (K x N, ld K) = x_g^T
   // (K x M_g, ld K) dy_g (M_g x N: dy_g^T stored N x M_g, ld N, transposed).
-  Problems p{CUBLAS_OP_N, CUBLAS_OP_T, to_int(K, "K"), to_int(K, "K"), to_int(N, "N"), to_int(K, "K")};
-  for (size_t g = 0; g < w.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    p.n.push_back(to_int(N, "N"));
+  Problems p{CUBLAS_OP_N, CUBLAS_OP_T, K, K, N, K};
+  for_groups(offsets, [&](size_t g, int64_t row, int64_t rows) {
+    p.n.push_back(N);
     p.k.push_back(to_int(rows, "rows"));
-    p.a.push_back(at(x, offsets[g]));
-    p.b.push_back(at(dy, offsets[g]));
+    p.a.push_back(at(x, row));
+    p.b.push_back(at(dy, row));
     p.c.push_back(dw[g].raw());
-  }
+  });
   if (run_grouped(p, x.dtype(), dw[0].dtype(), 1.0f)) return;
-  for (size_t g = 0; g < w.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    matmul_backward(nullptr, &dw[g], dy.rows(offsets[g], rows), x.rows(offsets[g], rows), w[g],
-                    Store::Set);
-  }
+  for_groups(offsets, [&](size_t g, int64_t row, int64_t rows) {
+    matmul_backward(nullptr, &dw[g], dy.rows(row, rows), x.rows(row, rows), w[g], Store::Set);
+  });
 }
 
 }  // namespace attnres::kernels::cuda
