@@ -196,6 +196,12 @@ class MpiSession {
   Comm node_;
 };
 
+// Which of this stage's replicas a data-parallel operation spans: all D
+// (every parameter but the routed experts), or, with expert parallelism
+// (parallel.expert = EP), the D / EP replicas that hold the same routed
+// experts (ProcessGrid::expert_data; all D when EP = 1).
+enum class Replicas { All, SameExperts };
+
 // The P x D grid over a communicator of P*D processes (normally the world),
 // with expert parallelism EP (dividing D): the replicas of a stage form D / EP
 // expert groups of EP consecutive replicas; replica d is member d mod EP of
@@ -223,6 +229,9 @@ class ProcessGrid {
   // experts (their gradient sums; rank = replica() / EP).
   const Comm& experts() const { return experts_; }
   const Comm& expert_data() const { return expert_data_; }
+  const Comm& replicas(Replicas group) const {
+    return group == Replicas::All ? data_ : expert_data_;
+  }
 
  private:
   const Comm* world_;

@@ -247,7 +247,7 @@ class MpiPendingScatter : public PendingSum {
 
 std::unique_ptr<PendingSum> MpiTransport::start_sum_across_replicas(std::vector<Tensor> tensors,
                                                                     Replicas group) {
-  const Comm& comm = replicas(group);
+  const Comm& comm = grid_.replicas(group);
   if (comm.size() == 1 || tensors.empty()) return std::make_unique<DonePendingSum>();
   return std::make_unique<MpiPendingSum>(comm, staging_, std::move(tensors));
 }
@@ -272,11 +272,11 @@ void StagingPool::give(std::unique_ptr<cuda::HostBuffer> buffer) {
 
 std::unique_ptr<PendingSum> MpiTransport::start_reduce_scatter(Tensor flat, Tensor mine,
                                                                Replicas group) {
-  return std::make_unique<MpiPendingScatter>(replicas(group), flat, std::move(mine));
+  return std::make_unique<MpiPendingScatter>(grid_.replicas(group), flat, std::move(mine));
 }
 
 void MpiTransport::all_gather(const Tensor& mine, Tensor& flat, Replicas group) {
-  const Comm& comm = replicas(group);
+  const Comm& comm = grid_.replicas(group);
   const Tensor in = mine.is_cpu() ? mine : mine.to(Device::CPU);
   Tensor out = flat.is_cpu() ? flat : Tensor::empty(flat.shape(), flat.dtype(), Device::CPU);
   ATTNRES_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * comm.size(),

@@ -43,9 +43,6 @@ class MpiTransport : public Transport {
   Request recv_from(const Tensor& buffer, int peer) override;
 
  private:
-  const Comm& replicas(Replicas group) const {
-    return group == Replicas::All ? grid_.data() : grid_.expert_data();
-  }
   const ProcessGrid& grid_;
   StagingPool staging_;  // the data-parallel sums' buffers
 };

@@ -267,8 +267,7 @@ std::vector<Tensor> Runtime::gather_owned_to_host(int v, const std::vector<Tenso
   for (int sp = 0; sp < z.spaces(); ++sp) {
     const Tensor mine = z.pack_owned(sp, owned_parts, DType::F32).to(Device::CPU);
     Tensor flat = Tensor::empty({z.shard_elements(sp) * z.members(sp)}, DType::F32, Device::CPU);
-    const Comm& comm = z.group(sp) == Replicas::All ? grid_.data() : grid_.expert_data();
-    comm.allgather_bytes(mine.raw(), mine.nbytes(), flat.raw());
+    grid_.replicas(z.group(sp)).allgather_bytes(mine.raw(), mine.nbytes(), flat.raw());
     z.views(sp, flat, out);
   }
   return out;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "parallel/mpi.h"
 
 namespace attnres::parallel {
 
@@ -92,12 +93,6 @@ struct Traffic {
   std::vector<int64_t> sent, received;  // index = pipeline rank of the peer
   int64_t total_sent() const;
 };
-
-// Which of this stage's replicas a data-parallel operation spans: all D
-// (every parameter but the routed experts), or, with expert parallelism
-// (parallel.expert = EP), the D / EP replicas that hold the same routed
-// experts (ProcessGrid::expert_data; all D when EP = 1).
-enum class Replicas { All, SameExperts };
 
 // Which transport a job uses (config key parallel.transport). Auto becomes
 // Nccl for CUDA runs when NCCL is built in, else Mpi.
