@@ -2,6 +2,7 @@
 // CPU's GEMM per group, and the switch to CUDA's grouped GEMM.
 #include "kernels/grouped_matmul.h"
 
+#include "kernels/common.h"
 #include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #if ATTNRES_HAVE_CUDA
@@ -40,8 +41,7 @@ void grouped_matmul_forward(Tensor& y, const Tensor& x, Span<const Tensor> w,
   const char* op = "grouped_matmul_forward";
   check_groups(op, x, w, offsets);
   if (w.empty()) return;
-  ATTNRES_CHECK(y.shape() == Shape({x.dim(0), w[0].dim(0)}) && y.dtype() == x.dtype(), op,
-                ": y ", y.describe());
+  check_arg(op, "y", y, x, {x.dim(0), w[0].dim(0)});
   ATTNRES_CUDA_DISPATCH(x, op, cuda::grouped_matmul_forward(y, x, w, offsets));
   for (size_t g = 0; g < w.size(); ++g) {
     if (offsets[g + 1] == offsets[g]) continue;
@@ -58,7 +58,14 @@ void grouped_matmul_backward(Tensor* dx, Span<Tensor> dw, const Tensor& dy, cons
   ATTNRES_CHECK(dw.empty() || dw.size() == w.size(), op, ": ", dw.size(), " weight gradients for ",
                 w.size(), " groups");
   if (w.empty()) return;
-  ATTNRES_CHECK(dy.shape() == Shape({x.dim(0), w[0].dim(0)}), op, ": dy ", dy.describe());
+  // Every operand checked here, before either backend: CUDA hands raw
+  // pointers to cuBLAS, which would read or write past a misfit silently
+  // (tensors are dense and row-major, so shape, dtype and device say all).
+  const int64_t M = x.dim(0), N = w[0].dim(0), K = x.dim(1);
+  check_arg(op, "dy", dy, x, {M, N});
+  if (dx) check_arg(op, "dx", *dx, x, {M, K});
+  for (size_t g = 0; g < dw.size(); ++g)
+    check_arg(op, "dw", dw[g], x.device(), grad_dtype(x.dtype()), {N, K});
   ATTNRES_CUDA_DISPATCH(x, op, cuda::grouped_matmul_backward(dx, dw, dy, x, w, offsets, dx_store));
   for (size_t g = 0; g < w.size(); ++g) {
     if (offsets[g + 1] == offsets[g]) continue;

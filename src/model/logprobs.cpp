@@ -47,11 +47,11 @@ std::vector<double> Model::head_logprobs(const DepthState& st, const std::vector
     idx[i] = static_cast<int32_t>(rows[i]);
   }
   // The selected rows of h (a row gather is an embedding lookup with h as
-  // the table), in the dtype of the full-precision output weights. A ZeRO-1
-  // bf16 run keeps only its slice of the fp32 masters (Optimizer::
-  // take_master_slices): there the bf16 weights the forward used are widened
-  // to fp32 for this pass, so the logits are fp32 in every run.
-  const Tensor& w = w_.lm_head->weights();
+  // the table), and the output weights the training loss computes with
+  // (`value`: bf16 in a bf16 run, widened to fp32 for this pass), so the
+  // logits are fp32 in every run and do not depend on whether ZeRO-1 sliced
+  // the fp32 masters away (Optimizer::take_master_slices).
+  const Tensor& w = w_.lm_head->value;
   const Tensor w_out = in_dtype(w, w.dtype() == DType::BF16 ? DType::F32 : w.dtype());
   Tensor rows_of_h = new_act(n, d);
   kern::embedding_forward(rows_of_h, h, on_device(Tensor::from_vector(idx, {n})));

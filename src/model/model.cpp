@@ -274,8 +274,9 @@ void Model::update_router_bias(const MoeStats& step, double rate, std::vector<do
 
 Tensor Model::stat_copy(const Tensor& t) const {
   // The router runs in the statistics' precision (as DeepSeek-V3 computes
-  // its gate in fp32): in a bf16 run on its input converted and the fp32
-  // master weights (Param::weights()).
+  // its gate in fp32): in a bf16 run on its input converted and its weights,
+  // which are fp32 values in every run (ParamShape::full_precision: no bf16
+  // copy, no master that ZeRO-1 could slice away).
   if (t.dtype() == kern::stat_dtype(dtype_)) return t;
   Tensor out = new_stat(t.shape());
   kern::convert(out, t);
@@ -374,7 +375,7 @@ void Model::moe_core(int64_t l, SublayerActs& a) const {
   kern::MoeRouting& r = a.moe_route;
   if (!a.moe_logits.defined()) {  // route (once per forward: the routing is kept)
     a.moe_logits = new_stat({N, E});
-    kern::matmul_forward(a.moe_logits, stat_copy(a.u), L.router->weights());
+    kern::matmul_forward(a.moe_logits, stat_copy(a.u), L.router->value);
     kern::moe_route(r, a.moe_logits, L.router_bias ? &L.router_bias->value : nullptr,
                     moe_route_options(N));
     if (moe_stats_) {
@@ -486,10 +487,10 @@ Tensor Model::moe_backward(int64_t l, SublayerActs& a, const Tensor& dy, double 
                                    static_cast<double>(moe.experts));
   const Tensor u = stat_copy(a.u);
   if (u.dtype() == du.dtype()) {
-    kern::matmul_backward(&du, &L.router->grad, dlogits, u, L.router->weights(), kern::Store::Add);
+    kern::matmul_backward(&du, &L.router->grad, dlogits, u, L.router->value, kern::Store::Add);
   } else {  // a bf16 run: the router's du in fp32, rounded once into du
     Tensor du_stat = new_stat({N, d}), du_router = new_act(N, d);
-    kern::matmul_backward(&du_stat, &L.router->grad, dlogits, u, L.router->weights(),
+    kern::matmul_backward(&du_stat, &L.router->grad, dlogits, u, L.router->value,
                           kern::Store::Set);
     kern::convert(du_router, du_stat);
     kern::add_(du, du_router);

@@ -156,6 +156,7 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
       swiglu(pre + "mlp.", F, {Slot::Gate, Slot::Up, Slot::Down}, l, -1);
     } else {
       add(pre + "mlp.gate.weight", {E, d}, std, 0, Slot::Router, l);
+      out.back().full_precision = true;
       if (moe.balance == MoeBalance::AuxFree) {
         add(pre + "mlp.gate.e_score_correction_bias", {E}, 0, 0.0, Slot::RouterBias, l);
         out.back().trainable = false;
@@ -217,7 +218,8 @@ ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& pa
   for (const auto& s : param_shapes(cfg, parts))
     if (s.trainable) shapes.push_back(s);
   for (const auto& s : shapes)
-    t.add(s.name, s.shape, dtype, device, s.init_std, s.init_value).expert = s.expert;
+    t.add(s.name, s.shape, s.full_precision ? kernels::stat_dtype(dtype) : dtype, device, s.init_std,
+          s.init_value).expert = s.expert;
   // Each layer's q, k and v projections, and each SwiGLU's gate and up
   // projections (each declared one after the other), share an allocation, so
   // attention computes q, k and v with one GEMM (Model::attention_core) and

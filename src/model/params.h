@@ -102,6 +102,11 @@ struct ParamShape {
   int64_t layer;      // transformer layer of a per-layer slot, else -1
   int64_t expert = -1;     // routed expert of an Expert* slot (its global index)
   bool trainable = true;   // false: model state (RouterBias)
+  // Stored in the statistics' precision (fp32 in a bf16 run: a value, no
+  // master): the routers, whose GEMM runs in fp32 (docs/model.md section 4).
+  // The forward then reads `value` at the precision it computes in, whatever
+  // ZeRO-1 does with the other parameters' masters.
+  bool full_precision = false;
   int64_t numel() const;
 };
 

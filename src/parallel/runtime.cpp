@@ -246,13 +246,19 @@ const ZeroShard* Runtime::zero_shard(int v) const {
   return zero_.empty() ? nullptr : &zero_.at(static_cast<size_t>(v));
 }
 
-std::vector<Tensor> Runtime::all_gather_owned(int v, const std::vector<Tensor>& owned_parts,
-                                              DType dtype) {
+std::vector<Tensor> Runtime::all_gather_owned(int v, const std::vector<Tensor>& owned_parts) {
   const ZeroShard& z = zero_.at(static_cast<size_t>(v));
   std::vector<Tensor> out;
-  for (const auto& p : model_->chunk(v).params().all())
-    out.push_back(Tensor::empty(p.value.shape(), dtype, p.value.device()));
+  const auto& ps = model_->chunk(v).params().all();
+  for (size_t i = 0; i < ps.size(); ++i)
+    out.push_back(Tensor::empty(ps[i].value.shape(), owned_parts.at(i).dtype(), ps[i].value.device()));
   for (int sp = 0; sp < z.spaces(); ++sp) {
+    if (z.params(sp).empty()) continue;  // (space 0 of a chunk without parameters)
+    // One dtype per space (ZeroShard groups the parameters by their values').
+    const DType dtype = owned_parts.at(z.params(sp).front()).dtype();
+    for (size_t i : z.params(sp))
+      ATTNRES_CHECK(owned_parts[i].dtype() == dtype, "all_gather_owned: ", ps[i].name, " is ",
+                    dtype_name(owned_parts[i].dtype()), " in a space of ", dtype_name(dtype));
     Tensor flat = Tensor::empty({z.shard_elements(sp) * z.members(sp)}, dtype,
                                 model_->chunk(v).device());
     transport_->all_gather(z.pack_owned(sp, owned_parts, dtype), flat, z.group(sp));
@@ -278,11 +284,13 @@ void Runtime::gather_updated_weights() {
     auto& ps = model_->chunk(v).params().all();
     // The weights the optimizer updated: fp32 (a CPU or fp32 run), or in a
     // bf16 run whose optimizer holds the owned fp32 masters (train/optimizer.h)
-    // the bf16 copies it wrote, all-gathered as they are.
-    const DType dtype = ps.front().weights().dtype();
+    // the bf16 copies it wrote, all-gathered as they are (the routers' fp32
+    // values in a space of their own).
+    // Parameters whose whole fp32 masters are still held (take_master_slices
+    // not called) all-gather those, each space in one dtype.
     std::vector<Tensor> owned;
     for (size_t i = 0; i < ps.size(); ++i) owned.push_back(zero_[v].owned_view(i, ps[i].weights()));
-    const auto full = all_gather_owned(v, owned, dtype);
+    const auto full = all_gather_owned(v, owned);
     for (size_t i = 0; i < ps.size(); ++i) {
       ps[i].weights().copy_from(full[i]);
       if (ps[i].master.defined()) ps[i].sync_value();

@@ -84,10 +84,10 @@ class Runtime {
   // without ZeRO. Collective over the replicas.
   void gather_updated_weights();
   // Per-parameter owned parts of local chunk v (as ZeroShard::owned_view
-  // gives them, of `dtype`) all-gathered into full tensors shaped like the
-  // parameters. Collective over the replicas.
-  std::vector<Tensor> all_gather_owned(int v, const std::vector<Tensor>& owned_parts,
-                                       DType dtype = DType::F32);
+  // gives them; the parts of one space of one dtype) all-gathered into full
+  // tensors shaped like the parameters, of the parts' dtypes. Collective
+  // over the replicas.
+  std::vector<Tensor> all_gather_owned(int v, const std::vector<Tensor>& owned_parts);
   // The same for F32 parts, assembled in host memory (checkpoints): only this
   // replica's packed slice (1/D of the chunk) is on its device, so a save
   // needs no device memory of the whole chunk's size (a run that fits a GPU

@@ -38,20 +38,29 @@ ZeroShard::ZeroShard(std::vector<model::Param*> params, int D, int replica, int 
   ATTNRES_CHECK(whole.empty() || whole.size() == params_.size(), "ZeroShard: ", whole.size(),
                 " whole flags for ", params_.size(), " parameters");
   if (!params_.empty()) device_ = params_.front()->value.device();
-  // The spaces: (experts?, whole?) in that order, the first always.
+  // The spaces: (value dtype, experts?, whole?) in that order, the first
+  // always. The dtypes in table order of first appearance: one in fp32 runs;
+  // in bf16 runs the bf16 parameters', then the fp32 ones' (the routers,
+  // model::ParamShape::full_precision), each space all-gathered in its own.
+  std::vector<DType> dtypes;
+  for (const model::Param* p : params_)
+    if (std::find(dtypes.begin(), dtypes.end(), p->value.dtype()) == dtypes.end())
+      dtypes.push_back(p->value.dtype());
+  if (dtypes.empty()) dtypes.push_back(DType::F32);
   auto space_key = [&](size_t i) {
     const bool expert = EP > 1 && params_[i]->expert >= 0;
-    return 2 * int(expert) + int(!whole.empty() && whole[i]);
+    const auto dt = std::find(dtypes.begin(), dtypes.end(), params_[i]->value.dtype()) - dtypes.begin();
+    return 4 * static_cast<int>(dt) + 2 * int(expert) + int(!whole.empty() && whole[i]);
   };
   space_of_.assign(params_.size(), 0);
   offset_.assign(params_.size(), 0);
   std::vector<int> owner(params_.size(), -1);  // a whole parameter's member
-  for (int key = 0; key < 4; ++key) {
+  for (int key = 0; key < 4 * static_cast<int>(dtypes.size()); ++key) {
     std::vector<size_t> members;
     for (size_t i = 0; i < params_.size(); ++i)
       if (space_key(i) == key) members.push_back(i);
     if (members.empty() && key > 0) continue;
-    const bool expert = key >= 2;
+    const bool expert = key % 4 >= 2;
     Space sp{expert ? Replicas::SameExperts : Replicas::All, expert ? D / EP : D,
              expert ? replica / EP : replica, key % 2 == 1, 0, members};
     for (size_t i : members) space_of_[i] = static_cast<int>(spaces_.size());

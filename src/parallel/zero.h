@@ -8,6 +8,9 @@
 // updates its slice, and the updated weights are all-gathered. The gradient
 // norm sums the owned slices' squares over the replicas.
 //
+// The parameters of each value dtype form spaces of their own (a bf16 run
+// keeps its routers' values in fp32: their space is all-gathered in fp32).
+//
 // With expert parallelism (EP > 1) the routed experts' parameters form a
 // second space, split the same way over the G = D / EP replicas that hold
 // those experts (member d div EP of its Replicas::SameExperts group): an
@@ -79,6 +82,8 @@ class ZeroShard {
   // their places in `out` (one per parameter; no copy).
   void views(int s, const Tensor& flat, std::vector<Tensor>& out) const;
   int members(int s) const { return spaces_.at(static_cast<size_t>(s)).size; }
+  // Its parameters (indices into the table), in table order.
+  const std::vector<size_t>& params(int s) const { return spaces_.at(static_cast<size_t>(s)).params; }
 
  private:
   struct Space {

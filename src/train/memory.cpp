@@ -280,14 +280,16 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       if (EP > 1) parts.expert_end = m.moe.experts / EP;  // E / EP routed experts per member
       // Optimizer state: AdamW's two moments per element, Muon's one buffer
       // per element of the matrices it takes (optimizer.type = muon); the
-      // routed experts' apart (with EP > 1 their own ZeRO-1 spaces).
+      // routed experts' apart (with EP > 1 their own ZeRO-1 spaces), and the
+      // tensors kept at full precision (the routers: fp32 values, no master;
+      // with ZeRO-1 a space of their own).
       const bool muon = cfg.optimizer.type == OptimizerType::Muon;
       struct Group {
         int64_t n = 0, sliced = 0;  // all elements; those sliced by ZeRO-1
         std::vector<Shape> whole;   // Muon's matrices
-      } g[2];
+      } g[3];
       for (const auto& s : model::param_shapes(m, parts)) {
-        Group& k = g[EP > 1 && s.expert >= 0];
+        Group& k = g[s.full_precision && bf16 ? 2 : EP > 1 && s.expert >= 0];
         k.n += s.numel();
         if (muon && Optimizer::takes_muon(s.name, static_cast<int>(s.shape.size())))
           k.whole.push_back(s.shape);
@@ -298,8 +300,9 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       // masters) of its slice of each sliced space only (the chunk's over the
       // D replicas, its experts' over the D / EP holding them), and of the
       // Muon matrices it owns (parallel/zero.h): the largest owner's here.
-      for (size_t k = 0; k < 2; ++k) {
-        const int D = cfg.parallel.zero == 1 ? static_cast<int>(k ? D_all / EP : D_all) : 1;
+      for (size_t k = 0; k < 3; ++k) {
+        const int D = cfg.parallel.zero == 1 ? static_cast<int>(k == 1 ? D_all / EP : D_all) : 1;
+        const bool low = bf16 && k != 2;  // bf16 values, fp32 masters
         int64_t owned_whole = 0;
         std::vector<int64_t> block(static_cast<size_t>(D), 0);
         const auto owners = parallel::whole_owners(g[k].whole, D);
@@ -310,8 +313,8 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
         }
         if (!block.empty()) owned_whole = *std::max_element(block.begin(), block.end());
         const int64_t slice = (g[k].sliced + D - 1) / D;
-        r.weights += g[k].n * (bf16 ? 2 : 4);
-        r.master += bf16 ? (slice + owned_whole) * 4 : 0;
+        r.weights += g[k].n * (low ? 2 : 4);
+        r.master += low ? (slice + owned_whole) * 4 : 0;
         r.grads += g[k].n * 4;
         r.optimizer += slice * 8 + owned_whole * 4;
       }

@@ -45,15 +45,23 @@ bool Optimizer::takes_muon(const std::string& name, int ndim) {
            name.compare(name.size() - router.size(), router.size(), router) == 0);
 }
 
+bool Optimizer::low_precision(const model::Param& p) { return p.value.dtype() == DType::BF16; }
+
 void Optimizer::take_master_slices() {
   auto& ps = params_.all();
   if (!shard_ || !master_.empty() ||
       std::none_of(ps.begin(), ps.end(), [](const model::Param& p) { return p.master.defined(); }))
     return;
   for (size_t i = 0; i < ps.size(); ++i) {
-    master_.push_back(shard_->owned()[i].size() > 0 ? shard_->owned_view(i, ps[i].master).clone()
-                                                    : Tensor());
-    ps[i].master = Tensor();
+    model::Param& p = ps[i];
+    if (shard_->owned()[i].size() == 0) {
+      master_.emplace_back();
+    } else if (p.master.defined()) {
+      master_.push_back(shard_->owned_view(i, p.master).clone());
+    } else {  // kept at full precision (a router): its owned part of the value itself
+      master_.push_back(shard_->owned_view(i, p.value));
+    }
+    p.master = Tensor();
   }
 }
 
@@ -88,13 +96,15 @@ void Optimizer::step(double lr, double norm) {
     if (muon_[i]) continue;  // below
     Tensor* w = &p.weights();
     const Tensor* g = &p.grad;
-    Tensor* lowp = p.master.defined() ? &p.value : nullptr;
+    // A bf16 value is the rounded copy of an fp32 master (the parameter's,
+    // or with ZeRO-1 in master_ the owned slice of it).
+    Tensor* lowp = low_precision(p) ? &p.value : nullptr;
     if (shard_) {
       if (shard_->owned()[i].size() == 0) continue;
       const bool held = !master_.empty();  // the fp32 master slice is ours
       w = held ? &master_[i] : &views.emplace_back(shard_->owned_view(i, p.weights()));
       g = &views.emplace_back(shard_->owned_view(i, p.grad));
-      if (lowp || held) lowp = &views.emplace_back(shard_->owned_view(i, p.value));
+      if (lowp) lowp = &views.emplace_back(shard_->owned_view(i, p.value));
     }
     // Mixed precision: update the fp32 master and write the bf16 copy in one pass.
     all.push_back({w, g, &m_[i], &v_[i], p.decay, lowp});
@@ -110,7 +120,7 @@ void Optimizer::step(double lr, double norm) {
     const Shape shape = p.value.shape();
     Tensor w = master_.empty() ? p.weights() : master_[i].reshape(shape);
     Tensor m = m_[i].reshape(shape);  // flat when sharded
-    kern::muon_update(w, p.grad, m, ms, p.master.defined() || !master_.empty() ? &p.value : nullptr);
+    kern::muon_update(w, p.grad, m, ms, low_precision(p) ? &p.value : nullptr);
   }
 }
 

@@ -49,7 +49,9 @@ class Optimizer {
   // no-op without a shard or without masters.
   void take_master_slices();
   // The owned master slices (flat; undefined where nothing is owned), or an
-  // empty vector when the optimizer holds none.
+  // empty vector when the optimizer holds none. A parameter kept at full
+  // precision (ParamShape::full_precision: a router) has no master: its entry
+  // is a view of the owned part of its fp32 value.
   const std::vector<Tensor>& master_slices() const { return master_; }
   // Bytes of moments held (1/D of the whole with ZeRO-1, up to padding).
   int64_t state_bytes() const;
@@ -68,6 +70,8 @@ class Optimizer {
   void load_state_tensors(const std::vector<NamedTensor>& tensors, const std::string& source);
 
  private:
+  // Its value is a bf16 copy of fp32 master weights the update writes into.
+  static bool low_precision(const model::Param& p);
   model::ParamTable& params_;
   OptimizerConfig cfg_;
   const parallel::ZeroShard* shard_;

@@ -144,17 +144,17 @@ const std::vector<kern::AttnShape> kShapes = {
 
 }  // namespace
 
-TEST_CASE("cuda attention matches the CPU in F32", "[gpu]") {
+TEST_CASE("cuda attention matches the CPU in F32", "[gpu][attention]") {
   uint64_t seed = 1000;
   for (const auto& s : kShapes) check_attention(s, DType::F32, seed += 10);
 }
 
-TEST_CASE("cuda attention matches the CPU in BF16", "[gpu]") {
+TEST_CASE("cuda attention matches the CPU in BF16", "[gpu][attention]") {
   uint64_t seed = 2000;
   for (const auto& s : kShapes) check_attention(s, DType::BF16, seed += 10);
 }
 
-TEST_CASE("cuda attention is accurate for peaked softmax rows", "[gpu]") {
+TEST_CASE("cuda attention is accurate for peaked softmax rows", "[gpu][attention]") {
   // q, k ~ N(0, 9): scaled scores of order 10, rows dominated by few keys.
   for (DType dt : {DType::F32, DType::BF16}) {
     check_attention({2, 200, 4, 2, 64}, dt, 3000, 3.0);
@@ -162,7 +162,7 @@ TEST_CASE("cuda attention is accurate for peaked softmax rows", "[gpu]") {
   }
 }
 
-TEST_CASE("cuda attention decode matches the CPU", "[gpu]") {
+TEST_CASE("cuda attention decode matches the CPU", "[gpu][attention]") {
   struct Case {
     int64_t B, Tmax, H, Hkv, hd;
   };
@@ -195,7 +195,7 @@ TEST_CASE("cuda attention decode matches the CPU", "[gpu]") {
       }
 }
 
-TEST_CASE("cuda attention decode agrees with the forward's last row", "[gpu]") {
+TEST_CASE("cuda attention decode agrees with the forward's last row", "[gpu][attention]") {
   // The cache holds the sequence's own k/v: decode at position T-1 must give
   // the forward output of row T-1 (both computed on the GPU).
   for (DType dt : {DType::F32, DType::BF16}) {

@@ -600,6 +600,26 @@ TEST_CASE("cuda mix: a query's results do not depend on the queries beside it", 
       CHECK(std::memcmp(p1h.raw(), ph.data<float>() + q * N * kk, sizeof(float) * N * kk) == 0);
       CHECK(std::memcmp(l1h.raw(), lh.data<float>() + q * N, sizeof(float) * N) == 0);
     }
+    // The backward: each query's dw, summed from per-block partials whose
+    // chunking is fixed by N alone (mix_common.cuh partial_grid), is the same
+    // bits with the others beside it (their shared memory, so the kernel's
+    // occupancy, differs) as alone. N = 513 > 512 blocks: a block sums 2 rows.
+    std::vector<Tensor> douts, ds_all, dw_all;
+    for (int64_t q = 0; q < Q; ++q) {
+      douts.push_back(gt::to_device(gt::randn_f32({N, d}, 77500 + q), dt));
+      dw_all.push_back(Tensor::zeros({d}, DType::F32, Device::CUDA));
+    }
+    for (int64_t j = 0; j < kk; ++j) ds_all.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
+    kern::mix_backward(ds_all, dw_all, douts, &g.lse, g.ws, g.s.src_d, g.rs_d, g.probs);
+    for (int64_t q = 0; q < Q; ++q) {
+      INFO("query " << q << "'s dw alone");
+      std::vector<Tensor> ds1, dw1{Tensor::zeros({d}, DType::F32, Device::CUDA)};
+      for (int64_t j = 0; j < kk; ++j) ds1.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
+      const Tensor p1 = g.probs.rows(q, 1), l1 = g.lse.rows(q, 1);
+      kern::mix_backward(ds1, dw1, Span<const Tensor>(&douts[q], 1), &l1,
+                         Span<const Tensor>(&g.ws[q], 1), g.s.src_d, g.rs_d, p1);
+      CHECK(gt::same_bits(dw1[0], dw_all[q]));
+    }
   });
 }
 

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "gpu_testing.h"
+#include "kernels/cuda/grouped_matmul.h"
 #include "kernels/grouped_matmul.h"
 #include "kernels/moe.h"
 
@@ -173,5 +176,19 @@ TEST_CASE("cuda grouped expert GEMMs match the CPU's GEMM per group", "[gpu][moe
       CHECK(rel_l2(to_host_f32(dx.dev), dx.host) < tol(dt));
       for (int64_t g = 0; g < G; ++g) CHECK(rel_l2(to_host_f32(dwg[g]), dwc[g]) < tol(dt));
     }
+  }
+}
+
+TEST_CASE("cuda grouped GEMM: each type mix is decided once, as documented, and stays", "[gpu][moe]") {
+  // F32 / F32 and BF16 / BF16 are documented for cublasGemmGroupedBatchedEx
+  // (and probed); BF16 inputs into an F32 C (a bf16 run's dw) are not: per
+  // expert, whatever ran before. ATTNRES_MOE_GROUPED_GEMM=0 turns all off.
+  const char* env = std::getenv("ATTNRES_MOE_GROUPED_GEMM");
+  const bool off = env && std::string(env) == "0";
+  for (int round = 0; round < 2; ++round) {
+    INFO("ask " << round + 1);
+    CHECK(kern::cuda::uses_grouped_gemm(DType::F32, DType::F32) == !off);
+    CHECK(kern::cuda::uses_grouped_gemm(DType::BF16, DType::BF16) == !off);
+    CHECK_FALSE(kern::cuda::uses_grouped_gemm(DType::BF16, DType::F32));
   }
 }

@@ -494,3 +494,21 @@ TEST_CASE("aux-free balancing moves each router bias towards the mean load by bi
   CHECK(model::Model(loss, DType::F32).state().all().empty());
   CHECK_FALSE(m.params().contains("model.layers.1.mlp.gate.e_score_correction_bias"));
 }
+
+TEST_CASE("the routers, and only they, are kept at full precision (fp32 values in a bf16 run)",
+          "[model][moe]") {
+  // ParamShape::full_precision: make_params gives them the statistics' dtype,
+  // so their GEMM reads fp32 weights whether or not ZeRO-1 sliced the other
+  // parameters' masters (the bf16 tables themselves need CUDA).
+  const ModelConfig c = with_moe(tiny(ResidualMode::Block, 2, 0, false, 2), 4, 2, 1);
+  int64_t routers = 0, want = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) want += c.moe_layer(l);
+  REQUIRE(want > 0);
+  for (const auto& s : model::param_shapes(c)) {
+    const bool router = s.slot == model::Slot::Router;
+    INFO(s.name);
+    CHECK(s.full_precision == router);
+    routers += router;
+  }
+  CHECK(routers == want);
+}

@@ -122,6 +122,79 @@ TEST_CASE("NCCL transport on one rank: data-parallel sum, ZeRO-1 reduce-scatter 
   }
 }
 
+// The expert all-to-all (Transport::all_to_all: grouped ncclSend / ncclRecv
+// on the expert communicator) through a one-member expert group, so the same
+// NCCL calls as EP > 1 run on one GPU: a self-send of every row, in F32 and
+// BF16 (the model's dtypes of the exchanged rows), and an empty exchange.
+TEST_CASE("NCCL transport on one rank: the expert all-to-all as a self-send", "[.nccl]") {
+  if (!have_gpu_and_nccl()) return;
+  SelfTransport one;
+  auto& tr = one.tr;
+  const int64_t rows = 37, c = 24;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtype_name(dt));
+    const Tensor want = host_iota(rows * c, 0.25f).reshape({rows, c}).to(dt);
+    Tensor got = Tensor::empty({rows, c}, dt, Device::CUDA);
+    cuda::fill_u32(got.raw(), 0x7fc07fc0u, got.nbytes() / 4);  // NaN until written
+    tr->all_to_all(want.to(Device::CUDA), {rows}, got, {rows});
+    CHECK(wrong_elements(got, want) == 0);
+  }
+  Tensor none = Tensor::empty({0, c}, DType::F32, Device::CUDA);
+  tr->all_to_all(none, {0}, none, {0});  // no rows: nothing sent, nothing waits
+  cuda::synchronize();
+}
+
+// The exchange between two ranks (EP = 2) where NCCL lets them share one GPU
+// (ranks with a GPU each always can): rank r sends q rows to rank q ... of
+// values naming (sender, receiver, row, column), each rank checks what it
+// got. Run by `gpu: nccl expert all-to-all (2 ranks)`; skipped, with NCCL's
+// refusal, where the two ranks share a GPU and NCCL does not allow it.
+TEST_CASE("NCCL expert all-to-all between two ranks", "[.nccl2]") {
+  if (!have_gpu_and_nccl()) return;
+  REQUIRE(world().size() == 2);
+  const int r = world().rank();
+  cuda::select_device(r % cuda::device_count());
+  parallel::ProcessGrid grid(world(), 1, 2, 2);
+  std::unique_ptr<parallel::Transport> tr;
+  std::string why;
+  try {
+    tr = parallel::make_nccl_transport(grid);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  double refused = why.empty() ? 0 : 1;
+  world().allreduce_max(&refused, 1);
+  if (refused > 0) {
+    INFO(why);
+    REQUIRE(cuda::device_count() < 2);  // a GPU each: NCCL must take it
+    WARN("skipped: NCCL refused two ranks on one GPU (NCCL " << parallel::nccl_version()
+                                                              << "): " << why);
+    return;
+  }
+  const int64_t c = 8;
+  auto rows = [](int from, int to) { return int64_t{3} + 2 * from + 5 * to; };  // 3, 8, 5, 10
+  auto value = [&](int from, int to, int64_t row, int64_t col) {
+    return float(1000 * from + 100 * to + 10 * row + col);
+  };
+  // The blocks (from, to) of `pairs`, one after the other.
+  auto blocks = [&](std::vector<std::pair<int, int>> pairs) {
+    int64_t n = 0;
+    for (auto [from, to] : pairs) n += rows(from, to);
+    Tensor t = Tensor::empty({n, c}, DType::F32);
+    float* at = t.data<float>();
+    for (auto [from, to] : pairs)
+      for (int64_t i = 0; i < rows(from, to); ++i)
+        for (int64_t j = 0; j < c; ++j) *at++ = value(from, to, i, j);
+    return t;
+  };
+  const Tensor send = blocks({{r, 0}, {r, 1}});
+  const Tensor want = blocks({{0, r}, {1, r}});
+  Tensor got = Tensor::empty(want.shape(), DType::F32, Device::CUDA);
+  cuda::fill_u32(got.raw(), 0x7fc00000u, static_cast<size_t>(got.numel()));
+  tr->all_to_all(send.to(Device::CUDA), {rows(r, 0), rows(r, 1)}, got, {rows(0, r), rows(1, r)});
+  CHECK(wrong_elements(got, want) == 0);
+}
+
 // What a rank's step as a CUDA graph holds of the transport (parallel/step_graph.h):
 // ncclSend / ncclRecv in a group (the tied-embedding exchange, here with
 // itself) and the data-parallel collectives on the communication stream,

@@ -16,8 +16,8 @@
 // clipped gradients' running mean at once, so m and v are checked too.
 //
 // bf16 master weights (the optimizer updating fp32 masters and writing the
-// bf16 copies) need CUDA: tests/gpu/test_adamw.cpp and the GPU model tests
-// cover them; this file is CPU-only.
+// bf16 copies) run on CUDA (tests/gpu/test_adamw.cpp and the GPU model tests);
+// this file is CPU-only, where the last case builds a bf16 table by hand.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/reduce.h"
 #include "model/config.h"
 #include "model/model_testing.h"
 #include "model/params.h"
@@ -327,4 +328,98 @@ TEST_CASE("AdamW with ZeRO-1 shards: each replica's slice = the reference on its
         INFO("D = " << D << ", " << dtype_name(dt) << ", " << name);
         run_scenario(dt, oc, D);
       }
+}
+
+// ZeRO-1 in a bf16 run (the table built by hand on the CPU: make_params
+// refuses bf16 there): the bf16 parameters hand their fp32 masters' owned
+// slices to the optimizer, the router (kept at full precision: an fp32 value,
+// no master, model::ParamShape::full_precision) is updated in its value
+// itself and its ZeroShard space is of fp32, so after the all-gather every
+// replica computes with the same fp32 router weights as an unsharded run.
+// (Before: the router's master was sliced away too and the forward met its
+// bf16 value beside fp32 activations.)
+TEST_CASE("ZeRO-1 with bf16 values: a full-precision router keeps fp32 weights on every replica",
+          "[adamw][zero]") {
+  const int D = 2;
+  const std::vector<std::pair<std::string, Shape>> shapes = {
+      {"model.layers.0.self_attn.q_proj.weight", {4, 5}},    // bf16 + fp32 master
+      {"model.layers.0.mlp.gate.weight", {3, 5}},            // the router: fp32
+      {"model.layers.0.input_layernorm.weight", {5}}};       // bf16 + fp32 master
+  const size_t kRouter = 1;
+  auto make_table = [&](bool bf16) {
+    model::ParamTable t;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const DType dt = bf16 && i != kRouter ? DType::BF16 : DType::F32;
+      model::Param& p = t.add(shapes[i].first, shapes[i].second, dt, Device::CPU, 0.02);
+      p.weights().copy_from(randn(shapes[i].second, 300 + i, DType::F32, 0.5));
+      p.sync_value();
+    }
+    return t;
+  };
+  model::ParamTable ref = make_table(false);  // fp32, unsharded: the same fp32 update
+  std::vector<model::ParamTable> tables;
+  for (int r = 0; r < D; ++r) tables.push_back(make_table(true));
+  std::vector<std::unique_ptr<parallel::ZeroShard>> shards;
+  std::vector<std::unique_ptr<train::Optimizer>> opts;
+  train::OptimizerConfig oc;
+  for (int r = 0; r < D; ++r) {
+    std::vector<model::Param*> ps;
+    for (auto& p : tables[r].all()) ps.push_back(&p);
+    shards.push_back(std::make_unique<parallel::ZeroShard>(ps, D, r));
+    opts.push_back(std::make_unique<train::Optimizer>(tables[r], oc, shards[r].get()));
+    opts.back()->take_master_slices();
+  }
+  train::Optimizer ref_opt(ref, oc, nullptr);
+  // The spaces: the bf16 parameters', then the fp32 router's.
+  REQUIRE(shards[0]->spaces() == 2);
+  CHECK(shards[0]->params(0) == std::vector<size_t>{0, 2});
+  CHECK(shards[0]->params(1) == std::vector<size_t>{kRouter});
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Tensor g = randn(shapes[i].second, 400 + 10 * step + i, DType::F32, 0.1);
+      ref.all()[i].grad.copy_from(g);
+      for (auto& t : tables) t.all()[i].grad.copy_from(g);
+    }
+    const double lr = 1e-2 * (step + 1);
+    ref_opt.step(lr, ref_opt.grad_norm());
+    for (auto& o : opts) o->step(lr, ref_opt.grad_norm());
+    // The all-gather of each space in its dtype (as Runtime::
+    // gather_updated_weights does it, over the replicas' packed slices).
+    for (int s = 0; s < shards[0]->spaces(); ++s) {
+      const DType dt = tables[0].all()[shards[0]->params(s).front()].value.dtype();
+      std::vector<Tensor> parts;
+      for (int r = 0; r < D; ++r) {
+        std::vector<Tensor> owned;
+        for (size_t i = 0; i < shapes.size(); ++i)
+          owned.push_back(shards[r]->owned_view(i, tables[r].all()[i].weights()));
+        parts.push_back(shards[r]->pack_owned(s, owned, dt));
+      }
+      Tensor flat = Tensor::empty({parts[0].numel() * D}, dt, Device::CPU);
+      for (int r = 0; r < D; ++r) flat.rows(r * parts[0].numel(), parts[0].numel()).copy_from(parts[r]);
+      for (int r = 0; r < D; ++r) {
+        std::vector<Tensor> out;
+        for (auto& p : tables[r].all()) out.push_back(p.weights());
+        shards[r]->unpack_all(s, flat, out);
+      }
+    }
+    for (int r = 0; r < D; ++r) {
+      const model::Param& router = tables[r].all()[kRouter];
+      REQUIRE(router.value.dtype() == DType::F32);
+      CHECK_FALSE(router.master.defined());
+      INFO("step " << step << ", replica " << r);
+      // One code path (the CPU's fp32 AdamW on the same elements): bit for bit.
+      CHECK(same_bits(router.value, ref.all()[kRouter].value));
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        if (i == kRouter) continue;
+        const model::Param& p = tables[r].all()[i];
+        REQUIRE(p.value.dtype() == DType::BF16);
+        Tensor rounded = Tensor::empty(p.value.shape(), DType::BF16, Device::CPU);
+        kernels::convert(rounded, ref.all()[i].value);
+        CHECK(same_bits(p.value, rounded));  // bf16 of the same fp32 master
+        const Tensor& mine = opts[r]->master_slices()[i];
+        if (mine.defined())
+          CHECK(same_bits(mine, shards[r]->owned_view(i, ref.all()[i].value)));
+      }
+    }
+  }
 }

@@ -350,21 +350,37 @@ int64_t round_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 int64_t rowsum_bytes(const AttnShape& s) { return round_up(s.B * s.H * s.T * 4); }
 int64_t dqacc_bytes(const AttnShape& s) { return round_up(s.B * s.H * s.T * s.hd * 4); }
 
-// S = Q K^T * scale, causally masked with -inf: [B, H, T, T] fp32, virtual.
+// The backward graph's two forms (both compute the same function; which one the fused
+// engines recognise is cuDNN's to say, so both are tried, in this order):
+//   Frontend: as cuDNN's frontend builds its SDPA backward (cudnn_frontend
+//             scaled_dot_product_flash_attention.h, SDPABackwardNode): the causal mask on
+//             S * scale, then S - stats; dQ = dS K with K in the I/O type (bf16, a reshape
+//             of the K^T tensor).
+//   Legacy:   this file's first form (written before that was read): S * scale - stats,
+//             then the mask; K re-declared fp32 for dQ.
+// ATTNRES_CUDNN_BWD_FORM=frontend or legacy tries only that one.
+enum class BwdForm { Frontend, Legacy };
+
+// Where the backward subtracts the stats in masked_scores (the forward does not).
+enum class Stats { None, BeforeMask, AfterMask };
+
+// S = Q K^T * scale, causally masked with -inf: [B, H, T, T] fp32, virtual (less the stats
+// where `at` says).
 cudnnBackendDescriptor_t masked_scores(Graph& g, const AttnShape& s, cudnnBackendDescriptor_t q,
                                        cudnnBackendDescriptor_t kt, cudnnBackendDescriptor_t scale,
-                                       cudnnBackendDescriptor_t neg_inf, bool subtract_stats,
+                                       cudnnBackendDescriptor_t neg_inf, Stats at,
                                        cudnnBackendDescriptor_t stats) {
   const Dims sd{s.B, s.H, s.T, s.T}, ss{s.H * s.T * s.T, s.T * s.T, s.T, 1};
+  auto subtract = [&](cudnnBackendDescriptor_t x) {
+    auto shifted = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+    g.pointwise(CUDNN_POINTWISE_SUB, x, stats, shifted);
+    return shifted;
+  };
   auto scores = g.virt(CUDNN_DATA_FLOAT, sd, ss);
   g.matmul(q, kt, scores);
   auto scaled = g.virt(CUDNN_DATA_FLOAT, sd, ss);
   g.pointwise(CUDNN_POINTWISE_MUL, scores, scale, scaled);
-  if (subtract_stats) {  // the backward masks S - stats (the order cuDNN's pattern has)
-    auto shifted = g.virt(CUDNN_DATA_FLOAT, sd, ss);
-    g.pointwise(CUDNN_POINTWISE_SUB, scaled, stats, shifted);
-    scaled = shifted;
-  }
+  if (at == Stats::BeforeMask) scaled = subtract(scaled);
   // Causal: keep column j of row i where i >= j (top-left aligned diagonal, T_q = T_kv).
   auto row = g.virt(CUDNN_DATA_INT32, sd, ss);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, row, CUDNN_DATA_INT32, nullptr, 2);
@@ -374,7 +390,7 @@ cudnnBackendDescriptor_t masked_scores(Graph& g, const AttnShape& s, cudnnBacken
   g.pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, CUDNN_DATA_BOOLEAN);
   auto masked = g.virt(CUDNN_DATA_FLOAT, sd, ss);
   g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, scaled, neg_inf, masked, CUDNN_DATA_FLOAT, keep);
-  return masked;
+  return at == Stats::AfterMask ? subtract(masked) : masked;
 }
 
 std::string build_forward(Graph& g, const AttnShape& s) {
@@ -386,7 +402,7 @@ std::string build_forward(Graph& g, const AttnShape& s) {
   auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, bhtd(s, s.H), bhtd_strides(s, ldo));
   auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stat_d, stat_s);
   auto scale = g.scalar(kScale), neg_inf = g.scalar(kNegInf);
-  auto x = masked_scores(g, s, q, kt, scale, neg_inf, false, nullptr);
+  auto x = masked_scores(g, s, q, kt, scale, neg_inf, Stats::None, nullptr);
 
   // Softmax with stats, as cuDNN's flash pattern spells it.
   const Dims sd{s.B, s.H, s.T, s.T}, ss{s.H * s.T * s.T, s.T * s.T, s.T, 1};
@@ -408,8 +424,8 @@ std::string build_forward(Graph& g, const AttnShape& s) {
 }
 
 // group_sum: the dtype of the GQA backward's per-head dK and dV before the sum
-// over each KV head's group (unused when H = Hkv); see gqa_sum_types().
-std::string build_backward(Graph& g, const AttnShape& s, cudnnDataType_t group_sum) {
+// over each KV head's group (unused when H = Hkv); see gqa_sum_types(). form: BwdForm.
+std::string build_backward(Graph& g, const AttnShape& s, cudnnDataType_t group_sum, BwdForm form) {
   const Dims stat_d{s.B, s.H, s.T, 1}, stat_s{s.H * s.T, s.T, 1, 1};
   const Dims sd{s.B, s.H, s.T, s.T}, ss{s.H * s.T * s.T, s.T * s.T, s.T, 1};
   const Dims st_s{s.H * s.T * s.T, s.T * s.T, 1, s.T};  // [B, H, Tkv, Tq] view of an S-shaped tensor
@@ -436,8 +452,9 @@ std::string build_backward(Graph& g, const AttnShape& s, cudnnDataType_t group_s
   auto rowsum = g.tensor(kRowSum, CUDNN_DATA_FLOAT, stat_d, stat_s);
   g.pointwise(CUDNN_POINTWISE_MUL, d_sum, one, rowsum);  // (the pattern's dropout-scale slot)
 
-  // P = exp(mask(S * scale - stats)).
-  auto x = masked_scores(g, s, q, kt, scale, neg_inf, true, stats);
+  // P = exp(mask(S * scale) - stats) (Legacy: exp(mask(S * scale - stats)), the same).
+  auto x = masked_scores(g, s, q, kt, scale, neg_inf,
+                         form == BwdForm::Frontend ? Stats::AfterMask : Stats::BeforeMask, stats);
   auto p = g.virt(CUDNN_DATA_FLOAT, sd, ss);
   g.pointwise(CUDNN_POINTWISE_EXP, x, nullptr, p);
 
@@ -471,8 +488,10 @@ std::string build_backward(Graph& g, const AttnShape& s, cudnnDataType_t group_s
   transposed_matmul(ds, q, dk);
 
   // dQ = dS K, accumulated in fp32 in the workspace, then rounded into dq once. K is kt
-  // seen untransposed: the same memory, so the same row stride ld (kt's strides swapped).
-  auto k = g.virt(CUDNN_DATA_FLOAT, bhtd(s, s.Hkv), bhtd_strides(s, ld));
+  // seen untransposed: the same memory, so the same row stride ld (kt's strides swapped),
+  // in kt's bf16 (Frontend) or re-declared fp32 (Legacy).
+  auto k = g.virt(form == BwdForm::Frontend ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT,
+                  bhtd(s, s.Hkv), bhtd_strides(s, ld));
   g.reshape(kt, k);
   auto dq_acc = g.tensor(kdQAcc, CUDNN_DATA_FLOAT, full_d, full_s);
   g.matmul(ds, k, dq_acc);
@@ -504,7 +523,18 @@ struct Plans {
   std::unique_ptr<Graph> fwd, bwd;
   std::string why;  // "" when both built
   std::string group_sum;  // the GQA backward's per-head dK / dV dtype that built ("" for MHA)
+  std::string form;       // the backward's form that built (BwdForm)
 };
+
+// The backward's forms to try, in order (see BwdForm).
+std::vector<std::pair<BwdForm, const char*>> bwd_forms() {
+  const char* env = std::getenv("ATTNRES_CUDNN_BWD_FORM");
+  const std::string want = env ? env : "";
+  if (want == "frontend") return {{BwdForm::Frontend, "frontend"}};
+  if (want == "legacy") return {{BwdForm::Legacy, "legacy"}};
+  if (!want.empty()) fail("ATTNRES_CUDNN_BWD_FORM must be frontend or legacy, got '", want, "'");
+  return {{BwdForm::Frontend, "frontend"}, {BwdForm::Legacy, "legacy"}};
+}
 
 // The dtypes to try for the GQA backward's per-head dK and dV before the group
 // sum, in order. cuDNN's frontend declares that intermediate in the I/O type
@@ -559,29 +589,32 @@ class Cudnn {
       try {
         p->why = build_forward(*p->fwd, s);
         if (p->why.empty()) {
-          // Under GQA, each group-sum dtype in turn until one builds (the reasons of
-          // those that did not are kept, in case none does).
+          // Each form, and under GQA each group-sum dtype, in turn until one builds
+          // (the reasons of those that did not are kept, in case none does).
           std::string whys;
-          for (const auto& [type, name] : gqa_sum_types()) {
-            p->bwd = std::make_unique<Graph>(handle_);
-            std::string why;
-            try {
-              why = build_backward(*p->bwd, s, type);
-            } catch (const std::exception& e) {
-              why = e.what();
+          bool built = false;
+          for (const auto& [form, form_name] : bwd_forms()) {
+            for (const auto& [type, name] : gqa_sum_types()) {
+              p->bwd = std::make_unique<Graph>(handle_);
+              std::string why;
+              try {
+                why = build_backward(*p->bwd, s, type, form);
+              } catch (const std::exception& e) {
+                why = e.what();
+              }
+              if (why.empty()) {
+                p->group_sum = s.H == s.Hkv ? "" : name;
+                p->form = form_name;
+                built = true;
+                break;
+              }
+              whys += std::string(whys.empty() ? "" : "; ") + form_name + " form" +
+                      (s.H == s.Hkv ? std::string() : std::string(", GQA sum in ") + name) + ": " + why;
+              if (s.H == s.Hkv) break;  // no group sum: one graph per form
             }
-            if (why.empty()) {
-              p->group_sum = s.H == s.Hkv ? "" : name;
-              whys.clear();
-              break;
-            }
-            if (s.H == s.Hkv) {  // no group sum: one graph
-              whys = why;
-              break;
-            }
-            whys += std::string(whys.empty() ? "" : "; ") + "GQA sum in " + name + ": " + why;
+            if (built) break;
           }
-          p->why = whys;
+          p->why = built ? "" : whys;
         }
       } catch (const std::exception& e) {  // a descriptor cuDNN refused: not supported
         p->why = e.what();
@@ -593,7 +626,7 @@ class Cudnn {
                    (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.Hkv,
                    (long long)s.hd, p->why.empty() ? "fwd " : p->why.c_str(),
                    p->why.empty() ? p->fwd->notes().c_str() : "",
-                   p->why.empty() ? (", bwd " + p->bwd->notes() +
+                   p->why.empty() ? (", bwd " + p->bwd->notes() + ", " + p->form + " form" +
                                      (p->group_sum.empty() ? "" : ", GQA sum in " + p->group_sum))
                                         .c_str()
                                   : "");

@@ -17,10 +17,10 @@
 // is its own group, since the row counts differ).
 //
 // Types: F32 (true fp32) or BF16 inputs with fp32 accumulation; dw's C is
-// F32 for BF16 inputs. Where cuBLAS does not take a call
-// (CUBLAS_STATUS_NOT_SUPPORTED, e.g. a type mix it lacks) the op falls back to
-// a GEMM per group, once reported on stderr; ATTNRES_MOE_GROUPED_GEMM=0 forces
-// the fallback (to compare the two on a GPU).
+// F32 for BF16 inputs, a mix cuBLAS does not document for the grouped call:
+// that pass runs a GEMM per group. Each mix is decided once per process
+// (class Blas below, said on stderr); ATTNRES_MOE_GROUPED_GEMM=0 runs every
+// pass per group (to compare the two on a GPU).
 //
 // Never run on a GPU yet (docs/cuda.md): tests/gpu/test_moe.cpp checks it
 // against the CPU's GEMM per group.
@@ -30,6 +30,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -37,6 +38,7 @@
 #include "kernels/common.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/matmul.h"
+#include "kernels/reduce.h"
 
 namespace attnres::kernels::cuda {
 
@@ -51,7 +53,19 @@ cudaDataType_t cublas_type(DType t) {
 }
 
 // The cuBLAS handle of the process (created on first use, on the compute
-// stream; destroyed at exit), as gemm.cu's cuBLASLt handle.
+// stream; destroyed at exit), as gemm.cu's cuBLASLt handle, and which type
+// mixes run grouped.
+//
+// Which GEMM runs must not depend on what ran before (the recompute test
+// compares a forward with its recomputation bit for bit), so each (A/B, C)
+// mix is decided once, the first time it is asked, for the rest of the
+// process, and said once on stderr: grouped where cuBLAS documents the mix
+// for cublasGemmGroupedBatchedEx (A, B and C of one type: F32 or BF16, with
+// CUBLAS_COMPUTE_32F) and a one-element probe call of it returns the right
+// value; a GEMM per expert otherwise (BF16 inputs with an F32 C, the experts'
+// dw in a bf16 run, is not among the documented mixes) or with
+// ATTNRES_MOE_GROUPED_GEMM=0. A grouped call of a mix decided grouped that
+// cuBLAS then refuses is an error, not a silent switch.
 class Blas {
  public:
   static Blas& get() {
@@ -59,15 +73,22 @@ class Blas {
     return b;
   }
   cublasHandle_t handle() const { return handle_; }
-  // Whether grouped calls are used (ATTNRES_MOE_GROUPED_GEMM, and no
-  // NOT_SUPPORTED answer so far).
-  bool grouped() const { return grouped_; }
-  void give_up(const std::string& why) {
+  bool grouped(DType ab, DType c) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!grouped_) return;
-    grouped_ = false;
-    std::fprintf(stderr, "warning: cuBLAS grouped GEMM not available (%s): a GEMM per expert\n",
-                 why.c_str());
+    const int key = 4 * static_cast<int>(ab) + static_cast<int>(c);
+    auto it = decided_.find(key);
+    if (it != decided_.end()) return it->second;
+    std::string why;
+    bool on = false;
+    if (disabled_) why = "ATTNRES_MOE_GROUPED_GEMM=0";
+    else if (ab != c || (ab != DType::F32 && ab != DType::BF16))
+      why = "not a type mix cublasGemmGroupedBatchedEx documents";
+    else if (!(on = probe(ab, c, why))) why = "its probe call: " + why;
+    std::fprintf(stderr, "grouped GEMM, A/B %s C %s: %s%s%s\n", dtype_name(ab), dtype_name(c),
+                 on ? "one cublasGemmGroupedBatchedEx per layer and pass" : "a GEMM per expert (",
+                 on ? "" : why.c_str(), on ? "" : ")");
+    decided_[key] = on;
+    return on;
   }
 
  private:
@@ -77,15 +98,20 @@ class Blas {
     if (st != CUBLAS_STATUS_SUCCESS) fail_internal("cublasCreate failed: ", cublasGetStatusString(st));
     // CUBLAS_COMPUTE_32F below: F32 inputs compute in true fp32 (no TF32), as gemm.cu's.
     const char* env = std::getenv("ATTNRES_MOE_GROUPED_GEMM");
-    grouped_ = !(env && std::string(env) == "0");
+    disabled_ = env && std::string(env) == "0";
   }
   ~Blas() { cublasDestroy(handle_); }
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
 
+  // One 1 x 1 x 1 problem, 1.5 x 2 into C: true when cuBLAS takes it and
+  // writes 3 (exact in both types).
+  bool probe(DType ab, DType c, std::string& why);
+
   cublasHandle_t handle_ = nullptr;
   std::mutex mu_;
-  bool grouped_ = true;
+  bool disabled_ = false;
+  std::map<int, bool> decided_;  // by 4 * A/B type + C type
 };
 
 // One problem per non-empty group, column-major:
@@ -99,12 +125,10 @@ struct Problems {
   std::vector<void*> c;
 };
 
-// Runs them as one grouped call; false when cuBLAS does not take it.
-bool run_grouped(const Problems& p, DType ab, DType c_type, float beta) {
+// The grouped call itself; cuBLAS's status.
+cublasStatus_t call_grouped(const Problems& p, DType ab, DType c_type, float beta) {
   const int G = static_cast<int>(p.c.size());
-  if (G == 0) return true;
   Blas& blas = Blas::get();
-  if (!blas.grouped()) return false;
   std::vector<cublasOperation_t> op_a(G, p.op_a), op_b(G, p.op_b);
   std::vector<int> m(G, p.m), lda(G, p.lda), ldb(G, p.ldb), ldc(G, p.ldc), size(G, 1);
   std::vector<float> alpha(G, 1.0f), betas(G, beta);
@@ -126,10 +150,38 @@ bool run_grouped(const Problems& p, DType ab, DType c_type, float beta) {
       const_cast<const void* const*>(dev), cublas_type(ab), lda.data(),
       const_cast<const void* const*>(dev + G), cublas_type(ab), ldb.data(), betas.data(),
       dev + 2 * G, cublas_type(c_type), ldc.data(), G, size.data(), CUBLAS_COMPUTE_32F);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
-    blas.give_up(std::string("A/B ") + dtype_name(ab) + ", C " + dtype_name(c_type));
+  return st;
+}
+
+bool Blas::probe(DType ab, DType c, std::string& why) {
+  const Tensor a = Tensor::from_vector(std::vector<float>{1.5f}, {1}).to(Device::CUDA);
+  const Tensor b = Tensor::from_vector(std::vector<float>{2.0f}, {1}).to(Device::CUDA);
+  Tensor a_t = Tensor::empty({1}, ab, Device::CUDA), b_t = Tensor::empty({1}, ab, Device::CUDA);
+  kernels::convert(a_t, a);
+  kernels::convert(b_t, b);
+  Tensor out = Tensor::zeros({1}, c, Device::CUDA);
+  Problems p{CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, 1, {1}, {1}, {a_t.raw()}, {b_t.raw()}, {out.raw()}};
+  const cublasStatus_t st = call_grouped(p, ab, c, 0.0f);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    why = cublasGetStatusString(st);
     return false;
   }
+  Tensor f = Tensor::empty({1}, DType::F32, Device::CUDA);
+  kernels::convert(f, out);
+  const float got = f.to(Device::CPU).data<float>()[0];
+  if (got != 3.0f) {
+    why = "1.5 x 2 gave " + std::to_string(got);
+    return false;
+  }
+  return true;
+}
+
+// Runs them as one grouped call; false where the type mix runs per group.
+bool run_grouped(const Problems& p, DType ab, DType c_type, float beta) {
+  const int G = static_cast<int>(p.c.size());
+  if (G == 0) return true;
+  if (!Blas::get().grouped(ab, c_type)) return false;
+  const cublasStatus_t st = call_grouped(p, ab, c_type, beta);
   if (st != CUBLAS_STATUS_SUCCESS)
     fail_internal("cublasGemmGroupedBatchedEx failed: ", cublasGetStatusString(st), " (", G,
                   " groups, A/B ", dtype_name(ab), ", C ", dtype_name(c_type), ")");
@@ -152,6 +204,8 @@ void for_groups(const std::vector<int64_t>& offsets, F f) {
 }
 
 }  // namespace
+
+bool uses_grouped_gemm(DType ab, DType c) { return Blas::get().grouped(ab, c); }
 
 void grouped_matmul_forward(Tensor& y, const Tensor& x, Span<const Tensor> w,
                             const std::vector<int64_t>& offsets) {

@@ -781,7 +781,7 @@ void mix_backward(Span<Tensor> dsources, Span<Tensor> dws, Span<const Tensor> do
           const size_t smem = mix_rows::backward_smem(Q, k, plan.threads);
           with_int<1, mix_rows::kMaxQueries>("Q", Q, [&](auto qn) {
             auto kernel = mix_backward_rows_kernel<decltype(qn)::value>;
-            const int64_t grid = resident_grid(op, kernel, plan.threads, smem, N, 1);
+            const int64_t grid = partial_grid(op, kernel, plan.threads, smem, N);
             Tensor partial = Tensor::empty({Q, grid, d}, DType::F32, Device::CUDA);
             kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream()>>>(
                 dsrc, partial.data<float>(), qg, dl, src, pp, k, N, d, set);

@@ -279,20 +279,42 @@ inline RowGrid row_grid(const RowLayout& lay, int64_t rows, int per_row = 1) {
   return {static_cast<unsigned>(ceil_div(rows, lay.groups_per_block()) * per_row), lay.threads()};
 }
 
-// Grid of a row kernel that strides rows over one wave of resident blocks of
-// `threads` threads with `smem` bytes of dynamic shared memory (raising the
-// kernel's shared-memory limit when needed). It depends only on the device
-// and the shapes, so results that sum per-block partials repeat bit for bit.
+// Blocks resident per SM for a kernel of `threads` threads with `smem` bytes
+// of dynamic shared memory (raising the kernel's shared-memory limit when
+// needed); an error when none fits.
 template <typename Kernel>
-int64_t resident_grid(const char* op, Kernel kernel, int threads, size_t smem, int64_t rows,
-                      int rows_per_block) {
+int resident_per_sm(const char* op, Kernel kernel, int threads, size_t smem) {
   allow_smem(kernel, smem);
   int per_sm = 0;
   ATTNRES_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   ATTNRES_CHECK(per_sm > 0, op, ": no block of ", threads, " threads with ", smem,
                 " bytes of shared memory fits on an SM");
+  return per_sm;
+}
+
+// Grid of a row kernel that strides rows over one wave of resident blocks:
+// for kernels whose results do not depend on the grid (each row on its own).
+template <typename Kernel>
+int64_t resident_grid(const char* op, Kernel kernel, int threads, size_t smem, int64_t rows,
+                      int rows_per_block) {
+  const int per_sm = resident_per_sm(op, kernel, threads, smem);
   const int64_t sms = ::attnres::cuda::device_properties().multiProcessorCount;
   return std::min<int64_t>(ceil_div(rows, rows_per_block), sms * per_sm);
+}
+
+// Grid of a row kernel that sums per-block partials (dw, dgain: block b takes
+// rows b, b + grid, ..., its partial row summed in that order, then the
+// partials in block order). Its bits depend on the grid, so the grid depends
+// on the row count alone: not on the occupancy (which changes with the
+// kernel's template, the query count Q and its shared memory, so a query's dw
+// would depend on the queries beside it) nor on the device. 512 blocks is
+// about a wave of 4 blocks per SM on an H100 (132 SMs); the partials' reduce
+// reads 512 d floats per query.
+constexpr int64_t kPartialBlocks = 512;
+template <typename Kernel>
+int64_t partial_grid(const char* op, Kernel kernel, int threads, size_t smem, int64_t rows) {
+  resident_per_sm(op, kernel, threads, smem);  // the smem limit raised, and a block fits
+  return std::min<int64_t>(rows, kPartialBlocks);
 }
 
 // ---- the rows layout (kernels/mix_rows.h) --------------------------------------

@@ -501,7 +501,7 @@ void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Te
           for (int i = 0; i < j; ++i) distinct = distinct && drec.dv[i] != drec.dv[j];
         with_int<1, mix_rows::kMaxRecent>("m", m, [&](auto mn) {
           auto kernel = merge_norm_backward_rows_kernel<decltype(mn)::value>;
-          const int64_t grid = resident_grid(op, kernel, plan.threads, 0, N, 1);
+          const int64_t grid = partial_grid(op, kernel, plan.threads, 0, N);
           Tensor partial = Tensor::empty({2, grid, d}, DType::F32, Device::CUDA);
           kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream()>>>(
               dptr<bf16>(d_o), dptr<float>(dlse), drec, partial.data<float>(), dptr<bf16>(du),
@@ -527,7 +527,7 @@ void mix_merge_norm_backward(Tensor& d_o, Tensor& dlse, Span<Tensor> drecent, Te
       constexpr int VPT = decltype(vpt)::value;
       constexpr bool AL = decltype(al)::value;
       auto kernel = merge_norm_backward_kernel<T, VPT, AL>;
-      grid = resident_grid(op, kernel, threads, smem, N, groups_per_block);
+      grid = partial_grid(op, kernel, threads, smem, ceil_div(N, groups_per_block));
       partial = Tensor::empty({grid, d}, DType::F32, Device::CUDA);
       kernel<<<static_cast<unsigned>(grid), threads, smem, stream()>>>(
           dptr<T>(d_o), dptr<float>(dlse), drec, coef.data<float>(), partial.data<float>(),

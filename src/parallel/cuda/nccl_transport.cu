@@ -454,8 +454,16 @@ class NcclTransport : public Transport {
   int members(Replicas group) const {
     return group == Replicas::SameExperts ? grid_.D() / grid_.EP() : grid_.D();
   }
-  ncclComm_t experts_comm() const {
-    ATTNRES_CHECK(grid_.EP() > 1, "NCCL all-to-all without expert parallelism");
+  // With EP = 1 the expert group is this rank alone: the model never
+  // exchanges then, but the all-to-all is still the same NCCL code on a
+  // one-member communicator (a self-send), made on first use (it has no
+  // peer to wait for), so one GPU can test it.
+  ncclComm_t experts_comm() {
+    if (!experts_.get()) {
+      ATTNRES_CHECK(grid_.EP() == 1 && grid_.experts().size() == 1,
+                    "NCCL all-to-all: no expert-parallel communicator");
+      experts_.init(grid_.experts(), "one-member expert");
+    }
     return experts_.get();
   }
 
