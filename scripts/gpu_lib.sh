@@ -124,3 +124,72 @@ pack_to_out() {
   [[ -n "${OUT:-}" ]] || return 0
   tar czf "$OUT/$1.tgz.part" -C "$2" . && mv "$OUT/$1.tgz.part" "$OUT/$1.tgz"
 }
+
+# tree_stamp: one sha256 over the sources the GPU binaries are built from
+# (src/, tools/, tests/ and the CMake files: names and contents, in a fixed
+# order), so a binary built on another machine from the same tree is known to
+# be this tree's. The device gets a copy of the working tree, without .git.
+tree_stamp() {
+  find src tools tests CMakeLists.txt -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z \
+    | xargs -0 sha256sum | sha256sum | cut -d' ' -f1
+}
+
+# The binaries the stages run, relative to build-gpu/ (test_mpi only where
+# mpirun is: build_targets).
+GPU_BINARIES=(attnres tests/test_gpu tests/test_mpi)
+
+# binaries_load: every binary there (test_mpi may be absent without mpirun)
+# finds each library it loads (`ldd`, with use_deps's LD_LIBRARY_PATH); says
+# which does not.
+binaries_load() {
+  local b out bad=0
+  for b in "${GPU_BINARIES[@]}"; do
+    if [[ ! -x build-gpu/$b ]]; then
+      [[ $b == tests/test_mpi ]] && ! command -v mpirun >/dev/null && continue
+      echo "build-gpu/$b is missing"; bad=1; continue
+    fi
+    out=$(ldd "build-gpu/$b" 2>&1) || { echo "ldd build-gpu/$b failed: $out"; bad=1; continue; }
+    if grep -q "not found" <<<"$out"; then
+      echo "build-gpu/$b: $(grep "not found" <<<"$out" | tr -s ' \t\n' ' ')"
+      bad=1
+    fi
+  done
+  return $bad
+}
+
+# gpu_binaries: build-gpu/'s binaries for this tree, the cheapest way: as they
+# are when a build of this tree left them (build-gpu/stamp.txt), else the
+# prebuilt ones of .gpu-prebuilt.tar.xz (scripts/gpu_prebuild.sh on the CPU
+# machine) when their stamp is this tree's and ldd finds every library, else
+# configured and built here (Release, sm_90; ~1.6 min on an H100 machine).
+gpu_binaries() {
+  local want have
+  want=$(tree_stamp)
+  if [[ -f build-gpu/stamp.txt && $(< build-gpu/stamp.txt) == "$want" ]] && binaries_load; then
+    echo "binaries: built from this tree ($want), already here"
+    return 0
+  fi
+  if [[ -f .gpu-prebuilt.tar.xz ]]; then
+    have=$(tar xJOf .gpu-prebuilt.tar.xz stamp.txt 2>/dev/null)
+    if [[ $have != "$want" ]]; then
+      echo "binaries: .gpu-prebuilt.tar.xz was built from another tree (stamp ${have:-none}, this tree $want): building"
+    else
+      mkdir -p build-gpu
+      tar xJf .gpu-prebuilt.tar.xz -C build-gpu || return 1
+      if binaries_load; then
+        echo "binaries: prebuilt from this tree ($want), every library found:"
+        (cd build-gpu && du -b "${GPU_BINARIES[@]}" 2>/dev/null)
+        return 0
+      fi
+      echo "binaries: the prebuilt ones do not load here (above): building"
+    fi
+  else
+    echo "binaries: no .gpu-prebuilt.tar.xz: building"
+  fi
+  rm -f build-gpu/stamp.txt
+  # shellcheck disable=SC2086  # DEPS_CMAKE_ARGS: words, from use_deps
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 $DEPS_CMAKE_ARGS \
+    && cmake --build build-gpu -j"$(nproc)" --target $(build_targets build-gpu) || return 1
+  echo "$want" > build-gpu/stamp.txt
+  binaries_load
+}

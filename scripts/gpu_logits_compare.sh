@@ -26,7 +26,7 @@
 # git-ignored: a GPU machine that gets the working tree needs it carried:
 #   carry: [".shards/brown_gpt2"]   (plus "build-gpu" if it was built elsewhere)
 #
-# Usage (on the GPU machine, after scripts/gpu_check.sh --build built build-gpu/):
+# Usage (on the GPU machine, after a scripts/gpu_check.sh stage's binaries step made build-gpu/):
 #   scripts/gpu_logits_compare.sh [--bin build-gpu/attnres] [--data .shards/brown_gpt2]
 #                                 [--out DIR (default build-gpu/logits)]
 #                                 [--steps 400]

@@ -32,7 +32,7 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 bin=build-gpu/attnres
-[[ -x $bin ]] || { echo "error: $bin is missing: run scripts/gpu_check.sh --build first" >&2; exit 2; }
+[[ -x $bin ]] || { echo "error: $bin is missing: run scripts/gpu_check.sh --only "[none]" (its binaries step) first" >&2; exit 2; }
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
 [[ -n "$ncu" ]] || { echo "error: ncu (Nsight Compute) not found" >&2; exit 2; }
 out=build-gpu/profile_$preset

@@ -5,9 +5,9 @@
 
 DIR holds what the session's scripts wrote (unpack their $OUT archives into
 it, in stage order): scripts/gpu_check.sh's stages (gpu.txt, steps.txt, the
-GPU tests' gpu_tests_{matmul,ce_swiglu_store,model,rest,recompute}.log, or
-gpu_tests.log of an earlier session or of --only, resume.log, nccl.log,
-pipeline_cuda.log, zero_bf16.log, bench_*.txt, kernels_*.txt,
+GPU tests' gpu_tests_<family>.log, or gpu_tests.log of an earlier session or
+of --only, nccl.log, nccl_all_to_all.log, moe_ep_cuda.log, cuda_graphs.log,
+resume.log, pipeline_cuda.log, zero_bf16.log, bench_*.txt, kernels_*.txt,
 attention_torch.txt), scripts/gpu_logits_compare.sh (logits_compare.txt) and
 scripts/gpu_profile.sh (profile_*.md). A missing file is reported as "not
 run", a test log without its success line as FAILED: the report never says
@@ -65,12 +65,22 @@ def tests_section(d):
     out = ["## Tests", "", "| test | result | summary |", "|---|---|---|"]
     details = []
     # The GPU tests: one log (gpu_tests.log: earlier sessions, --only) or the
-    # runs of gpu_check.sh --tests and --engine, each its own row.
-    split = [("gpu_tests_matmul.log", 'GPU tests `"[matmul]"` (cuBLASLt plans logged)'),
-             ("gpu_tests_ce_swiglu_store.log", 'GPU tests `"[cross_entropy],[swiglu],[store]"`'),
+    # runs of gpu_check.sh's stages, each its own row (--first's and
+    # --second's families; the recompute run of sessions before 2026-12-02,
+    # now inside the model run, shown only where its log is).
+    split = [("gpu_tests_moe_muon.log", 'GPU tests `"[moe],[muon]"` (grouped expert GEMMs)'),
+             ("gpu_tests_moe_per_expert.log", 'GPU tests `"[moe]"`, a GEMM per expert'),
+             ("gpu_tests_matmul.log", 'GPU tests `"[matmul]"` (cuBLASLt plans logged)'),
+             ("gpu_tests_attention.log", 'GPU tests `"[attention]~[cudnn]"`'),
              ("gpu_tests_model.log", 'GPU tests `"[model]"`'),
-             ("gpu_tests_rest.log", 'GPU tests `"~[cross_entropy]~[swiglu]~[store]~[model]"`'),
+             ("gpu_tests_graphs.log", 'GPU tests `"[graphs]"`'),
+             ("gpu_tests_mix.log", 'GPU tests `"[mix]"`'),
+             ("gpu_tests_cudnn.log", 'GPU tests `"[cudnn]"` (cuDNN\'s log)'),
+             ("gpu_tests_ce_swiglu_store.log", 'GPU tests `"[cross_entropy],[swiglu],[store]"`'),
+             ("gpu_tests_rest.log", 'GPU tests: the rest'),
              ("gpu_tests_recompute.log", 'GPU tests `"[recompute]"` (recomputation bit for bit)')]
+    if read(d, "gpu_tests_recompute.log") is None:
+        split = [r for r in split if r[0] != "gpu_tests_recompute.log"]
     runs = [("gpu_tests.log", "GPU tests (`test_gpu`)")]
     if read(d, "gpu_tests.log") is None or any(read(d, n) is not None for n, _ in split):
         runs = [r for r in runs if read(d, r[0]) is not None] + split
@@ -83,14 +93,19 @@ def tests_section(d):
         head = re.search(r"^GPU tests on .*$", text, re.M)
         out.append(f"| {title} | {verdict} | {summary}"
                    f"{' (' + head.group(0) + ')' if head else ''} |")
-    text = read(d, "nccl.log")
-    if text is None:
-        out.append("| NCCL transport, 1 rank (`test_mpi [nccl]`) | not run | |")
-    else:
-        verdict, summary = catch2_result(text)
-        out.append(f"| NCCL transport, 1 rank (`test_mpi [nccl]`) | {verdict} "
-                   f"| {summary} |")
+    for name, title in (("nccl.log", "NCCL transport, 1 rank (`test_mpi [nccl]`)"),
+                        ("nccl_all_to_all.log", "NCCL expert all-to-all, 2 ranks (`test_mpi [nccl2]`)")):
+        text = read(d, name)
+        if text is None:
+            out.append(f"| {title} | not run | |")
+        else:
+            verdict, summary = catch2_result(text)
+            out.append(f"| {title} | {verdict} | {summary} |")
     for name, title, success in (
+            ("moe_ep_cuda.log", "MoE and expert parallelism on cuda (`tests/gpu/moe_ep_cuda.sh`)",
+             "all moe_ep_cuda checks passed"),
+            ("cuda_graphs.log", "CUDA graphs through attnres train (`tests/gpu/cuda_graphs_train.sh`)",
+             "all cuda graphs checks passed"),
             ("resume.log", "exact resume and eval, bf16 (`tests/cli/resume.sh`)",
              "all resume checks passed"),
             ("pipeline_cuda.log", "pipeline and data parallelism on cuda (`tests/gpu/pipeline_cuda.sh`)",

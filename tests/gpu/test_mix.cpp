@@ -606,7 +606,8 @@ TEST_CASE("cuda mix: a query's results do not depend on the queries beside it", 
     // occupancy, differs) as alone. N = 513 > 512 blocks: a block sums 2 rows.
     std::vector<Tensor> douts, ds_all, dw_all;
     for (int64_t q = 0; q < Q; ++q) {
-      douts.push_back(gt::to_device(gt::randn_f32({N, d}, 77500 + q), dt));
+      Tensor dy = gt::randn_f32({N, d}, 77500 + q);
+      douts.push_back(gt::to_device(dy, dt));
       dw_all.push_back(Tensor::zeros({d}, DType::F32, Device::CUDA));
     }
     for (int64_t j = 0; j < kk; ++j) ds_all.push_back(Tensor::zeros({N, d}, dt, Device::CUDA));
