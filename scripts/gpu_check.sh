@@ -84,7 +84,7 @@ read -r -d '' PLAN <<'EOF'
 cpu|0.5|0|-|-||the Debian packages of the CPU side as .deb files in .deps/ (carried)|scripts/gpu_deps.sh
 cpu|0.5|0|-|-||GPT-2's vocabulary and the Brown corpus, if data/gpt2, data/brown/raw are missing|scripts/fetch_gpt2.sh && scripts/fetch_brown.sh
 cpu|0.1|0|-|-||the Brown corpus in GPT-2 tokens for the engine's train run and the logits comparison (carried)|build/attnres tokenize encode --tokenizer data/gpt2/encoder.json --input data/brown/raw --format brown --output-dir .shards/brown_gpt2 --val-fraction 0.05 --name brown
-cpu|12.0|0|-|-||the GPU binaries built here (sm_90, no -march=native), packed with this tree's stamp into .gpu-prebuilt.tar.xz (carried): the device builds nothing|scripts/gpu_prebuild.sh
+cpu|8.0|0|-|-||the GPU binaries built here (sm_90, no -march=native), packed with this tree's stamp into .gpu-prebuilt.tar.xz (carried): the device builds nothing|scripts/gpu_prebuild.sh
 first|0.2|560|build|binaries_first.log||the binaries: this tree's prebuilt ones (.gpu-prebuilt.tar.xz, every library found by ldd), else built here (1.6 min)|gpu_binaries
 first|0.4|150|catch2|gpu_tests_moe_muon.log||GPU tests: MoE (routing, permutation, combine, the grouped expert GEMMs and their type mixes) and Muon (bf16 Newton-Schulz)|build-gpu/tests/test_gpu "[moe],[muon]" -w NoTests --durations yes
 first|0.2|120|catch2|gpu_tests_moe_per_expert.log||GPU tests: MoE again with the grouped GEMM off (a GEMM per expert)|ATTNRES_MOE_GROUPED_GEMM=0 build-gpu/tests/test_gpu "[moe]" -w NoTests --durations yes

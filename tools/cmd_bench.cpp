@@ -28,6 +28,7 @@
 #include "kernels/cpu/blas.h"
 #include "model/flops.h"
 #include "model/model.h"
+#include "tools/bench_kda.h"
 #include "tools/bench_kernels.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -179,6 +180,7 @@ const char* kHelp =
     "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--attention own|auto|cudnn]\n"
     "  [--cuda-graphs] [--kernels [--only TEXT]] [--moe E,K,Fe[,shared]] [--optimizer adamw|muon]\n"
     "  [--gpu-memory GiB] [--plan]\n"
+    "       attnres bench --kda [--batch 1] [--seq-len 512] [--heads 4] [--head-dim 128] [--steps 5]\n"
     "Training throughput (forward, backward, AdamW) on synthetic tokens, one row per residual\n"
     "mode, on the CPU (the default) or a GPU (--device cuda). Block mode defaults to S = 4\n"
     "(a preset: N = 8), at most the model's 2L sublayers.\n"
@@ -202,7 +204,9 @@ const char* kHelp =
     "warm-up step runs eagerly, the second captures (at least 2 warm-up steps), the timed\n"
     "steps replay; the modes run one after another (a graph keeps its activations);\n"
     "the act MiB column is the step's tensor high-water above weights, gradients and\n"
-    "AdamW state (activations and workspace), measured by the allocator.";
+    "AdamW state (activations and workspace), measured by the allocator.\n"
+    "--kda times the KDA core on the CPU (kernels/kda.h): the chunkwise forward and backward\n"
+    "and the token-by-token recurrence, each against its FLOP and byte floors.";
 
 }  // namespace
 
@@ -210,12 +214,22 @@ int cmd_bench(const Args& args) {
   Flags f(args, "bench",
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
-           "preset", "only", "recompute", "logits", "attention", "gpu-memory", "moe", "optimizer"},
-          {"help", "kernels", "plan", "cuda-graphs"});
+           "preset", "only", "recompute", "logits", "attention", "gpu-memory", "moe", "optimizer",
+           "head-dim"},
+          {"help", "kernels", "plan", "cuda-graphs", "kda"});
   if (f.has("help")) {
     std::puts(kHelp);
     return 0;
   }
+  if (f.has("kda")) {
+    const int64_t steps = f.get_int("steps", 5, "bench");
+    if (steps < 1) fail("bench: --steps must be at least 1, got ", steps);
+    tools::bench_kda(f.get_int("batch", 1, "bench"), f.get_int("seq-len", 512, "bench"),
+                     f.get_int("heads", 4, "bench"), f.get_int("head-dim", 128, "bench"),
+                     static_cast<int>(steps));
+    return 0;
+  }
+  if (f.has("head-dim")) fail("bench: --head-dim is a flag of --kda");
   const std::string preset = f.get("preset", "");
   model::ModelConfig c;
   int64_t T = 256, B = 8, S = 4, NB = 0;

@@ -1,0 +1,69 @@
+// Kimi Delta Attention's core (KDA, the linear attention of Kimi Linear;
+// docs/model.md "KDA layer", step 5): a gated delta rule with a decay per key
+// channel, run per training sequence from a zero state.
+//
+// Per sequence b and head h, with a K x V state S (fp32 or fp64):
+//   S <- Diag(exp(g_t)) S                       (decay, g_t [K] <= 0)
+//   S <- S + beta_t k_t (v_t - S^T k_t)^T       (the delta update)
+//   o_t = scale S^T q_t
+// q and k are the L2-normalised rows (the layer normalises them first), beta_t
+// one number per head. Layout: rows are tokens (N = B T, sequence b = rows
+// [b T, b T + T)); q, k and g are [N, H K], v and o [N, H V], beta [N, H];
+// head h owns channels [h K, h K + K) (and [h V, h V + V)), Kimi's order.
+//
+// Training runs the chunkwise form (kda_forward / kda_backward): chunks of C
+// tokens (64), the state carried between chunks, and inside a chunk the WY
+// representation: with Gamma_i the chunk's cumulative log-decay up to row i,
+//   A_ij = sum_c k_ic k_jc exp(Gamma_ic - Gamma_jc)   (j < i)
+//   P_ij = sum_c q_ic k_jc exp(Gamma_ic - Gamma_jc)   (j <= i)
+//   (I + Diag(beta) A) U = Diag(beta) (V - (exp(Gamma) . K) S_0)
+//   O = scale ((exp(Gamma) . Q) S_0 + P U)
+//   S_C = Diag(exp(Gamma_C)) S_0 + (exp(Gamma_C - Gamma) . K)^T U
+// (the triangular system solved by forward substitution). The only
+// exponentials taken are the tokens' decays exp(g_t) <= 1: every
+// exp(Gamma_i - Gamma_j), j <= i, is the product of the decays of rows
+// j + 1 .. i, so it never overflows however strong the decay (a chunk whose
+// cumulative log-decay falls far below -88, where exp(Gamma_j) alone would
+// underflow and a b_i / b_j form give inf / inf, stays finite and exact,
+// without clamping the gates). The pairs of A and P across 16-row
+// sub-chunks factor through the sub-chunk's last earlier row r
+// (exp(Gamma_i - Gamma_r) exp(Gamma_r - Gamma_j), both <= 1) and run as
+// GEMMs; the pairs inside a sub-chunk take their factors one by one.
+// kda_recurrent_forward is the token-by-token form: the reference the tests
+// compare against, the benchmark's baseline and decoding's step.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/store.h"
+
+namespace attnres::kernels {
+
+struct KdaShape {
+  int64_t B = 0, T = 0, H = 0, K = 0, V = 0;
+  int64_t chunk = 64;  // a multiple of 16 (the sub-chunk)
+};
+
+// o [N, H V] = the chunkwise form above, from a zero state per sequence.
+void kda_forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                 const Tensor& beta, const KdaShape& s, double scale);
+
+// Gradients of sum(dout . o) with respect to q, k, v, g and beta (added into
+// them, or written with Store::Set). Saved from the forward: nothing but its
+// inputs. The backward runs the chunks' state recurrence again (keeping the
+// C-row chunks' start states of one head at a time, (T / C) K V numbers, in
+// a work buffer), then goes back over the chunks, recomputing each chunk's
+// A, P and U from its start state.
+void kda_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
+                  const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
+                  Store store = Store::Add);
+
+// The token-by-token recurrence. state [B, H, K, V] (optional): the state
+// each sequence starts from (zeros when absent), and on return the state
+// after its last token (decoding carries it from token to token).
+void kda_recurrent_forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
+                           Tensor* state = nullptr);
+
+}  // namespace attnres::kernels
