@@ -85,4 +85,171 @@ void kda_recurrent_forward(Tensor& o, const Tensor& q, const Tensor& k, const Te
   });
 }
 
+// ---- the layer's parts ----
+
+namespace {
+
+// x [N, H K] with heads of K channels (K >= 1 dividing the width).
+int64_t heads_of(const char* op, const Tensor& x, int64_t K) {
+  check_2d(op, "x", x);
+  if (K < 1 || x.dim(1) % K != 0)
+    fail(op, ": heads of ", K, " channels do not divide the width ", x.dim(1));
+  if (x.is_cuda()) fail(op, ": no CUDA kernel yet (the KDA layer runs on the cpu)");
+  return x.dim(1) / K;
+}
+
+void check_eps(const char* op, double eps) {
+  if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
+}
+
+}  // namespace
+
+void kda_conv_forward(Tensor& y, const Tensor& x, const Tensor& w, int64_t B, int64_t T) {
+  const char* op = "kda_conv_forward";
+  check_2d(op, "x", x);
+  check_2d(op, "w", w);
+  const int64_t Ch = x.dim(1), W = w.dim(1);
+  if (B < 1 || T < 1 || x.dim(0) != B * T) fail(op, ": x has ", x.dim(0), " rows for B ", B, " x T ", T);
+  check_arg(op, "w", w, x, {Ch, W});
+  check_arg(op, "y", y, x, x.shape());
+  heads_of(op, x, 1);
+  dispatch_cpu_float(x, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_conv_forward<T_>(y.data<T_>(), x.data<T_>(), w.data<T_>(), B, T, Ch, W);
+  });
+}
+
+void kda_conv_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       int64_t B, int64_t T, Store dx_store) {
+  const char* op = "kda_conv_backward";
+  check_2d(op, "x", x);
+  check_2d(op, "w", w);
+  const int64_t Ch = x.dim(1), W = w.dim(1);
+  if (B < 1 || T < 1 || x.dim(0) != B * T) fail(op, ": x has ", x.dim(0), " rows for B ", B, " x T ", T);
+  check_arg(op, "w", w, x, {Ch, W});
+  check_arg(op, "dy", dy, x, x.shape());
+  check_arg(op, "dx", dx, x, x.shape());
+  check_arg(op, "dw", dw, x.device(), grad_dtype(x.dtype()), {Ch, W});
+  heads_of(op, x, 1);
+  dispatch_cpu_float(x, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_conv_backward<T_>(dx.data<T_>(), dw.data<T_>(), dy.data<T_>(), x.data<T_>(),
+                               w.data<T_>(), B, T, Ch, W, dx_store == Store::Add);
+  });
+}
+
+void kda_l2norm_forward(Tensor& y, const Tensor& x, int64_t K, double eps) {
+  const char* op = "kda_l2norm_forward";
+  const int64_t H = heads_of(op, x, K);
+  check_eps(op, eps);
+  check_arg(op, "y", y, x, x.shape());
+  dispatch_cpu_float(x, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_l2norm_forward<T_>(y.data<T_>(), x.data<T_>(), x.dim(0) * H, K, static_cast<T_>(eps));
+  });
+}
+
+void kda_l2norm_backward(Tensor& dx, const Tensor& dy, const Tensor& x, int64_t K, double eps,
+                         Store dx_store) {
+  const char* op = "kda_l2norm_backward";
+  const int64_t H = heads_of(op, x, K);
+  check_eps(op, eps);
+  check_arg(op, "dy", dy, x, x.shape());
+  check_arg(op, "dx", dx, x, x.shape());
+  dispatch_cpu_float(x, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_l2norm_backward<T_>(dx.data<T_>(), dy.data<T_>(), x.data<T_>(), x.dim(0) * H, K,
+                                 static_cast<T_>(eps), dx_store == Store::Add);
+  });
+}
+
+void kda_decay_forward(Tensor& g, const Tensor& f, const Tensor& a_log, const Tensor& dt_bias,
+                       int64_t K) {
+  const char* op = "kda_decay_forward";
+  const int64_t H = heads_of(op, f, K);
+  check_arg(op, "a_log", a_log, f, {H});
+  check_arg(op, "dt_bias", dt_bias, f, {H * K});
+  check_arg(op, "g", g, f, f.shape());
+  dispatch_cpu_float(f, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_decay_forward<T_>(g.data<T_>(), f.data<T_>(), a_log.data<T_>(), dt_bias.data<T_>(),
+                               f.dim(0), H, K);
+  });
+}
+
+void kda_decay_backward(Tensor& df, Tensor& da_log, Tensor& ddt_bias, const Tensor& dg,
+                        const Tensor& f, const Tensor& a_log, const Tensor& dt_bias, int64_t K,
+                        Store df_store) {
+  const char* op = "kda_decay_backward";
+  const int64_t H = heads_of(op, f, K);
+  check_arg(op, "a_log", a_log, f, {H});
+  check_arg(op, "dt_bias", dt_bias, f, {H * K});
+  check_arg(op, "dg", dg, f, f.shape());
+  check_arg(op, "df", df, f, f.shape());
+  check_arg(op, "da_log", da_log, f.device(), grad_dtype(f.dtype()), {H});
+  check_arg(op, "ddt_bias", ddt_bias, f.device(), grad_dtype(f.dtype()), {H * K});
+  dispatch_cpu_float(f, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_decay_backward<T_>(df.data<T_>(), da_log.data<T_>(), ddt_bias.data<T_>(),
+                                dg.data<T_>(), f.data<T_>(), a_log.data<T_>(), dt_bias.data<T_>(),
+                                f.dim(0), H, K, df_store == Store::Add);
+  });
+}
+
+void kda_beta_forward(Tensor& beta, const Tensor& b) {
+  const char* op = "kda_beta_forward";
+  heads_of(op, b, 1);
+  check_arg(op, "beta", beta, b, b.shape());
+  dispatch_cpu_float(b, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_beta_forward<T_>(beta.data<T_>(), b.data<T_>(), b.numel());
+  });
+}
+
+void kda_beta_backward(Tensor& db, const Tensor& dbeta, const Tensor& beta, Store db_store) {
+  const char* op = "kda_beta_backward";
+  heads_of(op, beta, 1);
+  check_arg(op, "dbeta", dbeta, beta, beta.shape());
+  check_arg(op, "db", db, beta, beta.shape());
+  dispatch_cpu_float(beta, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_beta_backward<T_>(db.data<T_>(), dbeta.data<T_>(), beta.data<T_>(), beta.numel(),
+                               db_store == Store::Add);
+  });
+}
+
+void kda_out_gate_forward(Tensor& y, const Tensor& o, const Tensor& w, const Tensor& z, int64_t K,
+                          double eps) {
+  const char* op = "kda_out_gate_forward";
+  const int64_t H = heads_of(op, o, K);
+  check_eps(op, eps);
+  check_arg(op, "w", w, o, {K});
+  check_arg(op, "z", z, o, o.shape());
+  check_arg(op, "y", y, o, o.shape());
+  dispatch_cpu_float(o, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_out_gate_forward<T_>(y.data<T_>(), o.data<T_>(), w.data<T_>(), z.data<T_>(),
+                                  o.dim(0) * H, K, static_cast<T_>(eps));
+  });
+}
+
+void kda_out_gate_backward(Tensor& d_o, Tensor& dw, Tensor& dz, const Tensor& dy, const Tensor& o,
+                           const Tensor& w, const Tensor& z, int64_t K, double eps, Store store) {
+  const char* op = "kda_out_gate_backward";
+  const int64_t H = heads_of(op, o, K);
+  check_eps(op, eps);
+  check_arg(op, "w", w, o, {K});
+  check_arg(op, "z", z, o, o.shape());
+  check_arg(op, "dy", dy, o, o.shape());
+  check_arg(op, "d_o", d_o, o, o.shape());
+  check_arg(op, "dz", dz, o, o.shape());
+  check_arg(op, "dw", dw, o.device(), grad_dtype(o.dtype()), {K});
+  dispatch_cpu_float(o, op, [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::kda_out_gate_backward<T_>(d_o.data<T_>(), dw.data<T_>(), dz.data<T_>(), dy.data<T_>(),
+                                   o.data<T_>(), w.data<T_>(), z.data<T_>(), o.dim(0) * H, K,
+                                   static_cast<T_>(eps), store == Store::Add);
+  });
+}
+
 }  // namespace attnres::kernels

@@ -66,4 +66,42 @@ void kda_recurrent_forward(Tensor& o, const Tensor& q, const Tensor& k, const Te
                            const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
                            Tensor* state = nullptr);
 
+// ---- the layer's per-token parts (docs/model.md "KDA layer", steps 1-4 and 6;
+// kernels/cpu/kda_parts.cpp). Rows are tokens; heads of K channels are
+// consecutive column blocks. Backward functions add into parameter
+// gradients and add into (Store::Add) or write (Set) the input's.
+
+// Causal depthwise convolution and SiLU over each sequence of T rows:
+// y[t, c] = silu(sum_j w[c, j] x[t - W + 1 + j, c]), rows before the
+// sequence's start 0. x, y [B T, Ch], w [Ch, W].
+void kda_conv_forward(Tensor& y, const Tensor& x, const Tensor& w, int64_t B, int64_t T);
+void kda_conv_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       int64_t B, int64_t T, Store dx_store = Store::Add);
+
+// Per head: y = x / sqrt(|x|^2 + eps) over its K channels (eps 1e-6 in the layer).
+void kda_l2norm_forward(Tensor& y, const Tensor& x, int64_t K, double eps);
+void kda_l2norm_backward(Tensor& dx, const Tensor& dy, const Tensor& x, int64_t K, double eps,
+                         Store dx_store = Store::Add);
+
+// The decay: g = -exp(a_log[h]) softplus(f + dt_bias) for channel c of head
+// h; f, g [N, H K], a_log [H], dt_bias [H K].
+void kda_decay_forward(Tensor& g, const Tensor& f, const Tensor& a_log, const Tensor& dt_bias,
+                       int64_t K);
+void kda_decay_backward(Tensor& df, Tensor& da_log, Tensor& ddt_bias, const Tensor& dg,
+                        const Tensor& f, const Tensor& a_log, const Tensor& dt_bias, int64_t K,
+                        Store df_store = Store::Add);
+
+// The write strength: beta = sigmoid(b), b and beta [N, H]; its backward
+// from beta (db = dbeta beta (1 - beta)).
+void kda_beta_forward(Tensor& beta, const Tensor& b);
+void kda_beta_backward(Tensor& db, const Tensor& dbeta, const Tensor& beta, Store db_store = Store::Add);
+
+// The output gate, per head: y = RMSNorm_K(o) . w . sigmoid(z), w [K] shared
+// by the heads; o, z, y [N, H K].
+void kda_out_gate_forward(Tensor& y, const Tensor& o, const Tensor& w, const Tensor& z, int64_t K,
+                          double eps);
+void kda_out_gate_backward(Tensor& d_o, Tensor& dw, Tensor& dz, const Tensor& dy, const Tensor& o,
+                           const Tensor& w, const Tensor& z, int64_t K, double eps,
+                           Store store = Store::Add);
+
 }  // namespace attnres::kernels

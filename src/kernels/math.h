@@ -26,6 +26,11 @@ ATTNRES_HD T silu_grad(T x) {
   return s * (T(1) + x * (T(1) - s));
 }
 
+// softplus(x) = log(1 + exp(x)), without overflow for large x (past 20 it is
+// x to the last bit of a double's 1 + exp(-x)); its derivative is sigmoid(x).
+template <typename T>
+ATTNRES_HD T softplus(T x) { return x > T(20) ? x : log1p(exp(x)); }
+
 // A MoE token's router scores from its E logits r (kernels/moe.h): sigmoid(r_e),
 // or the softmax over the E (its max and sum taken first), one expert at a
 // time, so that a GPU thread needs no per-expert storage. The CPU and CUDA

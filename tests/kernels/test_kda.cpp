@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "kernels/kda.h"
@@ -246,4 +247,151 @@ TEST_CASE("kda refuses bad shapes and chunks", "[kernels][kda]") {
   Tensor o_f32 = Tensor::empty({8, 8}, DType::F32);
   REQUIRE_THROWS_WITH(kernels::kda_forward(o_f32, in.q, in.k, in.v, in.g, in.beta, s, 1.0),
                       Catch::Contains("o is F32"));
+}
+
+// ---- the layer's parts ----
+
+namespace {
+
+// Checks grads[i] against central differences of loss() in inputs[i] (a
+// sample of each tensor's elements); returns the count off.
+int64_t fd_mismatches(const std::function<double()>& loss, std::vector<Tensor*> inputs,
+                      std::vector<const Tensor*> grads, const char* what) {
+  int64_t bad = 0;
+  for (size_t n = 0; n < inputs.size(); ++n) {
+    Tensor& x = *inputs[n];
+    const int64_t count = x.numel();
+    for (int64_t i = 0; i < count; i += std::max<int64_t>(1, count / 40)) {
+      const double x0 = at(x, i), h = 1e-6;
+      set(x, i, x0 + h);
+      const double lp = loss();
+      set(x, i, x0 - h);
+      const double lm = loss();
+      set(x, i, x0);
+      const double fd = (lp - lm) / (2 * h), got = at(*grads[n], i);
+      if (!(std::fabs(fd - got) <= 1e-6 * (1 + std::fabs(fd)))) {
+        if (bad++ < 3) WARN(what << ": input " << n << "[" << i << "]: analytic " << got << ", finite difference " << fd);
+      }
+    }
+  }
+  return bad;
+}
+
+double dot(const Tensor& a, const Tensor& w) {
+  double s = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) s += at(a, i) * at(w, i);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("kda conv: causal within each sequence, SiLU after, gradients by finite differences",
+          "[kernels][kda]") {
+  const int64_t B = 2, T = 7, Ch = 5, W = 4;
+  Tensor x = randn({B * T, Ch}, 71), w = randn({Ch, W}, 72, DType::F64, 0.5);
+  Tensor y = Tensor::empty(x.shape(), DType::F64);
+  kernels::kda_conv_forward(y, x, w, B, T);
+  // Written out: token t of sequence b reads x at t - 3 .. t of that sequence only.
+  int64_t bad = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < Ch; ++c) {
+        double p = 0;
+        for (int64_t j = 0; j < W; ++j) {
+          const int64_t src = t - W + 1 + j;
+          if (src >= 0) p += at(w, c * W + j) * at(x, (b * T + src) * Ch + c);
+        }
+        const double want = p / (1 + std::exp(-p));
+        bad += !(std::fabs(at(y, (b * T + t) * Ch + c) - want) <= 1e-14 * (1 + std::fabs(want)));
+      }
+  CHECK(bad == 0);
+  const Tensor wy = randn(x.shape(), 73);
+  Tensor dx = Tensor::zeros(x.shape(), DType::F64), dw = Tensor::zeros(w.shape(), DType::F64);
+  kernels::kda_conv_backward(dx, dw, wy, x, w, B, T);
+  auto loss = [&] {
+    Tensor yy = Tensor::empty(x.shape(), DType::F64);
+    kernels::kda_conv_forward(yy, x, w, B, T);
+    return dot(yy, wy);
+  };
+  CHECK(fd_mismatches(loss, {&x, &w}, {&dx, &dw}, "conv") == 0);
+}
+
+TEST_CASE("kda l2 norm, decay, beta and output gate: values and finite differences",
+          "[kernels][kda]") {
+  const int64_t N = 6, H = 3, K = 4;
+  const double eps = 1e-6;
+  Tensor x = randn({N, H * K}, 81);
+  {  // L2 norm per head: unit rows, gradient
+    Tensor y = Tensor::empty(x.shape(), DType::F64);
+    kernels::kda_l2norm_forward(y, x, K, eps);
+    for (int64_t r = 0; r < N * H; ++r) {
+      double ss = 0, xs = 0;
+      for (int64_t c = 0; c < K; ++c) ss += at(y, r * K + c) * at(y, r * K + c), xs += at(x, r * K + c) * at(x, r * K + c);
+      CHECK(ss == Approx(xs / (xs + eps)).epsilon(1e-12));
+    }
+    const Tensor wy = randn(x.shape(), 82);
+    Tensor dx = Tensor::zeros(x.shape(), DType::F64);
+    kernels::kda_l2norm_backward(dx, wy, x, K, eps);
+    auto loss = [&] {
+      Tensor yy = Tensor::empty(x.shape(), DType::F64);
+      kernels::kda_l2norm_forward(yy, x, K, eps);
+      return dot(yy, wy);
+    };
+    CHECK(fd_mismatches(loss, {&x}, {&dx}, "l2norm") == 0);
+  }
+  {  // decay: g = -exp(a_log) softplus(f + dt_bias) < 0
+    Tensor f = randn({N, H * K}, 83, DType::F64, 3.0), a = randn({H}, 84), dt = randn({H * K}, 85);
+    Tensor g = Tensor::empty(f.shape(), DType::F64);
+    kernels::kda_decay_forward(g, f, a, dt, K);
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const double u = at(f, i) + at(dt, i % (H * K));
+      CHECK(at(g, i) == Approx(-std::exp(at(a, (i % (H * K)) / K)) * std::log1p(std::exp(u))).epsilon(1e-13));
+      CHECK(at(g, i) < 0);
+    }
+    const Tensor wg = randn(f.shape(), 86);
+    Tensor df = Tensor::zeros(f.shape(), DType::F64), da = Tensor::zeros(a.shape(), DType::F64),
+           ddt = Tensor::zeros(dt.shape(), DType::F64);
+    kernels::kda_decay_backward(df, da, ddt, wg, f, a, dt, K);
+    auto loss = [&] {
+      Tensor gg = Tensor::empty(f.shape(), DType::F64);
+      kernels::kda_decay_forward(gg, f, a, dt, K);
+      return dot(gg, wg);
+    };
+    CHECK(fd_mismatches(loss, {&f, &a, &dt}, {&df, &da, &ddt}, "decay") == 0);
+  }
+  {  // beta = sigmoid(b)
+    Tensor b = randn({N, H}, 87), beta = Tensor::empty({N, H}, DType::F64);
+    kernels::kda_beta_forward(beta, b);
+    CHECK(at(beta, 4) == Approx(1 / (1 + std::exp(-at(b, 4)))).epsilon(1e-15));
+    const Tensor wb = randn(b.shape(), 88);
+    Tensor db = Tensor::zeros(b.shape(), DType::F64);
+    kernels::kda_beta_backward(db, wb, beta);
+    auto loss = [&] {
+      Tensor bb = Tensor::empty(b.shape(), DType::F64);
+      kernels::kda_beta_forward(bb, b);
+      return dot(bb, wb);
+    };
+    CHECK(fd_mismatches(loss, {&b}, {&db}, "beta") == 0);
+  }
+  {  // output gate: RMSNorm_K(o) . w . sigmoid(z), per head
+    Tensor o = randn({N, H * K}, 89), w = randn({K}, 90), z = randn({N, H * K}, 91);
+    const double e = 1e-5;
+    Tensor y = Tensor::empty(o.shape(), DType::F64);
+    kernels::kda_out_gate_forward(y, o, w, z, K, e);
+    const int64_t r = 7, c = 2;  // row 7 = token 2, head 1
+    double ss = 0;
+    for (int64_t j = 0; j < K; ++j) ss += at(o, r * K + j) * at(o, r * K + j);
+    CHECK(at(y, r * K + c) == Approx(at(o, r * K + c) / std::sqrt(ss / K + e) * at(w, c) /
+                                     (1 + std::exp(-at(z, r * K + c)))).epsilon(1e-13));
+    const Tensor wy = randn(o.shape(), 92);
+    Tensor d_o = Tensor::zeros(o.shape(), DType::F64), dw = Tensor::zeros(w.shape(), DType::F64),
+           dz = Tensor::zeros(z.shape(), DType::F64);
+    kernels::kda_out_gate_backward(d_o, dw, dz, wy, o, w, z, K, e);
+    auto loss = [&] {
+      Tensor yy = Tensor::empty(o.shape(), DType::F64);
+      kernels::kda_out_gate_forward(yy, o, w, z, K, e);
+      return dot(yy, wy);
+    };
+    CHECK(fd_mismatches(loss, {&o, &w, &z}, {&d_o, &dw, &dz}, "out gate") == 0);
+  }
 }
