@@ -1,0 +1,59 @@
+// One KDA sublayer (Kimi Delta Attention, docs/model.md "KDA layer"), from
+// the sublayer's normed input u [N, d] to its output y [N, d]: the q, k, v
+// projections each through the short causal convolution and SiLU, q and k
+// L2-normalised per head, the decay and write strength from their low-rank
+// and linear paths, the chunkwise delta-rule core (kernels/kda.h), the gated
+// output norm and o_proj. Built from the ops of kernels/kda.h and GEMMs; the
+// model's KDA layers call it (issue 59: the wiring into Model, the config
+// keys and checkpoints come next).
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace attnres::model {
+
+struct KdaDims {
+  int64_t H = 0, K = 0;  // heads, and K = V channels per head
+  int64_t conv = 4;      // the convolutions' width
+  double norm_eps = 1e-5;  // the output norm's (model.norm_eps)
+  int64_t chunk = 64;
+};
+
+// The layer's tensors, Kimi Linear's names (self_attn.*) beside each; the
+// same struct holds their gradients.
+struct KdaWeights {
+  Tensor q, k, v;                  // q_proj, k_proj, v_proj [H K, d]
+  Tensor q_conv, k_conv, v_conv;   // q_conv1d, k_conv1d, v_conv1d [H K, conv] ([H K, 1, conv])
+  Tensor a_log;                    // A_log [H] ([1, 1, H, 1])
+  Tensor dt_bias;                  // dt_bias [H K]
+  Tensor f_a, f_b;                 // f_a_proj [K, d], f_b_proj [H K, K]
+  Tensor b;                        // b_proj [H, d]
+  Tensor g_a, g_b;                 // g_a_proj [K, d], g_b_proj [H K, K]
+  Tensor o_norm;                   // o_norm [K]
+  Tensor o;                        // o_proj [d, H K]
+};
+
+// What the forward keeps for the backward (all [N, *]): the projections
+// before the convolutions, the q and k rows before their norms, the decay
+// path, the write strength, the core's output and the gate.
+struct KdaActs {
+  Tensor pq, pk, pv;   // u W^T, before the convolutions
+  Tensor cq, ck, cv;   // after convolution and SiLU
+  Tensor qn, kn;       // cq, ck L2-normalised per head
+  Tensor fa, f, g;     // the decay's low-rank path, its output, the decay
+  Tensor beta;         // sigmoid(u W_b^T)
+  Tensor core, ga, z;  // the core's output; the gate's low-rank path and output
+  Tensor gated;        // the output norm's result, o_proj's input
+};
+
+// y = the layer of u (plus `residual` when given; y may be it).
+void kda_layer_forward(Tensor& y, KdaActs& a, const Tensor& u, const KdaWeights& w,
+                       const KdaDims& d, int64_t B, int64_t T, const Tensor* residual = nullptr);
+
+// du (written) from dy; the weights' gradients added into `grad`.
+void kda_layer_backward(Tensor& du, KdaWeights& grad, const KdaActs& a, const Tensor& u,
+                        const Tensor& dy, const KdaWeights& w, const KdaDims& d, int64_t B,
+                        int64_t T);
+
+}  // namespace attnres::model
