@@ -102,17 +102,22 @@ void check_eps(const char* op, double eps) {
   if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
 }
 
+// The convolution's x [B T, Ch] and w [Ch, W] (W >= 1); returns W.
+int64_t check_conv(const char* op, const Tensor& x, const Tensor& w, int64_t B, int64_t T) {
+  check_2d(op, "x", x);
+  check_2d(op, "w", w);
+  if (B < 1 || T < 1 || x.dim(0) != B * T) fail(op, ": x has ", x.dim(0), " rows for B ", B, " x T ", T);
+  check_arg(op, "w", w, x, {x.dim(1), w.dim(1)});
+  heads_of(op, x, 1);
+  return w.dim(1);
+}
+
 }  // namespace
 
 void kda_conv_forward(Tensor& y, const Tensor& x, const Tensor& w, int64_t B, int64_t T) {
   const char* op = "kda_conv_forward";
-  check_2d(op, "x", x);
-  check_2d(op, "w", w);
-  const int64_t Ch = x.dim(1), W = w.dim(1);
-  if (B < 1 || T < 1 || x.dim(0) != B * T) fail(op, ": x has ", x.dim(0), " rows for B ", B, " x T ", T);
-  check_arg(op, "w", w, x, {Ch, W});
+  const int64_t W = check_conv(op, x, w, B, T), Ch = x.dim(1);
   check_arg(op, "y", y, x, x.shape());
-  heads_of(op, x, 1);
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_conv_forward<T_>(y.data<T_>(), x.data<T_>(), w.data<T_>(), B, T, Ch, W);
@@ -122,15 +127,10 @@ void kda_conv_forward(Tensor& y, const Tensor& x, const Tensor& w, int64_t B, in
 void kda_conv_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                        int64_t B, int64_t T, Store dx_store) {
   const char* op = "kda_conv_backward";
-  check_2d(op, "x", x);
-  check_2d(op, "w", w);
-  const int64_t Ch = x.dim(1), W = w.dim(1);
-  if (B < 1 || T < 1 || x.dim(0) != B * T) fail(op, ": x has ", x.dim(0), " rows for B ", B, " x T ", T);
-  check_arg(op, "w", w, x, {Ch, W});
+  const int64_t W = check_conv(op, x, w, B, T), Ch = x.dim(1);
   check_arg(op, "dy", dy, x, x.shape());
   check_arg(op, "dx", dx, x, x.shape());
   check_arg(op, "dw", dw, x.device(), grad_dtype(x.dtype()), {Ch, W});
-  heads_of(op, x, 1);
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_conv_backward<T_>(dx.data<T_>(), dw.data<T_>(), dy.data<T_>(), x.data<T_>(),

@@ -103,6 +103,19 @@ int64_t mismatches(const Tensor& got, const Tensor& want, double tol) {
   return bad;
 }
 
+// Each gradient against central differences of loss() in its input
+// (testing.h fd_gradient), |fd - analytic| <= 1e-6 (1 + |fd|); the count off
+// per input.
+std::vector<int64_t> fd_misses(const std::function<double()>& loss, const std::vector<Tensor*>& xs,
+                               const std::vector<const Tensor*>& grads) {
+  std::vector<int64_t> misses;
+  for (size_t n = 0; n < xs.size(); ++n) misses.push_back(mismatches(*grads[n], fd_gradient(*xs[n], loss), 1e-6));
+  return misses;
+}
+bool no_misses(const std::vector<int64_t>& m) {
+  return std::all_of(m.begin(), m.end(), [](int64_t x) { return x == 0; });
+}
+
 }  // namespace
 
 TEST_CASE("kda chunkwise forward = the token-by-token recurrence, across chunk boundaries",
@@ -176,32 +189,12 @@ TEST_CASE("kda chunkwise backward matches finite differences", "[kernels][kda]")
     Tensor dq = zeros_like(in.q), dk = zeros_like(in.k), dv = zeros_like(in.v),
            dg = zeros_like(in.g), db = zeros_like(in.beta);
     kernels::kda_backward(dq, dk, dv, dg, db, w, in.q, in.k, in.v, in.g, in.beta, s, scale);
-    struct Named {
-      const char* name;
-      Tensor* x;
-      Tensor* grad;
-    };
-    for (Named n : {Named{"q", &in.q, &dq}, Named{"k", &in.k, &dk}, Named{"v", &in.v, &dv},
-                    Named{"g", &in.g, &dg}, Named{"beta", &in.beta, &db}}) {
-      int64_t bad = 0, checked = 0;
-      const int64_t count = n.x->numel();
-      for (int64_t i = 0; i < count; i += std::max<int64_t>(1, count / 60)) {
-        const double x0 = at(*n.x, i), h = 1e-6;
-        set(*n.x, i, x0 + h);
-        const double lp = loss();
-        set(*n.x, i, x0 - h);
-        const double lm = loss();
-        set(*n.x, i, x0);
-        const double fd = (lp - lm) / (2 * h), got = at(*n.grad, i);
-        ++checked;
-        if (!(std::fabs(fd - got) <= 1e-6 * (1 + std::fabs(fd)))) {
-          if (bad++ < 3) WARN(n.name << "[" << i << "]: analytic " << got << ", finite difference " << fd);
-        }
-      }
-      INFO((strong ? "strong decays, " : "") << "d" << n.name << ": " << bad << " of " << checked
-                                             << " elements off");
-      CHECK(checked > 20);
-      CHECK(bad == 0);
+    const std::vector<int64_t> misses =
+        fd_misses(loss, {&in.q, &in.k, &in.v, &in.g, &in.beta}, {&dq, &dk, &dv, &dg, &db});
+    for (size_t n = 0; n < misses.size(); ++n) {
+      INFO((strong ? "strong decays, " : "") << "gradient " << n << " (dq, dk, dv, dg, dbeta): "
+                                             << misses[n] << " elements off");
+      CHECK(misses[n] == 0);
     }
   }
 }
@@ -251,40 +244,6 @@ TEST_CASE("kda refuses bad shapes and chunks", "[kernels][kda]") {
 
 // ---- the layer's parts ----
 
-namespace {
-
-// Checks grads[i] against central differences of loss() in inputs[i] (a
-// sample of each tensor's elements); returns the count off.
-int64_t fd_mismatches(const std::function<double()>& loss, std::vector<Tensor*> inputs,
-                      std::vector<const Tensor*> grads, const char* what) {
-  int64_t bad = 0;
-  for (size_t n = 0; n < inputs.size(); ++n) {
-    Tensor& x = *inputs[n];
-    const int64_t count = x.numel();
-    for (int64_t i = 0; i < count; i += std::max<int64_t>(1, count / 40)) {
-      const double x0 = at(x, i), h = 1e-6;
-      set(x, i, x0 + h);
-      const double lp = loss();
-      set(x, i, x0 - h);
-      const double lm = loss();
-      set(x, i, x0);
-      const double fd = (lp - lm) / (2 * h), got = at(*grads[n], i);
-      if (!(std::fabs(fd - got) <= 1e-6 * (1 + std::fabs(fd)))) {
-        if (bad++ < 3) WARN(what << ": input " << n << "[" << i << "]: analytic " << got << ", finite difference " << fd);
-      }
-    }
-  }
-  return bad;
-}
-
-double dot(const Tensor& a, const Tensor& w) {
-  double s = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) s += at(a, i) * at(w, i);
-  return s;
-}
-
-}  // namespace
-
 TEST_CASE("kda conv: causal within each sequence, SiLU after, gradients by finite differences",
           "[kernels][kda]") {
   const int64_t B = 2, T = 7, Ch = 5, W = 4;
@@ -311,9 +270,9 @@ TEST_CASE("kda conv: causal within each sequence, SiLU after, gradients by finit
   auto loss = [&] {
     Tensor yy = Tensor::empty(x.shape(), DType::F64);
     kernels::kda_conv_forward(yy, x, w, B, T);
-    return dot(yy, wy);
+    return weighted_sum(yy, wy);
   };
-  CHECK(fd_mismatches(loss, {&x, &w}, {&dx, &dw}, "conv") == 0);
+  CHECK(no_misses(fd_misses(loss, {&x, &w}, {&dx, &dw})));
 }
 
 TEST_CASE("kda l2 norm, decay, beta and output gate: values and finite differences",
@@ -335,9 +294,9 @@ TEST_CASE("kda l2 norm, decay, beta and output gate: values and finite differenc
     auto loss = [&] {
       Tensor yy = Tensor::empty(x.shape(), DType::F64);
       kernels::kda_l2norm_forward(yy, x, K, eps);
-      return dot(yy, wy);
+      return weighted_sum(yy, wy);
     };
-    CHECK(fd_mismatches(loss, {&x}, {&dx}, "l2norm") == 0);
+    CHECK(no_misses(fd_misses(loss, {&x}, {&dx})));
   }
   {  // decay: g = -exp(a_log) softplus(f + dt_bias) < 0
     Tensor f = randn({N, H * K}, 83, DType::F64, 3.0), a = randn({H}, 84), dt = randn({H * K}, 85);
@@ -355,9 +314,9 @@ TEST_CASE("kda l2 norm, decay, beta and output gate: values and finite differenc
     auto loss = [&] {
       Tensor gg = Tensor::empty(f.shape(), DType::F64);
       kernels::kda_decay_forward(gg, f, a, dt, K);
-      return dot(gg, wg);
+      return weighted_sum(gg, wg);
     };
-    CHECK(fd_mismatches(loss, {&f, &a, &dt}, {&df, &da, &ddt}, "decay") == 0);
+    CHECK(no_misses(fd_misses(loss, {&f, &a, &dt}, {&df, &da, &ddt})));
   }
   {  // beta = sigmoid(b)
     Tensor b = randn({N, H}, 87), beta = Tensor::empty({N, H}, DType::F64);
@@ -369,9 +328,9 @@ TEST_CASE("kda l2 norm, decay, beta and output gate: values and finite differenc
     auto loss = [&] {
       Tensor bb = Tensor::empty(b.shape(), DType::F64);
       kernels::kda_beta_forward(bb, b);
-      return dot(bb, wb);
+      return weighted_sum(bb, wb);
     };
-    CHECK(fd_mismatches(loss, {&b}, {&db}, "beta") == 0);
+    CHECK(no_misses(fd_misses(loss, {&b}, {&db})));
   }
   {  // output gate: RMSNorm_K(o) . w . sigmoid(z), per head
     Tensor o = randn({N, H * K}, 89), w = randn({K}, 90), z = randn({N, H * K}, 91);
@@ -390,8 +349,8 @@ TEST_CASE("kda l2 norm, decay, beta and output gate: values and finite differenc
     auto loss = [&] {
       Tensor yy = Tensor::empty(o.shape(), DType::F64);
       kernels::kda_out_gate_forward(yy, o, w, z, K, e);
-      return dot(yy, wy);
+      return weighted_sum(yy, wy);
     };
-    CHECK(fd_mismatches(loss, {&o, &w, &z}, {&d_o, &dw, &dz}, "out gate") == 0);
+    CHECK(no_misses(fd_misses(loss, {&o, &w, &z}, {&d_o, &dw, &dz})));
   }
 }

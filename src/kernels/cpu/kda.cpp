@@ -106,8 +106,9 @@ struct Chunk {
     }
   }
 
-  // A and P (rows < n), and eG, eE, Kb, Qb, Ke, eL.
-  void decay_products() {
+  // A and P (rows < n; P only `with_p`: the states alone need A), and eG,
+  // eE, Kb, Qb, Ke, eL.
+  void decay_products(bool with_p = true) {
     const int64_t last = n - 1;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < K; ++c)
@@ -133,7 +134,7 @@ struct Chunk {
           sp += q[size_t(i * K + c)] * kj;
         }
         if (j < i) A[size_t(i * C + j)] = sa;
-        P[size_t(i * C + j)] = sp;
+        if (with_p) P[size_t(i * C + j)] = sp;
       });
       if (I0 == 0) continue;
       // Rows j < I0 against rows i of the sub-chunk, through r = I0 - 1.
@@ -144,7 +145,8 @@ struct Chunk {
         s3[size_t(x)] = q[size_t(I0 * K + x)] * eIR[size_t(x)];
       }
       gemm_serial<T>(false, true, m, I0, K, T(1), s2.data(), K, s1.data(), K, T(0), &A[size_t(I0 * C)], C);
-      gemm_serial<T>(false, true, m, I0, K, T(1), s3.data(), K, s1.data(), K, T(0), &P[size_t(I0 * C)], C);
+      if (with_p)
+        gemm_serial<T>(false, true, m, I0, K, T(1), s3.data(), K, s1.data(), K, T(0), &P[size_t(I0 * C)], C);
     }
   }
 
@@ -219,7 +221,7 @@ void kda_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* dout, const Kda
       T* S = &starts[size_t((c + 1) * K * V)];
       std::copy(S - K * V, S, S);
       ch.load(a, b, h, t0, n);
-      ch.decay_products();
+      ch.decay_products(/*with_p=*/false);
       ch.solve(S);
       ch.advance(S);
     }
