@@ -155,6 +155,7 @@ while IFS=$'\t' read -r doc cmd; do
     scripts/mutants.sh*) reason="the planted-fault check: builds its own copy; CI runs it after the suite" ;;
     scripts/quickstart.sh*|scripts/sweep_cpu.sh*|scripts/gpu_deps.sh*)
       reason="installs packages and builds (the README's set-up, run from a fresh clone)" ;;
+    scripts/gpu_prebuild.sh*) reason="builds the CUDA binaries for a GPU machine (minutes: the GPU plan's CPU step)" ;;
     *gpu_check.sh*|*gpu_profile.sh*|*gpu_logits_compare.sh*|*"--device cuda"*|*nccl*)
       has_gpu || reason="needs a GPU" ;;
   esac
