@@ -1,6 +1,7 @@
 // The attention sublayer (grouped-query softmax attention with RoPE,
 // docs/model.md section 2): forward to its output projection, the core that
-// recomputation redoes, decoding over the KV cache, and the backward.
+// recomputation redoes, decoding over the KV cache, and the backward. A
+// hybrid's KDA layers (model.kda) run model/kda_layer.h instead.
 #include "model/model.h"
 
 #include "kernels/attention.h"
@@ -17,7 +18,7 @@ using sublayer::qkv_of;
 void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, int64_t T,
                               DecodeCache* cache, const Tensor* residual) const {
   attention_core(l, a, B, T, cache);
-  kern::matmul_forward(y, a.att, layer(l).o->value, residual);
+  kern::matmul_forward(y, out_proj_input(2 * l, a), out_proj_of(2 * l).value, residual);
 }
 
 // q, k and v in one GEMM: qkv = u [Wq; Wk; Wv]^T is [N, (H + 2 Hkv) hd], each
@@ -26,6 +27,13 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
 // bits it computed before they were joined, kernels/matmul.h).
 void Model::attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T,
                            DecodeCache* cache) const {
+  if (cfg_.kda_layer(l)) {  // Kimi Delta Attention (model/kda_layer.h)
+    if (cache)
+      fail("decoding a model with KDA layers (model.kda) is not built yet: generate needs each "
+           "layer's recurrent state; score and eval run the full forward");
+    kda_layer_core(a.kda, a.u, kda_weights(layer(l).kda, &Param::value), kda_dims(), B, T);
+    return;
+  }
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
   const LayerParams& L = layer(l);
@@ -56,6 +64,13 @@ void Model::attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T,
 
 Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, int64_t B,
                                  int64_t T) {
+  if (cfg_.kda_layer(l)) {
+    const KdaParams& P = layer(l).kda;
+    KdaWeights grads = kda_weights(P, &Param::grad);
+    Tensor du = new_act(B * T, cfg_.d_model);
+    kda_layer_backward(du, grads, a.kda, a.u, dy, kda_weights(P, &Param::value), kda_dims(), B, T);
+    return du;
+  }
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
   const float theta = static_cast<float>(cfg_.rope_theta);
   const LayerParams& L = layer(l);

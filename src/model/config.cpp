@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -147,6 +148,38 @@ void ModelConfig::validate() const {
   } else if (moe.experts < 0) {
     fail("config key model.moe.experts: must be positive, got ", moe.experts);
   }
+  if (has_kda()) {
+    positive(kda.head_dim, "model.kda.head_dim");
+    if (kda.conv_size < 1) fail("config key model.kda.conv_size: must be >= 1, got ", kda.conv_size);
+    if (kda.full_attention_every != 0 && !kda.full_attention_layers.empty())
+      fail("config key model.kda: full_attention_every and full_attention_layers exclude each "
+           "other (give one)");
+    if (kda.full_attention_every < 0)
+      fail("config key model.kda.full_attention_every: must be >= 1, got ", kda.full_attention_every);
+    std::vector<int64_t> seen;
+    for (int64_t l : kda.full_attention_layers) {
+      if (l < 1 || l > n_layers)
+        fail("config key model.kda.full_attention_layers: layer ", l, " is outside 1..", n_layers,
+             " (1-based, as Kimi's full_attn_layers)");
+      if (std::find(seen.begin(), seen.end(), l) != seen.end())
+        fail("config key model.kda.full_attention_layers: layer ", l, " is listed twice");
+      seen.push_back(l);
+    }
+  } else if (kda.heads < 0) {
+    fail("config key model.kda.heads: must be positive, got ", kda.heads);
+  } else if (kda.head_dim != 0 || kda.full_attention_every != 0 || !kda.full_attention_layers.empty()) {
+    fail("config key model.kda: the section needs heads (a positive number of KDA heads)");
+  }
+}
+
+bool ModelConfig::kda_layer(int64_t l) const {
+  if (!has_kda()) return false;
+  const int64_t one_based = l + 1;
+  if (!kda.full_attention_layers.empty())
+    return std::find(kda.full_attention_layers.begin(), kda.full_attention_layers.end(),
+                     one_based) == kda.full_attention_layers.end();
+  const int64_t every = kda.full_attention_every > 0 ? kda.full_attention_every : 4;
+  return one_based % every != 0 && one_based != n_layers;
 }
 
 }  // namespace attnres::model

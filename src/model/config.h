@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/moe.h"
 
@@ -48,6 +49,18 @@ struct MoeConfig {
   double capacity_factor = 0;   // 0: dropless
 };
 
+// Kimi Linear's hybrid (model.kda; docs/model.md "KDA layer"): the
+// attention sublayer of most layers is KDA, a few keep softmax attention
+// (full_attention_every: the 1-based layers l with l % every == 0, and the
+// last; or the explicit 1-based full_attention_layers; neither: every 4).
+struct KdaConfig {
+  int64_t heads = 0;        // H; 0 (the section absent): every layer softmax attention
+  int64_t head_dim = 0;     // K = V per head
+  int64_t conv_size = 4;    // the short convolutions' width
+  int64_t full_attention_every = 0;               // 0: unset
+  std::vector<int64_t> full_attention_layers;     // 1-based; empty: unset
+};
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t d_model = 0;
@@ -64,6 +77,7 @@ struct ModelConfig {
   int64_t n_blocks = 0;
   std::string init_from;
   MoeConfig moe;
+  KdaConfig kda;
 
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t n_sublayers() const { return 2 * n_layers; }
@@ -108,6 +122,11 @@ struct ModelConfig {
   bool has_moe() const { return moe.experts > 0; }
   bool moe_layer(int64_t l) const { return has_moe() && l >= moe.dense_layers; }
   int64_t moe_capacity(int64_t N) const;
+
+  // The hybrid: whether it is one (model.kda), and whether layer l (0-based)
+  // has a KDA sublayer rather than softmax attention.
+  bool has_kda() const { return kda.heads > 0; }
+  bool kda_layer(int64_t l) const;
 
   // Throws attnres::Error naming the offending `model.*` key and the reason.
   void validate() const;

@@ -13,6 +13,8 @@ double matmul_params(const ModelConfig& c, const ModelParts& parts) {
       case Slot::Q: case Slot::K: case Slot::V: case Slot::O:
       case Slot::Gate: case Slot::Up: case Slot::Down: case Slot::LmHead:
       case Slot::Router: case Slot::SharedGate: case Slot::SharedUp: case Slot::SharedDown:
+      case Slot::KdaQ: case Slot::KdaK: case Slot::KdaV: case Slot::KdaFA: case Slot::KdaFB:
+      case Slot::KdaB: case Slot::KdaGA: case Slot::KdaGB: case Slot::KdaO:
         n += static_cast<double>(p.numel());
         break;
       case Slot::ExpertGate: case Slot::ExpertUp: case Slot::ExpertDown:
@@ -28,11 +30,25 @@ double matmul_params(const ModelConfig& c, const ModelParts& parts) {
   return n;
 }
 
+double kda_core_flops_per_token(const ModelConfig& c) {
+  // The chunkwise core over chunks of C = 64 (kernels/kda.h): per token and
+  // head Kb S_0, Qb S_0 and the state's Ke^T U (2 K V each), P U (2 C V), A
+  // and P (2 C K), the substitution (C V); and the three convolutions (2 W
+  // a channel each).
+  const double H = static_cast<double>(c.kda.heads), K = static_cast<double>(c.kda.head_dim);
+  const double C = 64, W = static_cast<double>(c.kda.conv_size);
+  return H * (6 * K * K + 3 * C * K + 2 * C * K) + 3 * 2 * W * H * K;
+}
+
 double forward_flops_per_token(const ModelConfig& c, int64_t T, const ModelParts& parts) {
   const int64_t end = parts.layer_end < 0 ? c.n_layers : parts.layer_end;
-  return 2 * matmul_params(c, parts) +
-         2.0 * static_cast<double>(T) * static_cast<double>(c.d_model) *
-             static_cast<double>(end - parts.layer_begin);
+  // Softmax attention's 2 T d a layer (QK^T and PV, causal: half of 4 T d);
+  // a KDA layer's core instead (kda_core_flops_per_token).
+  double f = 2 * matmul_params(c, parts);
+  for (int64_t l = parts.layer_begin; l < end; ++l)
+    f += c.kda_layer(l) ? kda_core_flops_per_token(c)
+                        : 2.0 * static_cast<double>(T) * static_cast<double>(c.d_model);
+  return f;
 }
 
 double training_flops_per_token(const ModelConfig& c, int64_t T) {

@@ -31,8 +31,25 @@ void conv_branch(Tensor& pre, Tensor& post, const Tensor& u, const Tensor& proj,
 
 }  // namespace
 
+KdaWeights kda_weights(const KdaParams& p, Tensor Param::*of) {
+  auto flat2 = [&](Param* x) {  // [H K, 1, W] -> [H K, W]
+    const Tensor& t = x->*of;
+    return t.reshape({t.dim(0), t.numel() / t.dim(0)});
+  };
+  const Tensor& a = p.a_log->*of;
+  return {p.q->*of,       p.k->*of,        p.v->*of,   flat2(p.q_conv), flat2(p.k_conv),
+          flat2(p.v_conv), a.reshape({a.numel()}), p.dt_bias->*of, p.f_a->*of, p.f_b->*of,
+          p.b->*of,        p.g_a->*of,      p.g_b->*of, p.o_norm->*of, p.o->*of};
+}
+
 void kda_layer_forward(Tensor& y, KdaActs& a, const Tensor& u, const KdaWeights& w,
                        const KdaDims& d, int64_t B, int64_t T, const Tensor* residual) {
+  kda_layer_core(a, u, w, d, B, T);
+  kern::matmul_forward(y, a.gated, w.o, residual);
+}
+
+void kda_layer_core(KdaActs& a, const Tensor& u, const KdaWeights& w, const KdaDims& d, int64_t B,
+                    int64_t T) {
   const int64_t HK = d.H * d.K;
   conv_branch(a.pq, a.cq, u, w.q, w.q_conv, B, T);
   conv_branch(a.pk, a.ck, u, w.k, w.k_conv, B, T);
@@ -62,7 +79,6 @@ void kda_layer_forward(Tensor& y, KdaActs& a, const Tensor& u, const KdaWeights&
   kern::matmul_forward(a.z, a.ga, w.g_b);
   a.gated = like(u, HK);
   kern::kda_out_gate_forward(a.gated, a.core, w.o_norm, a.z, d.K, d.norm_eps);
-  kern::matmul_forward(y, a.gated, w.o, residual);
 }
 
 void kda_layer_backward(Tensor& du, KdaWeights& grad, const KdaActs& a, const Tensor& u,

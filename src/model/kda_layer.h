@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "model/params.h"
 
 namespace attnres::model {
 
@@ -46,6 +47,15 @@ struct KdaActs {
   Tensor core, ga, z;  // the core's output; the gate's low-rank path and output
   Tensor gated;        // the output norm's result, o_proj's input
 };
+
+// The layer's tensors of a model's KdaParams, as the ops take them: each
+// parameter's `of` (&Param::value or &Param::grad), the convolutions seen
+// [H K, W] and A_log [H] (views, no copies).
+KdaWeights kda_weights(const KdaParams& p, Tensor Param::*of);
+
+// Everything up to o_proj's input (a.gated): what recomputation redoes.
+void kda_layer_core(KdaActs& a, const Tensor& u, const KdaWeights& w, const KdaDims& d, int64_t B,
+                    int64_t T);
 
 // y = the layer of u (plus `residual` when given; y may be it).
 void kda_layer_forward(Tensor& y, KdaActs& a, const Tensor& u, const KdaWeights& w,

@@ -49,7 +49,21 @@ const LayerParams& Model::layer(int64_t l) const {
 }
 
 // Sublayer s is layer s/2's attention (even s) or MLP (odd s).
-Param& Model::out_proj_of(int64_t s) const { return s % 2 == 0 ? *layer(s / 2).o : *layer(s / 2).down; }
+Param& Model::out_proj_of(int64_t s) const {
+  const LayerParams& L = layer(s / 2);
+  if (s % 2 == 1) return *L.down;
+  return cfg_.kda_layer(s / 2) ? *L.kda.o : *L.o;
+}
+const Tensor& Model::out_proj_input(int64_t s, const SublayerActs& a) const {
+  if (s % 2 == 1) return a.h;
+  return cfg_.kda_layer(s / 2) ? a.kda.gated : a.att;
+}
+KdaDims Model::kda_dims() const {
+  KdaDims d;
+  d.H = cfg_.kda.heads, d.K = cfg_.kda.head_dim, d.conv = cfg_.kda.conv_size;
+  d.norm_eps = cfg_.norm_eps;
+  return d;
+}
 Param& Model::norm_gain(int64_t s) const {
   return s % 2 == 0 ? *layer(s / 2).attn_norm : *layer(s / 2).mlp_norm;
 }

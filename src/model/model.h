@@ -16,6 +16,7 @@
 #include "kernels/store.h"
 #include "model/config.h"
 #include "model/depth_state.h"
+#include "model/kda_layer.h"
 #include "model/params.h"
 
 namespace attnres::model {
@@ -50,6 +51,8 @@ struct SublayerActs {
   // attention: q | k (after RoPE) | v in one [N, (H + 2 Hkv) hd] tensor
   // (kernels/attention.h), the attention output and its log-sum-exp
   Tensor qkv, att, lse;
+  // a KDA layer's attention (model.kda) instead: model/kda_layer.h
+  KdaActs kda;
   // MLP: the joint gate/up projection [N, 2F] (gate | up) and SwiGLU output
   // (a MoE layer: its shared experts', when it has them)
   Tensor gu, h;
@@ -330,6 +333,11 @@ class Model {
   // Typed parameters (ModelParams, resolved once at construction).
   const LayerParams& layer(int64_t l) const;  // transformer layer l (of this part)
   Param& out_proj_of(int64_t s) const;  // sublayer s's last projection (o_proj, down_proj)
+  // That projection's input in a's record (the attention's output, a KDA
+  // layer's gated output norm, the SwiGLU's output).
+  const Tensor& out_proj_input(int64_t s, const SublayerActs& a) const;
+  // A KDA layer's dimensions (model.kda).
+  KdaDims kda_dims() const;
   Param& norm_gain(int64_t s) const;    // the RMSNorm gain of sublayer s
   Param& mix_query(int64_t s) const;    // the Mix query of sublayer s
 

@@ -98,12 +98,23 @@ void ParamTable::init(uint64_t seed) {
     // one thread: a 1.3B model took ~1.5 minutes before its first step).
     Tensor host = Tensor::empty(w.shape(), w.dtype());
     const int64_t n = host.numel();
+    auto value = [&](int64_t i) -> double {
+      switch (p.init) {
+        case ParamInit::LogUniform1to16:
+          return std::log(1.0 + 15.0 * random_uniform(seed, stream, static_cast<uint64_t>(i)));
+        case ParamInit::InverseSoftplusDt: {
+          const double lo = std::log(1e-3), hi = std::log(1e-1);
+          const double dt = std::max(1e-4, std::exp(lo + (hi - lo) * random_uniform(seed, stream, static_cast<uint64_t>(i))));
+          return dt + std::log(-std::expm1(-dt));  // softplus of it is dt
+        }
+        case ParamInit::Default: break;
+      }
+      return p.init_std == 0 ? p.init_value : p.init_std * random_normal(seed, stream, i);
+    };
     auto fill = [&](auto* x) {
       using T = std::remove_pointer_t<decltype(x)>;
 #pragma omp parallel for schedule(static) if (n >= 65536)
-      for (int64_t i = 0; i < n; ++i)
-        x[i] = p.init_std == 0 ? static_cast<T>(p.init_value)
-                               : static_cast<T>(p.init_std * random_normal(seed, stream, i));
+      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(value(i));
     };
     if (host.dtype() == DType::F32) fill(host.data<float>());
     else fill(host.data<double>());
@@ -144,13 +155,46 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
     add(pre + "down_proj.weight", {d, width}, out_std, 0, slot.down, l);
     for (size_t k = out.size() - 3; k < out.size(); ++k) out[k].expert = e;
   };
+  // A KDA layer's attention (docs/model.md "KDA layer" and section 3): the
+  // projections N(0, 0.02) as every other, o_proj as the out projections;
+  // the convolutions N(0, 1 / sqrt(3 W)), the standard deviation of
+  // PyTorch's default Conv1d init for a depthwise filter; A_log, dt_bias as
+  // FLA's KDA layer (ParamInit), never decayed; o_norm 1.
+  const int64_t KH = cfg.kda.heads, KK = cfg.kda.head_dim, HK = KH * KK, W = cfg.kda.conv_size;
+  auto kda = [&](const std::string& pre, int64_t l) {
+    const std::string a = pre + "self_attn.";
+    const double conv_std = 1.0 / std::sqrt(3.0 * static_cast<double>(W));
+    add(a + "q_proj.weight", {HK, d}, std, 0, Slot::KdaQ, l);
+    add(a + "k_proj.weight", {HK, d}, std, 0, Slot::KdaK, l);
+    add(a + "v_proj.weight", {HK, d}, std, 0, Slot::KdaV, l);
+    add(a + "q_conv1d.weight", {HK, 1, W}, conv_std, 0, Slot::KdaQConv, l);
+    add(a + "k_conv1d.weight", {HK, 1, W}, conv_std, 0, Slot::KdaKConv, l);
+    add(a + "v_conv1d.weight", {HK, 1, W}, conv_std, 0, Slot::KdaVConv, l);
+    add(a + "A_log", {1, 1, KH, 1}, 0, 0, Slot::KdaALog, l);
+    out.back().init = ParamInit::LogUniform1to16;
+    out.back().no_decay = true;
+    add(a + "dt_bias", {HK}, 0, 0, Slot::KdaDtBias, l);
+    out.back().init = ParamInit::InverseSoftplusDt;
+    out.back().no_decay = true;
+    add(a + "f_a_proj.weight", {KK, d}, std, 0, Slot::KdaFA, l);
+    add(a + "f_b_proj.weight", {HK, KK}, std, 0, Slot::KdaFB, l);
+    add(a + "b_proj.weight", {KH, d}, std, 0, Slot::KdaB, l);
+    add(a + "g_a_proj.weight", {KK, d}, std, 0, Slot::KdaGA, l);
+    add(a + "g_b_proj.weight", {HK, KK}, std, 0, Slot::KdaGB, l);
+    add(a + "o_norm.weight", {KK}, 0, 1.0, Slot::KdaONorm, l);
+    add(a + "o_proj.weight", {d, HK}, out_std, 0, Slot::KdaO, l);
+  };
   for (int64_t l = parts.layer_begin; l < end; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     add(pre + "input_layernorm.weight", {d}, 0, 1.0, Slot::AttnNorm, l);
-    add(pre + "self_attn.q_proj.weight", {cfg.n_heads * hd, d}, std, 0, Slot::Q, l);
-    add(pre + "self_attn.k_proj.weight", {cfg.n_kv_heads * hd, d}, std, 0, Slot::K, l);
-    add(pre + "self_attn.v_proj.weight", {cfg.n_kv_heads * hd, d}, std, 0, Slot::V, l);
-    add(pre + "self_attn.o_proj.weight", {d, cfg.n_heads * hd}, out_std, 0, Slot::O, l);
+    if (cfg.kda_layer(l)) {
+      kda(pre, l);
+    } else {
+      add(pre + "self_attn.q_proj.weight", {cfg.n_heads * hd, d}, std, 0, Slot::Q, l);
+      add(pre + "self_attn.k_proj.weight", {cfg.n_kv_heads * hd, d}, std, 0, Slot::K, l);
+      add(pre + "self_attn.v_proj.weight", {cfg.n_kv_heads * hd, d}, std, 0, Slot::V, l);
+      add(pre + "self_attn.o_proj.weight", {d, cfg.n_heads * hd}, out_std, 0, Slot::O, l);
+    }
     add(pre + "post_attention_layernorm.weight", {d}, 0, 1.0, Slot::MlpNorm, l);
     if (!cfg.moe_layer(l)) {
       swiglu(pre + "mlp.", F, {Slot::Gate, Slot::Up, Slot::Down}, l, -1);
@@ -217,9 +261,13 @@ ParamTable make_params(const ModelConfig& cfg, DType dtype, const ModelParts& pa
   std::vector<ParamShape> shapes;
   for (const auto& s : param_shapes(cfg, parts))
     if (s.trainable) shapes.push_back(s);
-  for (const auto& s : shapes)
-    t.add(s.name, s.shape, s.full_precision ? kernels::stat_dtype(dtype) : dtype, device, s.init_std,
-          s.init_value).expert = s.expert;
+  for (const auto& s : shapes) {
+    Param& p = t.add(s.name, s.shape, s.full_precision ? kernels::stat_dtype(dtype) : dtype, device,
+                     s.init_std, s.init_value);
+    p.expert = s.expert;
+    p.init = s.init;
+    if (s.no_decay) p.decay = false;
+  }
   // Each layer's q, k and v projections, and each SwiGLU's gate and up
   // projections (each declared one after the other), share an allocation, so
   // attention computes q, k and v with one GEMM (Model::attention_core) and
@@ -284,6 +332,21 @@ ModelParams resolve_params(ParamTable& params, ParamTable& state, const ModelCon
       case Slot::ExpertGate: L->expert_gate.push_back(p); break;
       case Slot::ExpertUp: L->expert_up.push_back(p); break;
       case Slot::ExpertDown: L->expert_down.push_back(p); break;
+      case Slot::KdaQ: L->kda.q = p; break;
+      case Slot::KdaK: L->kda.k = p; break;
+      case Slot::KdaV: L->kda.v = p; break;
+      case Slot::KdaQConv: L->kda.q_conv = p; break;
+      case Slot::KdaKConv: L->kda.k_conv = p; break;
+      case Slot::KdaVConv: L->kda.v_conv = p; break;
+      case Slot::KdaALog: L->kda.a_log = p; break;
+      case Slot::KdaDtBias: L->kda.dt_bias = p; break;
+      case Slot::KdaFA: L->kda.f_a = p; break;
+      case Slot::KdaFB: L->kda.f_b = p; break;
+      case Slot::KdaB: L->kda.b = p; break;
+      case Slot::KdaGA: L->kda.g_a = p; break;
+      case Slot::KdaGB: L->kda.g_b = p; break;
+      case Slot::KdaONorm: L->kda.o_norm = p; break;
+      case Slot::KdaO: L->kda.o = p; break;
     }
   }
   if (parts.head && cfg.tie_embeddings) w.lm_head = w.embedding;

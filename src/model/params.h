@@ -13,6 +13,12 @@
 
 namespace attnres::model {
 
+// Initialisations besides N(0, init_std) and constants (docs/model.md
+// section 3), each element a pure function of (seed, the name, its index):
+// KDA's A_log = log U(1, 16) and dt_bias = the inverse softplus of a dt
+// log-uniform in [1e-3, 1e-1] (at least 1e-4), as FLA's KDA layer.
+enum class ParamInit : uint8_t { Default, LogUniform1to16, InverseSoftplusDt };
+
 // Mixed precision (docs/model.md section 4): a bf16 run computes with bf16 `value`
 // and keeps the fp32 `master` copy that the optimizer updates and checkpoints
 // store. Otherwise `master` is undefined and `value` is the only copy.
@@ -27,6 +33,7 @@ struct Param {
   // false: model state, not a parameter (no gradient: `grad` is undefined,
   // no optimizer state, not counted); saved, loaded and laid out as the rest.
   bool trainable = true;
+  ParamInit init = ParamInit::Default;  // else init_std / init_value as above
   // A routed expert's (its global index), else -1: with expert parallelism
   // held by one member of each expert group, its gradient summed over the
   // replicas holding it (parallel::Replicas::SameExperts).
@@ -83,6 +90,11 @@ enum class Slot : uint8_t {
   AttnNorm, Q, K, V, O,                        // model.layers.{l}.input_layernorm / self_attn.*
   MlpNorm, Gate, Up, Down,                     // post_attention_layernorm / mlp.*
   AttnQuery, MlpQuery,                         // AttnRes: attn_res.query, mlp_res.query
+  // A KDA layer's self_attn.* (model.kda; docs/model.md "KDA layer"): q_proj,
+  // k_proj, v_proj, their q/k/v_conv1d, A_log, dt_bias, f_a_proj, f_b_proj,
+  // b_proj, g_a_proj, g_b_proj, o_norm, o_proj
+  KdaQ, KdaK, KdaV, KdaQConv, KdaKConv, KdaVConv, KdaALog, KdaDtBias, KdaFA, KdaFB, KdaB,
+  KdaGA, KdaGB, KdaONorm, KdaO,
   FinalQuery, FinalNorm, LmHead,               // model.final_res.query, model.norm, lm_head
   // A MoE layer's MLP: mlp.gate.weight (the router), mlp.gate.e_score_correction_bias
   // (aux_free balancing; model state), mlp.shared_experts.{gate,up,down}_proj,
@@ -107,6 +119,8 @@ struct ParamShape {
   // The forward then reads `value` at the precision it computes in, whatever
   // ZeRO-1 does with the other parameters' masters.
   bool full_precision = false;
+  ParamInit init = ParamInit::Default;
+  bool no_decay = false;  // never decayed whatever its dims (KDA's A_log and dt_bias)
   int64_t numel() const;
 };
 
@@ -134,6 +148,14 @@ ParamTable make_state(const ModelConfig& cfg, DType dtype, const ModelParts& par
 
 // Typed handles into a table, resolved once (by slot, no name look-ups):
 // what the model's code uses on every step.
+// A KDA layer's tensors (Kimi's shapes: the convolutions [H K, 1, W],
+// A_log [1, 1, H, 1]).
+struct KdaParams {
+  Param *q = nullptr, *k = nullptr, *v = nullptr, *q_conv = nullptr, *k_conv = nullptr,
+        *v_conv = nullptr, *a_log = nullptr, *dt_bias = nullptr, *f_a = nullptr, *f_b = nullptr,
+        *b = nullptr, *g_a = nullptr, *g_b = nullptr, *o_norm = nullptr, *o = nullptr;
+};
+
 struct LayerParams {
   Param *attn_norm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   Param *mlp_norm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;  // dense MLP
@@ -144,6 +166,7 @@ struct LayerParams {
   Param *router = nullptr, *router_bias = nullptr;
   Param *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
   std::vector<Param*> expert_gate, expert_up, expert_down;
+  KdaParams kda;  // a KDA layer's (model.kda), in place of q, k, v, o
 };
 struct ModelParams {
   Param* embedding = nullptr;    // where the table holds it

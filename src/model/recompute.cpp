@@ -23,8 +23,10 @@ void Model::drop_recomputable(SublayerActs& a) const {
   if (cfg_.attnres()) a.x = Tensor();
   a.mix_stats = a.norm_rstd = a.u = Tensor();
   a.h = a.moe_h = Tensor();
-  if (recompute_ == Recompute::Layer)
+  if (recompute_ == Recompute::Layer) {
     a.qkv = a.att = a.lse = a.gu = a.moe_x = a.moe_gu = a.moe_y = Tensor();
+    a.kda = KdaActs{};
+  }
 }
 
 void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,
@@ -49,7 +51,7 @@ void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& l
   }
   norm_forward(a, cfg_.attnres() ? &mix_query(s).value : nullptr, norm_gain(s).value);
   if (s % 2 == 1) mlp_core(s / 2, a);
-  else if (!a.att.defined()) attention_core(s / 2, a, B, T, nullptr);
+  else if (!out_proj_input(s, a).defined()) attention_core(s / 2, a, B, T, nullptr);
 }
 
 }  // namespace attnres::model

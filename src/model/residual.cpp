@@ -141,7 +141,7 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     if (sum_into) {
       y = new_act(N, d);
       if (!is_attn && cfg_.moe_layer(l)) moe_output(l, a, y, nullptr);
-      else kern::matmul_forward(y, is_attn ? a.att : a.h, out_proj_of(s).value);
+      else kern::matmul_forward(y, out_proj_input(s, a), out_proj_of(s).value);
     }
     depth_stats_->output_sumsq.at(s) += kern::sum_squares(y);
     depth_stats_->output_count.at(s) += static_cast<double>(y.numel());

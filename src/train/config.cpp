@@ -199,6 +199,22 @@ void for_each_key(C& c, V&& v) {
   v("model.moe.capacity_factor", moe.capacity_factor,
     KeySpec{"0: dropless; c > 0: an expert takes ceil(c N K / E) of a microbatch's N tokens, "
             "later slots dropped", Check::NonNegativeReal});
+  // The hybrid section (docs/model.md, "KDA layer"), like MoE's: written
+  // only when the model has one (heads > 0).
+  auto& kda = m.kda;
+  v("model.kda.heads", kda.heads,
+    KeySpec{"KDA heads H; 0 (the section absent): every layer keeps softmax attention",
+            Check::NonNegative});
+  v("model.kda.head_dim", kda.head_dim,
+    KeySpec{"K = V, the key and value width per KDA head", Check::None, "required with heads"});
+  v("model.kda.conv_size", kda.conv_size,
+    KeySpec{"the short causal convolutions' width", Check::Positive});
+  v("model.kda.full_attention_every", kda.full_attention_every,
+    KeySpec{"softmax attention in the 1-based layers l with l % every == 0, and the last",
+            Check::NonNegative, "4 (when neither is given)", true});
+  v("model.kda.full_attention_layers", kda.full_attention_layers,
+    KeySpec{"or the softmax layers listed (1-based, as Kimi's `full_attn_layers`); not with "
+            "full_attention_every", Check::None, "—", true});
   auto& o = c.optimizer;
   v("optimizer.type", o.type,
     KeySpec{"`adamw`, or `muon`: Muon for the 2-D weights inside the layers, AdamW for the rest"});
@@ -382,6 +398,13 @@ struct Reader {
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!v->is_string()) wrong("a string");
       out = v->get<std::string>();
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      if (!v->is_array()) wrong("a list of integers");
+      out.clear();
+      for (const json& x : *v) {
+        if (!x.is_number_integer()) wrong("a list of integers");
+        out.push_back(x.get<int64_t>());
+      }
     } else {
       static_assert(is_named_enum<T>, "a config key of an unsupported type");
       if constexpr (std::is_same_v<T, CudaGraphs>)
@@ -414,10 +437,11 @@ void check_keys(const json& j, const std::string& prefix, const std::set<std::st
 // Writes one key of the resolved config (the MoE section only when there is one).
 struct Writer {
   json& out;
-  bool moe;
+  bool moe, kda;
   template <typename T>
   void operator()(const char* key, const T& v, const KeySpec& spec) {
     if (!moe && std::string(key).rfind("model.moe.", 0) == 0) return;
+    if (!kda && std::string(key).rfind("model.kda.", 0) == 0) return;
     json value;
     if constexpr (std::is_same_v<T, CudaGraphs>) {
       value = v == CudaGraphs::Auto ? json("auto") : json(v == CudaGraphs::On);
@@ -455,6 +479,7 @@ std::string type_text() {
   else if constexpr (std::is_same_v<T, bool>) return "bool";
   else if constexpr (std::is_same_v<T, std::string>) return "string";
   else if constexpr (std::is_same_v<T, double>) return "number";
+  else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of integers";
   else return "integer";
 }
 
@@ -495,7 +520,7 @@ Config Config::from_json(const json& j, const std::string& source) {
 
 json Config::to_json() const {
   json out;
-  for_each_key(*this, Writer{out, model.has_moe()});
+  for_each_key(*this, Writer{out, model.has_moe(), model.has_kda()});
   return out;
 }
 

@@ -60,6 +60,19 @@ inline model::ModelConfig with_moe(model::ModelConfig c, int64_t experts, int64_
   return c;
 }
 
+// `c` as a Kimi Linear hybrid (model.kda): `heads` KDA heads of head_dim,
+// convolutions of width conv, softmax attention every `every` layers (and
+// the last).
+inline model::ModelConfig with_kda(model::ModelConfig c, int64_t heads, int64_t head_dim,
+                                   int64_t conv = 3, int64_t every = 0) {
+  c.kda.heads = heads;
+  c.kda.head_dim = head_dim;
+  c.kda.conv_size = conv;
+  c.kda.full_attention_every = every;
+  c.validate();
+  return c;
+}
+
 // Random parameters everywhere (queries and gains too, so every Mix and norm
 // is exercised away from its zero/one initialisation).
 inline void randomize(model::ParamTable& t, uint64_t seed) {

@@ -123,11 +123,93 @@ inline Seq moe_mlp(const model::ModelConfig& c, const ParamFn& P, int64_t l, con
   return y;
 }
 
+// Whether layer l (0-based) is a KDA layer, from the model.kda keys:
+// softmax attention in the 1-based layers listed, or those divisible by
+// full_attention_every (4 when neither key is given) and the last.
+inline bool kda_layer(const model::ModelConfig& c, int64_t l) {
+  if (c.kda.heads <= 0) return false;
+  const int64_t one_based = l + 1;
+  const auto& list = c.kda.full_attention_layers;
+  if (!list.empty()) return std::find(list.begin(), list.end(), one_based) == list.end();
+  const int64_t every = c.kda.full_attention_every > 0 ? c.kda.full_attention_every : 4;
+  return one_based % every != 0 && one_based != c.n_layers;
+}
+
+inline double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
+
+// A KDA layer's attention (docs/model.md "KDA layer") on one sequence of
+// normed inputs u[t], token by token from a zero state: q, k, v through
+// their causal convolutions (from zeros before the sequence) and SiLU, q and
+// k L2-normalised per head, the decay -exp(A_log) softplus(u W_fa^T W_fb^T +
+// dt_bias), beta = sigmoid(u W_b^T), the delta-rule recurrence, the gated
+// RMSNorm_K output (gain o_norm, eps model.norm_eps), o_proj.
+inline Seq kda_attention(const model::ModelConfig& c, const ParamFn& P, int64_t l, const Seq& u) {
+  const size_t T = u.size(), H = c.kda.heads, K = c.kda.head_dim, W = c.kda.conv_size, HK = H * K;
+  auto p = [&](const std::string& name) { return P(lp(l, "self_attn." + name)); };
+  const Vec Wq = p("q_proj.weight"), Wk = p("k_proj.weight"), Wv = p("v_proj.weight");
+  const Vec Cq = p("q_conv1d.weight"), Ck = p("k_conv1d.weight"), Cv = p("v_conv1d.weight");
+  const Vec A = p("A_log"), dt = p("dt_bias"), Fa = p("f_a_proj.weight"), Fb = p("f_b_proj.weight");
+  const Vec Wb = p("b_proj.weight"), Ga = p("g_a_proj.weight"), Gb = p("g_b_proj.weight");
+  const Vec on = p("o_norm.weight"), Wo = p("o_proj.weight");
+  Seq pq(T), pk(T), pv(T);
+  for (size_t t = 0; t < T; ++t) pq[t] = linear(Wq, u[t]), pk[t] = linear(Wk, u[t]), pv[t] = linear(Wv, u[t]);
+  auto conv = [&](const Seq& x, const Vec& w, size_t t) {  // w [H K, 1, W] flat
+    Vec y(HK);
+    for (size_t ch = 0; ch < HK; ++ch) {
+      double s = 0;
+      for (size_t j = 0; j < W; ++j)
+        if (t + j + 1 >= W) s += w[ch * W + j] * x[t + j + 1 - W][ch];
+      y[ch] = s * sigmoid(s);
+    }
+    return y;
+  };
+  std::vector<Vec> S(H, Vec(K * K, 0.0));
+  Seq y(T);
+  for (size_t t = 0; t < T; ++t) {
+    const Vec q = conv(pq, Cq, t), k = conv(pk, Ck, t), v = conv(pv, Cv, t);
+    const Vec f = linear(Fb, linear(Fa, u[t])), z = linear(Gb, linear(Ga, u[t])), b = linear(Wb, u[t]);
+    Vec out(HK);
+    for (size_t h = 0; h < H; ++h) {
+      double nq = 0, nk = 0;
+      for (size_t i = 0; i < K; ++i) nq += q[h * K + i] * q[h * K + i], nk += k[h * K + i] * k[h * K + i];
+      Vec qh(K), kh(K);
+      for (size_t i = 0; i < K; ++i) qh[i] = q[h * K + i] / std::sqrt(nq + 1e-6), kh[i] = k[h * K + i] / std::sqrt(nk + 1e-6);
+      Vec& St = S[h];
+      for (size_t i = 0; i < K; ++i) {
+        const double g = -std::exp(A[h]) * std::log1p(std::exp(f[h * K + i] + dt[h * K + i]));
+        for (size_t e = 0; e < K; ++e) St[i * K + e] *= std::exp(g);
+      }
+      const double beta = sigmoid(b[h]);
+      for (size_t e = 0; e < K; ++e) {
+        double pred = 0;
+        for (size_t i = 0; i < K; ++i) pred += St[i * K + e] * kh[i];
+        for (size_t i = 0; i < K; ++i) St[i * K + e] += beta * kh[i] * (v[h * K + e] - pred);
+      }
+      Vec o(K, 0.0);
+      double ss = 0;
+      for (size_t e = 0; e < K; ++e) {
+        for (size_t i = 0; i < K; ++i) o[e] += St[i * K + e] * qh[i];
+        o[e] /= std::sqrt(double(K));
+        ss += o[e] * o[e];
+      }
+      for (size_t e = 0; e < K; ++e)
+        out[h * K + e] = o[e] / std::sqrt(ss / double(K) + c.norm_eps) * on[e] * sigmoid(z[h * K + e]);
+    }
+    y[t] = linear(Wo, out);
+  }
+  return y;
+}
+
 // f_s applied to a whole sequence of sublayer inputs x[t].
 inline Seq sublayer(const model::ModelConfig& c, const ParamFn& P, int64_t s, const Seq& x) {
   const size_t T = x.size(), H = c.n_heads, Hkv = c.n_kv_heads, hd = c.d_model / c.n_heads;
   const int64_t l = s / 2;
   Seq u(T), y(T);
+  if (s % 2 == 0 && kda_layer(c, l)) {
+    Vec g = P(lp(l, "input_layernorm.weight"));
+    for (size_t t = 0; t < T; ++t) u[t] = rmsnorm(x[t], &g, c.norm_eps);
+    return kda_attention(c, P, l, u);
+  }
   if (s % 2 == 0) {
     Vec g = P(lp(l, "input_layernorm.weight"));
     Seq q(T), k(T), v(T);

@@ -1,9 +1,9 @@
 // One KDA sublayer (model/kda_layer.h) against the layer of docs/model.md
-// written out token by token in double (projections, convolutions from zeros
-// per sequence, SiLU, the L2 norms, the decay and write strength, the
-// recurrence, the gated output norm, o_proj; no code shared with src/), and
-// every gradient, the input's and each weight's, by central finite
-// differences.
+// written out token by token in double (tests/model/reference.h
+// kda_attention: projections, convolutions from zeros per sequence, SiLU,
+// the L2 norms, the decay and write strength, the recurrence, the gated
+// output norm, o_proj; no code shared with src/), and every gradient, the
+// input's and each weight's, by central finite differences.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/kda_layer.h"
+#include "model/reference.h"
 #include "testing.h"
 
 using namespace attnres;
@@ -53,77 +54,33 @@ std::vector<Tensor*> tensors(model::KdaWeights& w) {
   return {&w.q, &w.k, &w.v, &w.q_conv, &w.k_conv, &w.v_conv, &w.a_log, &w.dt_bias,
           &w.f_a, &w.f_b, &w.b, &w.g_a, &w.g_b, &w.o_norm, &w.o};
 }
-const char* const kNames[] = {"q_proj", "k_proj", "v_proj", "q_conv1d", "k_conv1d", "v_conv1d",
-                              "A_log", "dt_bias", "f_a_proj", "f_b_proj", "b_proj", "g_a_proj",
-                              "g_b_proj", "o_norm", "o_proj"};
+// Their names under model.layers.L.self_attn. (tensors() order).
+const char* const kNames[] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                              "q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "A_log",
+                              "dt_bias", "f_a_proj.weight", "f_b_proj.weight", "b_proj.weight",
+                              "g_a_proj.weight", "g_b_proj.weight", "o_norm.weight", "o_proj.weight"};
 
-double sig(double x) { return 1 / (1 + std::exp(-x)); }
-
-// The layer, literally, on u [B T, d].
-Tensor reference(const Tensor& u, model::KdaWeights& w) {
-  const int64_t HK = H * K, N = B * T;
-  auto W2 = [](const Tensor& m, int64_t r, int64_t c) { return at(m, r * m.dim(1) + c); };
-  auto proj = [&](const Tensor& m, int64_t row, int64_t out) {  // (u m^T)[row, out]
-    double s = 0;
-    for (int64_t i = 0; i < d; ++i) s += at(u, row * d + i) * W2(m, out, i);
-    return s;
+// The layer as tests/model/reference.h writes it out (docs/model.md, token
+// by token), reading these weights by their Kimi names as layer 0's.
+Tensor reference_layer(const Tensor& u, model::KdaWeights& w) {
+  model::ModelConfig c;
+  c.kda.heads = H, c.kda.head_dim = K, c.kda.conv_size = W, c.norm_eps = 1e-5;
+  const std::vector<Tensor*> ts = tensors(w);
+  const reference::ParamFn P = [&](const std::string& name) {
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (name == std::string("model.layers.0.self_attn.") + kNames[i])
+        return reference::Vec(ts[i]->data<double>(), ts[i]->data<double>() + ts[i]->numel());
+    FAIL("no tensor " << name);
+    return reference::Vec();
   };
-  Tensor y = Tensor::zeros({N, d}, DType::F64);
+  Tensor y = Tensor::empty({B * T, d}, DType::F64);
   for (int64_t b = 0; b < B; ++b) {
-    std::vector<std::vector<double>> S(size_t(H), std::vector<double>(size_t(K * K), 0.0));
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t row = b * T + t;
-      // q, k, v: the convolution over this sequence's tokens t - W + 1 .. t, then SiLU.
-      auto conv = [&](const Tensor& m, const Tensor& cw, int64_t ch) {
-        double p = 0;
-        for (int64_t j = 0; j < W; ++j) {
-          const int64_t src = t - W + 1 + j;
-          if (src >= 0) p += W2(cw, ch, j) * proj(m, b * T + src, ch);
-        }
-        return p * sig(p);
-      };
-      std::vector<double> q(static_cast<size_t>(HK)), k(static_cast<size_t>(HK)), v(static_cast<size_t>(HK)), fa(static_cast<size_t>(K)), ga(static_cast<size_t>(K));
-      for (int64_t c = 0; c < HK; ++c) q[size_t(c)] = conv(w.q, w.q_conv, c), k[size_t(c)] = conv(w.k, w.k_conv, c),
-                                     v[size_t(c)] = conv(w.v, w.v_conv, c);
-      for (int64_t j = 0; j < K; ++j) fa[size_t(j)] = proj(w.f_a, row, j), ga[size_t(j)] = proj(w.g_a, row, j);
-      std::vector<double> out(static_cast<size_t>(HK));
-      for (int64_t h = 0; h < H; ++h) {
-        double nq = 0, nk = 0;
-        for (int64_t c = 0; c < K; ++c) nq += q[size_t(h * K + c)] * q[size_t(h * K + c)], nk += k[size_t(h * K + c)] * k[size_t(h * K + c)];
-        std::vector<double> qh(static_cast<size_t>(K)), kh(static_cast<size_t>(K)), g(static_cast<size_t>(K)), z(static_cast<size_t>(K));
-        for (int64_t c = 0; c < K; ++c) {
-          qh[size_t(c)] = q[size_t(h * K + c)] / std::sqrt(nq + 1e-6);
-          kh[size_t(c)] = k[size_t(h * K + c)] / std::sqrt(nk + 1e-6);
-          double f = 0, zz = 0;
-          for (int64_t j = 0; j < K; ++j) f += fa[size_t(j)] * W2(w.f_b, h * K + c, j), zz += ga[size_t(j)] * W2(w.g_b, h * K + c, j);
-          g[size_t(c)] = -std::exp(at(w.a_log, h)) * std::log1p(std::exp(f + at(w.dt_bias, h * K + c)));
-          z[size_t(c)] = zz;
-        }
-        const double beta = sig(proj(w.b, row, h));
-        std::vector<double>& s = S[size_t(h)];
-        for (int64_t c = 0; c < K; ++c)
-          for (int64_t e = 0; e < K; ++e) s[size_t(c * K + e)] *= std::exp(g[size_t(c)]);
-        for (int64_t e = 0; e < K; ++e) {
-          double pred = 0;
-          for (int64_t c = 0; c < K; ++c) pred += s[size_t(c * K + e)] * kh[size_t(c)];
-          for (int64_t c = 0; c < K; ++c) s[size_t(c * K + e)] += beta * kh[size_t(c)] * (v[size_t(h * K + e)] - pred);
-        }
-        std::vector<double> o(static_cast<size_t>(K));
-        double ss = 0;
-        for (int64_t e = 0; e < K; ++e) {
-          for (int64_t c = 0; c < K; ++c) o[size_t(e)] += s[size_t(c * K + e)] * qh[size_t(c)];
-          o[size_t(e)] /= std::sqrt(double(K));
-          ss += o[size_t(e)] * o[size_t(e)];
-        }
-        for (int64_t e = 0; e < K; ++e)
-          out[size_t(h * K + e)] = o[size_t(e)] / std::sqrt(ss / K + 1e-5) * at(w.o_norm, e) * sig(z[size_t(e)]);
-      }
-      for (int64_t i = 0; i < d; ++i) {
-        double s = 0;
-        for (int64_t c = 0; c < HK; ++c) s += out[size_t(c)] * W2(w.o, i, c);
-        set(y, row * d + i, s);
-      }
-    }
+    reference::Seq ub(T);
+    for (int64_t t = 0; t < T; ++t)
+      ub[size_t(t)] = reference::Vec(u.data<double>() + (b * T + t) * d, u.data<double>() + (b * T + t + 1) * d);
+    const reference::Seq yb = reference::kda_attention(c, P, 0, ub);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < d; ++i) set(y, (b * T + t) * d + i, yb[size_t(t)][size_t(i)]);
   }
   return y;
 }
@@ -136,7 +93,7 @@ TEST_CASE("a KDA sublayer = the layer written out token by token", "[model][kda]
   Tensor y = Tensor::empty({B * T, d}, DType::F64);
   model::KdaActs a;
   model::kda_layer_forward(y, a, u, w, dims(), B, T);
-  const Tensor want = reference(u, w);
+  const Tensor want = reference_layer(u, w);
   int64_t bad = 0;
   for (int64_t i = 0; i < want.numel(); ++i)
     bad += !(std::fabs(at(y, i) - at(want, i)) <= 1e-11 * (1 + std::fabs(at(want, i))));

@@ -68,6 +68,8 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
       {"model.moe.balance", "aux_loss"}, {"model.moe.bias_rate", 0.01},
       {"model.moe.aux_loss_coef", 0.001}, {"model.moe.dense_layers", 2},
       {"model.moe.capacity_factor", 1.25},
+      {"model.kda.heads", 2}, {"model.kda.head_dim", 8}, {"model.kda.conv_size", 3},
+      {"model.kda.full_attention_every", 2}, {"model.kda.full_attention_layers", json::array({2, 4})},
       {"optimizer.type", "muon"}, {"optimizer.momentum", 0.9},
       {"optimizer.lr", 3e-4}, {"optimizer.beta1", 0.8}, {"optimizer.beta2", 0.99},
       {"optimizer.eps", 1e-7}, {"optimizer.weight_decay", 0.05}, {"optimizer.grad_clip", 0.5},
@@ -110,6 +112,7 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
            : type == "number" ? v.is_number()
            : type == "bool"   ? v.is_boolean()
            : type == "bool or string" ? v.is_boolean() || v.is_string()
+           : type == "list of integers" ? v.is_array()
                               : type == "string" && v.is_string()));
     const json* def = at_key(defaults, key);
     CHECK((def == nullptr || *def != v));  // not the default
@@ -138,6 +141,7 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
   // transport values above need.
   json one = j;
   one["model"]["residual"].erase("n_blocks");
+  one["model"]["kda"].erase("full_attention_every");  // it and the list exclude each other
   one["optimizer"]["type"] = "adamw";  // Muon with ZeRO-1 is refused (not yet: config.cpp)
   const Config valid = Config::from_json(one, "example.json");
   if (cuda::compiled())
