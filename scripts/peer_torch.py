@@ -660,6 +660,8 @@ def train(args):
         raise InputError(f"no attnres binary at '{args.attnres}' (build it, or give --attnres BIN)")
     cfg = resolve_config(args.attnres, args.config, args.overrides)
     m, tc, opt_cfg = cfg["model"], cfg["training"], cfg["optimizer"]
+    if "kda" in m:
+        raise InputError("model.kda: the peer's KDA layers are not written yet (a Kimi Linear hybrid)")
     K = tc["steps"]
     steps = K if args.steps is None else args.steps
     if not 0 < steps <= K:

@@ -218,6 +218,9 @@ int cmd_export(const Args& args) {
   // The weights, through the loader every command uses (it verifies the
   // checkpoint's manifest first), in the checkpoint's parameter order.
   const train::Config cfg = train::config_from_checkpoint(dir.string());
+  if (cfg.model.has_kda())
+    fail("export hf: ", dir.string(), " is a Kimi Linear hybrid (model.kda): its export as Kimi "
+         "Linear's kimi_linear model is not built yet");
   model::Model model(cfg.model, DType::F32);
   train::load_weights(dir.string(), model);
   const json state = json::parse(read_text_file((dir / "state.json").string()));

@@ -90,3 +90,25 @@ TEST_CASE("training FLOPs per token = hand counts for a Llama-7B shape", "[flops
   CHECK(model::training_flops_per_token(with_mode(llama, model::ResidualMode::Full), T) ==
         41358508032.0);
 }
+
+TEST_CASE("training FLOPs per token = a hand count for a KDA hybrid (the quickstart's widths)",
+          "[flops]") {
+  // d 128, L 4, GQA 4 heads (2 KV) of 32, d_ff 352, V 4096, T 128; model.kda
+  // H 4, K 32, W 4: layers 1-3 KDA, layer 4 softmax (docs/model.md):
+  //  a KDA layer's matmuls: q, k, v 3 x 128 x 128 = 49,152; f_a, g_a 2 x 32 x
+  //  128 = 8,192; f_b, g_b 2 x 128 x 32 = 8,192; b 4 x 128 = 512; o 16,384:
+  //  82,432; the softmax layer's q, k, v, o 16,384 + 2 x 8,192 + 16,384 =
+  //  49,152; MLPs 4 x 3 x 352 x 128 = 540,672; head 4096 x 128 = 524,288:
+  //  P_mm = 3 x 82,432 + 49,152 + 540,672 + 524,288 = 1,361,408; 6 P_mm =
+  //  8,168,448; softmax attention 6 x 128 x 128 = 98,304; the KDA core
+  //  3 x 3 x (4 (6 x 32^2 + 5 x 64 x 32) + 6 x 4 x 4 x 32) = 9 x 68,608 =
+  //  617,472. F = 8,884,224.
+  model::ModelConfig c;
+  c.n_layers = 4;
+  c = testing::resized(c, 4096, 128, 4, 2, 352);
+  c.kda.heads = 4, c.kda.head_dim = 32, c.kda.conv_size = 4;
+  c.validate();
+  CHECK(model::matmul_params(c) == 1361408.0);
+  CHECK(model::kda_core_flops_per_token(c) == 68608.0);
+  CHECK(model::training_flops_per_token(c, 128) == 8884224.0);
+}

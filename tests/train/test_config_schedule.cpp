@@ -359,3 +359,49 @@ TEST_CASE("training.logits: auto follows the precision, and bf16 only in a bf16 
   j["training"]["logits"] = "bf16";
   CHECK(read_as_cuda_bf16(j).training.logits == train::Logits::BF16);
 }
+
+TEST_CASE("model.kda: bad hybrid settings name the key and the reason", "[train]") {
+  auto with = [](const char* kda) {
+    json j = base();  // 3 layers
+    j["model"]["kda"] = json::parse(kda);
+    return config_error(j);
+  };
+  CHECK(with(R"({"heads": 2, "head_dim": 8})").empty());  // a valid hybrid
+  CHECK(with(R"({"heads": 2, "head_dim": 8, "full_attention_layers": [1, 3]})").empty());
+  CHECK_THAT(with(R"({"heads": 2})"), Catch::Contains("model.kda.head_dim"));
+  CHECK_THAT(with(R"({"heads": 2, "head_dim": 0})"), Catch::Contains("model.kda.head_dim"));
+  CHECK_THAT(with(R"({"heads": 0, "head_dim": 8})"), Catch::Contains("needs heads"));
+  CHECK_THAT(with(R"({"heads": -1, "head_dim": 8})"), Catch::Contains("model.kda.heads"));
+  CHECK_THAT(with(R"({"heads": 2, "head_dim": 8, "conv_size": 0})"), Catch::Contains("model.kda.conv_size"));
+  CHECK_THAT(with(R"({"heads": 2, "head_dim": 8, "full_attention_layers": [4]})"),
+             Catch::Contains("layer 4 is outside 1..3"));
+  CHECK_THAT(with(R"({"heads": 2, "head_dim": 8, "full_attention_layers": [0]})"),
+             Catch::Contains("layer 0 is outside 1..3"));
+  CHECK_THAT(with(R"({"heads": 2, "head_dim": 8, "full_attention_layers": [2, 2]})"),
+             Catch::Contains("layer 2 is listed twice"));
+  CHECK_THAT(with(R"({"heads": 2, "head_dim": 8, "full_attention_layers": [3], "full_attention_every": 2})"),
+             Catch::Contains("exclude each other"));
+  CHECK_THAT(with(R"({"heads": 2, "head_dim": 8, "full_attention_layers": 3})"),
+             Catch::Contains("'model.kda.full_attention_layers' must be a list of integers"));
+  CHECK_THAT(with(R"({"heads": 2, "head_dim": 8, "colour": 1})"), Catch::Contains("model.kda.colour"));
+}
+
+TEST_CASE("model.kda: which layers keep softmax attention", "[train]") {
+  model::ModelConfig c;
+  c.n_layers = 9;
+  c.kda.heads = 2, c.kda.head_dim = 4;
+  std::string kinds;
+  for (int64_t l = 0; l < 9; ++l) kinds += c.kda_layer(l) ? 'K' : 'A';
+  CHECK(kinds == "KKKAKKKAA");  // 1-based 4 and 8, and the last
+  c.kda.full_attention_every = 3;
+  kinds.clear();
+  for (int64_t l = 0; l < 9; ++l) kinds += c.kda_layer(l) ? 'K' : 'A';
+  CHECK(kinds == "KKAKKAKKA");
+  c.kda.full_attention_every = 0;
+  c.kda.full_attention_layers = {1, 5};
+  kinds.clear();
+  for (int64_t l = 0; l < 9; ++l) kinds += c.kda_layer(l) ? 'K' : 'A';
+  CHECK(kinds == "AKKKAKKKK");  // exactly the list (the last layer included only when listed)
+  c.kda.heads = 0;
+  CHECK_FALSE(c.kda_layer(0));
+}
