@@ -29,7 +29,7 @@ bool attention_uses_cudnn(AttentionKernel kernel, const AttnShape& s, DType dt, 
 // q, k and v are the column blocks of one tensor qkv [B*T, (H + 2 Hkv) hd]:
 // each token's row holds its H query heads, then its Hkv key heads, then its
 // Hkv value heads (already RoPE'd), as one GEMM with the joined [Wq; Wk; Wv]
-// writes them (model.cpp); their row stride is the joint row's.
+// writes them (model/attention.cpp); their row stride is the joint row's.
 // out [B*T, H*hd]; lse [B, H, T]: log-sum-exp of each query row's scaled
 // scores, saved so the backward pass can recompute probabilities without
 // storing a T x T matrix.

@@ -1,5 +1,5 @@
 // Grouped linear layers: G weight matrices, each applied to its own
-// consecutive rows of x (a MoE layer's routed experts, model.cpp). Group g
+// consecutive rows of x (a MoE layer's routed experts, model/moe.cpp). Group g
 // is rows [offsets[g], offsets[g + 1]) of x, y, dx and dy, and W_g its
 // weight [N, K]; every W_g has the same shape.
 //

@@ -9,7 +9,7 @@
 namespace attnres::kernels {
 
 // w_row_blocks (optional, summing to W's N rows): W's rows as stacked
-// matrices, e.g. the joint [Wq; Wk; Wv] (model.cpp). The GPU runs one GEMM per
+// matrices, e.g. the joint [Wq; Wk; Wv] (model/attention.cpp). The GPU runs one GEMM per
 // product either way. The CPU runs one per block, into y's (dy's) column
 // block and W's (dw's) row block, with dx summed block after block (the
 // first block written or added as dx_store says, the others added): the bits

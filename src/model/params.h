@@ -54,7 +54,7 @@ class ParamTable {
   // each for value, master and grad, their rows in the order named, keeping
   // their contents; Tensor::joined_rows then views them as one matrix (the
   // attention's q, k and v projections, the MLP's gate and up projections:
-  // one GEMM each, model.cpp).
+  // one GEMM each, model/attention.cpp and model/mlp.cpp).
   void join_rows(const std::vector<std::string>& names);
   Param& get(const std::string& name);
   const Param& get(const std::string& name) const;

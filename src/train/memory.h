@@ -5,9 +5,9 @@
 // executor allocate and free.
 //
 // The replay follows the code: a chunk's forward allocates each sublayer's
-// records in the order model.cpp does and drops what training.recompute
+// records in the order the model (src/model/) does and drops what training.recompute
 // recomputes; its backward recomputes them, allocates the gradient
-// temporaries of one sublayer at a time and frees records when model.cpp
+// temporaries of one sublayer at a time and frees records when the model
 // does (a Mix group's at its leader). The rank's action list (the executor's
 // schedule) orders the chunks' forwards and backwards and the messages, so
 // microbatches in flight under 1F1B or the interleaved warm-up are counted
