@@ -89,11 +89,11 @@ void kda_recurrent_forward(Tensor& o, const Tensor& q, const Tensor& k, const Te
 
 namespace {
 
-// x [N, H K] with heads of K channels (K >= 1 dividing the width).
-int64_t heads_of(const char* op, const Tensor& x, int64_t K) {
-  check_2d(op, "x", x);
+// x (named `name`) [N, H K] with heads of K channels (K >= 1 dividing the width).
+int64_t heads_of(const char* op, const char* name, const Tensor& x, int64_t K) {
+  check_2d(op, name, x);
   if (K < 1 || x.dim(1) % K != 0)
-    fail(op, ": heads of ", K, " channels do not divide the width ", x.dim(1));
+    fail(op, ": heads of ", K, " channels do not divide ", name, "'s width ", x.dim(1));
   if (x.is_cuda()) fail(op, ": no CUDA kernel yet (the KDA layer runs on the cpu)");
   return x.dim(1) / K;
 }
@@ -102,13 +102,32 @@ void check_eps(const char* op, double eps) {
   if (!(eps >= 0)) fail(op, ": eps must be >= 0, got ", eps);
 }
 
+// The decay's f [N, H K], a_log [H] and dt_bias [H K]; returns H.
+int64_t check_decay(const char* op, const Tensor& f, const Tensor& a_log, const Tensor& dt_bias,
+                    int64_t K) {
+  const int64_t H = heads_of(op, "f", f, K);
+  check_arg(op, "a_log", a_log, f, {H});
+  check_arg(op, "dt_bias", dt_bias, f, {H * K});
+  return H;
+}
+
+// The output gate's o and z [N, H K], w [K], eps >= 0; returns H.
+int64_t check_out_gate(const char* op, const Tensor& o, const Tensor& w, const Tensor& z, int64_t K,
+                       double eps) {
+  const int64_t H = heads_of(op, "o", o, K);
+  check_eps(op, eps);
+  check_arg(op, "w", w, o, {K});
+  check_arg(op, "z", z, o, o.shape());
+  return H;
+}
+
 // The convolution's x [B T, Ch] and w [Ch, W] (W >= 1); returns W.
 int64_t check_conv(const char* op, const Tensor& x, const Tensor& w, int64_t B, int64_t T) {
   check_2d(op, "x", x);
   check_2d(op, "w", w);
   if (B < 1 || T < 1 || x.dim(0) != B * T) fail(op, ": x has ", x.dim(0), " rows for B ", B, " x T ", T);
   check_arg(op, "w", w, x, {x.dim(1), w.dim(1)});
-  heads_of(op, x, 1);
+  heads_of(op, "x", x, 1);
   return w.dim(1);
 }
 
@@ -140,7 +159,7 @@ void kda_conv_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x
 
 void kda_l2norm_forward(Tensor& y, const Tensor& x, int64_t K, double eps) {
   const char* op = "kda_l2norm_forward";
-  const int64_t H = heads_of(op, x, K);
+  const int64_t H = heads_of(op, "x", x, K);
   check_eps(op, eps);
   check_arg(op, "y", y, x, x.shape());
   dispatch_cpu_float(x, op, [&](auto tag) {
@@ -152,7 +171,7 @@ void kda_l2norm_forward(Tensor& y, const Tensor& x, int64_t K, double eps) {
 void kda_l2norm_backward(Tensor& dx, const Tensor& dy, const Tensor& x, int64_t K, double eps,
                          Store dx_store) {
   const char* op = "kda_l2norm_backward";
-  const int64_t H = heads_of(op, x, K);
+  const int64_t H = heads_of(op, "x", x, K);
   check_eps(op, eps);
   check_arg(op, "dy", dy, x, x.shape());
   check_arg(op, "dx", dx, x, x.shape());
@@ -166,9 +185,7 @@ void kda_l2norm_backward(Tensor& dx, const Tensor& dy, const Tensor& x, int64_t 
 void kda_decay_forward(Tensor& g, const Tensor& f, const Tensor& a_log, const Tensor& dt_bias,
                        int64_t K) {
   const char* op = "kda_decay_forward";
-  const int64_t H = heads_of(op, f, K);
-  check_arg(op, "a_log", a_log, f, {H});
-  check_arg(op, "dt_bias", dt_bias, f, {H * K});
+  const int64_t H = check_decay(op, f, a_log, dt_bias, K);
   check_arg(op, "g", g, f, f.shape());
   dispatch_cpu_float(f, op, [&](auto tag) {
     using T_ = decltype(tag);
@@ -181,9 +198,7 @@ void kda_decay_backward(Tensor& df, Tensor& da_log, Tensor& ddt_bias, const Tens
                         const Tensor& f, const Tensor& a_log, const Tensor& dt_bias, int64_t K,
                         Store df_store) {
   const char* op = "kda_decay_backward";
-  const int64_t H = heads_of(op, f, K);
-  check_arg(op, "a_log", a_log, f, {H});
-  check_arg(op, "dt_bias", dt_bias, f, {H * K});
+  const int64_t H = check_decay(op, f, a_log, dt_bias, K);
   check_arg(op, "dg", dg, f, f.shape());
   check_arg(op, "df", df, f, f.shape());
   check_arg(op, "da_log", da_log, f.device(), grad_dtype(f.dtype()), {H});
@@ -198,7 +213,7 @@ void kda_decay_backward(Tensor& df, Tensor& da_log, Tensor& ddt_bias, const Tens
 
 void kda_beta_forward(Tensor& beta, const Tensor& b) {
   const char* op = "kda_beta_forward";
-  heads_of(op, b, 1);
+  heads_of(op, "b", b, 1);
   check_arg(op, "beta", beta, b, b.shape());
   dispatch_cpu_float(b, op, [&](auto tag) {
     using T_ = decltype(tag);
@@ -208,7 +223,7 @@ void kda_beta_forward(Tensor& beta, const Tensor& b) {
 
 void kda_beta_backward(Tensor& db, const Tensor& dbeta, const Tensor& beta, Store db_store) {
   const char* op = "kda_beta_backward";
-  heads_of(op, beta, 1);
+  heads_of(op, "beta", beta, 1);
   check_arg(op, "dbeta", dbeta, beta, beta.shape());
   check_arg(op, "db", db, beta, beta.shape());
   dispatch_cpu_float(beta, op, [&](auto tag) {
@@ -221,10 +236,7 @@ void kda_beta_backward(Tensor& db, const Tensor& dbeta, const Tensor& beta, Stor
 void kda_out_gate_forward(Tensor& y, const Tensor& o, const Tensor& w, const Tensor& z, int64_t K,
                           double eps) {
   const char* op = "kda_out_gate_forward";
-  const int64_t H = heads_of(op, o, K);
-  check_eps(op, eps);
-  check_arg(op, "w", w, o, {K});
-  check_arg(op, "z", z, o, o.shape());
+  const int64_t H = check_out_gate(op, o, w, z, K, eps);
   check_arg(op, "y", y, o, o.shape());
   dispatch_cpu_float(o, op, [&](auto tag) {
     using T_ = decltype(tag);
@@ -236,10 +248,7 @@ void kda_out_gate_forward(Tensor& y, const Tensor& o, const Tensor& w, const Ten
 void kda_out_gate_backward(Tensor& d_o, Tensor& dw, Tensor& dz, const Tensor& dy, const Tensor& o,
                            const Tensor& w, const Tensor& z, int64_t K, double eps, Store store) {
   const char* op = "kda_out_gate_backward";
-  const int64_t H = heads_of(op, o, K);
-  check_eps(op, eps);
-  check_arg(op, "w", w, o, {K});
-  check_arg(op, "z", z, o, o.shape());
+  const int64_t H = check_out_gate(op, o, w, z, K, eps);
   check_arg(op, "dy", dy, o, o.shape());
   check_arg(op, "d_o", d_o, o, o.shape());
   check_arg(op, "dz", dz, o, o.shape());
