@@ -662,6 +662,8 @@ def train(args):
     m, tc, opt_cfg = cfg["model"], cfg["training"], cfg["optimizer"]
     if "kda" in m:
         raise InputError("model.kda: the peer's KDA layers are not written yet (a Kimi Linear hybrid)")
+    if "mla" in m:
+        raise InputError("model.mla: the peer's MLA layers are not written yet")
     K = tc["steps"]
     steps = K if args.steps is None else args.steps
     if not 0 < steps <= K:

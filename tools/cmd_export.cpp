@@ -221,6 +221,9 @@ int cmd_export(const Args& args) {
   if (cfg.model.has_kda())
     fail("export hf: ", dir.string(), " is a Kimi Linear hybrid (model.kda): its export as Kimi "
          "Linear's kimi_linear model is not built yet");
+  if (cfg.model.has_mla())
+    fail("export hf: ", dir.string(), " has MLA layers (model.mla): their export (Kimi Linear's "
+         "or DeepSeek's attention) is not built yet");
   model::Model model(cfg.model, DType::F32);
   train::load_weights(dir.string(), model);
   const json state = json::parse(read_text_file((dir / "state.json").string()));

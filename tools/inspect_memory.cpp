@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/params.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/config.h"
@@ -23,6 +24,44 @@ namespace attnres::tools {
 namespace {
 
 double mib(int64_t b) { return static_cast<double>(b) / 1048576.0; }
+
+// 49.12B, 377.5M, 2.9K: three significant figures or more.
+std::string count(int64_t n) {
+  const double v = static_cast<double>(n);
+  if (v >= 1e9) return fmt::format("{:.2f}B", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.1f}M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.1f}K", v / 1e3);
+  return std::to_string(n);
+}
+
+// The parameter counts (model/params.h), and a hybrid's layer kinds.
+void print_params(const model::ModelConfig& m) {
+  const int64_t total = model::total_params(m), body = model::non_embedding_params(m);
+  const int64_t act = model::activated_non_embedding_params(m), emb = total - body;
+  std::printf("parameters: %s total (%s non-embedding)", count(total).c_str(), count(body).c_str());
+  if (m.has_moe())
+    std::printf("; activated per token %s non-embedding, %s with the embedding and head",
+                count(act).c_str(), count(act + emb).c_str());
+  std::printf("\n");
+  if (!m.has_kda() && !m.has_mla()) return;
+  std::string kda, soft;
+  int64_t n_kda = 0;
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    if (m.kda_layer(l)) ++n_kda;
+    else soft += (soft.empty() ? "" : " ") + std::to_string(l + 1);
+  }
+  if (m.has_kda())
+    kda = fmt::format("{} KDA ({} heads of {}, conv {}), ", n_kda, m.kda.heads, m.kda.head_dim,
+                      m.kda.conv_size);
+  const std::string attn =
+      m.has_mla() ? fmt::format("MLA ({} heads, r {}, dn {}, dr {}, dv {}, {})", m.n_heads,
+                                m.mla.kv_lora_rank, m.mla.qk_nope_head_dim,
+                                m.mla.qk_rope_head_dim, m.mla.v_head_dim,
+                                m.mla.rope ? "RoPE" : "NoPE")
+                  : fmt::format("GQA ({} heads, {} KV)", m.n_heads, m.n_kv_heads);
+  std::printf("layers: %s%lld %s in layers %s (1-based)\n", kda.c_str(),
+              (long long)(m.n_layers - n_kda), attn.c_str(), soft.c_str());
+}
 
 int64_t largest_total(const train::Config& cfg) {
   int64_t m = 0;
@@ -71,6 +110,7 @@ int inspect_memory(const Args& args) {
               (long long)cfg.training.seq_len, device_name(cfg.training.device),
               train::precision_name(cfg.training.precision),
               model::recompute_name(cfg.training.recompute));
+  print_params(m);
   std::printf("layout: P=%lld x V=%lld x D=%lld, %lld microbatches per step (%s)\n",
               (long long)cfg.parallel.pipeline, (long long)cfg.parallel.virtual_stages,
               (long long)cfg.parallel.data, (long long)cfg.training.grad_accum,

@@ -16,10 +16,18 @@ namespace {
 // Head counts must be positive and H a multiple of Hkv (each KV head serves
 // H/Hkv query heads); B and T may be 0 (nothing to do).
 void check_heads(const char* op, const AttnShape& s, bool need_t) {
-  if (s.B < 0 || (need_t && s.T < 0) || s.H < 1 || s.Hkv < 1 || s.hd < 1)
-    fail(op, ": bad shape B=", s.B, " T=", s.T, " H=", s.H, " Hkv=", s.Hkv, " hd=", s.hd);
+  if (s.B < 0 || (need_t && s.T < 0) || s.H < 1 || s.Hkv < 1 || s.hd < 1 || s.vd < 0)
+    fail(op, ": bad shape B=", s.B, " T=", s.T, " H=", s.H, " Hkv=", s.Hkv, " hd=", s.hd,
+         " vd=", s.vd);
   if (s.H % s.Hkv != 0)
     fail(op, ": H=", s.H, " is not a multiple of Hkv=", s.Hkv);
+}
+
+// The CUDA kernels (ours and cuDNN's graphs) take one width for q, k and v.
+void check_value_width(const char* op, const AttnShape& s, const Tensor& t) {
+  if (t.is_cuda() && s.dv() != s.hd)
+    fail(op, ": values of width ", s.dv(), " beside keys of width ", s.hd,
+         " (MLA, model.mla) are not built on cuda yet; the cpu runs them");
 }
 
 // The tensors of a training-shaped call: the joint q/k/v, the output and its
@@ -30,8 +38,9 @@ void check_qkv_out(const char* op, const AttnShape& s, const Tensor& qkv, const 
   if (!qkv.defined()) fail(op, ": qkv is undefined");
   const int64_t N = s.B * s.T;
   check_arg(op, "qkv", qkv, qkv, {N, qkv_width(s)});
-  check_arg(op, "out", out, qkv, {N, s.H * s.hd});
+  check_arg(op, "out", out, qkv, {N, s.H * s.dv()});
   check_arg(op, "lse", lse, qkv.device(), stat_dtype(qkv.dtype()), {s.B, s.H, s.T});
+  check_value_width(op, s, qkv);
 }
 
 }  // namespace
@@ -73,7 +82,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnSh
   dispatch_cpu_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_forward<T>(out.data<T>(), lse.data<T>(), qkv.data<T>(), s.B, s.T, s.H, s.Hkv,
-                              s.hd);
+                              s.hd, s.dv());
   });
 }
 
@@ -83,7 +92,7 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
   const char* op = "attention_backward";
   check_qkv_out(op, s, qkv, out, lse);
   const int64_t N = s.B * s.T;
-  check_arg(op, "dout", dout, qkv, {N, s.H * s.hd});
+  check_arg(op, "dout", dout, qkv, {N, s.H * s.dv()});
   check_arg(op, "dqkv", dqkv, qkv, {N, qkv_width(s)});
 #if ATTNRES_HAVE_CUDA
   if (qkv.is_cuda() && attention_uses_cudnn(kernel, s, qkv.dtype(), Device::CUDA))
@@ -95,7 +104,8 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
   dispatch_cpu_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_backward<T>(dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), out.data<T>(),
-                               lse.data<T>(), s.B, s.T, s.H, s.Hkv, s.hd, store == Store::Add);
+                               lse.data<T>(), s.B, s.T, s.H, s.Hkv, s.hd, s.dv(),
+                               store == Store::Add);
   });
 }
 
@@ -110,15 +120,16 @@ void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const
   const int64_t Tmax = k_cache.dim(1);
   check_arg(op, "q", q, q, {s.B, s.H * s.hd});
   check_arg(op, "k_cache", k_cache, q, {s.B, Tmax, s.Hkv * s.hd});
-  check_arg(op, "v_cache", v_cache, q, {s.B, Tmax, s.Hkv * s.hd});
-  check_arg(op, "out", out, q, {s.B, s.H * s.hd});
+  check_arg(op, "v_cache", v_cache, q, {s.B, Tmax, s.Hkv * s.dv()});
+  check_arg(op, "out", out, q, {s.B, s.H * s.dv()});
+  check_value_width(op, s, q);
   if (len < 1 || len > Tmax)
     fail(op, ": len=", len, " is outside the cache [1, ", Tmax, "]");
   ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_decode(out, q, k_cache, v_cache, len, s));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_decode<T>(out.data<T>(), q.data<T>(), k_cache.data<T>(), v_cache.data<T>(),
-                             s.B, Tmax, len, s.H, s.Hkv, s.hd);
+                             s.B, Tmax, len, s.H, s.Hkv, s.hd, s.dv());
   });
 }
 

@@ -1,7 +1,8 @@
 // The attention sublayer (grouped-query softmax attention with RoPE,
 // docs/model.md section 2): forward to its output projection, the core that
 // recomputation redoes, decoding over the KV cache, and the backward. A
-// hybrid's KDA layers (model.kda) run model/kda_layer.h instead.
+// hybrid's KDA layers (model.kda) run model/kda_layer.h instead, MLA layers
+// (model.mla) model/mla_layer.h.
 #include "model/model.h"
 
 #include "kernels/attention.h"
@@ -28,10 +29,15 @@ void Model::attention_forward(int64_t l, SublayerActs& a, Tensor& y, int64_t B, 
 void Model::attention_core(int64_t l, SublayerActs& a, int64_t B, int64_t T,
                            DecodeCache* cache) const {
   if (cfg_.kda_layer(l)) {  // Kimi Delta Attention (model/kda_layer.h)
-    if (cache)
-      fail("decoding a model with KDA layers (model.kda) is not built yet: generate needs each "
-           "layer's recurrent state; score and eval run the full forward");
-    kda_layer_core(a.kda, a.u, kda_weights(layer(l).kda, &Param::value), kda_dims(), B, T);
+    kda_layer_core(a.kda, a.u, kda_weights(layer(l).kda, &Param::value), kda_dims(), B, T,
+                   cache ? &cache->kda[static_cast<size_t>(l)] : nullptr);
+    return;
+  }
+  if (cfg_.mla_layer(l)) {  // multi-head latent attention (model/mla_layer.h)
+    MlaCache mc;
+    if (cache) mc = {cache->k[l], cache->v[l], cache->pos, cache->max_len};
+    mla_layer_core(a.mla, a.u, mla_weights(layer(l).mla, &Param::value), mla_dims(), B, T,
+                   cache ? &mc : nullptr);
     return;
   }
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
@@ -69,6 +75,13 @@ Tensor Model::attention_backward(int64_t l, SublayerActs& a, const Tensor& dy, i
     KdaWeights grads = kda_weights(P, &Param::grad);
     Tensor du = new_act(B * T, cfg_.d_model);
     kda_layer_backward(du, grads, a.kda, a.u, dy, kda_weights(P, &Param::value), kda_dims(), B, T);
+    return du;
+  }
+  if (cfg_.mla_layer(l)) {
+    const MlaParams& P = layer(l).mla;
+    MlaWeights grads = mla_weights(P, &Param::grad);
+    Tensor du = new_act(B * T, cfg_.d_model);
+    mla_layer_backward(du, grads, a.mla, a.u, dy, mla_weights(P, &Param::value), mla_dims(), B, T);
     return du;
   }
   const int64_t N = B * T, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, hd = cfg_.head_dim();

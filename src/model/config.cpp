@@ -102,9 +102,10 @@ void ModelConfig::validate() const {
   positive(n_kv_heads, "model.n_kv_heads");
   positive(d_ff, "model.d_ff");
   if (vocab_size > 2147483647) fail("config key model.vocab_size: too large (", vocab_size, ")");
-  if (d_model % n_heads != 0)
+  // GQA's heads split d (MLA's widths are model.mla's own).
+  if (!has_mla() && d_model % n_heads != 0)
     fail("config key model.n_heads: ", n_heads, " heads do not divide model.d_model = ", d_model);
-  if (head_dim() % 2 != 0)
+  if (!has_mla() && head_dim() % 2 != 0)
     fail("config key model.n_heads: head dim d_model/n_heads = ", head_dim(),
          " must be even for RoPE");
   if (n_kv_heads > n_heads || n_heads % n_kv_heads != 0)
@@ -169,6 +170,24 @@ void ModelConfig::validate() const {
     fail("config key model.kda.heads: must be positive, got ", kda.heads);
   } else if (kda.head_dim != 0 || kda.full_attention_every != 0 || !kda.full_attention_layers.empty()) {
     fail("config key model.kda: the section needs heads (a positive number of KDA heads)");
+  }
+  if (has_mla()) {
+    if (mla.qk_nope_head_dim < 0)
+      fail("config key model.mla.qk_nope_head_dim: must be >= 0, got ", mla.qk_nope_head_dim);
+    if (mla.qk_rope_head_dim < 0)
+      fail("config key model.mla.qk_rope_head_dim: must be >= 0, got ", mla.qk_rope_head_dim);
+    if (mla.qk_nope_head_dim + mla.qk_rope_head_dim < 1)
+      fail("config key model.mla: qk_nope_head_dim + qk_rope_head_dim must be >= 1 (a head's "
+           "key width), got ", mla.qk_nope_head_dim, " + ", mla.qk_rope_head_dim);
+    positive(mla.v_head_dim, "model.mla.v_head_dim");
+    if (mla.rope && (mla.qk_rope_head_dim < 2 || mla.qk_rope_head_dim % 2 != 0))
+      fail("config key model.mla.qk_rope_head_dim: rope = true rotates these dims in pairs: it "
+           "must be even and >= 2, got ", mla.qk_rope_head_dim);
+  } else if (mla.kv_lora_rank < 0) {
+    fail("config key model.mla.kv_lora_rank: must be positive, got ", mla.kv_lora_rank);
+  } else if (mla.qk_nope_head_dim != 0 || mla.qk_rope_head_dim != 0 || mla.v_head_dim != 0 ||
+             mla.rope) {
+    fail("config key model.mla: the section needs kv_lora_rank (a positive latent width)");
   }
 }
 

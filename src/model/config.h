@@ -61,6 +61,18 @@ struct KdaConfig {
   std::vector<int64_t> full_attention_layers;     // 1-based; empty: unset
 };
 
+// The softmax layers as multi-head latent attention (model.mla; docs/model.md
+// "MLA layer"), DeepSeek-V2's and Kimi Linear's: without it (kv_lora_rank
+// 0) they are grouped-query attention with RoPE. Every layer is MLA when
+// the model has no KDA layers.
+struct MlaConfig {
+  int64_t kv_lora_rank = 0;      // r, the latent width; 0: no MLA
+  int64_t qk_nope_head_dim = 0;  // dn, a head's key and query dims without position
+  int64_t qk_rope_head_dim = 0;  // dr, the dims of the key shared by the heads (k_r)
+  int64_t v_head_dim = 0;        // dv, a head's value width
+  bool rope = false;             // false: NoPE (Kimi Linear); true: RoPE on the dr dims
+};
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t d_model = 0;
@@ -78,6 +90,7 @@ struct ModelConfig {
   std::string init_from;
   MoeConfig moe;
   KdaConfig kda;
+  MlaConfig mla;
 
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t n_sublayers() const { return 2 * n_layers; }
@@ -127,6 +140,9 @@ struct ModelConfig {
   // has a KDA sublayer rather than softmax attention.
   bool has_kda() const { return kda.heads > 0; }
   bool kda_layer(int64_t l) const;
+  // Whether the softmax layers are MLA (model.mla), and whether layer l is one.
+  bool has_mla() const { return mla.kv_lora_rank > 0; }
+  bool mla_layer(int64_t l) const { return has_mla() && !kda_layer(l); }
 
   // Throws attnres::Error naming the offending `model.*` key and the reason.
   void validate() const;

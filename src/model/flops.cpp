@@ -15,6 +15,7 @@ double matmul_params(const ModelConfig& c, const ModelParts& parts) {
       case Slot::Router: case Slot::SharedGate: case Slot::SharedUp: case Slot::SharedDown:
       case Slot::KdaQ: case Slot::KdaK: case Slot::KdaV: case Slot::KdaFA: case Slot::KdaFB:
       case Slot::KdaB: case Slot::KdaGA: case Slot::KdaGB: case Slot::KdaO:
+      case Slot::MlaQ: case Slot::MlaKvA: case Slot::MlaKvB: case Slot::MlaO:
         n += static_cast<double>(p.numel());
         break;
       case Slot::ExpertGate: case Slot::ExpertUp: case Slot::ExpertDown:
@@ -42,12 +43,18 @@ double kda_core_flops_per_token(const ModelConfig& c) {
 
 double forward_flops_per_token(const ModelConfig& c, int64_t T, const ModelParts& parts) {
   const int64_t end = parts.layer_end < 0 ? c.n_layers : parts.layer_end;
-  // Softmax attention's 2 T d a layer (QK^T and PV, causal: half of 4 T d);
-  // a KDA layer's core instead (kda_core_flops_per_token).
+  // Softmax attention's QK^T and PV, causal (half of 2 T each): T H (hd +
+  // hd) = 2 T d a GQA layer, T H (dn + dr + dv) an MLA layer; a KDA layer's
+  // core instead (kda_core_flops_per_token).
+  const double Td = static_cast<double>(T);
+  const double mla = Td * static_cast<double>(c.n_heads) *
+                     static_cast<double>(c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim +
+                                         c.mla.v_head_dim);
   double f = 2 * matmul_params(c, parts);
   for (int64_t l = parts.layer_begin; l < end; ++l)
-    f += c.kda_layer(l) ? kda_core_flops_per_token(c)
-                        : 2.0 * static_cast<double>(T) * static_cast<double>(c.d_model);
+    f += c.kda_layer(l)   ? kda_core_flops_per_token(c)
+         : c.mla_layer(l) ? mla
+                          : 2.0 * Td * static_cast<double>(c.d_model);
   return f;
 }
 

@@ -21,12 +21,24 @@ kern::KdaShape core_shape(const KdaDims& d, int64_t B, int64_t T) {
 }
 
 // x W^T through the convolution and SiLU: the projection before and after.
+// Decoding (win given, one token): the token's projection enters the
+// window's last row, the convolution runs over the window as one sequence
+// of W rows, its last row is the token's output, and the window moves on.
 void conv_branch(Tensor& pre, Tensor& post, const Tensor& u, const Tensor& proj, const Tensor& conv,
-                 int64_t B, int64_t T) {
+                 int64_t B, int64_t T, Tensor* win) {
   pre = like(u, proj.dim(0));
   kern::matmul_forward(pre, u, proj);
   post = like(u, proj.dim(0));
-  kern::kda_conv_forward(post, pre, conv, B, T);
+  if (!win) {
+    kern::kda_conv_forward(post, pre, conv, B, T);
+    return;
+  }
+  const int64_t W = win->dim(0);
+  win->rows(W - 1, 1).copy_from(pre);
+  Tensor out = Tensor::empty(win->shape(), win->dtype(), win->device());
+  kern::kda_conv_forward(out, *win, conv, 1, W);
+  post.copy_from(out.rows(W - 1, 1));
+  if (W > 1) win->rows(0, W - 1).copy_from(win->rows(1, W - 1).clone());  // no overlapping copy
 }
 
 }  // namespace
@@ -48,12 +60,19 @@ void kda_layer_forward(Tensor& y, KdaActs& a, const Tensor& u, const KdaWeights&
   kern::matmul_forward(y, a.gated, w.o, residual);
 }
 
-void kda_layer_core(KdaActs& a, const Tensor& u, const KdaWeights& w, const KdaDims& d, int64_t B,
-                    int64_t T) {
+KdaCache kda_new_cache(const KdaDims& d, DType dtype, Device device) {
   const int64_t HK = d.H * d.K;
-  conv_branch(a.pq, a.cq, u, w.q, w.q_conv, B, T);
-  conv_branch(a.pk, a.ck, u, w.k, w.k_conv, B, T);
-  conv_branch(a.pv, a.cv, u, w.v, w.v_conv, B, T);
+  return {Tensor::zeros({1, d.H, d.K, d.K}, dtype, device), Tensor::zeros({d.conv, HK}, dtype, device),
+          Tensor::zeros({d.conv, HK}, dtype, device), Tensor::zeros({d.conv, HK}, dtype, device)};
+}
+
+void kda_layer_core(KdaActs& a, const Tensor& u, const KdaWeights& w, const KdaDims& d, int64_t B,
+                    int64_t T, KdaCache* cache) {
+  const int64_t HK = d.H * d.K;
+  ATTNRES_CHECK(!cache || (B == 1 && T == 1), "decoding feeds one token at a time");
+  conv_branch(a.pq, a.cq, u, w.q, w.q_conv, B, T, cache ? &cache->win_q : nullptr);
+  conv_branch(a.pk, a.ck, u, w.k, w.k_conv, B, T, cache ? &cache->win_k : nullptr);
+  conv_branch(a.pv, a.cv, u, w.v, w.v_conv, B, T, cache ? &cache->win_v : nullptr);
   a.qn = like(u, HK);
   a.kn = like(u, HK);
   kern::kda_l2norm_forward(a.qn, a.cq, d.K, kL2Eps);
@@ -70,8 +89,12 @@ void kda_layer_core(KdaActs& a, const Tensor& u, const KdaWeights& w, const KdaD
   a.beta = like(u, d.H);
   kern::kda_beta_forward(a.beta, bl);
   a.core = like(u, HK);
-  kern::kda_forward(a.core, a.qn, a.kn, a.cv, a.g, a.beta, core_shape(d, B, T),
-                    1 / std::sqrt(static_cast<double>(d.K)));
+  const double scale = 1 / std::sqrt(static_cast<double>(d.K));
+  if (cache)  // one step of the recurrence from the cached state
+    kern::kda_recurrent_forward(a.core, a.qn, a.kn, a.cv, a.g, a.beta, core_shape(d, B, T), scale,
+                                &cache->state);
+  else
+    kern::kda_forward(a.core, a.qn, a.kn, a.cv, a.g, a.beta, core_shape(d, B, T), scale);
   // The gated output norm, then o_proj.
   a.ga = like(u, d.K);
   kern::matmul_forward(a.ga, u, w.g_a);

@@ -4,8 +4,7 @@
 // L2-normalised per head, the decay and write strength from their low-rank
 // and linear paths, the chunkwise delta-rule core (kernels/kda.h), the gated
 // output norm and o_proj. Built from the ops of kernels/kda.h and GEMMs; the
-// model's KDA layers call it (issue 59: the wiring into Model, the config
-// keys and checkpoints come next).
+// model's KDA layers call it (model/attention.cpp).
 #pragma once
 #include <cstdint>
 
@@ -48,14 +47,30 @@ struct KdaActs {
   Tensor gated;        // the output norm's result, o_proj's input
 };
 
+// What decoding one sequence keeps of a KDA layer between tokens (generate,
+// one token at a time): the recurrent state after the tokens so far, and
+// each convolution's input window, its last W - 1 rows the projections of
+// the W - 1 tokens before (zeros before the sequence's start) and its last
+// row the new token's.
+struct KdaCache {
+  Tensor state;           // [1, H, K, K]
+  Tensor win_q, win_k, win_v;  // [W, H K] each
+};
+
 // The layer's tensors of a model's KdaParams, as the ops take them: each
 // parameter's `of` (&Param::value or &Param::grad), the convolutions seen
 // [H K, W] and A_log [H] (views, no copies).
 KdaWeights kda_weights(const KdaParams& p, Tensor Param::*of);
 
 // Everything up to o_proj's input (a.gated): what recomputation redoes.
+// With a cache, u is one new token (B = T = 1): the convolutions read the
+// cached windows and the core takes one step of the recurrence from the
+// cached state (kernels/kda.h, kda_recurrent_forward), both updated.
 void kda_layer_core(KdaActs& a, const Tensor& u, const KdaWeights& w, const KdaDims& d, int64_t B,
-                    int64_t T);
+                    int64_t T, KdaCache* cache = nullptr);
+
+// An empty cache (zero state and windows) for one sequence.
+KdaCache kda_new_cache(const KdaDims& d, DType dtype, Device device);
 
 // y = the layer of u (plus `residual` when given; y may be it).
 void kda_layer_forward(Tensor& y, KdaActs& a, const Tensor& u, const KdaWeights& w,

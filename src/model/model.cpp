@@ -52,15 +52,24 @@ const LayerParams& Model::layer(int64_t l) const {
 Param& Model::out_proj_of(int64_t s) const {
   const LayerParams& L = layer(s / 2);
   if (s % 2 == 1) return *L.down;
-  return cfg_.kda_layer(s / 2) ? *L.kda.o : *L.o;
+  return cfg_.kda_layer(s / 2) ? *L.kda.o : cfg_.mla_layer(s / 2) ? *L.mla.o : *L.o;
 }
 const Tensor& Model::out_proj_input(int64_t s, const SublayerActs& a) const {
   if (s % 2 == 1) return a.h;
-  return cfg_.kda_layer(s / 2) ? a.kda.gated : a.att;
+  return cfg_.kda_layer(s / 2) ? a.kda.gated : cfg_.mla_layer(s / 2) ? a.mla.att : a.att;
 }
 KdaDims Model::kda_dims() const {
   KdaDims d;
   d.H = cfg_.kda.heads, d.K = cfg_.kda.head_dim, d.conv = cfg_.kda.conv_size;
+  d.norm_eps = cfg_.norm_eps;
+  return d;
+}
+MlaDims Model::mla_dims() const {
+  const MlaConfig& m = cfg_.mla;
+  MlaDims d;
+  d.H = cfg_.n_heads, d.r = m.kv_lora_rank, d.dn = m.qk_nope_head_dim, d.dr = m.qk_rope_head_dim;
+  d.dv = m.v_head_dim;
+  d.rope_theta = m.rope ? cfg_.rope_theta : 0.0;
   d.norm_eps = cfg_.norm_eps;
   return d;
 }
@@ -175,9 +184,20 @@ double Model::forward_loss(const Tensor& tokens, const Tensor& targets, int64_t 
 DecodeCache Model::new_decode_cache(int64_t max_len) const {
   DecodeCache c;
   c.max_len = max_len;
+  const MlaDims m = mla_dims();
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    c.k.push_back(Tensor::zeros({1, max_len, cfg_.n_kv_heads * cfg_.head_dim()}, dtype_, device_));
-    c.v.push_back(Tensor::zeros({1, max_len, cfg_.n_kv_heads * cfg_.head_dim()}, dtype_, device_));
+    if (cfg_.kda_layer(l)) {
+      c.k.emplace_back();
+      c.v.emplace_back();
+      c.kda.push_back(kda_new_cache(kda_dims(), dtype_, device_));
+      continue;
+    }
+    c.kda.emplace_back();
+    const bool mla = cfg_.mla_layer(l);
+    const int64_t kw = mla ? m.H * (m.dn + m.dr) : cfg_.n_kv_heads * cfg_.head_dim();
+    const int64_t vw = mla ? m.H * m.dv : cfg_.n_kv_heads * cfg_.head_dim();
+    c.k.push_back(Tensor::zeros({1, max_len, kw}, dtype_, device_));
+    c.v.push_back(Tensor::zeros({1, max_len, vw}, dtype_, device_));
   }
   return c;
 }

@@ -17,6 +17,7 @@
 #include "model/config.h"
 #include "model/depth_state.h"
 #include "model/kda_layer.h"
+#include "model/mla_layer.h"
 #include "model/params.h"
 
 namespace attnres::model {
@@ -51,8 +52,10 @@ struct SublayerActs {
   // attention: q | k (after RoPE) | v in one [N, (H + 2 Hkv) hd] tensor
   // (kernels/attention.h), the attention output and its log-sum-exp
   Tensor qkv, att, lse;
-  // a KDA layer's attention (model.kda) instead: model/kda_layer.h
+  // a KDA layer's attention (model.kda) instead: model/kda_layer.h; an MLA
+  // layer's (model.mla): model/mla_layer.h
   KdaActs kda;
+  MlaActs mla;
   // MLP: the joint gate/up projection [N, 2F] (gate | up) and SwiGLU output
   // (a MoE layer: its shared experts', when it has them)
   Tensor gu, h;
@@ -153,7 +156,10 @@ struct MoeStats {
 
 // Per-layer key/value caches for incremental decoding of one sequence.
 struct DecodeCache {
-  std::vector<Tensor> k, v;  // per layer [1, max_len, Hkv*hd]
+  // per layer [1, max_len, Hkv*hd] (an MLA layer's: model/mla_layer.h,
+  // MlaCache; undefined for a KDA layer)
+  std::vector<Tensor> k, v;
+  std::vector<KdaCache> kda;  // per layer: a KDA layer's state and windows (others empty)
   int64_t pos = 0;           // tokens consumed so far
   int64_t max_len = 0;
 };
@@ -336,8 +342,9 @@ class Model {
   // That projection's input in a's record (the attention's output, a KDA
   // layer's gated output norm, the SwiGLU's output).
   const Tensor& out_proj_input(int64_t s, const SublayerActs& a) const;
-  // A KDA layer's dimensions (model.kda).
+  // A KDA layer's dimensions (model.kda), an MLA layer's (model.mla).
   KdaDims kda_dims() const;
+  MlaDims mla_dims() const;
   Param& norm_gain(int64_t s) const;    // the RMSNorm gain of sublayer s
   Param& mix_query(int64_t s) const;    // the Mix query of sublayer s
 

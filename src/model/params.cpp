@@ -184,11 +184,27 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
     add(a + "o_norm.weight", {KK}, 0, 1.0, Slot::KdaONorm, l);
     add(a + "o_proj.weight", {d, HK}, out_std, 0, Slot::KdaO, l);
   };
+  // An MLA layer's attention (docs/model.md "MLA layer"): the projections
+  // N(0, 0.02), o_proj as the out projections, the latent norm's gain 1.
+  const MlaConfig& mla = cfg.mla;
+  const int64_t MH = cfg.n_heads, dqk = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
+  auto mla_attn = [&](const std::string& pre, int64_t l) {
+    const std::string a = pre + "self_attn.";
+    add(a + "q_proj.weight", {MH * dqk, d}, std, 0, Slot::MlaQ, l);
+    add(a + "kv_a_proj_with_mqa.weight", {mla.kv_lora_rank + mla.qk_rope_head_dim, d}, std, 0,
+        Slot::MlaKvA, l);
+    add(a + "kv_a_layernorm.weight", {mla.kv_lora_rank}, 0, 1.0, Slot::MlaKvNorm, l);
+    add(a + "kv_b_proj.weight", {MH * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank},
+        std, 0, Slot::MlaKvB, l);
+    add(a + "o_proj.weight", {d, MH * mla.v_head_dim}, out_std, 0, Slot::MlaO, l);
+  };
   for (int64_t l = parts.layer_begin; l < end; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     add(pre + "input_layernorm.weight", {d}, 0, 1.0, Slot::AttnNorm, l);
     if (cfg.kda_layer(l)) {
       kda(pre, l);
+    } else if (cfg.mla_layer(l)) {
+      mla_attn(pre, l);
     } else {
       add(pre + "self_attn.q_proj.weight", {cfg.n_heads * hd, d}, std, 0, Slot::Q, l);
       add(pre + "self_attn.k_proj.weight", {cfg.n_kv_heads * hd, d}, std, 0, Slot::K, l);
@@ -347,6 +363,11 @@ ModelParams resolve_params(ParamTable& params, ParamTable& state, const ModelCon
       case Slot::KdaGB: L->kda.g_b = p; break;
       case Slot::KdaONorm: L->kda.o_norm = p; break;
       case Slot::KdaO: L->kda.o = p; break;
+      case Slot::MlaQ: L->mla.q = p; break;
+      case Slot::MlaKvA: L->mla.kv_a = p; break;
+      case Slot::MlaKvNorm: L->mla.kv_norm = p; break;
+      case Slot::MlaKvB: L->mla.kv_b = p; break;
+      case Slot::MlaO: L->mla.o = p; break;
     }
   }
   if (parts.head && cfg.tie_embeddings) w.lm_head = w.embedding;

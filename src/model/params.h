@@ -95,6 +95,9 @@ enum class Slot : uint8_t {
   // b_proj, g_a_proj, g_b_proj, o_norm, o_proj
   KdaQ, KdaK, KdaV, KdaQConv, KdaKConv, KdaVConv, KdaALog, KdaDtBias, KdaFA, KdaFB, KdaB,
   KdaGA, KdaGB, KdaONorm, KdaO,
+  // An MLA layer's self_attn.* (model.mla; docs/model.md "MLA layer"):
+  // q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj
+  MlaQ, MlaKvA, MlaKvNorm, MlaKvB, MlaO,
   FinalQuery, FinalNorm, LmHead,               // model.final_res.query, model.norm, lm_head
   // A MoE layer's MLP: mlp.gate.weight (the router), mlp.gate.e_score_correction_bias
   // (aux_free balancing; model state), mlp.shared_experts.{gate,up,down}_proj,
@@ -156,6 +159,11 @@ struct KdaParams {
         *b = nullptr, *g_a = nullptr, *g_b = nullptr, *o_norm = nullptr, *o = nullptr;
 };
 
+// An MLA layer's (model.mla).
+struct MlaParams {
+  Param *q = nullptr, *kv_a = nullptr, *kv_norm = nullptr, *kv_b = nullptr, *o = nullptr;
+};
+
 struct LayerParams {
   Param *attn_norm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   Param *mlp_norm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;  // dense MLP
@@ -167,6 +175,7 @@ struct LayerParams {
   Param *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
   std::vector<Param*> expert_gate, expert_up, expert_down;
   KdaParams kda;  // a KDA layer's (model.kda), in place of q, k, v, o
+  MlaParams mla;  // an MLA layer's (model.mla), likewise
 };
 struct ModelParams {
   Param* embedding = nullptr;    // where the table holds it

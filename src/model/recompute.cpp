@@ -26,6 +26,7 @@ void Model::drop_recomputable(SublayerActs& a) const {
   if (recompute_ == Recompute::Layer) {
     a.qkv = a.att = a.lse = a.gu = a.moe_x = a.moe_gu = a.moe_y = Tensor();
     a.kda = KdaActs{};
+    a.mla = MlaActs{};
   }
 }
 

@@ -156,7 +156,7 @@ void for_each_key(C& c, V&& v) {
   v("model.d_model", m.d_model, KeySpec{"width d", Check::Positive, "required"});
   v("model.n_layers", m.n_layers, KeySpec{"transformer layers L (2L sublayers)", Check::Positive, "required"});
   v("model.n_heads", m.n_heads,
-    KeySpec{"query heads H; must divide d, d/H even (RoPE)", Check::Positive, "required"});
+    KeySpec{"query heads H; GQA: must divide d, d/H even (RoPE)", Check::Positive, "required"});
   v("model.n_kv_heads", m.n_kv_heads,
     KeySpec{"key/value heads (GQA); must divide H", Check::Positive, "`n_heads`"});
   v("model.d_ff", m.d_ff, KeySpec{"SwiGLU hidden width", Check::Positive, "required"});
@@ -215,6 +215,21 @@ void for_each_key(C& c, V&& v) {
   v("model.kda.full_attention_layers", kda.full_attention_layers,
     KeySpec{"or the softmax layers listed (1-based, as Kimi's `full_attn_layers`); not with "
             "full_attention_every", Check::None, "—", true});
+  // The softmax layers as MLA (docs/model.md, "MLA layer"): written only
+  // when the model has them (kv_lora_rank > 0).
+  auto& mla = m.mla;
+  v("model.mla.kv_lora_rank", mla.kv_lora_rank,
+    KeySpec{"r, the latent width of c_kv; 0 (the section absent): the softmax layers are GQA",
+            Check::NonNegative});
+  v("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim,
+    KeySpec{"dn, a head's query and key dims without position", Check::NonNegative});
+  v("model.mla.qk_rope_head_dim", mla.qk_rope_head_dim,
+    KeySpec{"dr, the query dims that meet k_r, the key part shared by all heads",
+            Check::NonNegative});
+  v("model.mla.v_head_dim", mla.v_head_dim,
+    KeySpec{"dv, a head's value width", Check::None, "required with kv_lora_rank"});
+  v("model.mla.rope", mla.rope,
+    KeySpec{"false: no position signal (Kimi Linear's NoPE); true: RoPE on the dr dims"});
   auto& o = c.optimizer;
   v("optimizer.type", o.type,
     KeySpec{"`adamw`, or `muon`: Muon for the 2-D weights inside the layers, AdamW for the rest"});
@@ -437,11 +452,12 @@ void check_keys(const json& j, const std::string& prefix, const std::set<std::st
 // Writes one key of the resolved config (the MoE section only when there is one).
 struct Writer {
   json& out;
-  bool moe, kda;
+  bool moe, kda, mla;
   template <typename T>
   void operator()(const char* key, const T& v, const KeySpec& spec) {
     if (!moe && std::string(key).rfind("model.moe.", 0) == 0) return;
     if (!kda && std::string(key).rfind("model.kda.", 0) == 0) return;
+    if (!mla && std::string(key).rfind("model.mla.", 0) == 0) return;
     json value;
     if constexpr (std::is_same_v<T, CudaGraphs>) {
       value = v == CudaGraphs::Auto ? json("auto") : json(v == CudaGraphs::On);
@@ -520,7 +536,7 @@ Config Config::from_json(const json& j, const std::string& source) {
 
 json Config::to_json() const {
   json out;
-  for_each_key(*this, Writer{out, model.has_moe(), model.has_kda()});
+  for_each_key(*this, Writer{out, model.has_moe(), model.has_kda(), model.has_mla()});
   return out;
 }
 

@@ -67,7 +67,7 @@ class ChunkModel {
   // Sublayers [s0, s1), with the embedding before them and the head after
   // them when the chunk has those.
   ChunkReplay replay(int64_t s0, int64_t s1, bool embed, bool head) const {
-    const int64_t d = m_.d_model, kv = m_.n_kv_heads * m_.head_dim(), F = m_.d_ff;
+    const int64_t d = m_.d_model, F = m_.d_ff;
     const int64_t Nd = N_ * d * e_, Nf = N_ * f_;
     const bool ar = m_.attnres();
     const int64_t S = ar ? m_.resolved_block_size() : 0, G = ar ? m_.mix_group_size() : 1;
@@ -81,14 +81,14 @@ class ChunkModel {
 
     // What a sublayer's record holds after its forward, by recompute mode,
     // and what its f_s core allocates.
-    const int64_t core_attn = 2 * Nd + 2 * N_ * kv * e_ + N_ * m_.n_heads * f_;  // q, att, k, v, lse
-    auto core = [&](int64_t s) { return s % 2 == 0 ? core_attn : mlp(s / 2).record; };
+    auto core = [&](int64_t s) { return s % 2 == 0 ? attn(s / 2).record : mlp(s / 2).record; };
+    auto fwd_tmp = [&](int64_t s) { return s % 2 == 0 ? attn(s / 2).fwd_tmp : mlp(s / 2).fwd_tmp; };
     auto norm_stats = [&](int64_t s) { return ar && m_.recent_sources(s) > 0 ? N_ * (2 * m_.recent_sources(s) + 2) * f_ : Nf; };
     auto dropped = [&](int64_t s) {  // what drop_recomputable frees
       if (!mix) return int64_t{0};
       int64_t b = Nd + norm_stats(s) + (ar ? Nd : 0);  // u, stats, phase-1 output
       if (s % 2 == 1) b += mlp(s / 2).mix_drop;
-      if (layer) b += s % 2 == 0 ? core_attn : mlp(s / 2).layer_drop;
+      if (layer) b += s % 2 == 0 ? attn(s / 2).record : mlp(s / 2).layer_drop;
       return b;
     };
     if (m_.has_moe())
@@ -115,10 +115,8 @@ class ChunkModel {
       for (; s < end; ++s) {
         t.alloc(Nd + norm_stats(s));                  // u and its statistics
         t.alloc(core(s));                             // f_s up to its last projection
-        if (s % 2 == 1) {                             // and its transient (MoE: the permuted rows)
-          t.alloc(mlp(s / 2).fwd_tmp);
-          t.free(mlp(s / 2).fwd_tmp);
-        }
+        t.alloc(fwd_tmp(s));                          // and its transient (MoE: the permuted rows)
+        t.free(fwd_tmp(s));
         t.alloc(Nd);                                  // y (the new partial sum or stream)
         if (ar && s % S == S - 1) {                   // a completed block, and its rstd
           t.alloc(Nf);
@@ -163,13 +161,12 @@ class ChunkModel {
         t.alloc(again);
         t.free(ar ? N_ * m_.phase1_sources(s) * f_ : 0);
       }
-      // Gradient temporaries of f_s (attention: datt and the joint dq | dk |
-      // dv), then du; the norm backward writes d_o.
-      const int64_t tmp = s % 2 == 0 ? 2 * Nd + 2 * N_ * kv * e_ : mlp(s / 2).bwd_tmp;
+      // Gradient temporaries of f_s, then du; the norm backward writes d_o.
+      const int64_t tmp = s % 2 == 0 ? attn(s / 2).bwd_tmp : mlp(s / 2).bwd_tmp;
       t.alloc(tmp + Nd);
       if (s % 2 == 0) {  // cuDNN's attention backward workspace, while it runs
-        t.alloc(attn_ws_);
-        t.free(attn_ws_);
+        t.alloc(attn(s / 2).ws);
+        t.free(attn(s / 2).ws);
       }
       t.free(tmp);
       if (ar) {
@@ -199,6 +196,43 @@ class ChunkModel {
   struct MlpBytes {
     int64_t record = 0, fwd_tmp = 0, mix_drop = 0, layer_drop = 0, bwd_tmp = 0;
   };
+  // An attention sublayer's bytes, by its kind: the record after the
+  // forward (recompute layer drops all of it, mix none), the forward's
+  // transient, the backward's temporaries and (GQA on cuda) cuDNN's
+  // workspace. Each is what its layer file allocates with Tensor::empty
+  // (model/attention.cpp, kda_layer.cpp, mla_layer.cpp); the CPU kernels'
+  // own scratch is not counted.
+  struct AttnBytes {
+    int64_t record = 0, fwd_tmp = 0, bwd_tmp = 0, ws = 0;
+  };
+  AttnBytes attn(int64_t l) const {
+    const int64_t N = N_, e = e_, f = f_;
+    if (m_.kda_layer(l)) {
+      // pq, pk, pv, cq, ck, cv, qn, kn, f, g, core, z, gated [N, H K]; fa,
+      // ga [N, K]; beta [N, H]; beta's logits [N, H] transient. Backward:
+      // dgated, dcore, dz, dqn, dkn, dcv, dg, df, dc, dp [N, H K]; dga, dfa
+      // [N, K]; dbeta, dbl [N, H].
+      const int64_t H = m_.kda.heads, K = m_.kda.head_dim, HK = H * K;
+      return {N * e * (13 * HK + 2 * K + H), N * e * H, N * e * (10 * HK + 2 * K + 2 * H), 0};
+    }
+    if (m_.mla_layer(l)) {
+      // c_kv, its norm [N, r] and rstd [N]; the expanded q | k | v
+      // [N, H (2 (dn + dr) + dv)], att [N, H dv], lse [N, H]. Forward's
+      // transient: q [N, H (dn + dr)], k_r [N, dr], [k_n | v] [N, H (dn + dv)].
+      // Backward: datt, dqkv, dq, dkv, dkr, dcn, dckv.
+      const model::MlaConfig& a = m_.mla;
+      const int64_t H = m_.n_heads, qk = H * (a.qk_nope_head_dim + a.qk_rope_head_dim);
+      const int64_t vw = H * a.v_head_dim, kvb = H * a.qk_nope_head_dim + vw;
+      const int64_t r = a.kv_lora_rank, dr = a.qk_rope_head_dim, qkv = 2 * qk + vw;
+      return {N * e * (2 * r + qkv + vw) + N * f * (1 + H), N * e * (qk + dr + kvb),
+              N * e * (vw + qkv + qk + kvb + dr + 2 * r), 0};
+    }
+    // GQA: q and att [N, H hd], k and v [N, Hkv hd], lse [N, H]; backward
+    // datt and the joint dq | dk | dv.
+    const int64_t d = m_.d_model, kv = m_.n_kv_heads * m_.head_dim();
+    return {2 * N * d * e + 2 * N * kv * e + N * m_.n_heads * f, 0,
+            2 * N * d * e + 2 * N * kv * e, attn_ws_};
+  }
   // A MoE layer's routed rows: N K slots (dropless), or at most E C kept.
   int64_t moe_rows() const {
     const model::MoeConfig& moe = m_.moe;

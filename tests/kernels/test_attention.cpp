@@ -33,15 +33,16 @@ struct Qkv {
 Qkv random_qkv(const kern::AttnShape& s, uint64_t seed, DType dt = DType::F64) {
   const int64_t N = s.B * s.T;
   return {randn({N, s.H * s.hd}, seed, dt), randn({N, s.Hkv * s.hd}, seed + 1, dt),
-          randn({N, s.Hkv * s.hd}, seed + 2, dt)};
+          randn({N, s.Hkv * s.dv()}, seed + 2, dt)};
 }
 
 // The obviously-correct version: for each (b, h) build the full T x T score
-// matrix, mask the future with -inf, softmax each row, multiply by V.
+// matrix, mask the future with -inf, softmax each row, multiply by V (dv
+// columns a head).
 void naive_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& kk, const Tensor& v,
                      const kern::AttnShape& s) {
-  const int64_t T = s.T, hd = s.hd, ldq = s.H * hd, ldk = s.Hkv * hd;
-  out = Tensor::zeros({s.B * T, ldq}, DType::F64);
+  const int64_t T = s.T, hd = s.hd, ldq = s.H * hd, ldk = s.Hkv * hd, dv = s.dv();
+  out = Tensor::zeros({s.B * T, s.H * dv}, DType::F64);
   lse = Tensor::zeros({s.B, s.H, T}, DType::F64);
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.H; ++h) {
@@ -59,11 +60,11 @@ void naive_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& kk
         for (int64_t u = 0; u < T; ++u) m = std::max(m, S[t * T + u]);
         for (int64_t u = 0; u < T; ++u) l += std::exp(S[t * T + u] - m);
         set(lse, (b * s.H + h) * T + t, m + std::log(l));
-        for (int64_t c = 0; c < hd; ++c) {
+        for (int64_t c = 0; c < dv; ++c) {
           double o = 0;
           for (int64_t u = 0; u < T; ++u)
-            o += std::exp(S[t * T + u] - m) / l * at(v, (b * T + u) * ldk + j * hd + c);
-          set(out, (b * T + t) * ldq + h * hd + c, o);
+            o += std::exp(S[t * T + u] - m) / l * at(v, (b * T + u) * s.Hkv * dv + j * dv + c);
+          set(out, (b * T + t) * s.H * dv + h * dv + c, o);
         }
       }
     }
@@ -74,7 +75,7 @@ struct Fwd {
 };
 
 Fwd forward(const Qkv& x, const kern::AttnShape& s) {
-  Fwd f{Tensor::empty({s.B * s.T, s.H * s.hd}, x.q.dtype()), Tensor::empty({s.B, s.H, s.T}, x.q.dtype())};
+  Fwd f{Tensor::empty({s.B * s.T, s.H * s.dv()}, x.q.dtype()), Tensor::empty({s.B, s.H, s.T}, x.q.dtype())};
   attention_forward(f.out, f.lse, x.q, x.k, x.v, s);
   return f;
 }
@@ -86,7 +87,7 @@ struct Grads {
 Grads zero_grads(const kern::AttnShape& s, DType dt) {
   const int64_t N = s.B * s.T;
   return {Tensor::zeros({N, s.H * s.hd}, dt), Tensor::zeros({N, s.Hkv * s.hd}, dt),
-          Tensor::zeros({N, s.Hkv * s.hd}, dt)};
+          Tensor::zeros({N, s.Hkv * s.dv()}, dt)};
 }
 
 void backward(Grads& g, const Tensor& dout, const Qkv& x, const Fwd& f, const kern::AttnShape& s) {
@@ -97,29 +98,32 @@ void backward(Grads& g, const Tensor& dout, const Qkv& x, const Fwd& f, const ke
 
 TEST_CASE("attention forward matches a full masked softmax", "[kernels]") {
   // Hkv = 1 (multi-query), H/Hkv = 2, Hkv = H (plain multi-head); T = 5 fits in
-  // one query block, T = 150 spans three (64-row blocks, ragged last one).
+  // one query block, T = 150 spans three (64-row blocks, ragged last one);
+  // values as wide as keys, narrower and wider (MLA's dv != dn + dr).
   for (int64_t T : {int64_t(5), int64_t(150)})
-    for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)}) {
-      const kern::AttnShape s{2, T, 4, Hkv, 6};
+    for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)})
+    for (int64_t vd : {int64_t(0), int64_t(3), int64_t(9)}) {
+      const kern::AttnShape s{2, T, 4, Hkv, 6, vd};
       Qkv x = random_qkv(s, 1 + Hkv);
       Fwd f = forward(x, s);
       Tensor out, lse;
       naive_attention(out, lse, x.q, x.k, x.v, s);
-      INFO("T=" << T << " Hkv=" << Hkv);
+      INFO("T=" << T << " Hkv=" << Hkv << " vd=" << vd);
       REQUIRE(scaled_diff(f.out, out) < 1e-13);
       REQUIRE(scaled_diff(f.lse, lse) < 1e-13);
     }
 }
 
 TEST_CASE("attention backward matches finite differences", "[kernels]") {
-  for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)}) {
-    const kern::AttnShape s{2, 5, 4, Hkv, 6};
+  for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)})
+  for (int64_t vd : {int64_t(0), int64_t(4)}) {
+    const kern::AttnShape s{2, 5, 4, Hkv, 6, vd};
     Qkv x = random_qkv(s, 10 + Hkv);
-    Tensor wt = randn({s.B * s.T, s.H * s.hd}, 20 + Hkv);
+    Tensor wt = randn({s.B * s.T, s.H * s.dv()}, 20 + Hkv);
     auto loss = [&] { return weighted_sum(forward(x, s).out, wt); };
     Grads g = zero_grads(s, DType::F64);
     backward(g, wt, x, forward(x, s), s);
-    INFO("Hkv=" << Hkv);
+    INFO("Hkv=" << Hkv << " vd=" << vd);
     REQUIRE(fd_check(x.q, g.dq, loss, kH, kFloor) < 1e-6);
     REQUIRE(fd_check(x.k, g.dk, loss, kH, kFloor) < 1e-6);
     REQUIRE(fd_check(x.v, g.dv, loss, kH, kFloor) < 1e-6);
@@ -127,10 +131,11 @@ TEST_CASE("attention backward matches finite differences", "[kernels]") {
 }
 
 TEST_CASE("attention backward matches finite differences across query blocks", "[kernels]") {
-  // T = 70: a second, partial query block whose rows see keys of the first.
-  const kern::AttnShape s{1, 70, 2, 1, 4};
+  // T = 70: a second, partial query block whose rows see keys of the first;
+  // values wider than the keys.
+  const kern::AttnShape s{1, 70, 2, 1, 4, 5};
   Qkv x = random_qkv(s, 30);
-  Tensor wt = randn({s.B * s.T, s.H * s.hd}, 31);
+  Tensor wt = randn({s.B * s.T, s.H * s.dv()}, 31);
   auto loss = [&] { return weighted_sum(forward(x, s).out, wt); };
   Grads g = zero_grads(s, DType::F64);
   backward(g, wt, x, forward(x, s), s);
@@ -186,21 +191,22 @@ TEST_CASE("attention decode with a KV cache reproduces the full forward", "[kern
   for (DType dt : {DType::F64, DType::F32})
     for (int64_t Hkv : {int64_t(1), int64_t(2), int64_t(4)}) {
       const int64_t B = 2, T = 9, Tmax = 12, H = 4, hd = 6;
-      const kern::AttnShape s{B, T, H, Hkv, hd};
+      const int64_t vd = Hkv == 2 ? 5 : 0, dv = vd ? vd : hd;  // one case with dv != hd
+      const kern::AttnShape s{B, T, H, Hkv, hd, vd};
       Qkv x = random_qkv(s, 70 + Hkv, dt);
       Fwd f = forward(x, s);
       // Fill the cache position by position (stale garbage beyond len must be ignored).
-      Tensor kc = randn({B, Tmax, Hkv * hd}, 80, dt), vc = randn({B, Tmax, Hkv * hd}, 81, dt);
+      Tensor kc = randn({B, Tmax, Hkv * hd}, 80, dt), vc = randn({B, Tmax, Hkv * dv}, 81, dt);
       for (int64_t p = 0; p < T; ++p) {
-        Tensor q1 = Tensor::empty({B, H * hd}, dt), out1 = Tensor::empty({B, H * hd}, dt);
-        Tensor ref = Tensor::empty({B, H * hd}, dt);
+        Tensor q1 = Tensor::empty({B, H * hd}, dt), out1 = Tensor::empty({B, H * dv}, dt);
+        Tensor ref = Tensor::empty({B, H * dv}, dt);
         for (int64_t b = 0; b < B; ++b) {
           kc.reshape({B * Tmax, Hkv * hd}).rows(b * Tmax + p, 1).copy_from(x.k.rows(b * T + p, 1));
-          vc.reshape({B * Tmax, Hkv * hd}).rows(b * Tmax + p, 1).copy_from(x.v.rows(b * T + p, 1));
+          vc.reshape({B * Tmax, Hkv * dv}).rows(b * Tmax + p, 1).copy_from(x.v.rows(b * T + p, 1));
           q1.rows(b, 1).copy_from(x.q.rows(b * T + p, 1));
           ref.rows(b, 1).copy_from(f.out.rows(b * T + p, 1));
         }
-        kern::attention_decode(out1, q1, kc, vc, p + 1, {B, 1, H, Hkv, hd});
+        kern::attention_decode(out1, q1, kc, vc, p + 1, {B, 1, H, Hkv, hd, vd});
         INFO("dtype=" << dtype_name(dt) << " Hkv=" << Hkv << " pos=" << p);
         REQUIRE(scaled_diff(out1, ref) < (dt == DType::F64 ? 1e-13 : 1e-6));
       }

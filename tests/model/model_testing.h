@@ -73,6 +73,18 @@ inline model::ModelConfig with_kda(model::ModelConfig c, int64_t heads, int64_t 
   return c;
 }
 
+// The softmax layers as MLA (model.mla): r, dn, dr, dv, rope.
+inline model::ModelConfig with_mla(model::ModelConfig c, int64_t r, int64_t dn, int64_t dr,
+                                   int64_t dv, bool rope = false) {
+  c.mla.kv_lora_rank = r;
+  c.mla.qk_nope_head_dim = dn;
+  c.mla.qk_rope_head_dim = dr;
+  c.mla.v_head_dim = dv;
+  c.mla.rope = rope;
+  c.validate();
+  return c;
+}
+
 // Random parameters everywhere (queries and gains too, so every Mix and norm
 // is exercised away from its zero/one initialisation).
 inline void randomize(model::ParamTable& t, uint64_t seed) {

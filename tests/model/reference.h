@@ -200,6 +200,62 @@ inline Seq kda_attention(const model::ModelConfig& c, const ParamFn& P, int64_t 
   return y;
 }
 
+// Whether layer l is MLA: model.mla present and the layer not KDA.
+inline bool mla_layer(const model::ModelConfig& c, int64_t l) {
+  return c.mla.kv_lora_rank > 0 && !kda_layer(c, l);
+}
+
+// An MLA layer (docs/model.md "MLA layer") over one sequence of normalised
+// inputs u[t], token by token: the latent, its norm, the per-head keys
+// [k_n,h | k_r] with k_r shared, RoPE on the dr dims only with model.mla.rope.
+inline Seq mla_attention(const model::ModelConfig& c, const ParamFn& P, int64_t l, const Seq& u) {
+  const auto& m = c.mla;
+  const size_t T = u.size(), H = c.n_heads, r = m.kv_lora_rank, dn = m.qk_nope_head_dim,
+               dr = m.qk_rope_head_dim, dv = m.v_head_dim, dqk = dn + dr;
+  const Vec Wq = P(lp(l, "self_attn.q_proj.weight")), Wa = P(lp(l, "self_attn.kv_a_proj_with_mqa.weight"));
+  const Vec g = P(lp(l, "self_attn.kv_a_layernorm.weight")), Wb = P(lp(l, "self_attn.kv_b_proj.weight"));
+  // keys[t][h], values[t][h], queries[t][h]
+  std::vector<std::vector<Vec>> qs(T), ks(T), vs(T);
+  for (size_t t = 0; t < T; ++t) {
+    const Vec q = linear(Wq, u[t]), ca = linear(Wa, u[t]);
+    const Vec ckv(ca.begin(), ca.begin() + r);
+    Vec kr(ca.begin() + r, ca.end());
+    const Vec kv = linear(Wb, rmsnorm(ckv, &g, c.norm_eps));
+    if (m.rope) rope(kr, 1, dr, t, c.rope_theta);
+    for (size_t h = 0; h < H; ++h) {
+      Vec qh(q.begin() + h * dqk, q.begin() + (h + 1) * dqk);
+      if (m.rope) {
+        Vec tail(qh.begin() + dn, qh.end());
+        rope(tail, 1, dr, t, c.rope_theta);
+        std::copy(tail.begin(), tail.end(), qh.begin() + dn);
+      }
+      Vec kh(kv.begin() + h * (dn + dv), kv.begin() + h * (dn + dv) + dn);
+      kh.insert(kh.end(), kr.begin(), kr.end());
+      qs[t].push_back(qh);
+      ks[t].push_back(kh);
+      vs[t].push_back(Vec(kv.begin() + h * (dn + dv) + dn, kv.begin() + (h + 1) * (dn + dv)));
+    }
+  }
+  Seq y(T);
+  for (size_t t = 0; t < T; ++t) {
+    Vec att(H * dv, 0.0);
+    for (size_t h = 0; h < H; ++h) {
+      std::vector<double> sc(t + 1);
+      for (size_t s2 = 0; s2 <= t; ++s2) {
+        double d = 0;
+        for (size_t i = 0; i < dqk; ++i) d += qs[t][h][i] * ks[s2][h][i];
+        sc[s2] = d / std::sqrt(double(dqk));
+      }
+      double mx = *std::max_element(sc.begin(), sc.end()), z = 0;
+      for (double& e : sc) z += (e = std::exp(e - mx));
+      for (size_t s2 = 0; s2 <= t; ++s2)
+        for (size_t i = 0; i < dv; ++i) att[h * dv + i] += sc[s2] / z * vs[s2][h][i];
+    }
+    y[t] = linear(P(lp(l, "self_attn.o_proj.weight")), att);
+  }
+  return y;
+}
+
 // f_s applied to a whole sequence of sublayer inputs x[t].
 inline Seq sublayer(const model::ModelConfig& c, const ParamFn& P, int64_t s, const Seq& x) {
   const size_t T = x.size(), H = c.n_heads, Hkv = c.n_kv_heads, hd = c.d_model / c.n_heads;
@@ -209,6 +265,11 @@ inline Seq sublayer(const model::ModelConfig& c, const ParamFn& P, int64_t s, co
     Vec g = P(lp(l, "input_layernorm.weight"));
     for (size_t t = 0; t < T; ++t) u[t] = rmsnorm(x[t], &g, c.norm_eps);
     return kda_attention(c, P, l, u);
+  }
+  if (s % 2 == 0 && mla_layer(c, l)) {
+    Vec g = P(lp(l, "input_layernorm.weight"));
+    for (size_t t = 0; t < T; ++t) u[t] = rmsnorm(x[t], &g, c.norm_eps);
+    return mla_attention(c, P, l, u);
   }
   if (s % 2 == 0) {
     Vec g = P(lp(l, "input_layernorm.weight"));

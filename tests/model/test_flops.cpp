@@ -112,3 +112,22 @@ TEST_CASE("training FLOPs per token = a hand count for a KDA hybrid (the quickst
   CHECK(model::kda_core_flops_per_token(c) == 68608.0);
   CHECK(model::training_flops_per_token(c, 128) == 8884224.0);
 }
+
+TEST_CASE("training FLOPs per token = a hand count for a KDA + MLA hybrid", "[flops]") {
+  // The KDA hybrid above with its softmax layer (layer 4) as MLA: r 64, dn
+  // 32, dr 16, dv 32, 4 heads. The MLA layer's matmuls: q_proj 4 x 48 x 128
+  // = 24,576; kv_a_proj_with_mqa (64 + 16) x 128 = 10,240; kv_b_proj 4 x 64
+  // x 64 = 16,384; o_proj 128 x 128 = 16,384: 67,584 (the latent norm is no
+  // matmul). P_mm = 3 x 82,432 + 67,584 + 540,672 + 524,288 = 1,379,840;
+  // 6 P_mm = 8,279,040; MLA's attention 3 x T H (dn + dr + dv) = 3 x 128 x 4
+  // x 80 = 122,880; the KDA core as above 617,472. F = 9,019,392.
+  model::ModelConfig c;
+  c.n_layers = 4;
+  c = testing::resized(c, 4096, 128, 4, 2, 352);
+  c.kda.heads = 4, c.kda.head_dim = 32, c.kda.conv_size = 4;
+  c.mla.kv_lora_rank = 64, c.mla.qk_nope_head_dim = 32, c.mla.qk_rope_head_dim = 16;
+  c.mla.v_head_dim = 32;
+  c.validate();
+  CHECK(model::matmul_params(c) == 1379840.0);
+  CHECK(model::training_flops_per_token(c, 128) == 9019392.0);
+}

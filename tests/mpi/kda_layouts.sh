@@ -5,9 +5,9 @@
 # keep every sum in the single-process order bit for bit, metrics and every
 # checkpoint tensor; cached interleaving, data parallelism and ZeRO-1 within
 # relative 1e-5; a hybrid with MoE MLPs under expert parallelism; a run
-# stopped on one layout and resumed on another continues exactly. The
-# sequences (T = 16) span one KDA chunk, so chunk boundaries are the kernel
-# tests' (tests/kernels/test_kda.cpp).
+# stopped on one layout and resumed on another continues exactly; the
+# softmax layers as MLA too. The sequences (T = 16) span one KDA chunk, so
+# chunk boundaries are the kernel tests' (tests/kernels/test_kda.cpp).
 source "$(dirname "$0")/lib.sh"
 make_corpus
 write_mpi_config  # 8 layers: KDA in 1-3 and 5-7, softmax in 4 and 8
@@ -39,4 +39,28 @@ rm -rf ck_e run_e
 # come back through the all-to-all).
 same_as_reference e 3e-5 "--parallel.data=2 --parallel.expert=2 --training.grad_accum=2" \
   -- "${kda[@]}" "${moe[@]}" --optimizer.eps=1e-4
+
+# The softmax layers as MLA (DeepSeek-V3's decoupled RoPE on, to carry k_r's
+# rotation through every layout): pipelines bit for bit, the rest within 1e-5.
+mla=(--model.mla='{"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6, "rope": true}')
+rm -rf ck_1 run_1 ck_e run_e
+"$BIN" train base.json --checkpoint.dir=ck_1 --run.dir=run_1 "${kda[@]}" "${mla[@]}" 2>log_1.txt \
+  || { cat log_1.txt; fail "single process, KDA + MLA"; }
+grep -q 'self_attn.kv_a_proj_with_mqa.weight' <("$BIN" inspect checkpoint ck_1/step_00000008) \
+  || fail "no MLA tensors in the checkpoint"
+# Decoding a hybrid: KDA's state and convolution windows, MLA's keys and
+# values (tests/model/test_model.cpp holds it equal to the full forward).
+"$BIN" generate --checkpoint ck_1/step_00000008 --prompt "the quick" --tokens 12 --temperature 0 \
+  --json > gen.json 2>err.txt || { cat err.txt; fail "generate from a KDA + MLA hybrid"; }
+/usr/bin/python3 -c 'import json,sys; t=json.load(open("gen.json"))["tokens"]; sys.exit(len(t) != 12)' \
+  || fail "generate did not give 12 tokens: $(cat gen.json)"
+"$BIN" score --checkpoint ck_1/step_00000008 --text "the quick brown fox" > score.txt 2>err.txt \
+  || { cat err.txt; fail "score a KDA + MLA hybrid"; }
+pass "generate (greedy, 12 tokens) and score run on a KDA + MLA hybrid"
+same_as_reference 1 0 "--parallel.pipeline=4" -- "${kda[@]}" "${mla[@]}"
+"$BIN" train base.json --checkpoint.dir=ck_e --run.dir=run_e --optimizer.eps=1e-4 "${kda[@]}" "${mla[@]}" \
+  2>log_e.txt || { cat log_e.txt; fail "single process (eps 1e-4), KDA + MLA"; }
+same_as_reference e 1e-5 "--parallel.pipeline=2 --parallel.virtual_stages=2" \
+  "--parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
+  -- "${kda[@]}" "${mla[@]}" --optimizer.eps=1e-4
 echo "all kda_layouts checks passed"

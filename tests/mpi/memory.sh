@@ -5,7 +5,8 @@
 # within 1%, largest rank against largest rank, at two shapes, in the Block
 # and Full modes, without and with recomputation, in one process and under
 # mpirun (P = 2 x V = 2, P = 4 x V = 2, P = 2 x D = 2), and with
-# mixture-of-experts layers, expert parallelism included.
+# mixture-of-experts layers, expert parallelism included, and in Kimi Linear
+# hybrids (KDA and MLA layers).
 source "$(dirname "$0")/lib.sh"
 make_corpus
 write_mpi_config
@@ -59,6 +60,20 @@ check 1 $shape --model.residual.mode=full --model.residual.block_size=0 \
   --model.moe='{"experts": 6, "top_k": 3, "expert_d_ff": 40, "capacity_factor": 0.5, "dense_layers": 0}'
 # shellcheck disable=SC2086
 check 4 $shape --model.residual.mode=block "$moe" --parallel.pipeline=4 --parallel.virtual_stages=2
+# Kimi Linear hybrids: the KDA layers' saved projections, convolutions,
+# gates and core output; MLA's latent, its norm and the expanded heads.
+kda='--model.kda={"heads": 2, "head_dim": 16, "conv_size": 4}'
+mla='--model.mla={"kv_lora_rank": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12}'
+for rc in none mix layer; do
+  # shellcheck disable=SC2086
+  check 1 $shape --model.residual.mode=block "$kda" --training.recompute=$rc
+  # shellcheck disable=SC2086
+  check 1 $shape --model.residual.mode=block "$kda" "$mla" --training.recompute=$rc
+done
+# shellcheck disable=SC2086
+check 1 $shape --model.residual.mode=full --model.residual.block_size=0 "$mla" --training.recompute=layer
+# shellcheck disable=SC2086
+check 4 $shape --model.residual.mode=block "$kda" "$mla" "$moe" --parallel.pipeline=4 --parallel.virtual_stages=2
 # Expert parallelism: E / EP experts per rank (their ZeRO-1 state over the
 # replicas holding them), the exchanged rows kept and copied.
 for rc in none layer; do

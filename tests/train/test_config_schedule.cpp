@@ -11,6 +11,7 @@
 #include "config_testing.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "model/params.h"
 #include "train/config.h"
 #include "train/lr_schedule.h"
 
@@ -70,6 +71,8 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
       {"model.moe.capacity_factor", 1.25},
       {"model.kda.heads", 2}, {"model.kda.head_dim", 8}, {"model.kda.conv_size", 3},
       {"model.kda.full_attention_every", 2}, {"model.kda.full_attention_layers", json::array({2, 4})},
+      {"model.mla.kv_lora_rank", 12}, {"model.mla.qk_nope_head_dim", 8},
+      {"model.mla.qk_rope_head_dim", 4}, {"model.mla.v_head_dim", 6}, {"model.mla.rope", true},
       {"optimizer.type", "muon"}, {"optimizer.momentum", 0.9},
       {"optimizer.lr", 3e-4}, {"optimizer.beta1", 0.8}, {"optimizer.beta2", 0.99},
       {"optimizer.eps", 1e-7}, {"optimizer.weight_decay", 0.05}, {"optimizer.grad_clip", 0.5},
@@ -386,6 +389,42 @@ TEST_CASE("model.kda: bad hybrid settings name the key and the reason", "[train]
   CHECK_THAT(with(R"({"heads": 2, "head_dim": 8, "colour": 1})"), Catch::Contains("model.kda.colour"));
 }
 
+TEST_CASE("model.mla: bad latent-attention settings name the key and the reason", "[train]") {
+  auto with = [](const char* mla, const char* kda = nullptr) {
+    json j = base();  // 3 layers
+    j["model"]["mla"] = json::parse(mla);
+    if (kda) j["model"]["kda"] = json::parse(kda);
+    return config_error(j);
+  };
+  const char* ok = R"({"kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 6})";
+  CHECK(with(ok).empty());                                  // every layer MLA
+  CHECK(with(ok, R"({"heads": 2, "head_dim": 8})").empty());  // the hybrid's softmax layers
+  CHECK(with(R"({"kv_lora_rank": 8, "qk_nope_head_dim": 0, "qk_rope_head_dim": 2, "v_head_dim": 2, "rope": true})")
+            .empty());  // a key of k_r alone, rotated
+  // Under MLA the heads need not divide d_model (GQA's head_dim is unused).
+  {
+    json j = base();
+    j["model"]["n_heads"] = 3, j["model"]["n_kv_heads"] = 3;
+    j["model"]["mla"] = json::parse(ok);
+    CHECK(config_error(j).empty());
+  }
+  CHECK_THAT(with(R"({"kv_lora_rank": 8, "qk_nope_head_dim": 4})"), Catch::Contains("model.mla.v_head_dim"));
+  CHECK_THAT(with(R"({"kv_lora_rank": 8, "qk_nope_head_dim": 4, "v_head_dim": 0})"),
+             Catch::Contains("model.mla.v_head_dim"));
+  CHECK_THAT(with(R"({"kv_lora_rank": 8, "v_head_dim": 4})"), Catch::Contains("qk_nope_head_dim + qk_rope_head_dim"));
+  CHECK_THAT(with(R"({"kv_lora_rank": 8, "qk_nope_head_dim": -1, "qk_rope_head_dim": 2, "v_head_dim": 4})"),
+             Catch::Contains("model.mla.qk_nope_head_dim"));
+  CHECK_THAT(with(R"({"kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 3, "v_head_dim": 4, "rope": true})"),
+             Catch::Contains("model.mla.qk_rope_head_dim") && Catch::Contains("even"));
+  CHECK_THAT(with(R"({"kv_lora_rank": 8, "qk_nope_head_dim": 4, "v_head_dim": 4, "rope": true})"),
+             Catch::Contains("model.mla.qk_rope_head_dim"));
+  CHECK_THAT(with(R"({"qk_nope_head_dim": 4, "v_head_dim": 4})"), Catch::Contains("needs kv_lora_rank"));
+  CHECK_THAT(with(R"({"kv_lora_rank": -2, "qk_nope_head_dim": 4, "v_head_dim": 4})"),
+             Catch::Contains("model.mla.kv_lora_rank"));
+  CHECK_THAT(with(R"({"kv_lora_rank": 8, "qk_nope_head_dim": 4, "v_head_dim": 4, "q_lora_rank": 16})"),
+             Catch::Contains("model.mla.q_lora_rank"));
+}
+
 TEST_CASE("model.kda: which layers keep softmax attention", "[train]") {
   model::ModelConfig c;
   c.n_layers = 9;
@@ -404,4 +443,39 @@ TEST_CASE("model.kda: which layers keep softmax attention", "[train]") {
   CHECK(kinds == "AKKKAKKKK");  // exactly the list (the last layer included only when listed)
   c.kda.heads = 0;
   CHECK_FALSE(c.kda_layer(0));
+}
+
+TEST_CASE("configs/kimi_linear_48b.json has Kimi Linear 48B's parameter counts", "[train]") {
+  // Counted by hand from the released shapes (docs/model.md, "MLA layer";
+  // d 2304, V 163840 untied):
+  //  a KDA layer 39,514,272 (q, k, v 3 x 4096 x 2304; convolutions 3 x 4096
+  //  x 4; A_log 32, dt_bias 4096; f_a, g_a 2 x 128 x 2304; f_b, g_b 2 x 4096
+  //  x 128; b 32 x 2304; o_norm 128; o 2304 x 4096), x 20 = 790,285,440;
+  //  an MLA layer 29,114,880 (q 32 x 192 x 2304, kv_a 576 x 2304, its norm
+  //  512, kv_b 32 x 256 x 512, o 2304 x 4096), x 7 = 203,804,160;
+  //  a MoE layer's router 256 x 2304, shared expert 3 x 1024 x 2304 and
+  //  256 experts 3 x 1024 x 2304 each: 1,819,607,040, x 26 =
+  //  47,309,783,040, of which the routed experts 47,110,422,528;
+  //  layer 0's dense MLP 3 x 9216 x 2304 = 63,700,992; the 54 sublayer
+  //  norms and the 55 AttnRes queries (with the final norm) 110 x 2304 =
+  //  253,440; embedding and head 2 x 377,487,360 = 754,974,720.
+  // Total 49,122,801,792; activated: the routed experts' 8 / 256
+  // (1,472,200,704) in place of all of them.
+  std::ifstream in(std::string(ATTNRES_SOURCE_DIR) + "/configs/kimi_linear_48b.json");
+  REQUIRE(in.good());
+  const Config c = Config::from_json(json::parse(in), "kimi_linear_48b.json");
+  const int64_t total = 49122801792, emb = 754974720;
+  const int64_t activated = total - emb - 47110422528 + 1472200704;
+  CHECK(model::total_params(c.model) == total);
+  CHECK(model::non_embedding_params(c.model) == total - emb);
+  CHECK(model::activated_non_embedding_params(c.model) == activated);
+  // Against the figures of our count of the released config (49.12B, 2.73B
+  // activated, 3.48B with the embeddings and head): within 1%.
+  CHECK(std::abs(total / 49.12e9 - 1) < 0.01);
+  CHECK(std::abs(activated / 2.73e9 - 1) < 0.01);
+  CHECK(std::abs((activated + emb) / 3.48e9 - 1) < 0.01);
+  // Its layers: 20 KDA, MLA in 4, 8, ..., 24 and 27 (1-based).
+  std::string kinds;
+  for (int64_t l = 0; l < 27; ++l) kinds += c.model.kda_layer(l) ? 'K' : c.model.mla_layer(l) ? 'M' : '?';
+  CHECK(kinds == "KKKMKKKMKKKMKKKMKKKMKKKMKKM");
 }

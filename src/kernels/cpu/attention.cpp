@@ -28,26 +28,29 @@ constexpr int64_t kQBlock = 64;
 
 // Where one (batch, head) slice starts: q, k and v are the column blocks of
 // the joint qkv rows (kernels/attention.h), so they share its row stride;
-// out (and dout) are rows of their own.
+// out (and dout) are rows of their own. Values (and out) have dv columns a
+// head, queries and keys hd.
 struct Heads {
-  int64_t Tlen, H, Hkv, hd;
-  int64_t ldqkv() const { return (H + 2 * Hkv) * hd; }  // row stride of q / k / v (and grads)
-  int64_t ldo() const { return H * hd; }                // row stride of out / dout
+  int64_t Tlen, H, Hkv, hd, dv;
+  int64_t ldqkv() const { return (H + Hkv) * hd + Hkv * dv; }  // row stride of q / k / v (and grads)
+  int64_t ldo() const { return H * dv; }                       // row stride of out / dout
   int64_t row(int64_t b, int64_t t) const { return b * Tlen + t; }
   int64_t q_off(int64_t b, int64_t t, int64_t h) const { return row(b, t) * ldqkv() + h * hd; }
   int64_t k_off(int64_t b, int64_t t, int64_t j) const {
     return row(b, t) * ldqkv() + (H + j) * hd;
   }
-  int64_t v_off(int64_t b, int64_t t, int64_t j) const { return k_off(b, t, j) + Hkv * hd; }
-  int64_t o_off(int64_t b, int64_t t, int64_t h) const { return row(b, t) * ldo() + h * hd; }
+  int64_t v_off(int64_t b, int64_t t, int64_t j) const {
+    return row(b, t) * ldqkv() + (H + Hkv) * hd + j * dv;
+  }
+  int64_t o_off(int64_t b, int64_t t, int64_t h) const { return row(b, t) * ldo() + h * dv; }
 };
 
 }  // namespace
 
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tlen, int64_t H,
-                       int64_t Hkv, int64_t hd) {
-  const Heads L{Tlen, H, Hkv, hd};
+                       int64_t Hkv, int64_t hd, int64_t dv) {
+  const Heads L{Tlen, H, Hkv, hd, dv};
   const int64_t group = H / Hkv;  // query heads per KV head
   const int64_t n_qblocks = (Tlen + kQBlock - 1) / kQBlock;
   const T scale = T(1) / std::sqrt(T(hd));
@@ -91,7 +94,7 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tlen, in
           }
 
           // out_blk = P V over keys [0, keys), written straight into the head's columns.
-          gemm_serial(false, false, rows, hd, keys, T(1), S, keys, qkv + L.v_off(b, 0, j),
+          gemm_serial(false, false, rows, dv, keys, T(1), S, keys, qkv + L.v_off(b, 0, j),
                       L.ldqkv(), T(0), out + L.o_off(b, t0, h), L.ldo());
         }
   }
@@ -106,8 +109,8 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tlen, in
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
                         int64_t B, int64_t Tlen, int64_t H, int64_t Hkv, int64_t hd,
-                        bool accumulate) {
-  const Heads L{Tlen, H, Hkv, hd};
+                        int64_t dv, bool accumulate) {
+  const Heads L{Tlen, H, Hkv, hd, dv};
   const int64_t group = H / Hkv;
   const int64_t n_qblocks = (Tlen + kQBlock - 1) / kQBlock;
   const T scale = T(1) / std::sqrt(T(hd));
@@ -128,7 +131,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
         if (!accumulate)  // dk/dv sum over the group's heads and query blocks below
           for (int64_t t = 0; t < Tlen; ++t) {
             std::fill_n(dkb + t * ld, hd, T(0));
-            std::fill_n(dvb + t * ld, hd, T(0));
+            std::fill_n(dvb + t * ld, dv, T(0));
           }
         for (int64_t h = j * group; h < (j + 1) * group; ++h)
           for (int64_t qb = 0; qb < n_qblocks; ++qb) {
@@ -153,13 +156,13 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
             }
 
             // dP = dO V^T; D_i = dO_i . O_i; dS = P * (dP - D) in place.
-            gemm_serial(false, true, rows, keys, hd, T(1), doblk, L.ldo(), vb, ld, T(0), dS, keys);
+            gemm_serial(false, true, rows, keys, dv, T(1), doblk, L.ldo(), vb, ld, T(0), dS, keys);
             for (int64_t i = 0; i < rows; ++i) {
               const T* doi = doblk + i * L.ldo();
               const T* oi = oblk + i * L.ldo();
               T s = 0;
 #pragma omp simd reduction(+ : s)
-              for (int64_t c = 0; c < hd; ++c) s += doi[c] * oi[c];
+              for (int64_t c = 0; c < dv; ++c) s += doi[c] * oi[c];
               D[i] = s;
             }
             for (int64_t i = 0; i < rows; ++i) {
@@ -176,7 +179,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
             gemm_serial(false, false, rows, hd, keys, scale, dS, keys, kb, ld, T(accumulate),
                         dqkv + L.q_off(b, t0, h), ld);
             gemm_serial(true, false, keys, hd, rows, scale, dS, keys, qblk, ld, T(1), dkb, ld);
-            gemm_serial(true, false, keys, hd, rows, T(1), P, keys, doblk, L.ldo(), T(1), dvb, ld);
+            gemm_serial(true, false, keys, dv, rows, T(1), P, keys, doblk, L.ldo(), T(1), dvb, ld);
           }
       }
   }
@@ -186,8 +189,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
 // each way, done with plain loops (per row there is too little work for BLAS).
 template <typename T>
 void attention_decode(T* out, const T* q, const T* k_cache, const T* v_cache, int64_t B,
-                      int64_t Tmax, int64_t len, int64_t H, int64_t Hkv, int64_t hd) {
-  const int64_t group = H / Hkv, ldq = H * hd, ldk = Hkv * hd;
+                      int64_t Tmax, int64_t len, int64_t H, int64_t Hkv, int64_t hd, int64_t dv) {
+  const int64_t group = H / Hkv, ldq = H * hd, ldk = Hkv * hd, ldv = Hkv * dv, ldo = H * dv;
   const T scale = T(1) / std::sqrt(T(hd));
   // No BLAS inside, so running serially for small problems cannot change the result.
 #pragma omp parallel if (B * H * len * hd >= (1 << 16))
@@ -198,8 +201,8 @@ void attention_decode(T* out, const T* q, const T* k_cache, const T* v_cache, in
       for (int64_t h = 0; h < H; ++h) {
         const T* qh = q + b * ldq + h * hd;
         const T* kb = k_cache + b * Tmax * ldk + (h / group) * hd;
-        const T* vb = v_cache + b * Tmax * ldk + (h / group) * hd;
-        T* oh = out + b * ldq + h * hd;
+        const T* vb = v_cache + b * Tmax * ldv + (h / group) * dv;
+        T* oh = out + b * ldo + h * dv;
         T m = -INFINITY;
         for (int64_t t = 0; t < len; ++t) {
           const T* kt = kb + t * ldk;
@@ -215,30 +218,31 @@ void attention_decode(T* out, const T* q, const T* k_cache, const T* v_cache, in
           l += p[t];
         }
         const T inv = T(1) / l;
-        for (int64_t c = 0; c < hd; ++c) oh[c] = T(0);
+        for (int64_t c = 0; c < dv; ++c) oh[c] = T(0);
         for (int64_t t = 0; t < len; ++t) {
           const T pt = p[t] * inv;
-          const T* vt = vb + t * ldk;
+          const T* vt = vb + t * ldv;
 #pragma omp simd
-          for (int64_t c = 0; c < hd; ++c) oh[c] += pt * vt[c];
+          for (int64_t c = 0; c < dv; ++c) oh[c] += pt * vt[c];
         }
       }
   }
 }
 
 template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t,
-                                       int64_t, int64_t);
+                                       int64_t, int64_t, int64_t);
 template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t,
-                                        int64_t, int64_t);
+                                        int64_t, int64_t, int64_t);
 template void attention_backward<float>(float*, const float*, const float*, const float*,
                                         const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                        bool);
+                                        int64_t, bool);
 template void attention_backward<double>(double*, const double*, const double*, const double*,
                                          const double*, int64_t, int64_t, int64_t, int64_t,
-                                         int64_t, bool);
+                                         int64_t, int64_t, bool);
 template void attention_decode<float>(float*, const float*, const float*, const float*, int64_t,
-                                      int64_t, int64_t, int64_t, int64_t, int64_t);
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 template void attention_decode<double>(double*, const double*, const double*, const double*,
-                                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                       int64_t);
 
 }  // namespace attnres::kernels::cpu
