@@ -11,6 +11,7 @@
 // from python/attnres_hf/): an export needs nothing but the binary, and its
 // code is always the model function of the binary that wrote the weights.
 #include <cctype>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 
@@ -67,6 +68,26 @@ int64_t parse_size(const std::string& text) {
   for (const auto& [name, scale] : units)
     if (unit == name && value > 0) return static_cast<int64_t>(value * scale);
   fail("export: --max-shard-size needs a size such as 5GB, 500MB or 2GiB, got '", text, "'");
+}
+
+// A MoE layer's tensors under Kimi Linear's names (its modeling_kimi.py):
+// block_sparse_moe.{gate, shared_experts} for mlp.{gate, shared_experts}, and
+// a routed expert's w1 / w3 / w2 for its gate / up / down projections. A
+// dense layer's mlp.* and every other name are unchanged.
+std::string kimi_moe_name(const std::string& name) {
+  const std::string mlp = ".mlp.";
+  const size_t at = name.find(mlp);
+  if (at == std::string::npos) return name;
+  std::string rest = name.substr(at + mlp.size());
+  const bool routed = rest.rfind("experts.", 0) == 0;
+  if (!routed && rest.rfind("gate.", 0) != 0 && rest.rfind("shared_experts.", 0) != 0) return name;
+  if (routed)
+    for (const auto& [ours, kimi] : {std::pair<const char*, const char*>{"gate_proj.", "w1."},
+                                     {"up_proj.", "w3."}, {"down_proj.", "w2."}}) {
+      const size_t p = rest.find(ours);
+      if (p != std::string::npos) rest.replace(p, std::strlen(ours), kimi);
+    }
+  return name.substr(0, at) + ".block_sparse_moe." + rest;
 }
 
 // The weights in files of at most `max_bytes` each (a larger tensor gets a
@@ -182,6 +203,33 @@ std::string readme(const json& config, const std::vector<std::string>& tokenizer
          "with the KV cache (temperature / top_k sample).\n";
 }
 
+// What Kimi Linear's own modeling code (modeling_kimi.py) would compute
+// differently from these weights: the README says it, so that nobody loads
+// them there and takes the result for this model.
+std::string kimi_differences(const model::ModelConfig& m) {
+  if (!m.has_kda() && !m.has_mla()) return "";
+  std::string s =
+      "\n## Kimi Linear\n\n`config.json` has Kimi Linear's fields (`model_type` `kimi_linear`, "
+      "`linear_attn_config`, the MLA dims, Kimi's MoE names, the MoE tensors under "
+      "`block_sparse_moe.`), and `auto_map` loads this directory's modeling code, which computes "
+      "what attnres trained. Kimi's own `modeling_kimi.py` would compute another function:\n\n";
+  if (m.attnres())
+    s += "- the residual connections: this model reads Attention Residuals (`attn_res`), Kimi's "
+         "code adds every sublayer into one stream and has no `attn_res.query` tensors;\n";
+  if (m.has_mla())
+    s += "- the MLA latent norm `kv_a_layernorm`: epsilon `rms_norm_eps` here, Kimi's code builds "
+         "it with its RMSNorm's default 1e-6;\n";
+  if (m.has_mla() && m.mla.rope)
+    s += "- RoPE on the dr dims (`mla_use_nope` false) is attnres's rotate-half convention;\n";
+  if (!m.has_mla())
+    s += "- the softmax layers are grouped-query attention with RoPE (`q_proj`, `k_proj`, "
+         "`v_proj`, `o_proj`), where Kimi's are MLA;\n";
+  if (m.has_moe())
+    s += "- the router: attnres's choice (`topk_method`, `moe_capacity_factor`) and its "
+         "renormalised weights as `modeling_attnres.py` writes them out;\n";
+  return s;
+}
+
 }  // namespace
 
 int cmd_export(const Args& args) {
@@ -218,21 +266,17 @@ int cmd_export(const Args& args) {
   // The weights, through the loader every command uses (it verifies the
   // checkpoint's manifest first), in the checkpoint's parameter order.
   const train::Config cfg = train::config_from_checkpoint(dir.string());
-  if (cfg.model.has_kda())
-    fail("export hf: ", dir.string(), " is a Kimi Linear hybrid (model.kda): its export as Kimi "
-         "Linear's kimi_linear model is not built yet");
-  if (cfg.model.has_mla())
-    fail("export hf: ", dir.string(), " has MLA layers (model.mla): their export (Kimi Linear's "
-         "or DeepSeek's attention) is not built yet");
   model::Model model(cfg.model, DType::F32);
   train::load_weights(dir.string(), model);
   const json state = json::parse(read_text_file((dir / "state.json").string()));
   std::vector<NamedTensor> tensors;
+  const bool kimi = cfg.model.has_kda() || cfg.model.has_mla();
+  auto name_of = [&](const std::string& n) { return kimi ? kimi_moe_name(n) : n; };
   for (const auto& p : model.params().all())
-    tensors.push_back({p.name, bf16 ? p.weights().to(DType::BF16) : p.weights()});
+    tensors.push_back({name_of(p.name), bf16 ? p.weights().to(DType::BF16) : p.weights()});
   // Model state (a MoE router's e_score_correction_bias): fp32 in either
   // dtype, since it decides the choice of experts and bf16 would move ties.
-  for (const auto& p : model.state().all()) tensors.push_back({p.name, p.weights()});
+  for (const auto& p : model.state().all()) tensors.push_back({name_of(p.name), p.weights()});
 
   std::vector<std::string> tok_files, tok_names;
   std::string tok_format;
@@ -261,7 +305,9 @@ int cmd_export(const Args& args) {
 
   json config = train::hf_config(cfg.model);
   config["architectures"] = {"AttnResForCausalLM"};
-  config["model_type"] = "attnres";
+  // A Kimi Linear hybrid keeps Kimi's model_type (hf_config); its code is
+  // ours all the same (auto_map), since Kimi's computes another function.
+  if (!kimi) config["model_type"] = "attnres";
   config["auto_map"] = {{"AutoConfig", "configuration_attnres.AttnResConfig"},
                         {"AutoModelForCausalLM", "modeling_attnres.AttnResForCausalLM"}};
   config["torch_dtype"] = bf16 ? "bfloat16" : "float32";
@@ -313,7 +359,8 @@ int cmd_export(const Args& args) {
     fs::copy_file(tok_files[i], out / tok_names[i], fs::copy_options::overwrite_existing);
   if (hf_tokenizer)
     write_text_file_atomic((out / "tokenizer_config.json").string(), tok_config.dump(2) + "\n");
-  write_text_file_atomic((out / "README.md").string(), readme(config, tok_names, tok_format));
+  write_text_file_atomic((out / "README.md").string(),
+                         readme(config, tok_names, tok_format) + kimi_differences(cfg.model));
   spdlog::info("exported {} ({} tensors, {}) to {}", dir.string(), tensors.size(), dtype_name,
                out.string());
   return 0;

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "parallel/layout.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/config.h"
@@ -25,6 +26,21 @@ void print_rank_detail(const train::Prediction& p) {
                 p.sim.end[r] * 1e3, p.sim.peak_in_flight[r]);
 }
 
+// A split as the override takes it: [4,4,3].
+std::string split_text(const std::vector<int64_t>& split) {
+  std::string s = "[";
+  for (size_t i = 0; i < split.size(); ++i) s += (i ? "," : "") + std::to_string(split[i]);
+  return s + "]";
+}
+
+// The layers per chunk that a layout runs: its explicit split, else the even one.
+std::vector<int64_t> split_of(const train::Config& cfg, const train::PlanLayout& L) {
+  const parallel::PipelineLayout pl(cfg.model.n_layers, L.P, L.V, L.split);
+  std::vector<int64_t> out;
+  for (int c = 0; c < pl.C(); ++c) out.push_back(pl.layers(c).size());
+  return out;
+}
+
 }  // namespace
 
 int inspect_plan(const Args& args) {
@@ -39,7 +55,8 @@ int inspect_plan(const Args& args) {
         "  tokens/s, MFU, bubble, exposed communication, memory per rank, and the AttnRes\n"
         "  overhead over the baseline model on the same layout. --profile cpu measures the\n"
         "  chunk times here (--steps steps) for the config's layout; h100 computes them.\n"
-        "  --gpus N ranks every layout of N GPUs for the config's global batch.");
+        "  --gpus N ranks every layout of N GPUs for the config's global batch. Without it,\n"
+        "  also the config's layout with its stages balanced by cost (--parallel.layers_per_chunk).");
     return f.has("help") ? 0 : 2;
   }
   const train::Config cfg = train::load_config(f.positional()[0], overrides);
@@ -60,17 +77,34 @@ int inspect_plan(const Args& args) {
     const int steps = static_cast<int>(f.get_int("steps", 3, cmd));
     std::printf("measuring %d chunks in one process, %d thread%s, %d steps ...\n", L.P * L.V,
                 threads, threads == 1 ? "" : "s", steps);
-    const auto times = train::measure_chunk_times(cfg, L.P * L.V, threads, steps);
-    std::printf("chunk  fwd ms  bwd ms  update ms  (per microbatch; update per step)\n");
-    for (size_t c = 0; c < times.fwd.size(); ++c)
-      std::printf("%5zu %7.2f %7.2f %10.2f\n", c, times.fwd[c] * 1e3, times.bwd[c] * 1e3,
-                  times.update[c] * 1e3);
-    const auto p = train::predict(cfg, L, hw, &times);
-    std::printf("layout %s, M=%d: predicted step %.1f ms, %.0f tokens/s, bubble %.3f, exposed "
-                "communication %.2f ms\n",
-                train::describe(L).c_str(), L.M, p.step_time * 1e3, p.tokens_per_sec,
-                p.sim.bubble, p.exposed_comm * 1e3);
-    print_rank_detail(p);
+    auto measure_and_predict = [&](const train::PlanLayout& at) {
+      const auto times = train::measure_chunk_times(cfg, at.P * at.V, threads, steps, at.split);
+      std::printf("chunk  layers  fwd ms  bwd ms  update ms  (per microbatch; update per step)\n");
+      const auto split = split_of(cfg, at);
+      for (size_t c = 0; c < times.fwd.size(); ++c)
+        std::printf("%5zu %7lld %7.2f %7.2f %10.2f\n", c, (long long)split[c], times.fwd[c] * 1e3,
+                    times.bwd[c] * 1e3, times.update[c] * 1e3);
+      const auto p = train::predict(cfg, at, hw, &times);
+      std::printf("layout %s, M=%d: predicted step %.1f ms, %.0f tokens/s, bubble %.3f, exposed "
+                  "communication %.2f ms\n",
+                  train::describe(at).c_str(), at.M, p.step_time * 1e3, p.tokens_per_sec,
+                  p.sim.bubble, p.exposed_comm * 1e3);
+      print_rank_detail(p);
+      return p;
+    };
+    const auto p = measure_and_predict(L);
+    train::PlanLayout balanced = L;
+    balanced.split = train::balanced_split(cfg, L, hw);
+    if (balanced.split == split_of(cfg, L)) {
+      std::printf("stages balanced by cost: the split %s already is\n",
+                  split_text(balanced.split).c_str());
+      return 0;
+    }
+    std::printf("stages balanced by cost (FLOPs): --parallel.layers_per_chunk=%s, measured:\n",
+                split_text(balanced.split).c_str());
+    const auto q = measure_and_predict(balanced);
+    std::printf("balanced split: step %+.1f%% over %s\n", 100 * (q.step_time / p.step_time - 1),
+                split_text(split_of(cfg, L)).c_str());
     return 0;
   }
 
@@ -112,7 +146,23 @@ int inspect_plan(const Args& args) {
   if (rows.size() > top) std::printf("(%zu more; --top N shows them)\n", rows.size() - top);
   std::printf("vs base: step time over the baseline model on the same layout (AttnRes compute\n"
               "and messages); comm part: the share of it that is exposed communication.\n");
-  if (!f.has("gpus")) print_rank_detail(rows[0].p);
+  if (f.has("gpus")) return 0;
+  print_rank_detail(rows[0].p);
+  // The same layout with its stages balanced by cost (train::balanced_split).
+  const train::PlanLayout& L = rows[0].p.layout;
+  train::PlanLayout balanced = L;
+  balanced.split = train::balanced_split(cfg, L, hw);
+  if (balanced.split == split_of(cfg, L)) {
+    std::printf("stages balanced by cost: the split %s already is\n", split_text(balanced.split).c_str());
+    return 0;
+  }
+  const auto q = train::predict(cfg, balanced, hw);
+  std::printf("stages balanced by cost: --parallel.layers_per_chunk=%s (now %s): predicted step "
+              "%.1f ms (%+.1f%%), %.0f tokens/s, MFU %.1f%%, %.1f GiB/rank%s\n",
+              split_text(balanced.split).c_str(), split_text(split_of(cfg, L)).c_str(),
+              q.step_time * 1e3, 100 * (q.step_time / rows[0].p.step_time - 1), q.tokens_per_sec,
+              100 * q.mfu, q.bytes_per_rank / (1 << 30), q.fits ? "" : " (does NOT fit)");
+  print_rank_detail(q);
   return 0;
 }
 

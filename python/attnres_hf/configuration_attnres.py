@@ -9,7 +9,14 @@
 # first_k_dense_replace (the leading dense layers), scoring_func ("sigmoid" |
 # "softmax"), routed_scaling_factor, topk_method ("noaux_tc": the choice adds
 # the router's e_score_correction_bias; "greedy": no bias), and attnres's
-# moe_capacity_factor (0: dropless). The exact function is in
+# moe_capacity_factor (0: dropless). A Kimi Linear hybrid (model_type
+# "kimi_linear") adds Kimi Linear's fields: linear_attn_config {kda_layers,
+# full_attn_layers (1-based), num_heads, head_dim, short_conv_kernel_size}
+# for its KDA layers, kv_lora_rank / qk_nope_head_dim / qk_rope_head_dim /
+# v_head_dim / mla_use_nope (q_lora_rank null) when its softmax layers are
+# MLA, and Kimi's MoE names (num_experts, num_experts_per_token,
+# num_shared_experts, moe_router_activation_func), read here as DeepSeek's.
+# The exact function is in
 # modeling_attnres.py and in the attnres repository's docs/model.md.
 #
 # Works with torch alone; when transformers is importable the class is a
@@ -33,6 +40,14 @@ RESIDUAL_MODES = ("baseline", "full", "block")
 MOE_DEFAULTS = {"n_routed_experts": 0, "num_experts_per_tok": 0, "n_shared_experts": 0,
                 "moe_intermediate_size": 0, "first_k_dense_replace": 0, "scoring_func": "sigmoid",
                 "routed_scaling_factor": 1.0, "topk_method": "greedy", "moe_capacity_factor": 0.0}
+# Kimi Linear's names for them (its config.json).
+KIMI_MOE_NAMES = {"num_experts": "n_routed_experts", "num_experts_per_token": "num_experts_per_tok",
+                  "num_shared_experts": "n_shared_experts",
+                  "moe_router_activation_func": "scoring_func"}
+# MLA's dims (Kimi Linear's and DeepSeek-V3's names), with the values of a
+# model without MLA layers.
+MLA_DEFAULTS = {"kv_lora_rank": 0, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0, "v_head_dim": 0,
+                "mla_use_nope": True, "q_lora_rank": None}
 
 
 class _PlainConfig:
@@ -97,12 +112,31 @@ class AttnResConfig(_Base):
         self.max_position_embeddings = max_position_embeddings
         self.initializer_range = initializer_range
         self.use_cache = use_cache
+        for kimi, ours in KIMI_MOE_NAMES.items():
+            if kimi in kwargs:
+                kwargs[ours] = kwargs.pop(kimi)
         for key, default in MOE_DEFAULTS.items():
+            setattr(self, key, kwargs.pop(key, default))
+        self.linear_attn_config = kwargs.pop("linear_attn_config", None)
+        for key, default in MLA_DEFAULTS.items():
             setattr(self, key, kwargs.pop(key, default))
         self._check()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     def _check(self):
+        if self.q_lora_rank is not None:
+            raise ValueError(f"q_lora_rank {self.q_lora_rank}: attnres's MLA has a full-rank q_proj "
+                             "(q_lora_rank null)")
+        lac = self.linear_attn_config
+        if lac is not None:
+            for key in ("kda_layers", "num_heads", "head_dim", "short_conv_kernel_size"):
+                if key not in lac:
+                    raise ValueError(f"linear_attn_config lacks {key!r}")
+            if any(not 1 <= l <= self.num_hidden_layers for l in lac["kda_layers"]):
+                raise ValueError(f"linear_attn_config.kda_layers {lac['kda_layers']}: 1-based "
+                                 f"layers of {self.num_hidden_layers}")
+        if not any(self.attention_kind(l) == "gqa" for l in range(self.num_hidden_layers)):
+            return self._check_moe_and_residual()  # no GQA layer: its head shape is unused
         if self.hidden_size != self.head_dim * self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} != head_dim {self.head_dim} x "
                              f"num_attention_heads {self.num_attention_heads}")
@@ -111,6 +145,9 @@ class AttnResConfig(_Base):
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads {self.num_key_value_heads} must divide "
                              f"num_attention_heads {self.num_attention_heads}")
+        self._check_moe_and_residual()
+
+    def _check_moe_and_residual(self):
         mode = self.attn_res.get("mode")
         if mode not in RESIDUAL_MODES:
             raise ValueError(f"attn_res.mode must be one of {RESIDUAL_MODES}, got {mode!r}")
@@ -124,6 +161,18 @@ class AttnResConfig(_Base):
                                ("topk_method", ("noaux_tc", "greedy"))):
                 if getattr(self, key) not in known:
                     raise ValueError(f"{key} must be one of {known}, got {getattr(self, key)!r}")
+
+    def attention_kind(self, layer_idx):
+        """Layer layer_idx's token mixer: "kda" (linear_attn_config.kda_layers,
+        1-based), "mla" (the other layers when kv_lora_rank > 0) or "gqa"."""
+        lac = self.linear_attn_config
+        if lac is not None and layer_idx + 1 in lac["kda_layers"]:
+            return "kda"
+        return "mla" if self.kv_lora_rank else "gqa"
+
+    def kimi_names(self):
+        """Whether MoE tensors carry Kimi Linear's names (block_sparse_moe.*, w1 / w2 / w3)."""
+        return self.linear_attn_config is not None or bool(self.kv_lora_rank)
 
     def moe_layer(self, layer_idx):
         """Whether layer layer_idx's MLP is a mixture of experts."""

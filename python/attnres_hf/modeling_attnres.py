@@ -17,6 +17,12 @@
 #   mixture-of-experts model, layers >= first_k_dense_replace replace the MLP
 #   by AttnResMoE (DeepSeek-V3's tensor names: mlp.gate, mlp.experts.E,
 #   mlp.shared_experts).
+#   A Kimi Linear hybrid (config linear_attn_config; model_type kimi_linear)
+#   has KDA layers (AttnResKDA: gated delta-rule linear attention, computed
+#   token by token in float32) in linear_attn_config.kda_layers and softmax
+#   layers elsewhere: MLA (AttnResMLA, with kv_lora_rank) or the GQA above;
+#   its MoE layers carry Kimi's names (block_sparse_moe.gate, .experts.E.w1 /
+#   w2 / w3, .shared_experts).
 #
 # Torch alone is enough: `AttnResForCausalLM.from_pretrained(dir)` reads the
 # safetensors files itself. When transformers is importable the classes are
@@ -184,23 +190,35 @@ def apply_rope(x, cos, sin):
 
 
 class AttnResKVCache:
-    """Keys and values [B, Hkv, T, hd] per layer, grown as tokens are fed
-    (transformers' Cache interface: update, get_seq_length)."""
+    """What decoding keeps per layer, grown as tokens are fed: a softmax
+    layer's keys and values [B, H, T, hd] (transformers' Cache interface:
+    update, get_seq_length), a KDA layer's recurrent state and convolution
+    windows (kda_state, set_kda_state). The fed token count is `seen`."""
 
     def __init__(self):
         self.key_cache, self.value_cache = [], []
+        self.kda = {}  # layer_idx -> (state [B, H, K, K] float32, (q, k, v) windows [B, W-1, H K])
+        self.seen = 0
 
     def update(self, key, value, layer_idx, cache_kwargs=None):
-        if layer_idx == len(self.key_cache):
-            self.key_cache.append(key)
-            self.value_cache.append(value)
+        while len(self.key_cache) <= layer_idx:  # a hybrid's KDA layers hold no keys
+            self.key_cache.append(None)
+            self.value_cache.append(None)
+        if self.key_cache[layer_idx] is None:
+            self.key_cache[layer_idx], self.value_cache[layer_idx] = key, value
         else:
             self.key_cache[layer_idx] = torch.cat([self.key_cache[layer_idx], key], dim=2)
             self.value_cache[layer_idx] = torch.cat([self.value_cache[layer_idx], value], dim=2)
         return self.key_cache[layer_idx], self.value_cache[layer_idx]
 
+    def kda_state(self, layer_idx):
+        return self.kda.get(layer_idx)
+
+    def set_kda_state(self, layer_idx, state):
+        self.kda[layer_idx] = state
+
     def get_seq_length(self, layer_idx=0):
-        return self.key_cache[layer_idx].shape[2] if layer_idx < len(self.key_cache) else 0
+        return self.seen
 
     def __len__(self):
         return len(self.key_cache)
@@ -218,6 +236,7 @@ def _as_cache(past_key_values, use_cache):
     cache = AttnResKVCache()
     for i, (k, v) in enumerate(past_key_values):
         cache.update(k, v, i)
+    cache.seen = past_key_values[0][0].shape[2] if len(past_key_values) else 0
     return cache
 
 
@@ -254,6 +273,129 @@ class AttnResAttention(nn.Module):
         return self.o_proj(out)
 
 
+class AttnResKDA(nn.Module):
+    """Kimi Delta Attention (the attnres repository's docs/model.md "KDA
+    layer"; Kimi Linear's names and shapes), on the normed input u:
+      q, k, v = SiLU(causal depthwise conv(u W^T)), width W, no bias;
+      q, k L2-normalised per head (x / sqrt(|x|^2 + 1e-6));
+      g = -exp(A_log_h) softplus(u W_fa^T W_fb^T + dt_bias), beta = sigmoid(u W_b^T);
+      per head, S a K x K state from zero: S <- Diag(exp(g_t)) S,
+      S <- S + beta_t k_t (v_t - S^T k_t)^T, o_t = S^T q_t / sqrt(K);
+      o <- RMSNorm_K(o) o_norm sigmoid(u W_ga^T W_gb^T), then o_proj.
+    The recurrence runs token by token in float32 (attnres trains the same
+    function chunkwise). With a cache it carries S and the last W - 1 inputs
+    of each convolution; with an attention mask, masked (left-padding)
+    tokens neither enter the convolutions nor write the state."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        lac = config.linear_attn_config
+        d, H, K, W = config.hidden_size, lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"]
+        self.H, self.K, self.W, self.layer_idx = H, K, W, layer_idx
+        HK = H * K
+        self.q_proj = nn.Linear(d, HK, bias=False)
+        self.k_proj = nn.Linear(d, HK, bias=False)
+        self.v_proj = nn.Linear(d, HK, bias=False)
+        self.q_conv1d = nn.Conv1d(HK, HK, W, groups=HK, bias=False)
+        self.k_conv1d = nn.Conv1d(HK, HK, W, groups=HK, bias=False)
+        self.v_conv1d = nn.Conv1d(HK, HK, W, groups=HK, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(1, 1, H, 1))
+        self.dt_bias = nn.Parameter(torch.zeros(HK))
+        self.f_a_proj = nn.Linear(d, K, bias=False)
+        self.f_b_proj = nn.Linear(K, HK, bias=False)
+        self.b_proj = nn.Linear(d, H, bias=False)
+        self.g_a_proj = nn.Linear(d, K, bias=False)
+        self.g_b_proj = nn.Linear(K, HK, bias=False)
+        self.o_norm = AttnResRMSNorm(K, config.rms_norm_eps)
+        self.o_proj = nn.Linear(HK, d, bias=False)
+
+    def _conv(self, conv, x, window):
+        """SiLU(causal depthwise conv) of x [B, T, C] after the W - 1 earlier
+        inputs `window` [B, W-1, C]; returns it and the new window."""
+        xp = torch.cat([window, x], dim=1)
+        y = F.conv1d(xp.transpose(1, 2).float(), conv.weight.float(), groups=x.shape[-1])
+        return F.silu(y).transpose(1, 2), xp[:, xp.shape[1] - (self.W - 1):]
+
+    def forward(self, u, keep, cache):
+        B, T, _ = u.shape
+        H, K, HK = self.H, self.K, self.H * self.K
+        past = cache.kda_state(self.layer_idx) if cache is not None else None
+        if past is None:
+            zeros = u.new_zeros(B, self.W - 1, HK)
+            past = (u.new_zeros(B, H, K, K, dtype=torch.float32), (zeros, zeros, zeros))
+        S, windows = past
+        keep_f = keep.to(torch.float32)[..., None]  # [B, T, 1]: 0 on masked tokens
+        convs = [self._conv(conv, proj(u) * keep_f.to(u.dtype), w) for proj, conv, w in
+                 ((self.q_proj, self.q_conv1d, windows[0]), (self.k_proj, self.k_conv1d, windows[1]),
+                  (self.v_proj, self.v_conv1d, windows[2]))]
+        (q, wq), (k, wk), (v, wv) = convs
+        q, k, v = (x.view(B, T, H, K) for x in (q, k, v))
+        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
+        f = self.f_b_proj(self.f_a_proj(u)).float().view(B, T, H, K)
+        g = -torch.exp(self.A_log.float().view(1, 1, H, 1)) * F.softplus(
+            f + self.dt_bias.float().view(H, K))
+        beta = torch.sigmoid(self.b_proj(u).float())  # [B, T, H]
+        g = g * keep_f[..., None]         # a masked token: no decay (exp 0 = 1) ...
+        beta = beta * keep_f              # ... and no write
+        outs = []
+        for t in range(T):
+            S = S * torch.exp(g[:, t])[..., None]  # Diag(exp(g)) S: row i of S decays by g_i
+            kt = k[:, t]
+            err = v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, S)
+            S = S + beta[:, t, :, None, None] * kt[..., None] * err[:, :, None, :]
+            outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S) / math.sqrt(K))
+        o = torch.stack(outs, dim=1)  # [B, T, H, K]
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.o_norm.eps) * self.o_norm.weight.float()
+        o = o * torch.sigmoid(self.g_b_proj(self.g_a_proj(u)).float().view(B, T, H, K))
+        if cache is not None:
+            cache.set_kda_state(self.layer_idx, (S, (wq, wk, wv)))
+        return self.o_proj(o.reshape(B, T, HK).to(u.dtype))
+
+
+class AttnResMLA(nn.Module):
+    """Multi-head latent attention (docs/model.md "MLA layer"; Kimi Linear's
+    and DeepSeek-V3's names), on the normed input u: q = u W_q^T, per head
+    [q_n (dn) | q_r (dr)]; [c_kv (r) | k_r (dr)] = u W_kva^T; per head [k_n |
+    v] = RMSNorm(c_kv; kv_a_layernorm, eps rms_norm_eps) W_kvb^T; head h's key
+    [k_n,h | k_r] (k_r shared); with RoPE (mla_use_nope false) q_r and k_r
+    rotated (rotate-half over dr); causal softmax attention, scale
+    1 / sqrt(dn + dr); o_proj. The cache keeps the expanded keys and values."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        d, H, r = config.hidden_size, config.num_attention_heads, config.kv_lora_rank
+        self.H, self.r, self.layer_idx = H, r, layer_idx
+        self.dn, self.dr, self.dv = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        self.rope = not config.mla_use_nope
+        self.q_proj = nn.Linear(d, H * (self.dn + self.dr), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, r + self.dr, bias=False)
+        self.kv_a_layernorm = AttnResRMSNorm(r, config.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(r, H * (self.dn + self.dv), bias=False)
+        self.o_proj = nn.Linear(H * self.dv, d, bias=False)
+
+    def forward(self, u, rope, mask, cache):
+        B, T, _ = u.shape
+        H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
+        q = self.q_proj(u).view(B, T, H, dn + dr).transpose(1, 2)
+        c_kv, k_r = self.kv_a_proj_with_mqa(u).split([self.r, dr], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(c_kv)).view(B, T, H, dn + dv).transpose(1, 2)
+        k_n, v = kv.split([dn, dv], dim=-1)
+        q_n, q_r = q.split([dn, dr], dim=-1)
+        k_r = k_r.view(B, 1, T, dr)
+        if self.rope and dr > 0:
+            cos, sin = rope(dr)
+            q_r, k_r = apply_rope(q_r, cos, sin), apply_rope(k_r, cos, sin)
+        q = torch.cat([q_n, q_r], dim=-1)
+        k = torch.cat([k_n, k_r.expand(B, H, T, dr)], dim=-1)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) / math.sqrt(dn + dr)
+        probs = torch.softmax(scores + mask, dim=-1).to(v.dtype)
+        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, H * dv)
+        return self.o_proj(out)
+
+
 class AttnResMLP(nn.Module):
     """SwiGLU of width f (default: the dense MLP's intermediate_size)."""
 
@@ -266,6 +408,20 @@ class AttnResMLP(nn.Module):
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class AttnResKimiExpert(nn.Module):
+    """A routed expert under Kimi Linear's names: w2(SiLU(w1 x) * w3 x)."""
+
+    def __init__(self, config, width):
+        super().__init__()
+        d = config.hidden_size
+        self.w1 = nn.Linear(d, width, bias=False)
+        self.w2 = nn.Linear(width, d, bias=False)
+        self.w3 = nn.Linear(d, width, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class AttnResMoEGate(nn.Module):
@@ -329,8 +485,8 @@ class AttnResMoE(nn.Module):
         super().__init__()
         width = config.moe_intermediate_size
         self.gate = AttnResMoEGate(config)
-        self.experts = nn.ModuleList(AttnResMLP(config, width)
-                                     for _ in range(config.n_routed_experts))
+        expert = AttnResKimiExpert if config.kimi_names() else AttnResMLP
+        self.experts = nn.ModuleList(expert(config, width) for _ in range(config.n_routed_experts))
         self.shared_experts = (AttnResMLP(config, config.n_shared_experts * width)
                                if config.n_shared_experts else None)
 
@@ -358,12 +514,30 @@ class AttnResDecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = AttnResRMSNorm(config.hidden_size, eps)
-        self.self_attn = AttnResAttention(config, layer_idx)
+        self.kind = config.attention_kind(layer_idx)
+        self.self_attn = {"kda": AttnResKDA, "mla": AttnResMLA,
+                          "gqa": AttnResAttention}[self.kind](config, layer_idx)
         self.post_attention_layernorm = AttnResRMSNorm(config.hidden_size, eps)
-        self.mlp = AttnResMoE(config) if config.moe_layer(layer_idx) else AttnResMLP(config)
+        if not config.moe_layer(layer_idx):
+            self.mlp = AttnResMLP(config)
+        elif config.kimi_names():  # Kimi Linear's name for a MoE layer
+            self.block_sparse_moe = AttnResMoE(config)
+        else:
+            self.mlp = AttnResMoE(config)
         if config.residual_mode() != "baseline":
             self.attn_res = AttnResDepthQuery(config.hidden_size)
             self.mlp_res = AttnResDepthQuery(config.hidden_size)
+
+    def feed_forward(self):
+        return self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+
+    def token_mixer(self, cos, sin, rope, mask, keep, cache):
+        """The attention sublayer's function of its normed input."""
+        if self.kind == "kda":
+            return lambda u: self.self_attn(u, keep, cache)
+        if self.kind == "mla":
+            return lambda u: self.self_attn(u, rope, mask, cache)
+        return lambda u: self.self_attn(u, cos, sin, mask, cache)
 
 
 class _Output(dict):
@@ -499,7 +673,19 @@ class AttnResModel(AttnResPreTrainedModel):
         B, T, _ = e.shape
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=e.device).expand(B, T)
+        if cfg.kimi_names() and cache is not None and not isinstance(cache, AttnResKVCache):
+            raise ValueError(f"a Kimi Linear hybrid decodes with AttnResKVCache (its KDA layers' "
+                             f"states), not {type(cache).__name__}: use generate_tokens()")
         cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, e.dtype)
+        ropes = {}
+
+        def rope(dim):  # cos/sin of another head width (MLA's dr dims)
+            if dim not in ropes:
+                ropes[dim] = rope_cos_sin(position_ids, dim, cfg.rope_theta, e.dtype)
+            return ropes[dim]
+        # Which tokens are real (KDA layers skip masked ones): [B, T].
+        keep = (attention_mask[:, -T:].to(torch.bool) if attention_mask is not None
+                else torch.ones(B, T, dtype=torch.bool, device=e.device))
         # Causal over absolute positions (query past + i sees keys <= past + i);
         # padded keys (attention_mask 0) get the most negative float instead of
         # -inf, so that a padding query's row stays finite.
@@ -516,9 +702,9 @@ class AttnResModel(AttnResPreTrainedModel):
         blocks, partial = [e], None   # AttnRes: completed sources, the block's partial sum
         s = 0                         # the sublayer
         for layer in self.layers:
-            attn = lambda u, layer=layer: layer.self_attn(u, cos, sin, mask, cache)
+            attn = layer.token_mixer(cos, sin, rope, mask, keep, cache)
             for norm, f, q in ((layer.input_layernorm, attn, getattr(layer, "attn_res", None)),
-                               (layer.post_attention_layernorm, layer.mlp,
+                               (layer.post_attention_layernorm, layer.feed_forward(),
                                 getattr(layer, "mlp_res", None))):
                 if self.mode == "baseline":
                     x = x + f(norm(x))
@@ -537,6 +723,8 @@ class AttnResModel(AttnResPreTrainedModel):
             z = depth_mix(self.final_res.query,
                           blocks + ([partial] if partial is not None else []), eps)
         hidden = self.norm(z)
+        if isinstance(cache, AttnResKVCache):
+            cache.seen += T
         return _output("base", last_hidden_state=hidden,
                        past_key_values=cache if use_cache else None)
 

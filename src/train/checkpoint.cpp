@@ -14,6 +14,46 @@ namespace attnres::train {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+// A Kimi Linear model (KDA and / or MLA layers) under the names of Kimi
+// Linear's config.json (Hugging Face moonshotai/Kimi-Linear-48B-A3B):
+// model_type kimi_linear, linear_attn_config with 1-based layer lists, MLA's
+// dims, and Kimi's MoE names in place of DeepSeek-V3's. Fields Kimi's file
+// lacks (attn_res, topk_method, moe_capacity_factor) stay ours.
+void kimi_linear_fields(const model::ModelConfig& m, json& out) {
+  out["model_type"] = "kimi_linear";
+  json kda_layers = json::array(), full_layers = json::array();
+  for (int64_t l = 0; l < m.n_layers; ++l) (m.kda_layer(l) ? kda_layers : full_layers).push_back(l + 1);
+  if (m.has_kda())
+    out["linear_attn_config"] = {{"kda_layers", kda_layers},
+                                 {"full_attn_layers", full_layers},
+                                 {"num_heads", m.kda.heads},
+                                 {"head_dim", m.kda.head_dim},
+                                 {"short_conv_kernel_size", m.kda.conv_size}};
+  if (m.has_mla()) {
+    out["q_lora_rank"] = nullptr;
+    out["kv_lora_rank"] = m.mla.kv_lora_rank;
+    out["qk_nope_head_dim"] = m.mla.qk_nope_head_dim;
+    out["qk_rope_head_dim"] = m.mla.qk_rope_head_dim;
+    out["v_head_dim"] = m.mla.v_head_dim;
+    out["mla_use_nope"] = !m.mla.rope;
+  }
+  if (m.has_moe()) {
+    const std::pair<const char*, const char*> renamed[] = {
+        {"n_routed_experts", "num_experts"},
+        {"num_experts_per_tok", "num_experts_per_token"},
+        {"n_shared_experts", "num_shared_experts"},
+        {"scoring_func", "moe_router_activation_func"}};
+    for (const auto& [deepseek, kimi] : renamed) {
+      out[kimi] = out[deepseek];
+      out.erase(deepseek);
+    }
+    out["moe_renormalize"] = true;
+    for (const char* k : {"moe_layer_freq", "n_group", "topk_group", "norm_topk_prob"}) out.erase(k);
+  }
+}
+}  // namespace
+
 json hf_config(const model::ModelConfig& m) {
   json residual = {{"mode", model::residual_mode_name(m.mode)}};
   if (m.attnres()) residual["block_size"] = m.resolved_block_size();
@@ -66,6 +106,7 @@ json hf_config(const model::ModelConfig& m) {
     // ceil(c N K / E) of a forward call's N tokens (docs/model.md).
     out["moe_capacity_factor"] = moe.capacity_factor;
   }
+  if (m.has_kda() || m.has_mla()) kimi_linear_fields(m, out);
   return out;
 }
 

@@ -32,7 +32,9 @@ struct TrainState {
 
 // Hugging Face LlamaConfig fields plus our residual settings; model_type and
 // architectures say "llama" only for the baseline (Full and Block AttnRes are
-// "attnres" / AttnResForCausalLM, which no Llama loader accepts). Nothing of
+// "attnres" / AttnResForCausalLM, which no Llama loader accepts); a model
+// with KDA or MLA layers is "kimi_linear" with Kimi Linear's fields
+// (linear_attn_config, the MLA dims, Kimi's MoE names). Nothing of
 // ours reads it back (state.json holds the config), so checkpoints written
 // before the label changed read as before.
 nlohmann::json hf_config(const model::ModelConfig& m);

@@ -299,6 +299,10 @@ void for_each_key(C& c, V&& v) {
     KeySpec{"P pipeline stages; run with `mpirun -np P*D` ([parallel.md](parallel.md))", Check::Positive});
   v("parallel.virtual_stages", p.virtual_stages,
     KeySpec{"V chunks per stage (interleaved 1F1B); needs P > 1", Check::Positive});
+  v("parallel.layers_per_chunk", p.layers_per_chunk,
+    KeySpec{"layers of each of the P*V chunks in order (chunk c runs on stage c mod P), summing to "
+            "`model.n_layers`; `inspect plan` prints one balanced by cost", Check::None,
+            "even split", true});
   v("parallel.data", p.data, KeySpec{"D data-parallel replicas", Check::Positive});
   v("parallel.expert", p.expert,
     KeySpec{"EP: expert parallelism of a MoE model; each group of EP replicas holds E / EP routed "
@@ -605,6 +609,22 @@ void Config::validate() const {
   if (parallel.virtual_stages > 1 && parallel.pipeline == 1)
     fail("config key parallel.virtual_stages: ", parallel.virtual_stages,
          " virtual stages need parallel.pipeline > 1 (they interleave chunks across pipeline ranks)");
+  if (!parallel.layers_per_chunk.empty()) {
+    const auto& split = parallel.layers_per_chunk;
+    const int64_t C = parallel.pipeline * parallel.virtual_stages;
+    if (static_cast<int64_t>(split.size()) != C)
+      fail("config key parallel.layers_per_chunk: ", split.size(), " chunk sizes, but pipeline * "
+           "virtual_stages = ", C, " chunks");
+    int64_t sum = 0;
+    for (int64_t n : split) {
+      if (n < 1)
+        fail("config key parallel.layers_per_chunk: every chunk needs at least one layer, got ", n);
+      sum += n;
+    }
+    if (sum != model.n_layers)
+      fail("config key parallel.layers_per_chunk: the chunk sizes sum to ", sum,
+           ", model.n_layers is ", model.n_layers);
+  }
   if (parallel.expert > 1) {
     if (!model.has_moe())
       fail("config key parallel.expert: ", parallel.expert,

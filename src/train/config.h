@@ -69,6 +69,10 @@ struct DataConfig {
 };
 struct ParallelConfig {
   int64_t pipeline = 1, virtual_stages = 1, data = 1;
+  // Layers of each of the P*V chunks (chunk c on rank c mod P), summing to
+  // model.n_layers; empty: as even as possible (parallel/layout.h). `inspect
+  // plan` prints a split balanced by cost for hybrids and heavy heads.
+  std::vector<int64_t> layers_per_chunk;
   // EP: expert parallelism of a MoE model (docs/parallel.md "Expert
   // parallelism"): groups of EP replicas split each MoE layer's routed experts.
   int64_t expert = 1;

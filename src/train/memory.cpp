@@ -291,7 +291,7 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
   const bool bf16 = tc.precision == DType::BF16;
   const DType act = tc.precision;
   const int64_t e = static_cast<int64_t>(dtype_size(act));
-  const parallel::PipelineLayout layout(m.n_layers, P, V);
+  const parallel::PipelineLayout layout(m.n_layers, P, V, cfg.parallel.layers_per_chunk);
   const auto plan = parallel::DepthPlan::of(m);
   const int C = layout.C();
   const bool cudnn_attention =

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -88,6 +89,49 @@ double chunk_mix_reads(const model::ModelConfig& m, const model::ModelParts& par
   return n;
 }
 
+
+// Bytes of one activation element: fp32 on the CPU, bf16 on GPUs.
+double element_bytes(const HardwareProfile& hw) { return hw.measure_cpu ? 4.0 : 2.0; }
+
+// Expert parallelism: each MoE layer's forward sends its routed rows to the
+// expert group and gets their outputs back, and its backward does the same
+// with the gradients: 4 all-to-alls per layer and microbatch, each member
+// sending (EP-1)/EP of its N K [, d] rows (balanced routing) over NVLink when
+// the group's EP P consecutive ranks share a node. A member waits for them
+// inside its forward and backward: they add to the chunk's times. Seconds per
+// pass (forward or backward) of the chunk's layers.
+double exchange_seconds(const Config& cfg, const PlanLayout& L, const HardwareProfile& hw,
+                        const model::ModelParts& parts) {
+  if (L.EP <= 1) return 0;
+  const auto& m = cfg.model;
+  const double tokens = static_cast<double>(cfg.training.micro_batch_size * cfg.training.seq_len);
+  const parallel::LinkCost link = L.EP * L.P <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
+  const double a2a = static_cast<double>(L.EP - 1) / L.EP * tokens *
+                         static_cast<double>(m.moe.top_k) * static_cast<double>(m.d_model) *
+                         element_bytes(hw) / link.bytes_per_sec +
+                     (L.EP - 1) * link.latency;
+  int moe_layers = 0;
+  for (int64_t l = parts.layer_begin; l < parts.layer_end; ++l) moe_layers += m.moe_layer(l);
+  return 2 * moe_layers * a2a;
+}
+
+// Forward seconds of a chunk's computation on one microbatch (the backward
+// costs twice as much): its FLOPs at the profile's rate plus the AttnRes
+// Mix's reads at its bandwidth. The cpu profile measures instead; for it
+// (no peak rate) this is the FLOPs at a nominal 100 GFLOP/s, which only
+// balanced_split reads, and only for their ratios.
+double compute_seconds(const Config& cfg, const HardwareProfile& hw, const model::ModelParts& parts) {
+  const auto& m = cfg.model;
+  const double tokens = static_cast<double>(cfg.training.micro_batch_size * cfg.training.seq_len);
+  const double flops = model::forward_flops_per_token(m, cfg.training.seq_len, parts) * tokens;
+  const double rate = hw.peak_flops > 0 ? hw.peak_flops * hw.efficiency : 100e9;
+  const double mix = hw.hbm_bytes_per_sec > 0
+                         ? chunk_mix_reads(m, parts) * tokens * static_cast<double>(m.d_model) *
+                               element_bytes(hw) / hw.hbm_bytes_per_sec
+                         : 0;
+  return flops / rate + mix;
+}
+
 }  // namespace
 
 HardwareProfile hardware_profile(const std::string& name) {
@@ -129,14 +173,79 @@ std::string describe(const PlanLayout& l) {
 PlanLayout layout_of(const Config& cfg) {
   return {static_cast<int>(cfg.parallel.pipeline), static_cast<int>(cfg.parallel.virtual_stages),
           static_cast<int>(cfg.parallel.data), static_cast<int>(cfg.training.grad_accum),
-          cfg.parallel.cache_blocks, static_cast<int>(cfg.parallel.expert)};
+          cfg.parallel.cache_blocks, static_cast<int>(cfg.parallel.expert),
+          cfg.parallel.layers_per_chunk};
+}
+
+std::vector<int64_t> balanced_split(const Config& cfg, const PlanLayout& L,
+                                    const HardwareProfile& hw) {
+  const int64_t n = cfg.model.n_layers;
+  const int C = L.P * L.V;
+  ATTNRES_CHECK(C >= 1 && C <= n, "balanced_split: ", C, " chunks for ", n, " layers");
+  // cost[b][e]: forward + backward seconds of a chunk holding layers [b, e),
+  // with the embedding when b = 0 and the head when e = n.
+  std::vector<std::vector<double>> cost(static_cast<size_t>(n + 1),
+                                        std::vector<double>(static_cast<size_t>(n + 1), 0.0));
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t e = b + 1; e <= n; ++e) {
+      model::ModelParts parts;
+      parts.layer_begin = b, parts.layer_end = e;
+      parts.embedding = b == 0, parts.head = e == n;
+      cost[size_t(b)][size_t(e)] =
+          3 * compute_seconds(cfg, hw, parts) + 2 * exchange_seconds(cfg, L, hw, parts);
+    }
+  // 1. The contiguous split whose costliest chunk is cheapest (dynamic
+  //    programming over (chunks, layers)).
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(static_cast<size_t>(C + 1),
+                                        std::vector<double>(static_cast<size_t>(n + 1), inf));
+  std::vector<std::vector<int64_t>> cut(best.size(), std::vector<int64_t>(size_t(n + 1), 0));
+  best[0][0] = 0;
+  for (int c = 1; c <= C; ++c)
+    for (int64_t e = c; e <= n - (C - c); ++e)
+      for (int64_t b = c - 1; b < e; ++b) {
+        const double v = std::max(best[size_t(c - 1)][size_t(b)], cost[size_t(b)][size_t(e)]);
+        if (v < best[size_t(c)][size_t(e)]) best[size_t(c)][size_t(e)] = v, cut[size_t(c)][size_t(e)] = b;
+      }
+  std::vector<int64_t> bounds(static_cast<size_t>(C + 1), n);  // chunk c is [bounds[c], bounds[c+1])
+  for (int c = C; c >= 1; --c) bounds[size_t(c - 1)] = cut[size_t(c)][size_t(bounds[size_t(c)])];
+  // 2. A rank runs V chunks, so what sets its pace is their sum: move single
+  //    boundaries by one layer while that lowers (the busiest rank's sum, the
+  //    costliest chunk, the sum of squared chunk costs), in that order.
+  auto score = [&](const std::vector<int64_t>& bd) {
+    std::vector<double> rank(static_cast<size_t>(L.P), 0.0);
+    double worst = 0, squares = 0;
+    for (int c = 0; c < C; ++c) {
+      const double x = cost[size_t(bd[size_t(c)])][size_t(bd[size_t(c + 1)])];
+      rank[size_t(c % L.P)] += x, worst = std::max(worst, x), squares += x * x;
+    }
+    return std::make_tuple(*std::max_element(rank.begin(), rank.end()), worst, squares);
+  };
+  for (auto now = score(bounds);;) {
+    auto best_move = now;
+    std::vector<int64_t> best_bounds;
+    for (int c = 1; c < C; ++c)
+      for (int64_t step : {-1, 1}) {
+        std::vector<int64_t> bd = bounds;
+        bd[size_t(c)] += step;
+        if (bd[size_t(c)] <= bd[size_t(c - 1)] || bd[size_t(c)] >= bd[size_t(c + 1)]) continue;
+        const auto s = score(bd);
+        if (s < best_move) best_move = s, best_bounds = bd;
+      }
+    if (best_bounds.empty()) break;
+    bounds = best_bounds, now = best_move;
+  }
+  std::vector<int64_t> split;
+  for (int c = 0; c < C; ++c) split.push_back(bounds[size_t(c + 1)] - bounds[size_t(c)]);
+  return split;
 }
 
 int threads_per_rank(const HardwareProfile& hw, const PlanLayout& l) {
   return std::max(1, static_cast<int>(hw.cores) / l.gpus());
 }
 
-ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int steps) {
+ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int steps,
+                               const std::vector<int64_t>& split) {
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(threads);
   const int64_t B = cfg.training.micro_batch_size, T = cfg.training.seq_len;
@@ -145,6 +254,7 @@ ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int s
   parallel::ProcessGrid grid(solo, 1, 1);
   parallel::RuntimeOptions ro;
   ro.V = chunks;  // one process runs every chunk, messages to itself
+  ro.layers_per_chunk = split;
   ro.cache_blocks = cfg.parallel.cache_blocks;
   ro.recompute = cfg.training.recompute;
   parallel::Runtime rt(grid, cfg.model, DType::F32, Device::CPU, ro, B, T);
@@ -203,8 +313,8 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
   const int64_t B = cfg.training.micro_batch_size, T = cfg.training.seq_len;
   const double tokens = static_cast<double>(B * T);
   const double d = static_cast<double>(m.d_model);
-  const double elem = hw.measure_cpu ? 4.0 : 2.0;  // fp32 on the CPU, bf16 on GPUs
-  const parallel::PipelineLayout pl(m.n_layers, L.P, L.V);
+  const double elem = element_bytes(hw);
+  const parallel::PipelineLayout pl(m.n_layers, L.P, L.V, L.split);
   const auto plan = parallel::DepthPlan::of(m);
   const parallel::ScheduleSpec spec{L.P, L.V, L.M};
   const int C = spec.C();
@@ -212,36 +322,18 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
 
   std::vector<ChunkParams> params(static_cast<size_t>(C));
   std::vector<double> exchange(static_cast<size_t>(C), 0.0);  // all-to-all seconds per pass
-  // Expert parallelism: each MoE layer's forward sends its routed rows to
-  // the expert group and gets their outputs back, and its backward does the
-  // same with the gradients: 4 all-to-alls per layer and microbatch, each
-  // member sending (EP-1)/EP of its N K [, d] rows (balanced routing) over
-  // NVLink when the group's EP P consecutive ranks share a node. A member
-  // waits for them inside its forward and backward: they add to the chunk's
-  // times.
-  const parallel::LinkCost group_link =
-      L.EP * L.P <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
-  const double a2a =
-      L.EP > 1 ? static_cast<double>(L.EP - 1) / L.EP * tokens * static_cast<double>(m.moe.top_k) *
-                         d * elem / group_link.bytes_per_sec +
-                     (L.EP - 1) * group_link.latency
-               : 0;
   for (int c = 0; c < C; ++c) {
     const model::ModelParts parts = chunk_parts(pl, c);
     const auto i = static_cast<size_t>(c);
     params[i] = chunk_params(m, parts);
-    int moe_layers = 0;
-    for (int64_t l = parts.layer_begin; l < parts.layer_end; ++l) moe_layers += m.moe_layer(l);
-    exchange[i] = 2 * moe_layers * a2a;
+    exchange[i] = exchange_seconds(cfg, L, hw, parts);
     costs.fwd[i] = costs.bwd[i] = exchange[i];
     if (c > 0)
       costs.msg_bytes[i] =
           static_cast<double>(parallel::boundary_message(pl, plan, c, L.cache).tensors()) * tokens *
           d * elem;
     if (hw.measure_cpu) continue;
-    const double flops = model::forward_flops_per_token(m, T, parts) * tokens;
-    const double mix = chunk_mix_reads(m, parts) * tokens * d * elem / hw.hbm_bytes_per_sec;
-    const double compute = flops / (hw.peak_flops * hw.efficiency) + mix;
+    const double compute = compute_seconds(cfg, hw, parts);
     costs.fwd[i] += compute;
     costs.bwd[i] += 2 * compute;
   }
@@ -304,6 +396,7 @@ Prediction predict(const Config& cfg, const PlanLayout& L, const HardwareProfile
   at.parallel.data = L.D;
   at.parallel.expert = L.EP;
   at.parallel.cache_blocks = L.cache;
+  at.parallel.layers_per_chunk = L.split;
   at.training.grad_accum = L.M;
   at.training.precision = hw.measure_cpu ? DType::F32 : DType::BF16;
   for (const RankMemory& r : plan_memory(at))

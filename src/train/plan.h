@@ -42,6 +42,7 @@ struct PlanLayout {
   int M = 1;                // microbatches per replica and step
   bool cache = true;        // cross-stage block caching
   int EP = 1;               // expert parallelism (parallel.expert): groups of EP replicas
+  std::vector<int64_t> split;  // layers per chunk (parallel.layers_per_chunk); empty: even
   int gpus() const { return P * D; }
 };
 std::string describe(const PlanLayout& l);
@@ -51,6 +52,15 @@ PlanLayout layout_of(const Config& cfg);
 // the job's ranks, as the trainer splits them (parallel/mpi.h share_node_cores).
 int threads_per_rank(const HardwareProfile& hw, const PlanLayout& l);
 
+// A split of the layers into the layout's P*V chunks balanced by modeled
+// cost (docs/parallel.md "Balancing stages"): each chunk's forward + backward
+// seconds from its FLOPs, Mix reads and all-to-alls as predict() models them
+// (embedding in chunk 0, the final norm, head and loss in the last); the
+// contiguous split whose costliest chunk is cheapest, then single-layer
+// boundary moves that lower the busiest rank's sum of its V chunks.
+std::vector<int64_t> balanced_split(const Config& cfg, const PlanLayout& layout,
+                                    const HardwareProfile& hw);
+
 // Per global chunk: forward and backward seconds of one microbatch, and the
 // optimizer update's seconds.
 struct ChunkTimes {
@@ -58,7 +68,9 @@ struct ChunkTimes {
 };
 // Measured on this CPU with `threads` OpenMP threads: median over `steps`
 // steps (after one warm-up) of the mean per microbatch.
-ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int steps);
+// `split`: layers per chunk (empty: even).
+ChunkTimes measure_chunk_times(const Config& cfg, int chunks, int threads, int steps,
+                               const std::vector<int64_t>& split = {});
 
 struct Prediction {
   PlanLayout layout;

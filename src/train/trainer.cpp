@@ -319,6 +319,7 @@ void Engine::choose_device() {
 parallel::RuntimeOptions Engine::runtime_options() {
   parallel::RuntimeOptions ro;
   ro.V = static_cast<int>(cfg_.parallel.virtual_stages);
+  ro.layers_per_chunk = cfg_.parallel.layers_per_chunk;
   ro.cache_blocks = cfg_.parallel.cache_blocks;
   ro.recompute = tc_.recompute;
   ro.zero = cfg_.parallel.zero == 1;

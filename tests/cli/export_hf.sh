@@ -63,7 +63,11 @@ run_case() {
   done
   # Our own BPE format is not a Hugging Face tokenizers file: not named tokenizer.json.
   [[ ! -e "hf_$name/tokenizer.json" ]] || fail "$name: an attnres-bpe tokenizer exported as tokenizer.json"
-  grep -q '"model_type": "attnres"' "hf_$name/config.json" || fail "$name: model_type"
+  if [[ $* == *model.kda* || $* == *model.mla* ]]; then
+    grep -q '"model_type": "kimi_linear"' "hf_$name/config.json" || fail "$name: model_type"
+  else
+    grep -q '"model_type": "attnres"' "hf_$name/config.json" || fail "$name: model_type"
+  fi
   "$BIN" score --checkpoint "$ck" --text "The quick brown fox jumps over the lazy dog while the jury said that" \
     > "score1_$name.json" 2>/dev/null || fail "$name: score"
   "$BIN" score --checkpoint "$ck" --text "Document 3 line 17: the election was fair. \
@@ -119,6 +123,50 @@ for n in ["model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.weight
           "model.layers.1.mlp.shared_experts.up_proj.weight"]:
     assert n in w, n
 print(f"  MoE export: DeepSeek-V3 names, bias range {b.min():.3f}..{b.max():.3f}")
+PYEOF
+
+# Kimi Linear hybrids (model.kda; the softmax layers GQA or MLA) under Kimi
+# Linear's config fields and MoE names; the modeling code runs KDA token by
+# token in plain torch. Sequences of 32 tokens, KDA chunks of 64: the score
+# and generate texts stay within one chunk of the trainer's chunkwise form.
+kda='{"heads": 2, "head_dim": 8, "conv_size": 3}'
+run_case kda_block_gqa --model.n_layers=4 --model.n_kv_heads=2 \
+  --model.residual='{"mode": "block", "block_size": 3}' --model.kda="$kda"
+run_case kda_full_mla_moe --model.n_layers=4 --model.residual='{"mode": "full"}' \
+  --model.kda='{"heads": 2, "head_dim": 8, "conv_size": 4, "full_attention_layers": [2, 4]}' \
+  --model.mla='{"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6}' \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "shared_experts": 1, "bias_rate": 0.01}'
+run_case kda_baseline_mla_rope --model.n_layers=3 --model.kda="$kda" \
+  --model.mla='{"kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 8, "rope": true}'
+"$PY" - hf_kda_full_mla_moe <<'PYEOF' || fail "the Kimi Linear export's config or names"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from modeling_attnres import read_weights
+w, cfg = read_weights(sys.argv[1]), json.load(open(sys.argv[1] + "/config.json"))
+lac = cfg["linear_attn_config"]
+assert cfg["model_type"] == "kimi_linear", cfg
+assert lac == {"kda_layers": [1, 3], "full_attn_layers": [2, 4], "num_heads": 2, "head_dim": 8,
+               "short_conv_kernel_size": 4}, lac
+want = {"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6,
+        "mla_use_nope": True, "q_lora_rank": None, "num_experts": 4, "num_experts_per_token": 2,
+        "num_shared_experts": 1, "moe_intermediate_size": 16, "first_k_dense_replace": 1,
+        "moe_router_activation_func": "sigmoid", "routed_scaling_factor": 1.0}
+for k, v in want.items():
+    assert cfg.get(k) == v, (k, cfg.get(k), v)
+assert "n_routed_experts" not in cfg, "DeepSeek's MoE names beside Kimi's"
+for n in ["model.layers.0.mlp.gate_proj.weight", "model.layers.1.block_sparse_moe.gate.weight",
+          "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
+          "model.layers.1.block_sparse_moe.experts.3.w1.weight",
+          "model.layers.1.block_sparse_moe.experts.3.w2.weight",
+          "model.layers.1.block_sparse_moe.experts.3.w3.weight",
+          "model.layers.1.block_sparse_moe.shared_experts.up_proj.weight",
+          "model.layers.0.self_attn.q_conv1d.weight", "model.layers.0.self_attn.A_log",
+          "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"]:
+    assert n in w, n
+assert not any(".mlp.experts." in n for n in w), "an expert under DeepSeek's name"
+readme = open(sys.argv[1] + "/README.md").read()
+assert "kv_a_layernorm" in readme and "Attention Residuals" in readme, readme[-800:]
+print(f"  Kimi Linear export: config fields, {len(w)} tensors under Kimi's names, README's differences")
 PYEOF
 
 ( IFS=,; echo "[${cases[*]}]" ) > cases.json

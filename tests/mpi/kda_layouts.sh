@@ -17,8 +17,11 @@ kda=(--model.kda='{"heads": 2, "head_dim": 8, "conv_size": 3}')
   || { cat log_1.txt; fail "single process"; }
 grep -q 'self_attn.q_conv1d.weight' <("$BIN" inspect checkpoint ck_1/step_00000008) \
   || fail "no KDA tensors in the checkpoint"
+# An uneven split (parallel.layers_per_chunk, as `inspect plan` balances
+# stages) is bit for bit too.
 same_as_reference 1 0 "--parallel.pipeline=4" \
-  "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false" -- "${kda[@]}"
+  "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false" \
+  "--parallel.pipeline=2 --parallel.layers_per_chunk=[5,3]" -- "${kda[@]}"
 
 "$BIN" train base.json --checkpoint.dir=ck_e --run.dir=run_e --optimizer.eps=1e-4 "${kda[@]}" 2>log_e.txt \
   || { cat log_e.txt; fail "single process (eps 1e-4)"; }

@@ -86,6 +86,7 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
       {"data.train", "train.bin"}, {"data.val", "val.bin"}, {"data.tokenizer", "tok.json"},
       {"data.shuffle", true},
       {"parallel.pipeline", 2}, {"parallel.virtual_stages", 2}, {"parallel.data", 4}, {"parallel.expert", 2},
+      {"parallel.layers_per_chunk", json::array({1, 1, 1, 1})},
       {"parallel.cache_blocks", false}, {"parallel.zero", 1}, {"parallel.transport", "nccl"},
       {"checkpoint.dir", "ckpt"}, {"checkpoint.every", 4}, {"checkpoint.keep_last", 2},
       {"checkpoint.resume", "auto"}, {"checkpoint.sharded", false}, {"checkpoint.async", false}, {"checkpoint.save_initial", true},
@@ -188,6 +189,15 @@ TEST_CASE("config errors name the key", "[train]") {
   j["model"]["n_layers"] = 4;
   j["training"]["grad_accum"] = 3;
   CHECK_THAT(config_error(j), Catch::Contains("training.grad_accum"));
+  j = base();  // 3 layers
+  j["parallel"] = {{"pipeline", 2}, {"layers_per_chunk", {1, 1, 1}}};
+  CHECK_THAT(config_error(j), Catch::Contains("parallel.layers_per_chunk: 3 chunk sizes, but"));
+  j["parallel"]["layers_per_chunk"] = {3, 0};
+  CHECK_THAT(config_error(j), Catch::Contains("parallel.layers_per_chunk: every chunk needs"));
+  j["parallel"]["layers_per_chunk"] = {1, 1};
+  CHECK_THAT(config_error(j), Catch::Contains("parallel.layers_per_chunk: the chunk sizes sum to 2"));
+  j["parallel"]["layers_per_chunk"] = {1, 2};
+  CHECK(config_error(j).empty());
   j = base();
   j["eval"] = {{"every", 2}};
   CHECK_THAT(config_error(j), Catch::Contains("data.val"));

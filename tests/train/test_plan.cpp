@@ -3,6 +3,8 @@
 // times measured through the executor, then simulated).
 #include <catch2/catch.hpp>
 
+#include <functional>
+
 #include "model/flops.h"
 #include "train/config.h"
 #include "train/plan.h"
@@ -101,4 +103,49 @@ TEST_CASE("cpu profile: chunk times measured through the executor, then simulate
   // Two ranks can at best split the work evenly (cores permitting).
   CHECK(p.sim.makespan >= work / std::min(2.0, cpu.cores) * (1 - 1e-9));
   CHECK_THROWS_WITH(predict(c, {4, 2, 1, 4, true}, cpu, &t), Catch::Contains("8 chunks"));
+}
+
+TEST_CASE("balanced stages: a heavy head and costlier layers get fewer layers per chunk", "[plan]") {
+  // A hybrid with a large vocabulary: the last chunk's head costs several
+  // layers, and the 1-based softmax layers 4, 8, ... cost more than KDA ones.
+  Config c = gpu_config(model::ResidualMode::Block);
+  c.model.vocab_size = 262144, c.model.n_layers = 12;
+  c.model.kda.heads = 8, c.model.kda.head_dim = 128;
+  c.training.grad_accum = 9;
+  const HardwareProfile h100 = hardware_profile("h100");
+  for (const int V : {1, 2}) {
+    const PlanLayout even{3, V, 1, 9, true};
+    const auto split = balanced_split(c, even, h100);
+    INFO("V " << V);
+    REQUIRE(split.size() == size_t(3 * V));
+    int64_t sum = 0;
+    for (int64_t n : split) {
+      CHECK(n >= 1);
+      sum += n;
+    }
+    CHECK(sum == 12);
+    CHECK(split.back() < 12 / (3 * V));  // the head's chunk holds fewer layers
+    PlanLayout bal = even;
+    bal.split = split;
+    const double t_even = predict(c, even, h100).step_time, t_bal = predict(c, bal, h100).step_time;
+    CHECK(t_bal < 0.97 * t_even);
+    // Against every split of the 12 layers into 3 V chunks: the balanced one
+    // is within 3% of the fastest the simulator finds.
+    double fastest = 1e30;
+    const int C = 3 * V;
+    std::vector<int64_t> s(size_t(C), 1);
+    std::function<void(int, int64_t)> each = [&](int c_, int64_t left) {
+      if (c_ == C - 1) {
+        s[size_t(c_)] = left;
+        PlanLayout l = even;
+        l.split = s;
+        fastest = std::min(fastest, predict(c, l, h100).step_time);
+        return;
+      }
+      for (int64_t n = 1; n <= left - (C - 1 - c_); ++n) s[size_t(c_)] = n, each(c_ + 1, left - n);
+    };
+    each(0, 12);
+    CHECK(t_bal <= 1.03 * fastest);
+    CHECK(fastest < t_even);
+  }
 }
