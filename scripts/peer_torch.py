@@ -354,11 +354,12 @@ class MoE(nn.Module):
     index_select / index_add_. Keeps the step's loads per expert (for the bias
     update) and the microbatch's auxiliary loss term."""
 
-    def __init__(self, d, moe):
+    def __init__(self, d, moe, kimi=False):
         super().__init__()
         self.E, self.K, self.cfg = moe["experts"], moe["top_k"], moe
         self.gate = Router(d, self.E, moe["balance"] == "aux_free")
-        self.experts = nn.ModuleList(MLP(d, moe["expert_d_ff"]) for _ in range(self.E))
+        expert = KimiExpert if kimi else MLP  # Kimi Linear's w1 / w2 / w3, else gate / up / down
+        self.experts = nn.ModuleList(expert(d, moe["expert_d_ff"]) for _ in range(self.E))
         shared = moe["shared_experts"] * moe["expert_d_ff"]
         self.shared_experts = MLP(d, shared) if shared else None
         self.loads = torch.zeros(self.E, dtype=torch.long)
@@ -407,27 +408,186 @@ class MoE(nn.Module):
         self.loads = torch.zeros_like(self.loads)
 
 
+def kda_chunked(q, k, v, g, beta, chunk=64):
+    """The KDA core over [B, T, H, K] inputs (q, k L2-normalised; g the log
+    decays, beta [B, T, H]), chunk by chunk as a PyTorch user writes the WY
+    form after FLA's naive_chunk_kda, in float32, from a zero state:
+    inside a chunk with cumulative log-decays G (per channel), the writes r_t
+    = beta_t (v_t - (D_t S_{t-1})^T k_t) solve the unit lower-triangular
+    system (I + A) r = beta (v - (k exp(G)) S_0), A_ts = beta_t sum_c k_tc
+    k_sc exp(G_tc - G_sc) for s < t; outputs o_t = (S_0^T (q_t exp(G_t)) +
+    sum_{s<=t} r_s (q_t . k_s exp(G_t - G_s))) / sqrt(K); the state carried
+    to the next chunk S = exp(G_C) S_0 + sum_s exp(G_C - G_s) k_s r_s^T.
+    Decays enter only as exp of differences G_t - G_s <= 0 (s <= t), so
+    strong gates stay finite. Returns o [B, T, H, K]."""
+    B, T, H, K = q.shape
+    S = q.new_zeros(B, H, K, K)
+    outs = []
+    for c0 in range(0, T, chunk):
+        qc, kc, vc, gc = (x[:, c0:c0 + chunk].transpose(1, 2) for x in (q, k, v, g))  # [B, H, C, K]
+        bc = beta[:, c0:c0 + chunk].transpose(1, 2)  # [B, H, C]
+        C = qc.shape[2]
+        G = gc.cumsum(2)
+        diff = G[:, :, :, None, :] - G[:, :, None, :, :]  # [B, H, t, s, K]: G_t - G_s
+        lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        decay = torch.exp(diff.masked_fill(~lower[..., None], float("-inf")))  # 0 above the diagonal
+        A = bc[..., None] * torch.einsum("bhtc,bhsc,bhtsc->bhts", kc, kc, decay)
+        A = A.tril(-1)  # strictly lower
+        eye = torch.eye(C, device=q.device)
+        rhs = bc[..., None] * (vc - (kc * torch.exp(G)) @ S)
+        r = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+        inner = torch.einsum("bhtc,bhsc,bhtsc->bhts", qc, kc, decay)  # s <= t
+        o = ((qc * torch.exp(G)) @ S + inner @ r) / math.sqrt(K)
+        outs.append(o.transpose(1, 2))
+        end = torch.exp(G[:, :, -1:, :] - G)  # [B, H, C, K]: exp(G_C - G_s)
+        S = torch.exp(G[:, :, -1, :])[..., None] * S + (kc * end).transpose(-1, -2) @ r
+    return torch.cat(outs, dim=1)
+
+
+class KDA(nn.Module):
+    """Kimi Delta Attention (docs/model.md "KDA layer"), under Kimi Linear's
+    names: short causal depthwise convolutions with SiLU on q, k, v, per-head
+    L2 norms, the decay -exp(A_log) softplus(f_b(f_a(x)) + dt_bias), beta =
+    sigmoid(b(x)), the chunked delta rule, the gated output norm, o_proj."""
+
+    def __init__(self, d, H, K, W, eps):
+        super().__init__()
+        HK = H * K
+        self.H, self.K, self.W, self.eps = H, K, W, eps
+        self.q_proj = nn.Linear(d, HK, bias=False)
+        self.k_proj = nn.Linear(d, HK, bias=False)
+        self.v_proj = nn.Linear(d, HK, bias=False)
+        self.q_conv1d = nn.Conv1d(HK, HK, W, groups=HK, bias=False, padding=W - 1)
+        self.k_conv1d = nn.Conv1d(HK, HK, W, groups=HK, bias=False, padding=W - 1)
+        self.v_conv1d = nn.Conv1d(HK, HK, W, groups=HK, bias=False, padding=W - 1)
+        self.A_log = nn.Parameter(torch.zeros(1, 1, H, 1))
+        self.dt_bias = nn.Parameter(torch.zeros(HK))
+        self.f_a_proj = nn.Linear(d, K, bias=False)
+        self.f_b_proj = nn.Linear(K, HK, bias=False)
+        self.b_proj = nn.Linear(d, H, bias=False)
+        self.g_a_proj = nn.Linear(d, K, bias=False)
+        self.g_b_proj = nn.Linear(K, HK, bias=False)
+        self.o_norm = RMSNorm(K, eps)
+        self.o_proj = nn.Linear(HK, d, bias=False)
+
+    def forward(self, x, cos=None, sin=None):
+        B, T, _ = x.shape
+        H, K = self.H, self.K
+
+        def conv(proj, c):  # causal: padding W-1 on both sides, the first T outputs kept
+            return F.silu(c(proj(x).transpose(1, 2))[..., :T]).transpose(1, 2).view(B, T, H, K)
+
+        q, k, v = conv(self.q_proj, self.q_conv1d), conv(self.k_proj, self.k_conv1d), \
+            conv(self.v_proj, self.v_conv1d)
+        q = q.float() * torch.rsqrt(q.float().pow(2).sum(-1, keepdim=True) + 1e-6)
+        k = k.float() * torch.rsqrt(k.float().pow(2).sum(-1, keepdim=True) + 1e-6)
+        g = -self.A_log.exp() * F.softplus(self.f_b_proj(self.f_a_proj(x)).float().view(B, T, H, K)
+                                           + self.dt_bias.view(H, K))
+        beta = torch.sigmoid(self.b_proj(x).float())
+        o = kda_chunked(q, k, v.float(), g, beta)
+        gate = torch.sigmoid(self.g_b_proj(self.g_a_proj(x)).float().view(B, T, H, K))
+        return self.o_proj((self.o_norm(o) * gate).reshape(B, T, H * K).to(x.dtype))
+
+
+class MLA(nn.Module):
+    """Multi-head latent attention (docs/model.md "MLA layer"): q per head
+    [q_n | q_r]; [c_kv | k_r] = kv_a(x); per head [k_n | v] =
+    kv_b(RMSNorm(c_kv)); keys [k_n | k_r] with k_r shared by the heads; RoPE on
+    q_r and k_r when the config asks; causal softmax attention, scale
+    1/sqrt(dn + dr); o_proj."""
+
+    def __init__(self, d, H, mla, eps, theta, seq_len):
+        super().__init__()
+        self.H, self.r = H, mla["kv_lora_rank"]
+        self.dn, self.dr, self.dv = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"], mla["v_head_dim"]
+        self.q_proj = nn.Linear(d, H * (self.dn + self.dr), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, self.r + self.dr, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.r, eps)
+        self.kv_b_proj = nn.Linear(self.r, H * (self.dn + self.dv), bias=False)
+        self.o_proj = nn.Linear(H * self.dv, d, bias=False)
+        self.rope = mla["rope"] and self.dr > 0
+        if self.rope:
+            inv = theta ** (-2.0 * torch.arange(self.dr // 2, dtype=torch.float64) / self.dr)
+            ang = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv
+            ang = torch.cat([ang, ang], dim=-1)
+            self.register_buffer("cos", ang.cos().float(), persistent=False)
+            self.register_buffer("sin", ang.sin().float(), persistent=False)
+
+    def forward(self, x, cos=None, sin=None):
+        B, T, _ = x.shape
+        H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
+        q = self.q_proj(x).view(B, T, H, dn + dr).transpose(1, 2)
+        c_kv, k_r = self.kv_a_proj_with_mqa(x).split([self.r, dr], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(c_kv).to(x.dtype)).view(B, T, H, dn + dv).transpose(1, 2)
+        k_n, v = kv.split([dn, dv], dim=-1)
+        q_n, q_r = q.split([dn, dr], dim=-1)
+        k_r = k_r.view(B, 1, T, dr)
+        if self.rope:
+            q_r, k_r = rotate(q_r, self.cos[:T], self.sin[:T]), rotate(k_r, self.cos[:T], self.sin[:T])
+        q = torch.cat([q_n, q_r], dim=-1)
+        k = torch.cat([k_n, k_r.expand(B, H, T, dr)], dim=-1)
+        if HAVE_SDPA:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(dn + dr)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            probs = torch.softmax(scores.float().masked_fill(causal, float("-inf")), dim=-1)
+            out = probs.to(v.dtype) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, H * dv))
+
+
+class KimiExpert(nn.Module):
+    """A routed expert under Kimi Linear's names: w2(SiLU(w1 x) * w3 x)."""
+
+    def __init__(self, d, f):
+        super().__init__()
+        self.w1 = nn.Linear(d, f, bias=False)
+        self.w2 = nn.Linear(f, d, bias=False)
+        self.w3 = nn.Linear(d, f, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
 class Layer(nn.Module):
-    def __init__(self, m, attnres, l):
+    """Layer l: its attention (GQA, or in a Kimi Linear hybrid KDA or MLA, as
+    `kinds` says) and its MLP (dense, or MoE: under `block_sparse_moe` in a
+    hybrid, Kimi's name, else `mlp`)."""
+
+    def __init__(self, m, attnres, l, kind, seq_len):
         super().__init__()
         d, eps = m["d_model"], m["norm_eps"]
         self.input_layernorm = RMSNorm(d, eps)
-        self.self_attn = Attention(d, m["n_heads"], m["n_kv_heads"])
+        if kind == "kda":
+            kda = m["kda"]
+            self.self_attn = KDA(d, kda["heads"], kda["head_dim"], kda["conv_size"], eps)
+        elif kind == "mla":
+            self.self_attn = MLA(d, m["n_heads"], m["mla"], eps, m["rope_theta"], seq_len)
+        else:
+            self.self_attn = Attention(d, m["n_heads"], m["n_kv_heads"])
         self.post_attention_layernorm = RMSNorm(d, eps)
         moe = m.get("moe")
-        self.mlp = MoE(d, moe) if moe and l >= moe["dense_layers"] else MLP(d, m["d_ff"])
+        kimi = "kda" in m or "mla" in m
+        if moe and l >= moe["dense_layers"] and kimi:
+            self.block_sparse_moe = MoE(d, moe, kimi=True)
+        else:
+            self.mlp = MoE(d, moe) if moe and l >= moe["dense_layers"] else MLP(d, m["d_ff"])
         if attnres:
             self.attn_res = DepthQuery(d)
             self.mlp_res = DepthQuery(d)
+
+    def ffn(self):
+        return self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
 
 
 class Body(nn.Module):
     """`model.*`: the embedding, the layers, the final query and norm."""
 
-    def __init__(self, m, attnres):
+    def __init__(self, m, attnres, kinds, seq_len):
         super().__init__()
         self.embed_tokens = nn.Embedding(m["vocab_size"], m["d_model"])
-        self.layers = nn.ModuleList(Layer(m, attnres, l) for l in range(m["n_layers"]))
+        self.layers = nn.ModuleList(Layer(m, attnres, l, kinds[l], seq_len)
+                                    for l in range(m["n_layers"]))
         if attnres:
             self.final_res = DepthQuery(m["d_model"])
         self.norm = RMSNorm(m["d_model"], m["norm_eps"])
@@ -456,7 +616,7 @@ class CausalLM(nn.Module):
     """forward(inputs [B, T], targets [B, T]) -> (the mean token cross-entropy,
     the MoE layers' auxiliary loss terms summed, or None)."""
 
-    def __init__(self, m, seq_len, fp32_logits):
+    def __init__(self, m, seq_len, fp32_logits, kinds):
         super().__init__()
         self.mode = m["residual"]["mode"]
         self.eps = m["norm_eps"]
@@ -466,13 +626,13 @@ class CausalLM(nn.Module):
         elif self.mode == "block":
             r = m["residual"]
             self.S = r["block_size"] if "block_size" in r else -(-2 * L // r["n_blocks"])
-        self.model = Body(m, self.mode != "baseline")
+        self.model = Body(m, self.mode != "baseline", kinds, seq_len)
         self.tied = m["tie_embeddings"]
         if not self.tied:
             self.lm_head = nn.Linear(m["d_model"], m["vocab_size"], bias=False)
         self.fp32_logits = fp32_logits
         # RoPE's angles t theta^(-2i/hd), in float64 and rounded once.
-        hd = m["d_model"] // m["n_heads"]
+        hd = max(2, m["d_model"] // m["n_heads"])  # (a model of MLA layers alone has no GQA hd)
         inv_freq = m["rope_theta"] ** (-2.0 * torch.arange(hd // 2, dtype=torch.float64) / hd)
         angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq
         angles = torch.cat([angles, angles], dim=-1)
@@ -501,7 +661,7 @@ class CausalLM(nn.Module):
                     here = sources + ([source(partial, self.eps)] if i > 0 else [])
                     w = (layer.attn_res if is_attn else layer.mlp_res).query
                     u = norm(depth_mix(w, here))
-                y = layer.self_attn(u, cos, sin) if is_attn else layer.mlp(u)
+                y = layer.self_attn(u, cos, sin) if is_attn else layer.ffn()(u)
                 if self.mode == "baseline":
                     x = x + y
                 else:
@@ -525,12 +685,12 @@ class CausalLM(nn.Module):
         else:
             logits = F.linear(h, self.head_weight())
         V = logits.shape[-1]
-        aux = [layer.mlp.aux for layer in body.layers if getattr(layer.mlp, "aux", None) is not None]
+        aux = [layer.ffn().aux for layer in body.layers if getattr(layer.ffn(), "aux", None) is not None]
         return (F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1)),
                 sum(aux) if aux else None)
 
     def moe_layers(self):
-        return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
+        return [layer.ffn() for layer in self.model.layers if isinstance(layer.ffn(), MoE)]
 
 
 # ---------------------------------------------------------------------------
@@ -564,10 +724,9 @@ def adamw(model, opt_cfg, device):
     """torch.optim.AdamW with decay on the tensors of two or more dims only
     (norm gains and depth queries undecayed, docs/model.md section 4); fused
     on CUDA where this torch has it."""
-    params = list(model.parameters())  # a tied embedding is listed once
-    groups = [{"params": [p for p in params if p.dim() >= 2],
-               "weight_decay": opt_cfg["weight_decay"]},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    named = list(model.named_parameters())  # a tied embedding is listed once
+    groups = [{"params": [p for n, p in named if decayed(n, p)], "weight_decay": opt_cfg["weight_decay"]},
+              {"params": [p for n, p in named if not decayed(n, p)], "weight_decay": 0.0}]
     extra = {}
     if device.type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters:
         extra["fused"] = True
@@ -576,9 +735,16 @@ def adamw(model, opt_cfg, device):
     return opt, ("AdamW fused" if extra else "AdamW default")
 
 
+def decayed(name, p):
+    """Weight decay: every tensor of two or more dims but KDA's A_log (4-D,
+    never decayed, as FLA's KDA layer)."""
+    return p.dim() >= 2 and not name.endswith(".A_log")
+
+
 def takes_muon(name, p):
     """optimizer.type = muon: the 2-D weights inside the layers but the routers."""
-    return p.dim() == 2 and name.startswith("model.layers.") and not name.endswith("mlp.gate.weight")
+    return (p.dim() == 2 and name.startswith("model.layers.")
+            and not name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")))
 
 
 class MuonFormula(torch.optim.Optimizer):
@@ -640,7 +806,6 @@ def muon(model, opt_cfg, device):
     else the formula; AdamW for the rest, as adamw() sets it up."""
     named = list(model.named_parameters())  # a tied embedding is listed once
     matrices = [p for n, p in named if takes_muon(n, p)]
-    rest = [p for n, p in named if not takes_muon(n, p)]
     kw = dict(lr=opt_cfg["lr"], momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"])
     if hasattr(torch.optim, "Muon"):
         m = torch.optim.Muon(matrices, nesterov=True, adjust_lr_fn="match_rms_adamw", **kw)
@@ -648,8 +813,9 @@ def muon(model, opt_cfg, device):
     else:
         m = MuonFormula(matrices, **kw)
         kind = "Muon written out (this torch has no torch.optim.Muon) + AdamW"
-    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": opt_cfg["weight_decay"]},
-              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    rest = [(n, p) for n, p in named if not takes_muon(n, p)]
+    groups = [{"params": [p for n, p in rest if decayed(n, p)], "weight_decay": opt_cfg["weight_decay"]},
+              {"params": [p for n, p in rest if not decayed(n, p)], "weight_decay": 0.0}]
     a = torch.optim.AdamW(groups, lr=opt_cfg["lr"], betas=(opt_cfg["beta1"], opt_cfg["beta2"]),
                           eps=opt_cfg["eps"])
     return Optimizers([m, a]), kind
@@ -660,10 +826,6 @@ def train(args):
         raise InputError(f"no attnres binary at '{args.attnres}' (build it, or give --attnres BIN)")
     cfg = resolve_config(args.attnres, args.config, args.overrides)
     m, tc, opt_cfg = cfg["model"], cfg["training"], cfg["optimizer"]
-    if "kda" in m:
-        raise InputError("model.kda: the peer's KDA layers are not written yet (a Kimi Linear hybrid)")
-    if "mla" in m:
-        raise InputError("model.mla: the peer's MLA layers are not written yet")
     K = tc["steps"]
     steps = K if args.steps is None else args.steps
     if not 0 < steps <= K:
@@ -680,7 +842,13 @@ def train(args):
 
     with tempfile.TemporaryDirectory(prefix="peer_torch.") as work:
         export_cfg, weights = read_export(initial_export(args.attnres, cfg, work))
-    model = CausalLM(m, T, fp32_logits)
+    # Which layers are KDA (a hybrid's config.json lists them, 1-based, as
+    # Kimi Linear's linear_attn_config.kda_layers); the others softmax: MLA
+    # with model.mla, else GQA.
+    kda_layers = set((export_cfg.get("linear_attn_config") or {}).get("kda_layers", []))
+    kinds = ["kda" if l + 1 in kda_layers else "mla" if "mla" in m else "gqa"
+             for l in range(m["n_layers"])]
+    model = CausalLM(m, T, fp32_logits, kinds)
     if model.mode != "baseline" and export_cfg["attn_res"]["block_size"] != model.S:
         raise InputError(f"block size {model.S} here, {export_cfg['attn_res']['block_size']} in "
                          "the export")

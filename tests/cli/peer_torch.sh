@@ -8,7 +8,9 @@
 # python3-torch, CPU, fp32, eager) must equal those of the binary's
 # metrics.jsonl within |a - b| <= 1e-4 max(|a|, |b|) + 1e-6 (a NaN fails), and
 # the learning rates within 1e-9. Then --steps 3 gives the first 3 steps of
-# the same run, and bad arguments are refused (exit code 2). Last, the race
+# the same run, and bad arguments are refused (exit code 2). Kimi Linear
+# hybrids (KDA with GQA or MLA softmax layers, dense and MoE) in the three
+# modes, over sequences that cross a KDA chunk. Last, the race
 # (scripts/race_torch.py) prints its table for the three modes. Skipped (exit
 # code 77) where python3 cannot import torch.
 source "$(dirname "$0")/lib.sh"
@@ -112,6 +114,20 @@ run_case muon_block "${mu[@]}" --model.n_layers=3 --model.residual='{"mode": "bl
   --schedule.type=wsd --schedule.decay_ratio=0.4 --schedule.warmup_steps=1
 run_case muon_full_moe "${mu[@]}" --model.n_kv_heads=1 --model.residual='{"mode": "full"}' \
   --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "shared_experts": 1, "bias_rate": 0.05}'
+# Kimi Linear hybrids (model.kda, KDA layers as a chunked delta-rule loop in
+# torch), over 80-token sequences (a 64-token chunk and a 16-token one): KDA
+# with GQA softmax layers; with MLA (NoPE) and MoE under Kimi's names; with
+# MLA's RoPE under Muon (A_log never decayed, the conv filters under AdamW).
+kda='{"heads": 2, "head_dim": 8, "conv_size": 3}'
+hy=(--model.n_layers=4 --training.seq_len=80 --training.micro_batch_size=1)
+mla='{"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6'
+run_case kda_baseline "${hy[@]}" --model.kda="$kda"
+run_case kda_block_mla_moe "${hy[@]}" --model.kda="$kda" --model.mla="$mla}" \
+  --model.residual='{"mode": "block", "block_size": 3}' \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "shared_experts": 1, "bias_rate": 0.05}'
+run_case kda_full_mla_rope_muon "${hy[@]}" "${mu[@]}" --model.residual='{"mode": "full"}' \
+  --model.kda='{"heads": 2, "head_dim": 8, "conv_size": 4, "full_attention_layers": [2, 4]}' \
+  --model.mla="$mla, \"rope\": true}"
 
 # --steps 3: the first 3 steps of the 5-step run (the schedule unchanged).
 "${PEER[@]}" cfg.json --attnres "$BIN" --steps 3 --model.n_kv_heads=1 \

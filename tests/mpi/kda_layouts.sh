@@ -44,7 +44,7 @@ same_as_reference e 3e-5 "--parallel.data=2 --parallel.expert=2 --training.grad_
   -- "${kda[@]}" "${moe[@]}" --optimizer.eps=1e-4
 
 # The softmax layers as MLA (DeepSeek-V3's decoupled RoPE on, to carry k_r's
-# rotation through every layout): pipelines bit for bit, the rest within 1e-5.
+# rotation through every layout): pipelines bit for bit, the rest within 3e-5.
 mla=(--model.mla='{"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6, "rope": true}')
 rm -rf ck_1 run_1 ck_e run_e
 "$BIN" train base.json --checkpoint.dir=ck_1 --run.dir=run_1 "${kda[@]}" "${mla[@]}" 2>log_1.txt \
@@ -63,7 +63,10 @@ pass "generate (greedy, 12 tokens) and score run on a KDA + MLA hybrid"
 same_as_reference 1 0 "--parallel.pipeline=4" -- "${kda[@]}" "${mla[@]}"
 "$BIN" train base.json --checkpoint.dir=ck_e --run.dir=run_e --optimizer.eps=1e-4 "${kda[@]}" "${mla[@]}" \
   2>log_e.txt || { cat log_e.txt; fail "single process (eps 1e-4), KDA + MLA"; }
-same_as_reference e 1e-5 "--parallel.pipeline=2 --parallel.virtual_stages=2" \
+# 3e-5: the losses agree to 1e-6, but A_log's gradient (2 values, a sum over
+# every token with much cancellation) carries its summation order's rounding
+# into AdamW's first moment at 1.2e-5 relative on some CPUs (an AVX2 AMD EPYC, 2026-12-03).
+same_as_reference e 3e-5 "--parallel.pipeline=2 --parallel.virtual_stages=2" \
   "--parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
   -- "${kda[@]}" "${mla[@]}" --optimizer.eps=1e-4
 echo "all kda_layouts checks passed"
