@@ -179,11 +179,14 @@ const char* kHelp =
     "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
     "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--attention own|auto|cudnn]\n"
     "  [--cuda-graphs] [--kernels [--only TEXT]] [--moe E,K,Fe[,shared]] [--optimizer adamw|muon]\n"
+    "  [--hybrid H,K[,conv] [--mla r,dn,dr,dv]]\n"
     "  [--gpu-memory GiB] [--plan]\n"
     "       attnres bench --kda [--batch 1] [--seq-len 512] [--heads 4] [--head-dim 128] [--steps 5]\n"
     "Training throughput (forward, backward, AdamW) on synthetic tokens, one row per residual\n"
     "mode, on the CPU (the default) or a GPU (--device cuda). Block mode defaults to S = 4\n"
     "(a preset: N = 8), at most the model's 2L sublayers.\n"
+    "--hybrid: a Kimi Linear hybrid (model.kda): KDA layers of H heads of width K, softmax\n"
+    "attention in every 4th layer and the last (GQA, or MLA of latent r, dims dn + dr, dv with --mla).\n"
     "--moe: every layer's MLP a mixture of E experts of width Fe, K per token, plus `shared`\n"
     "shared experts (model.moe, dense_layers 0): the activated MLP of --d-ff (K + shared) Fe.\n"
     "--optimizer: optimizer.type (muon: Muon for the layers' matrices); a line after the table\n"
@@ -215,6 +218,7 @@ int cmd_bench(const Args& args) {
           {"mode", "steps", "warmup", "d-model", "layers", "heads", "kv-heads", "d-ff", "vocab",
            "seq-len", "batch", "grad-accum", "block-size", "n-blocks", "device", "precision",
            "preset", "only", "recompute", "logits", "attention", "gpu-memory", "moe", "optimizer",
+           "hybrid", "mla",
            "head-dim"},
           {"help", "kernels", "plan", "cuda-graphs", "kda"});
   if (f.has("help")) {
@@ -254,21 +258,38 @@ int cmd_bench(const Args& args) {
   c.n_kv_heads = f.get_int("kv-heads", c.n_kv_heads, "bench");
   c.d_ff = f.get_int("d-ff", c.d_ff, "bench");
   c.vocab_size = f.get_int("vocab", c.vocab_size, "bench");
-  if (f.has("moe")) {
+  // "--flag a,b,c": its non-negative integers, between `lo` and `hi` of them.
+  auto int_list = [&](const char* flag, size_t lo, size_t hi, const char* form) {
     std::vector<int64_t> v;
-    std::istringstream in(f.get("moe", ""));
+    const std::string text = f.get(flag, "");
+    std::istringstream in(text);
     for (std::string x; std::getline(in, x, ',');) {
       char* end = nullptr;
       const long long n = std::strtoll(x.c_str(), &end, 10);
       if (x.empty() || *end != '\0' || n < 0)
-        fail("bench: --moe takes E,K,Fe[,shared], got '", f.get("moe", ""), "'");
+        fail("bench: --", flag, " takes ", form, ", got '", text, "'");
       v.push_back(n);
     }
-    if (v.size() < 3 || v.size() > 4)
-      fail("bench: --moe takes E,K,Fe[,shared], got '", f.get("moe", ""), "'");
+    if (v.size() < lo || v.size() > hi) fail("bench: --", flag, " takes ", form, ", got '", text, "'");
+    return v;
+  };
+  if (f.has("moe")) {
+    const auto v = int_list("moe", 3, 4, "E,K,Fe[,shared]");
     c.moe.experts = v[0], c.moe.top_k = v[1], c.moe.expert_d_ff = v[2];
     c.moe.shared_experts = v.size() == 4 ? v[3] : 0;
     c.moe.dense_layers = 0;
+  }
+  if (f.has("hybrid")) {  // Kimi Linear: KDA layers, softmax attention every 4 and in the last
+    const auto v = int_list("hybrid", 2, 3, "H,K[,conv_size]");
+    c.kda.heads = v[0], c.kda.head_dim = v[1];
+    if (v.size() == 3) c.kda.conv_size = v[2];
+    if (c.kda.heads < 1 || c.kda.head_dim < 1 || c.kda.conv_size < 1)
+      fail("bench: --hybrid needs H, K and conv_size >= 1, got '", f.get("hybrid", ""), "'");
+  }
+  if (f.has("mla")) {  // the softmax layers as MLA (NoPE)
+    const auto v = int_list("mla", 4, 4, "r,dn,dr,dv");
+    c.mla.kv_lora_rank = v[0], c.mla.qk_nope_head_dim = v[1], c.mla.qk_rope_head_dim = v[2];
+    c.mla.v_head_dim = v[3];
   }
   T = f.get_int("seq-len", T, "bench");
   const bool auto_batch = f.get("batch", B == 0 ? "auto" : "") == "auto";

@@ -351,6 +351,19 @@ TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& mod
   return s;
 }
 
+void check_layer_pattern(const std::string& dir, const model::ModelConfig& m) {
+  if (!fs::is_directory(dir) || !fs::exists(fs::path(dir) / "state.json")) return;
+  const model::ModelConfig saved = config_from_checkpoint(dir).model;
+  auto kind = [](const model::ModelConfig& c, int64_t l) {
+    return c.kda_layer(l) ? "a KDA layer" : c.mla_layer(l) ? "an MLA layer" : "a GQA layer";
+  };
+  for (int64_t l = 0; l < std::min(m.n_layers, saved.n_layers); ++l)
+    if (std::string(kind(saved, l)) != kind(m, l))
+      fail("config key ", saved.kda_layer(l) != m.kda_layer(l) ? "model.kda" : "model.mla", ": ", dir, " holds another layer pattern: its layer ", l + 1,
+           " (1-based) is ", kind(saved, l), ", this config's ", kind(m, l),
+           " (model.kda.full_attention_every / full_attention_layers, model.mla)");
+}
+
 Config config_from_checkpoint(const std::string& dir) {
   const std::string state_path = (fs::path(dir) / "state.json").string();
   const json st = read_state(state_path);

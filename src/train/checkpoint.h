@@ -71,6 +71,12 @@ TrainState load_checkpoint(const std::string& dir, const model::ModelConfig& mod
 void load_weights(const std::string& path, model::ParamTable& params);
 void load_weights(const std::string& path, model::Model& model);
 
+// A checkpoint directory (with its state.json) whose layers are of other
+// kinds than the model's (KDA, MLA or GQA, layer by layer): an error naming
+// the first such layer and the keys that set the pattern. Weights of another
+// pattern would otherwise fail on a tensor's name or shape.
+void check_layer_pattern(const std::string& dir, const model::ModelConfig& model);
+
 // The resolved training config stored in a checkpoint's state.json.
 Config config_from_checkpoint(const std::string& dir);
 

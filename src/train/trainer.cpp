@@ -362,6 +362,7 @@ void Engine::init_weights() {
     stepper_->init_weights(tc_.seed);
     return;
   }
+  check_layer_pattern(cfg_.model.init_from, cfg_.model);
   for (int v = 0; v < rt().model().size(); ++v) load_weights(cfg_.model.init_from, rt().model().chunk(v));
   if (root_) spdlog::info("initialised weights from {}", cfg_.model.init_from);
 }

@@ -6,7 +6,8 @@
 # checkpoint tensor; cached interleaving, data parallelism and ZeRO-1 within
 # relative 1e-5; a hybrid with MoE MLPs under expert parallelism; a run
 # stopped on one layout and resumed on another continues exactly; the
-# softmax layers as MLA too. The sequences (T = 16) span one KDA chunk, so
+# softmax layers as MLA too; a checkpoint of another layer pattern is refused,
+# naming the key or tensor. The sequences (T = 16) span one KDA chunk, so
 # chunk boundaries are the kernel tests' (tests/kernels/test_kda.cpp).
 source "$(dirname "$0")/lib.sh"
 make_corpus
@@ -17,6 +18,17 @@ kda=(--model.kda='{"heads": 2, "head_dim": 8, "conv_size": 3}')
   || { cat log_1.txt; fail "single process"; }
 grep -q 'self_attn.q_conv1d.weight' <("$BIN" inspect checkpoint ck_1/step_00000008) \
   || fail "no KDA tensors in the checkpoint"
+# A checkpoint of another layer pattern: resuming it, or starting from its
+# weights, exits 2 naming what differs; nothing is written into it.
+other=(--model.kda='{"heads": 2, "head_dim": 8, "conv_size": 3, "full_attention_layers": [2, 8]}')
+sum_before=$(cat ck_1/step_00000008/* | md5sum)
+expect_error "resume a checkpoint of another layer pattern" "model.kda.full_attention_layers" \
+  "$BIN" train base.json --checkpoint.dir=ck_x --run.dir=run_x --checkpoint.resume=ck_1/step_00000008 "${other[@]}"
+expect_error "model.init_from a checkpoint of another layer pattern" "its layer 2 (1-based) is a KDA layer, this config's a GQA layer" \
+  "$BIN" train base.json --checkpoint.dir=ck_x --run.dir=run_x --model.init_from=ck_1/step_00000008 "${other[@]}"
+expect_error "model.init_from a hybrid into a softmax-only model" "config key model.kda: ck_1/step_00000008 holds another layer pattern" \
+  "$BIN" train base.json --checkpoint.dir=ck_x --run.dir=run_x --model.init_from=ck_1/step_00000008
+[[ $(cat ck_1/step_00000008/* | md5sum) == "$sum_before" ]] || fail "a refused run changed the checkpoint"
 # An uneven split (parallel.layers_per_chunk, as `inspect plan` balances
 # stages) is bit for bit too.
 same_as_reference 1 0 "--parallel.pipeline=4" \
