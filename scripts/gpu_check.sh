@@ -90,6 +90,7 @@ first|0.4|150|catch2|gpu_tests_moe_muon.log||GPU tests: MoE (routing, permutatio
 first|0.2|120|catch2|gpu_tests_moe_per_expert.log||GPU tests: MoE again with the grouped GEMM off (a GEMM per expert)|ATTNRES_MOE_GROUPED_GEMM=0 build-gpu/tests/test_gpu "[moe]" -w NoTests --durations yes
 first|0.2|120|catch2|gpu_tests_matmul.log||GPU tests: matmul, each cuBLASLt plan's algorithm logged (ATTNRES_GEMM_LOG)|ATTNRES_GEMM_LOG=1 build-gpu/tests/test_gpu "[matmul]" -w NoTests --durations yes
 first|0.4|150|catch2|gpu_tests_attention.log||GPU tests: our attention on the joint q, k, v rows (forward, backward, decoding)|build-gpu/tests/test_gpu "[attention]~[cudnn]" -w NoTests --durations yes
+first|0.2|150|catch2|gpu_tests_kda.log||GPU tests: Kimi Linear's KDA on cuda (the chunkwise core forward and backward, the recurrence, the layer's parts) against the CPU|build-gpu/tests/test_gpu "[kda]" -w NoTests --durations yes
 first|0.4|180|catch2|gpu_tests_model.log||GPU tests: the model (training steps against the CPU, bf16, decoding) and recomputation bit for bit|build-gpu/tests/test_gpu "[model]" -w NoTests --durations yes
 first|0.3|150|catch2|gpu_tests_graphs.log||GPU tests: the step as a CUDA graph|build-gpu/tests/test_gpu "[graphs]" -w NoTests --durations yes
 first|0.3|120|catch2|nccl.log|if_mpirun|the NCCL transport, 1 rank (self-exchange, the expert all-to-all as a self-send, P = 1 with two chunks, graphs)|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 mpirun -np 1 $MPIRUN_FLAGS build-gpu/tests/test_mpi "[nccl]" -s --use-colour no
@@ -103,7 +104,7 @@ second|0.2|300|script|resume.log||exact resume and eval through the engine on th
 second|1.2|240|script|pipeline_cuda.log|if_mpirun|pipeline and data-parallel layouts, 2 and 4 ranks on the visible GPUs, against one GPU|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/pipeline_cuda.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
 second|0.3|180|script|zero_bf16.log|if_mpirun|ZeRO-1 in bf16, 2 ranks|NCCL_DEBUG=WARN ATTNRES_COMM_TIMEOUT_S=60 OMP_NUM_THREADS=1 bash tests/gpu/zero_bf16.sh "$PWD/build-gpu/attnres" "$PWD" "$PWD/build-gpu/tests/test_mpi" mpirun -np $MPIRUN_FLAGS
 second|1.4|240|catch2|gpu_tests_ce_swiglu_store.log||GPU tests: cross-entropy, SwiGLU, Store (passed on 2026-11-26, unchanged since)|build-gpu/tests/test_gpu "[cross_entropy],[swiglu],[store]" -w NoTests --durations yes
-second|0.5|180|catch2|gpu_tests_rest.log||GPU tests: everything not run before (AdamW, norms, RoPE, embedding, reduce)|build-gpu/tests/test_gpu "~[moe]~[muon]~[matmul]~[attention]~[model]~[graphs]~[mix]~[cudnn]~[cross_entropy]~[swiglu]~[store]" -w NoTests --durations yes
+second|0.5|180|catch2|gpu_tests_rest.log||GPU tests: everything not run before (AdamW, norms, RoPE, embedding, reduce)|build-gpu/tests/test_gpu "~[moe]~[muon]~[matmul]~[attention]~[kda]~[model]~[graphs]~[mix]~[cudnn]~[cross_entropy]~[swiglu]~[store]" -w NoTests --durations yes
 bench|0.1|560|build|binaries_bench.log||the binaries (as in --first)|gpu_binaries
 bench|0.2|240|bench|bench_124m.txt||training steps, 124M, every residual mode (bf16, bf16 logits)|build-gpu/attnres bench --device cuda --preset 124m --steps 10 --warmup 3
 bench|0.3|240|bench|bench_350m.txt||training steps, 350M|build-gpu/attnres bench --device cuda --preset 350m --steps 5 --warmup 2

@@ -292,6 +292,19 @@ def rotate(x, cos, sin):
     return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
 
 
+def causal_attention(q, k, v):
+    """Causal softmax attention over [B, H, T, width] heads, scale 1/sqrt(q's
+    width): scaled_dot_product_attention, or (torch < 2.0 has none) the same
+    written out."""
+    if HAVE_SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    T = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    probs = torch.softmax(scores.float().masked_fill(causal, float("-inf")), dim=-1)
+    return probs.to(v.dtype) @ v
+
+
 class Attention(nn.Module):
     def __init__(self, d, H, Hkv):
         super().__init__()
@@ -315,14 +328,7 @@ class Attention(nn.Module):
             g = self.H // self.Hkv
             k = k[:, :, None].expand(B, self.Hkv, g, T, self.hd).reshape(B, self.H, T, self.hd)
             v = v[:, :, None].expand(B, self.Hkv, g, T, self.hd).reshape(B, self.H, T, self.hd)
-        if HAVE_SDPA:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            # torch < 2.0 has no SDPA: the same causal softmax attention written out.
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd)
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            probs = torch.softmax(scores.float().masked_fill(causal, float("-inf")), dim=-1)
-            out = probs.to(v.dtype) @ v
+        out = causal_attention(q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.H * self.hd))
 
 
@@ -526,13 +532,7 @@ class MLA(nn.Module):
             q_r, k_r = rotate(q_r, self.cos[:T], self.sin[:T]), rotate(k_r, self.cos[:T], self.sin[:T])
         q = torch.cat([q_n, q_r], dim=-1)
         k = torch.cat([k_n, k_r.expand(B, H, T, dr)], dim=-1)
-        if HAVE_SDPA:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(dn + dr)
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            probs = torch.softmax(scores.float().masked_fill(causal, float("-inf")), dim=-1)
-            out = probs.to(v.dtype) @ v
+        out = causal_attention(q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * dv))
 
 

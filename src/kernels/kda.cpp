@@ -1,10 +1,14 @@
-// KDA core dispatcher (kernels/kda.h): argument checks and dtype dispatch.
-// CPU only so far; a CUDA tensor is refused with that said.
+// KDA dispatcher (kernels/kda.h): argument checks, then the CPU kernels
+// (kernels/cpu/kda.cpp, kda_parts.cpp) or the CUDA ones (kernels/cuda/kda.cu,
+// kda_parts.cu).
 #include "kernels/kda.h"
 
 #include "kernels/common.h"
 #include "kernels/cpu/kda.h"
 #include "kernels/dispatch.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/kda.h"
+#endif
 
 namespace attnres::kernels {
 
@@ -27,7 +31,6 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
   check_arg(op, "g", g, q, {N, s.H * s.K});
   check_arg(op, "v", v, q, {N, s.H * s.V});
   check_arg(op, "beta", beta, q, {N, s.H});
-  if (q.is_cuda()) fail(op, ": no CUDA kernel yet (the KDA core runs on the cpu)");
 }
 
 template <typename T>
@@ -44,6 +47,7 @@ void kda_forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, c
   const char* op = "kda_forward";
   check_inputs(op, q, k, v, g, beta, s);
   check_arg(op, "o", o, q, {s.B * s.T, s.H * s.V});
+  ATTNRES_CUDA_DISPATCH(q, op, cuda::kda_forward(o, q, k, v, g, beta, s, scale));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::kda_forward<T>(o.data<T>(), args<T>(q, k, v, g, beta, s, scale));
@@ -63,6 +67,8 @@ void kda_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
   check_arg(op, "dg", dg, q, {N, s.H * s.K});
   check_arg(op, "dv", dv, q, {N, s.H * s.V});
   check_arg(op, "dbeta", dbeta, q, {N, s.H});
+  ATTNRES_CUDA_DISPATCH(q, op, cuda::kda_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, s,
+                                                  scale, store));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::kda_backward<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dg.data<T>(), dbeta.data<T>(),
@@ -77,7 +83,11 @@ void kda_recurrent_forward(Tensor& o, const Tensor& q, const Tensor& k, const Te
   const char* op = "kda_recurrent_forward";
   check_inputs(op, q, k, v, g, beta, s);
   check_arg(op, "o", o, q, {s.B * s.T, s.H * s.V});
-  if (state) check_arg(op, "state", *state, q, {s.B, s.H, s.K, s.V});
+  // The state: fp32 on a GPU (whatever the values' dtype), the values' dtype on the CPU.
+  if (state)
+    check_arg(op, "state", *state, q.device(), q.is_cuda() ? DType::F32 : q.dtype(),
+              {s.B, s.H, s.K, s.V});
+  ATTNRES_CUDA_DISPATCH(q, op, cuda::kda_recurrent_forward(o, q, k, v, g, beta, s, scale, state));
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::kda_recurrent_forward<T>(o.data<T>(), args<T>(q, k, v, g, beta, s, scale),
@@ -94,7 +104,6 @@ int64_t heads_of(const char* op, const char* name, const Tensor& x, int64_t K) {
   check_2d(op, name, x);
   if (K < 1 || x.dim(1) % K != 0)
     fail(op, ": heads of ", K, " channels do not divide ", name, "'s width ", x.dim(1));
-  if (x.is_cuda()) fail(op, ": no CUDA kernel yet (the KDA layer runs on the cpu)");
   return x.dim(1) / K;
 }
 
@@ -137,6 +146,7 @@ void kda_conv_forward(Tensor& y, const Tensor& x, const Tensor& w, int64_t B, in
   const char* op = "kda_conv_forward";
   const int64_t W = check_conv(op, x, w, B, T), Ch = x.dim(1);
   check_arg(op, "y", y, x, x.shape());
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::kda_conv_forward(y, x, w, B, T));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_conv_forward<T_>(y.data<T_>(), x.data<T_>(), w.data<T_>(), B, T, Ch, W);
@@ -150,6 +160,7 @@ void kda_conv_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x
   check_arg(op, "dy", dy, x, x.shape());
   check_arg(op, "dx", dx, x, x.shape());
   check_arg(op, "dw", dw, x.device(), grad_dtype(x.dtype()), {Ch, W});
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::kda_conv_backward(dx, dw, dy, x, w, B, T, dx_store));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_conv_backward<T_>(dx.data<T_>(), dw.data<T_>(), dy.data<T_>(), x.data<T_>(),
@@ -162,6 +173,7 @@ void kda_l2norm_forward(Tensor& y, const Tensor& x, int64_t K, double eps) {
   const int64_t H = heads_of(op, "x", x, K);
   check_eps(op, eps);
   check_arg(op, "y", y, x, x.shape());
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::kda_l2norm_forward(y, x, K, eps));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_l2norm_forward<T_>(y.data<T_>(), x.data<T_>(), x.dim(0) * H, K, static_cast<T_>(eps));
@@ -175,6 +187,7 @@ void kda_l2norm_backward(Tensor& dx, const Tensor& dy, const Tensor& x, int64_t 
   check_eps(op, eps);
   check_arg(op, "dy", dy, x, x.shape());
   check_arg(op, "dx", dx, x, x.shape());
+  ATTNRES_CUDA_DISPATCH(x, op, cuda::kda_l2norm_backward(dx, dy, x, K, eps, dx_store));
   dispatch_cpu_float(x, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_l2norm_backward<T_>(dx.data<T_>(), dy.data<T_>(), x.data<T_>(), x.dim(0) * H, K,
@@ -187,6 +200,7 @@ void kda_decay_forward(Tensor& g, const Tensor& f, const Tensor& a_log, const Te
   const char* op = "kda_decay_forward";
   const int64_t H = check_decay(op, f, a_log, dt_bias, K);
   check_arg(op, "g", g, f, f.shape());
+  ATTNRES_CUDA_DISPATCH(f, op, cuda::kda_decay_forward(g, f, a_log, dt_bias, K));
   dispatch_cpu_float(f, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_decay_forward<T_>(g.data<T_>(), f.data<T_>(), a_log.data<T_>(), dt_bias.data<T_>(),
@@ -203,6 +217,8 @@ void kda_decay_backward(Tensor& df, Tensor& da_log, Tensor& ddt_bias, const Tens
   check_arg(op, "df", df, f, f.shape());
   check_arg(op, "da_log", da_log, f.device(), grad_dtype(f.dtype()), {H});
   check_arg(op, "ddt_bias", ddt_bias, f.device(), grad_dtype(f.dtype()), {H * K});
+  ATTNRES_CUDA_DISPATCH(f, op, cuda::kda_decay_backward(df, da_log, ddt_bias, dg, f, a_log, dt_bias,
+                                                        K, df_store));
   dispatch_cpu_float(f, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_decay_backward<T_>(df.data<T_>(), da_log.data<T_>(), ddt_bias.data<T_>(),
@@ -215,6 +231,7 @@ void kda_beta_forward(Tensor& beta, const Tensor& b) {
   const char* op = "kda_beta_forward";
   heads_of(op, "b", b, 1);
   check_arg(op, "beta", beta, b, b.shape());
+  ATTNRES_CUDA_DISPATCH(b, op, cuda::kda_beta_forward(beta, b));
   dispatch_cpu_float(b, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_beta_forward<T_>(beta.data<T_>(), b.data<T_>(), b.numel());
@@ -226,6 +243,7 @@ void kda_beta_backward(Tensor& db, const Tensor& dbeta, const Tensor& beta, Stor
   heads_of(op, "beta", beta, 1);
   check_arg(op, "dbeta", dbeta, beta, beta.shape());
   check_arg(op, "db", db, beta, beta.shape());
+  ATTNRES_CUDA_DISPATCH(beta, op, cuda::kda_beta_backward(db, dbeta, beta, db_store));
   dispatch_cpu_float(beta, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_beta_backward<T_>(db.data<T_>(), dbeta.data<T_>(), beta.data<T_>(), beta.numel(),
@@ -238,6 +256,7 @@ void kda_out_gate_forward(Tensor& y, const Tensor& o, const Tensor& w, const Ten
   const char* op = "kda_out_gate_forward";
   const int64_t H = check_out_gate(op, o, w, z, K, eps);
   check_arg(op, "y", y, o, o.shape());
+  ATTNRES_CUDA_DISPATCH(o, op, cuda::kda_out_gate_forward(y, o, w, z, K, eps));
   dispatch_cpu_float(o, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_out_gate_forward<T_>(y.data<T_>(), o.data<T_>(), w.data<T_>(), z.data<T_>(),
@@ -253,6 +272,7 @@ void kda_out_gate_backward(Tensor& d_o, Tensor& dw, Tensor& dz, const Tensor& dy
   check_arg(op, "d_o", d_o, o, o.shape());
   check_arg(op, "dz", dz, o, o.shape());
   check_arg(op, "dw", dw, o.device(), grad_dtype(o.dtype()), {K});
+  ATTNRES_CUDA_DISPATCH(o, op, cuda::kda_out_gate_backward(d_o, dw, dz, dy, o, w, z, K, eps, store));
   dispatch_cpu_float(o, op, [&](auto tag) {
     using T_ = decltype(tag);
     cpu::kda_out_gate_backward<T_>(d_o.data<T_>(), dw.data<T_>(), dz.data<T_>(), dy.data<T_>(),

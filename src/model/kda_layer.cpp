@@ -62,7 +62,9 @@ void kda_layer_forward(Tensor& y, KdaActs& a, const Tensor& u, const KdaWeights&
 
 KdaCache kda_new_cache(const KdaDims& d, DType dtype, Device device) {
   const int64_t HK = d.H * d.K;
-  return {Tensor::zeros({1, d.H, d.K, d.K}, dtype, device), Tensor::zeros({d.conv, HK}, dtype, device),
+  // The recurrent state in fp32 on a GPU (kernels/kda.h), the model's dtype on the CPU.
+  const DType state = device == Device::CUDA ? DType::F32 : dtype;
+  return {Tensor::zeros({1, d.H, d.K, d.K}, state, device), Tensor::zeros({d.conv, HK}, dtype, device),
           Tensor::zeros({d.conv, HK}, dtype, device), Tensor::zeros({d.conv, HK}, dtype, device)};
 }
 

@@ -237,8 +237,8 @@ grep -qxF 'args: [cudnn] -w NoTests --durations yes' $r/gpu_tests_cudnn.log \
 grep -qxF 'CUDNN_LOGLEVEL_DBG=' $r/gpu_tests_mix.log || fail "cuDNN's logging leaked into the other runs"
 got=$(awk '$1 == "first" { print $2, $3 }' $r/steps.txt | tr '\n' ';')
 want="binaries_first.log ok;gpu_tests_moe_muon.log ok;gpu_tests_moe_per_expert.log ok;gpu_tests_matmul.log ok;"
-want+="gpu_tests_attention.log ok;gpu_tests_model.log ok;gpu_tests_graphs.log FAILED;nccl.log ok;"
+want+="gpu_tests_attention.log ok;gpu_tests_kda.log ok;gpu_tests_model.log ok;gpu_tests_graphs.log FAILED;nccl.log ok;"
 want+="gpu_tests_mix.log ok;gpu_tests_cudnn.log ok;"
 [[ $got == "$want" ]] || { cat $r/steps.txt; fail "steps.txt: $got"; }
 grep -q "steps.txt" <(tar tzf out/gpu_check_1_first.tgz) || fail "no steps.txt in \$OUT/gpu_check_1_first.tgz"
-pass "--first: build-gpu/ of this tree taken; ten runs in order, each its own log, a failure fails the stage (the rest still run), steps.txt, \$OUT archive"
+pass "--first: build-gpu/ of this tree taken; eleven runs in order, each its own log, a failure fails the stage (the rest still run), steps.txt, \$OUT archive"

@@ -49,7 +49,14 @@ std::vector<Case> cases() {
           {"full, 6 layers (Mix groups of 4)", full_deep_wide(6, 64)},
           {"full, d = 1280 (block-mode Mix rows)", full_deep_wide(2, 1280)},
           {"block S=4 (uneven: final partial)", small(ResidualMode::Block, 4)},
-          {"block S=2, tied embeddings", small(ResidualMode::Block, 2, true)}};
+          {"block S=2, tied embeddings", small(ResidualMode::Block, 2, true)},
+          // Kimi Linear hybrids (model.kda, kernels/cuda/kda.cu): KDA in layer 1,
+          // softmax GQA in 2 and 3.
+          {"baseline, KDA hybrid", testing::with_kda(small(ResidualMode::Baseline), 2, 16, 3, 2)},
+          {"block S=2, KDA hybrid with MoE",
+           testing::with_kda(moe(small(ResidualMode::Block, 2), 4, 2, 1, kernels::MoeRouter::Sigmoid,
+                                 model::MoeBalance::AuxFree, 0),
+                             2, 16, 4, 2)}};
 }
 
 // Per-step losses of `steps` AdamW steps with A microbatches of B x T tokens.
@@ -224,12 +231,15 @@ TEST_CASE("CUDA recomputation (mix, layer) gives training.recompute = none's bit
 }
 
 TEST_CASE("KV-cache decoding on CUDA matches the CPU", "[gpu][model]") {
-  ModelConfig c = small(ResidualMode::Block, 4);
-  CpuGpu m = cpu_and_gpu(c, DType::F32, 6);
-  model::Model &cpu = m.cpu, &gpu = m.gpu;
-  auto cc = cpu.new_decode_cache(8), gc = gpu.new_decode_cache(8);
-  for (int32_t t : {5, 17, 3, 88, 42}) {
-    auto a = cpu.decode_step(t, cc), b = gpu.decode_step(t, gc);
-    for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == Approx(a[i]).epsilon(1e-4).margin(1e-5));
+  // A KDA layer (its fp32 state and convolution windows) and GQA layers.
+  for (const ModelConfig& c : {small(ResidualMode::Block, 4),
+                               testing::with_kda(small(ResidualMode::Block, 4), 2, 16, 3, 2)}) {
+    CpuGpu m = cpu_and_gpu(c, DType::F32, 6);
+    model::Model &cpu = m.cpu, &gpu = m.gpu;
+    auto cc = cpu.new_decode_cache(8), gc = gpu.new_decode_cache(8);
+    for (int32_t t : {5, 17, 3, 88, 42}) {
+      auto a = cpu.decode_step(t, cc), b = gpu.decode_step(t, gc);
+      for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == Approx(a[i]).epsilon(1e-4).margin(1e-5));
+    }
   }
 }
