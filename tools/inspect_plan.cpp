@@ -162,7 +162,13 @@ int inspect_plan(const Args& args) {
               split_text(balanced.split).c_str(), split_text(split_of(cfg, L)).c_str(),
               q.step_time * 1e3, 100 * (q.step_time / rows[0].p.step_time - 1), q.tokens_per_sec,
               100 * q.mfu, q.bytes_per_rank / (1 << 30), q.fits ? "" : " (does NOT fit)");
-  print_rank_detail(q);
+  // The balance evens the stages' compute; where the step is made of
+  // latencies and the bubble instead (a tiny model), it may not pay.
+  if (q.step_time >= rows[0].p.step_time)
+    std::printf("  no faster than %s here (the step is not the stages' compute): keep it\n",
+                split_text(split_of(cfg, L)).c_str());
+  else
+    print_rank_detail(q);
   return 0;
 }
 

@@ -52,6 +52,20 @@ fi
 grep -q "measuring 4 chunks in one process" cpu.txt || { cat cpu.txt; fail "cpu profile: no measurement"; }
 grep -qE "layout P2 V2 D1 cached, M=2: predicted step [0-9.]+ ms" cpu.txt || { cat cpu.txt; fail "cpu profile: no prediction"; }
 pass "cpu profile predicts the config's layout"
+# Balancing: the quickstart model's head (2 d V FLOPs a token, about 2.6 of
+# its layers) makes the even [2,2] split of P2 unbalanced; the planner
+# proposes [3,1] and measures it too (the runtime running the uneven split).
+"$BIN" inspect plan "$SRC/configs/quickstart.json" --profile cpu --steps 1 --parallel.pipeline=2 \
+  --training.grad_accum=2 --training.steps=1 > cpu_balance.txt
+grep -qF "stages balanced by cost (FLOPs): --parallel.layers_per_chunk=[3,1], measured:" cpu_balance.txt \
+  && grep -qE "^balanced split: step [+-][0-9.]+% over \[2,2\]$" cpu_balance.txt \
+  || { cat cpu_balance.txt; fail "cpu profile: no balanced split measured"; }
+pass "cpu profile: the head-heavy last stage balanced ([3,1]) and measured"
+"$BIN" inspect plan "$SRC/configs/kimi_linear_48b.json" --profile h100 --training.device=cpu \
+  --training.precision=fp32 > h100_balance.txt
+grep -qE "^stages balanced by cost: --parallel.layers_per_chunk=\[[0-9,]+\] \(now \[3,3,4,3,3,4,3,4\]\): predicted step [0-9.]+ ms \(-[0-9.]+%\)" h100_balance.txt \
+  || { cat h100_balance.txt; fail "h100 profile: no balanced split for Kimi Linear 48B"; }
+pass "h100 profile: Kimi Linear 48B's P4 V2 balanced, faster than the even split"
 "$BIN" inspect plan "$SRC/configs/gpu_350m.json" --profile h100 --gpus 8 \
   --training.device=cpu --training.precision=fp32 > gpu.txt
 rows=$(grep -cE "^P[0-9]+ V[0-9] D[0-9]+ (naive|cached)" gpu.txt)
