@@ -72,7 +72,7 @@ def tests_section(d):
              ("gpu_tests_moe_per_expert.log", 'GPU tests `"[moe]"`, a GEMM per expert'),
              ("gpu_tests_matmul.log", 'GPU tests `"[matmul]"` (cuBLASLt plans logged)'),
              ("gpu_tests_attention.log", 'GPU tests `"[attention]~[cudnn]"`'),
-             ("gpu_tests_kda.log", 'GPU tests `"[kda]"` (Kimi Linear\'s KDA)'),
+             ("gpu_tests_kda.log", 'GPU tests `"[kda],[mla]"` (Kimi Linear)'),
              ("gpu_tests_model.log", 'GPU tests `"[model]"`'),
              ("gpu_tests_graphs.log", 'GPU tests `"[graphs]"`'),
              ("gpu_tests_mix.log", 'GPU tests `"[mix]"`'),

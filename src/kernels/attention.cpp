@@ -23,13 +23,6 @@ void check_heads(const char* op, const AttnShape& s, bool need_t) {
     fail(op, ": H=", s.H, " is not a multiple of Hkv=", s.Hkv);
 }
 
-// The CUDA kernels (ours and cuDNN's graphs) take one width for q, k and v.
-void check_value_width(const char* op, const AttnShape& s, const Tensor& t) {
-  if (t.is_cuda() && s.dv() != s.hd)
-    fail(op, ": values of width ", s.dv(), " beside keys of width ", s.hd,
-         " (MLA, model.mla) are not built on cuda yet; the cpu runs them");
-}
-
 // The tensors of a training-shaped call: the joint q/k/v, the output and its
 // log-sum-exp, every one on qkv's device and of qkv's dtype (lse: statistics).
 void check_qkv_out(const char* op, const AttnShape& s, const Tensor& qkv, const Tensor& out,
@@ -40,7 +33,6 @@ void check_qkv_out(const char* op, const AttnShape& s, const Tensor& qkv, const 
   check_arg(op, "qkv", qkv, qkv, {N, qkv_width(s)});
   check_arg(op, "out", out, qkv, {N, s.H * s.dv()});
   check_arg(op, "lse", lse, qkv.device(), stat_dtype(qkv.dtype()), {s.B, s.H, s.T});
-  check_value_width(op, s, qkv);
 }
 
 }  // namespace
@@ -122,7 +114,6 @@ void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const
   check_arg(op, "k_cache", k_cache, q, {s.B, Tmax, s.Hkv * s.hd});
   check_arg(op, "v_cache", v_cache, q, {s.B, Tmax, s.Hkv * s.dv()});
   check_arg(op, "out", out, q, {s.B, s.H * s.dv()});
-  check_value_width(op, s, q);
   if (len < 1 || len > Tmax)
     fail(op, ": len=", len, " is outside the cache [1, ", Tmax, "]");
   ATTNRES_CUDA_DISPATCH(q, op, cuda::attention_decode(out, q, k_cache, v_cache, len, s));

@@ -1,10 +1,13 @@
-// MLA expansion dispatcher (kernels/mla.h): argument checks and dtype
-// dispatch. CPU only so far; a CUDA tensor is refused with that said.
+// MLA expansion dispatcher (kernels/mla.h): argument checks, then the CPU
+// kernels (kernels/cpu/mla.cpp) or the CUDA ones (kernels/cuda/mla.cu).
 #include "kernels/mla.h"
 
 #include "kernels/common.h"
 #include "kernels/cpu/mla.h"
 #include "kernels/dispatch.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/mla.h"
+#endif
 
 namespace attnres::kernels {
 
@@ -21,7 +24,6 @@ void check_all(const char* op, const Tensor& qkv, const Tensor& q, const Tensor&
   check_arg(op, "q", q, qkv, {N, s.H * s.dqk()});
   check_arg(op, "kv", kv, qkv, {N, s.H * (s.dn + s.dv)});
   check_arg(op, "kr", kr, qkv, {N, s.dr});
-  if (qkv.is_cuda()) fail(op, ": no CUDA kernel yet (MLA runs on the cpu)");
 }
 
 cpu::MlaArgs args(const MlaShape& s, double rope_theta, int64_t pos0) {
@@ -34,6 +36,7 @@ void mla_expand_forward(Tensor& qkv, const Tensor& q, const Tensor& kv, const Te
                         const MlaShape& s, double rope_theta, int64_t pos0) {
   const char* op = "mla_expand_forward";
   check_all(op, qkv, q, kv, kr, s, rope_theta);
+  ATTNRES_CUDA_DISPATCH(qkv, op, cuda::mla_expand_forward(qkv, q, kv, kr, s, rope_theta, pos0));
   dispatch_cpu_float(qkv, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::mla_expand_forward<T>(qkv.data<T>(), q.data<T>(), kv.data<T>(), kr.data<T>(),
@@ -45,6 +48,7 @@ void mla_expand_backward(Tensor& dq, Tensor& dkv, Tensor& dkr, const Tensor& dqk
                          const MlaShape& s, double rope_theta, int64_t pos0) {
   const char* op = "mla_expand_backward";
   check_all(op, dqkv, dq, dkv, dkr, s, rope_theta);
+  ATTNRES_CUDA_DISPATCH(dqkv, op, cuda::mla_expand_backward(dq, dkv, dkr, dqkv, s, rope_theta, pos0));
   dispatch_cpu_float(dqkv, op, [&](auto tag) {
     using T = decltype(tag);
     cpu::mla_expand_backward<T>(dq.data<T>(), dkv.data<T>(), dkr.data<T>(), dqkv.data<T>(),

@@ -56,7 +56,14 @@ std::vector<Case> cases() {
           {"block S=2, KDA hybrid with MoE",
            testing::with_kda(moe(small(ResidualMode::Block, 2), 4, 2, 1, kernels::MoeRouter::Sigmoid,
                                  model::MoeBalance::AuxFree, 0),
-                             2, 16, 4, 2)}};
+                             2, 16, 4, 2)},
+          // ... with MLA softmax layers (kernels/cuda/mla.cu, attention_values.cu):
+          // NoPE in a Block hybrid, RoPE on the dr dims in a Full model of MLA alone.
+          {"block S=2, KDA + MLA hybrid (NoPE)",
+           testing::with_mla(testing::with_kda(small(ResidualMode::Block, 2), 2, 16, 3, 2), 16, 8,
+                             8, 12)},
+          {"full, every layer MLA with RoPE",
+           testing::with_mla(small(ResidualMode::Full), 16, 8, 8, 12, true)}};
 }
 
 // Per-step losses of `steps` AdamW steps with A microbatches of B x T tokens.
@@ -231,9 +238,11 @@ TEST_CASE("CUDA recomputation (mix, layer) gives training.recompute = none's bit
 }
 
 TEST_CASE("KV-cache decoding on CUDA matches the CPU", "[gpu][model]") {
-  // A KDA layer (its fp32 state and convolution windows) and GQA layers.
-  for (const ModelConfig& c : {small(ResidualMode::Block, 4),
-                               testing::with_kda(small(ResidualMode::Block, 4), 2, 16, 3, 2)}) {
+  // A KDA layer (its fp32 state and convolution windows) beside GQA or MLA layers.
+  for (const ModelConfig& c :
+       {small(ResidualMode::Block, 4), testing::with_kda(small(ResidualMode::Block, 4), 2, 16, 3, 2),
+        testing::with_mla(testing::with_kda(small(ResidualMode::Block, 4), 2, 16, 3, 2), 16, 8, 8,
+                          12, true)}) {
     CpuGpu m = cpu_and_gpu(c, DType::F32, 6);
     model::Model &cpu = m.cpu, &gpu = m.gpu;
     auto cc = cpu.new_decode_cache(8), gc = gpu.new_decode_cache(8);

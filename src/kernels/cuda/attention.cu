@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(kDecThreads)
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnShape& s) {
   const char* op = "attention_forward";
+  if (s.dv() != s.hd) return attention_forward_values(out, lse, qkv, s);
   if (s.B == 0 || s.T == 0) return;
   const attn::Params p = make_train_params(s, op);
   float* lp = dptr<float>(lse);
@@ -178,6 +179,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnSh
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const AttnShape& s, Store store) {
   const char* op = "attention_backward";
+  if (s.dv() != s.hd) return attention_backward_values(dqkv, dout, qkv, out, lse, s, store);
   if (s.B == 0 || s.T == 0) return;
   attn::Params p = make_train_params(s, op);
   p.accumulate = store == Store::Add;  // all three blocks of dqkv: += (Add) or = (Set)
@@ -201,6 +203,7 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                       int64_t len, const AttnShape& s) {
   const char* op = "attention_decode";
+  if (s.dv() != s.hd) return attention_decode_values(out, q, k_cache, v_cache, len, s);
   if (s.B == 0) return;
   AttnShape s1 = s;
   s1.T = 1;  // s.T is ignored by decode

@@ -15,4 +15,16 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 // q, out [B, H hd] contiguous; caches [B, Tmax, Hkv hd] (not the joint layout).
 void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                       int64_t len, const AttnShape& s);
+
+// Values of a width of their own (s.dv() != s.hd: MLA), which the tiled
+// kernels above do not take; they call these (kernels/cuda/attention_values.cu:
+// a block per query or key row, fp32, correctness first). Layouts as above
+// with the values' blocks vd wide: qkv [B*T, (H + Hkv) hd + Hkv vd], out
+// [B*T, H vd], v_cache [B, Tmax, Hkv vd].
+void attention_forward_values(Tensor& out, Tensor& lse, const Tensor& qkv, const AttnShape& s);
+void attention_backward_values(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                               const Tensor& out, const Tensor& lse, const AttnShape& s,
+                               Store store);
+void attention_decode_values(Tensor& out, const Tensor& q, const Tensor& k_cache,
+                             const Tensor& v_cache, int64_t len, const AttnShape& s);
 }  // namespace attnres::kernels::cuda

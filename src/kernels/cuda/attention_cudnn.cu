@@ -699,6 +699,7 @@ Tensor workspace(int64_t bytes) {
 }  // namespace
 
 std::string sdpa_unsupported(const AttnShape& s, DType dt) {
+  if (s.dv() != s.hd) return "values of another width than the keys (MLA)";
   if (dt != DType::BF16) return dt == DType::F32 ? "fp32" : dtype_name(dt);
   if (::attnres::cuda::device_count() == 0) return "no CUDA device";
   return Cudnn::get().plans(s).why;
