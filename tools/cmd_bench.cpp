@@ -405,10 +405,19 @@ int cmd_bench(const Args& args) {
         Device::CUDA, &why);
     std::printf("attention: %s\n", cudnn ? "cuDNN's fused attention" : ("ours (" + why + ")").c_str());
   }
-  const std::string moe =
+  std::string moe =
       c.has_moe() ? fmt::format(" MoE E={} K={} Fe={} shared={}", c.moe.experts, c.moe.top_k,
                                 c.moe.expert_d_ff, c.moe.shared_experts)
                   : "";
+  if (c.has_kda()) {  // a hybrid: its KDA layers and what the softmax layers are
+    int64_t kda_layers = 0;
+    for (int64_t l = 0; l < c.n_layers; ++l) kda_layers += c.kda_layer(l);
+    moe += fmt::format(" KDA {}x{} conv={} in {} of {} layers", c.kda.heads, c.kda.head_dim,
+                       c.kda.conv_size, kda_layers, c.n_layers);
+  }
+  if (c.has_mla())
+    moe += fmt::format(" MLA r={} dn={} dr={} dv={}", c.mla.kv_lora_rank, c.mla.qk_nope_head_dim,
+                       c.mla.qk_rope_head_dim, c.mla.v_head_dim);
   std::printf("model: d=%lld L=%lld H=%lld Hkv=%lld d_ff=%lld%s V=%lld | T=%lld B=%lld A=%lld | "
               "median of %d timed steps after %d warm-up\n",
               (long long)c.d_model, (long long)c.n_layers, (long long)c.n_heads,

@@ -41,6 +41,15 @@ grep -q "optimizer update (AdamW)" adam.txt && grep -q "optimizer update (Muon +
   && awk -v a="$a" -v m="$m" 'BEGIN { exit !(a > 0 && a < 100 && m > 0 && m < 100) }' \
   || { cat adam.txt muon.txt; fail "the optimizer's share: AdamW '$a'%, Muon '$m'%"; }
 pass "bench: the optimizer update's share of the step, AdamW $a%, Muon $m%"
+# A Kimi Linear hybrid (--hybrid: KDA layers, softmax every 4th and the last;
+# --mla: those as MLA): its rows, and its layer kinds on the model line.
+"$BIN" bench "${small[@]}" --layers 4 --hybrid 2,16 --mla 16,8,4,8 >hy.txt 2>err.txt \
+  || { cat err.txt; fail "bench --hybrid --mla exited non-zero"; }
+grep -q "KDA 2x16 conv=4 in 3 of 4 layers MLA r=16 dn=8 dr=4 dv=8" hy.txt && grep -qE "^full " hy.txt \
+  || { cat hy.txt; fail "bench --hybrid: no hybrid model line or rows"; }
+pass "bench --hybrid 2,16 --mla 16,8,4,8: a KDA + MLA hybrid's rows"
+expect_error "bad --hybrid" "--hybrid takes H,K[,conv_size]" "$BIN" bench "${small[@]}" --hybrid 2
+expect_error "bad --mla" "--mla takes r,dn,dr,dv" "$BIN" bench "${small[@]}" --mla 1,2,x,4
 expect_error "unknown optimizer" "--optimizer must be adamw or muon" "$BIN" bench "${small[@]}" --optimizer sgd
 
 expect_error "bf16 on the cpu" "bf16 is a CUDA precision" "$BIN" bench "${small[@]}" --precision bf16
