@@ -96,7 +96,15 @@ void bench_kda(int64_t B, int64_t T, int64_t H, int64_t K, int steps) {
   const double t_bwd = seconds_of([&] {
     kernels::kda_backward(dq, dk, dv, dg, db, dout, q, k, v, g, beta, s, scale, kernels::Store::Set);
   }, steps);
+  const Tensor o_chunk = o.clone();
   const double t_rec = seconds_of([&] { kernels::kda_recurrent_forward(o, q, k, v, g, beta, s, scale); }, steps);
+  // The two forms' outputs (the same function; fp32 rounding apart).
+  double diff = 0, big = 0;
+  for (int64_t i = 0; i < o.numel(); ++i) {
+    const double a = o_chunk.data<float>()[i], b = o.data<float>()[i];
+    diff = std::isnan(a - b) ? a - b : std::max(diff, std::fabs(a - b));
+    big = std::max(big, std::fabs(b));
+  }
 
   std::printf("KDA core on the cpu: B %lld, T %lld, H %lld, K = V = %lld, chunks of 64 (fp32; %s)\n",
               (long long)B, (long long)T, (long long)H, (long long)K, kernels::cpu::blas_description().c_str());
@@ -114,6 +122,8 @@ void bench_kda(int64_t B, int64_t T, int64_t H, int64_t K, int steps) {
               "(%.2fx the chunkwise pair's time)\n",
               (t_fwd + t_bwd) * 1e3, t_rec * 1e3, t_rec / (t_fwd + t_bwd));
   std::printf("chunkwise forward against the recurrent forward: %.2fx its speed\n", t_rec / t_fwd);
+  std::printf("chunkwise output against the recurrence's: max |difference| %.3g (max |o| %.3g)\n",
+              diff, big);
 }
 
 }  // namespace attnres::tools
