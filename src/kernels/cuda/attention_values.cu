@@ -71,6 +71,27 @@ __device__ float scores(float* s, const float* q, const T* k, int64_t ldk, int n
   return mx;
 }
 
+// The softmax of the row's n scores s (max m) over its keys, and the output
+// o = sum_i p_i v_i / sum_i p_i over vd columns (v rows ldv apart); returns
+// the log-sum-exp m + log(sum). s is overwritten with the unnormalised p.
+template <typename T>
+__device__ float softmax_values(float* s, int n, float m, const T* v, int64_t ldv, int vd, T* o,
+                                float* scratch) {
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    s[i] = expf(s[i] - m);
+    sum += s[i];
+  }
+  const float l = block_sum(sum, scratch);
+  __syncthreads();
+  for (int e = threadIdx.x; e < vd; e += blockDim.x) {
+    float acc = 0.f;
+    for (int i = 0; i < n; ++i) acc = fmaf(s[i], to_f32(v[int64_t(i) * ldv + e]), acc);
+    o[e] = from_f32<T>(acc / l);
+  }
+  return m + logf(l);
+}
+
 // Forward: block per (b, h, query t).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -88,20 +109,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = threadIdx.x; c < d.hd; c += blockDim.x) sq[c] = to_f32(q[c]);
   __syncthreads();
   const float m = scores(s, sq, k, d.ld, n, d.hd, d.scale, scratch);
-  float sum = 0.f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    s[i] = expf(s[i] - m);
-    sum += s[i];
-  }
-  const float l = block_sum(sum, scratch);
-  __syncthreads();
   T* o = out + (int64_t(r.b) * d.T + r.t) * d.ldo + int64_t(r.h) * d.vd;
-  for (int e = threadIdx.x; e < d.vd; e += blockDim.x) {
-    float acc = 0.f;
-    for (int i = 0; i < n; ++i) acc = fmaf(s[i], to_f32(v[int64_t(i) * d.ld + e]), acc);
-    o[e] = from_f32<T>(acc / l);
-  }
-  if (threadIdx.x == 0) lse[(int64_t(r.b) * d.H + r.h) * d.T + r.t] = m + logf(l);
+  const float L = softmax_values(s, n, m, v, d.ld, d.vd, o, scratch);
+  if (threadIdx.x == 0) lse[(int64_t(r.b) * d.H + r.h) * d.T + r.t] = L;
 }
 
 // D[b, h, t] = dO_t . O_t over vd: a warp per row.
@@ -232,19 +242,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = threadIdx.x; c < d.hd; c += blockDim.x) sq[c] = to_f32(qr[c]);
   __syncthreads();
   const float m = scores(s, sq, k, int64_t(d.Hkv) * d.hd, len, d.hd, d.scale, scratch);
-  float sum = 0.f;
-  for (int i = threadIdx.x; i < len; i += blockDim.x) {
-    s[i] = expf(s[i] - m);
-    sum += s[i];
-  }
-  const float l = block_sum(sum, scratch);
-  __syncthreads();
   T* o = out + int64_t(b) * d.H * d.vd + int64_t(h) * d.vd;
-  for (int e = threadIdx.x; e < d.vd; e += blockDim.x) {
-    float acc = 0.f;
-    for (int i = 0; i < len; ++i) acc = fmaf(s[i], to_f32(v[int64_t(i) * d.Hkv * d.vd + e]), acc);
-    o[e] = from_f32<T>(acc / l);
-  }
+  softmax_values(s, len, m, v, int64_t(d.Hkv) * d.vd, d.vd, o, scratch);
 }
 
 void check_dims(const Dims& d, int64_t keys, const char* op) {
