@@ -147,9 +147,12 @@ if_torch() { python3 -c "import torch" 2>/dev/null && return 0; echo "python3 ca
 # must be known to the loader (ldconfig -p), else the cases fail for a reason
 # that is not ours.
 if_cudnn_engines() {
-  local lib missing=()
+  local lib missing=() cache
+  # The loader's list read whole first: `ldconfig -p | grep -q` under pipefail
+  # fails when grep stops at its match and ldconfig, still writing, gets SIGPIPE.
+  cache=$(ldconfig -p 2>/dev/null || true)
   for lib in libnvrtc libcudnn_engines_runtime_compiled; do
-    ldconfig -p 2>/dev/null | grep -q "$lib\.so" || missing+=("$lib")
+    grep -q "$lib\.so" <<<"$cache" || missing+=("$lib")
   done
   ((${#missing[@]} == 0)) && return 0
   echo "ldconfig -p does not list ${missing[*]} (cuDNN's runtime-compiled engines need them)"
