@@ -174,12 +174,19 @@ struct Chunk {
   }
 };
 
-// The (b, h) pairs, one per OpenMP iteration in a fixed order.
-template <typename F>
-void for_heads(int64_t B, int64_t H, F f) {
+// The (b, h) pairs, one per OpenMP iteration in a fixed order. Each thread
+// makes its work buffers once (make()) and hands them to every pair it runs:
+// at small heads (K = 32, T = 128) allocating them per pair cost as much as
+// the pair's arithmetic.
+template <typename Make, typename F>
+void for_heads(int64_t B, int64_t H, Make make, F f) {
   const int64_t n = B * H;
-#pragma omp parallel for schedule(static)
-  for (int64_t x = 0; x < n; ++x) f(x / H, x % H);
+#pragma omp parallel
+  {
+    auto work = make();
+#pragma omp for schedule(static)
+    for (int64_t x = 0; x < n; ++x) f(work, x / H, x % H);
+  }
 }
 
 }  // namespace
@@ -187,9 +194,15 @@ void for_heads(int64_t B, int64_t H, F f) {
 template <typename T>
 void kda_forward(T* o, const KdaArgs<T>& a) {
   const int64_t K = a.K, V = a.V, C = a.chunk, HV = a.H * V;
-  for_heads(a.B, a.H, [&](int64_t b, int64_t h) {
-    Chunk<T> ch(C, K, V);
-    Buf<T> S(size_t(K * V), T(0)), O(size_t(C * V));
+  struct Work {
+    Chunk<T> ch;
+    Buf<T> S, O;
+  };
+  const auto make = [&] { return Work{Chunk<T>(C, K, V), Buf<T>(size_t(K * V)), Buf<T>(size_t(C * V))}; };
+  for_heads(a.B, a.H, make, [&](Work& w, int64_t b, int64_t h) {
+    Chunk<T>& ch = w.ch;
+    Buf<T>&S = w.S, &O = w.O;
+    std::fill(S.begin(), S.end(), T(0));
     for (int64_t t0 = 0; t0 < a.T_; t0 += C) {
       const int64_t n = std::min(C, a.T_ - t0);
       ch.load(a, b, h, t0, n);
@@ -212,10 +225,33 @@ void kda_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* dout, const Kda
                   bool accumulate) {
   const int64_t K = a.K, V = a.V, C = a.chunk, HK = a.H * K, HV = a.H * V;
   const int64_t chunks = (a.T_ + C - 1) / C;
-  for_heads(a.B, a.H, [&](int64_t b, int64_t h) {
-    Chunk<T> ch(C, K, V);
+  // Every buffer but the first start state and dS is written before it is
+  // read, chunk by chunk.
+  struct Work {
+    Chunk<T> ch;
+    Buf<T> starts, dS, dS0;
+    Buf<T> Ob, Ub, Xb, Vb;              // [C, V]
+    Buf<T> Keb, Qbb, Kbb, Kg, Qg, Gg;   // [C, K]
+    Buf<T> ZA, YA, ZP, YP, t1, t2;      // [C, K]
+    Buf<T> Mb, Ab, Pb, betab;           // [C, C]; [C]
+  };
+  const auto make = [&] {
+    const size_t CK = size_t(C * K), CV = size_t(C * V), CC = size_t(C * C), KV = size_t(K * V);
+    return Work{Chunk<T>(C, K, V), Buf<T>(size_t(chunks) * KV), Buf<T>(KV), Buf<T>(KV),
+                Buf<T>(CV), Buf<T>(CV), Buf<T>(CV), Buf<T>(CV),
+                Buf<T>(CK), Buf<T>(CK), Buf<T>(CK), Buf<T>(CK), Buf<T>(CK), Buf<T>(CK),
+                Buf<T>(CK), Buf<T>(CK), Buf<T>(CK), Buf<T>(CK), Buf<T>(CK), Buf<T>(CK),
+                Buf<T>(CC), Buf<T>(CC), Buf<T>(CC), Buf<T>(size_t(C))};
+  };
+  for_heads(a.B, a.H, make, [&](Work& w, int64_t b, int64_t h) {
+    Chunk<T>& ch = w.ch;
+    Buf<T>&starts = w.starts, &dS = w.dS, &dS0 = w.dS0;
+    Buf<T>&Ob = w.Ob, &Ub = w.Ub, &Xb = w.Xb, &Vb = w.Vb;
+    Buf<T>&Keb = w.Keb, &Qbb = w.Qbb, &Kbb = w.Kbb, &Kg = w.Kg, &Qg = w.Qg, &Gg = w.Gg;
+    Buf<T>&ZA = w.ZA, &YA = w.YA, &ZP = w.ZP, &YP = w.YP, &t1 = w.t1, &t2 = w.t2;
+    Buf<T>&Mb = w.Mb, &Ab = w.Ab, &Pb = w.Pb, &betab = w.betab;
     // The chunks' start states, recomputed.
-    Buf<T> starts(size_t(chunks * K * V), T(0));
+    std::fill(starts.begin(), starts.begin() + K * V, T(0));
     for (int64_t c = 0; c + 1 < chunks; ++c) {
       const int64_t t0 = c * C, n = std::min(C, a.T_ - t0);
       T* S = &starts[size_t((c + 1) * K * V)];
@@ -225,13 +261,7 @@ void kda_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* dout, const Kda
       ch.solve(S);
       ch.advance(S);
     }
-    Buf<T> dS(size_t(K * V), T(0)), dS0(size_t(K * V));
-    Buf<T> Ob(size_t(C * V)), Ub(size_t(C * V)), Xb(size_t(C * V)), Vb(size_t(C * V));
-    Buf<T> Keb(size_t(C * K)), Qbb(size_t(C * K)), Kbb(size_t(C * K));
-    Buf<T> Kg(size_t(C * K)), Qg(size_t(C * K)), Gg(size_t(C * K));
-    Buf<T> ZA(size_t(C * K)), YA(size_t(C * K)), ZP(size_t(C * K)), YP(size_t(C * K));
-    Buf<T> Mb(size_t(C * C)), Ab(size_t(C * C)), Pb(size_t(C * C)), betab(static_cast<size_t>(C));
-    Buf<T> t1(size_t(C * K)), t2(size_t(C * K));
+    std::fill(dS.begin(), dS.end(), T(0));
     for (int64_t c = chunks - 1; c >= 0; --c) {
       const int64_t t0 = c * C, n = std::min(C, a.T_ - t0), last = n - 1;
       const T* S0 = &starts[size_t(c * K * V)];
@@ -371,8 +401,13 @@ void kda_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* dout, const Kda
 template <typename T>
 void kda_recurrent_forward(T* o, const KdaArgs<T>& a, T* state) {
   const int64_t K = a.K, V = a.V, HK = a.H * K, HV = a.H * V;
-  for_heads(a.B, a.H, [&](int64_t b, int64_t h) {
-    Buf<T> own(state ? 0 : size_t(K * V), T(0)), pred(static_cast<size_t>(V));
+  struct Work {
+    Buf<T> own, pred;
+  };
+  const auto make = [&] { return Work{Buf<T>(state ? 0 : size_t(K * V)), Buf<T>(size_t(V))}; };
+  for_heads(a.B, a.H, make, [&](Work& w, int64_t b, int64_t h) {
+    Buf<T>&own = w.own, &pred = w.pred;
+    std::fill(own.begin(), own.end(), T(0));
     T* S = state ? state + (b * a.H + h) * K * V : own.data();
     for (int64_t t = 0; t < a.T_; ++t) {
       const int64_t row = b * a.T_ + t;

@@ -40,24 +40,43 @@ void add_blocks(T* dst, const std::vector<T>& partial, int64_t n) {
 template <typename T>
 T put(T old, T v, bool accumulate) { return accumulate ? old + v : v; }
 
-// The convolution's pre-activation at row r (token t of its sequence), channel c.
+// The filters transposed to [W, Ch] (tap j's weights of every channel in a
+// row), so the loops below run over channels innermost and vectorise.
 template <typename T>
-T conv_pre(const T* x, const T* w, int64_t r, int64_t t, int64_t c, int64_t Ch, int64_t W) {
-  T p = 0;
+std::vector<T> taps_by_row(const T* w, int64_t Ch, int64_t W) {
+  std::vector<T> wt(size_t(W * Ch));
+  for (int64_t c = 0; c < Ch; ++c)
+    for (int64_t j = 0; j < W; ++j) wt[size_t(j * Ch + c)] = w[c * W + j];
+  return wt;
+}
+
+// Row r's (token t of its sequence) pre-activations, every channel: p[c] =
+// sum_j w[c, j] x[t - W + 1 + j, c] over the taps inside the sequence, j
+// ascending (the order the CUDA kernel's conv_pre adds in).
+template <typename T>
+void conv_row(T* p, const T* x, const std::vector<T>& wt, int64_t r, int64_t t, int64_t Ch,
+              int64_t W) {
+  std::fill(p, p + Ch, T(0));
   for (int64_t j = 0; j < W; ++j) {
     const int64_t back = W - 1 - j;  // x[t - back]
-    if (back <= t) p += w[c * W + j] * x[(r - back) * Ch + c];
+    if (back > t) continue;
+    const T* wj = &wt[size_t(j * Ch)];
+    const T* xr = x + (r - back) * Ch;
+    for (int64_t c = 0; c < Ch; ++c) p[c] += wj[c] * xr[c];
   }
-  return p;
 }
 
 }  // namespace
 
 template <typename T>
 void kda_conv_forward(T* y, const T* x, const T* w, int64_t B, int64_t Tn, int64_t Ch, int64_t W) {
+  const std::vector<T> wt = taps_by_row(w, Ch, W);
   row_blocks(B * Tn, [&](int64_t, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < Ch; ++c) y[r * Ch + c] = math::silu(conv_pre(x, w, r, r % Tn, c, Ch, W));
+    for (int64_t r = r0; r < r1; ++r) {
+      T* yr = y + r * Ch;
+      conv_row(yr, x, wt, r, r % Tn, Ch, W);
+      for (int64_t c = 0; c < Ch; ++c) yr[c] = math::silu(yr[c]);
+    }
   });
 }
 
@@ -65,32 +84,50 @@ template <typename T>
 void kda_conv_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t B, int64_t Tn,
                        int64_t Ch, int64_t W, bool accumulate) {
   const int64_t N = B * Tn;
+  const std::vector<T> wt = taps_by_row(w, Ch, W);
   // dp = dy silu'(p), then dx[t'] = sum_j w[c, j] dp[t' + W - 1 - j] within the
   // sequence, and dw[c, j] = sum_t dp[t] x[t - W + 1 + j].
   std::vector<T> dp(size_t(N * Ch));
   row_blocks(N, [&](int64_t, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < Ch; ++c)
-        dp[size_t(r * Ch + c)] = dy[r * Ch + c] * math::silu_grad(conv_pre(x, w, r, r % Tn, c, Ch, W));
-  });
-  const int64_t blocks = (N + kRows - 1) / kRows;
-  std::vector<T> partial(size_t(blocks * Ch * W), T(0));
-  row_blocks(N, [&](int64_t blk, int64_t r0, int64_t r1) {
-    T* pw = &partial[size_t(blk * Ch * W)];
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t t = r % Tn;
-      for (int64_t c = 0; c < Ch; ++c) {
-        T s = 0;
-        for (int64_t j = 0; j < W; ++j) {
-          const int64_t ahead = W - 1 - j;  // dp[t + ahead]
-          if (t + ahead < Tn) s += w[c * W + j] * dp[size_t((r + ahead) * Ch + c)];
-          if (ahead <= t) pw[c * W + j] += dp[size_t(r * Ch + c)] * x[(r - ahead) * Ch + c];
-        }
-        dx[r * Ch + c] = put(dx[r * Ch + c], s, accumulate);
-      }
+      T* pr = &dp[size_t(r * Ch)];
+      conv_row(pr, x, wt, r, r % Tn, Ch, W);
+      for (int64_t c = 0; c < Ch; ++c) pr[c] = dy[r * Ch + c] * math::silu_grad(pr[c]);
     }
   });
-  add_blocks(dw, partial, Ch * W);
+  // Per block, dw's partial sums as [W, Ch] (tap-major, as wt).
+  const int64_t blocks = (N + kRows - 1) / kRows;
+  std::vector<T> partial(size_t(blocks * W * Ch), T(0));
+  row_blocks(N, [&](int64_t blk, int64_t r0, int64_t r1) {
+    T* pw = &partial[size_t(blk * W * Ch)];
+    std::vector<T> s(static_cast<size_t>(Ch));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = r % Tn;
+      const T* dpr = &dp[size_t(r * Ch)];
+      std::fill(s.begin(), s.end(), T(0));
+      for (int64_t j = 0; j < W; ++j) {
+        const int64_t ahead = W - 1 - j;  // dp[t + ahead]
+        const T* wj = &wt[size_t(j * Ch)];
+        if (t + ahead < Tn) {
+          const T* dpa = &dp[size_t((r + ahead) * Ch)];
+          for (int64_t c = 0; c < Ch; ++c) s[size_t(c)] += wj[c] * dpa[c];
+        }
+        if (ahead <= t) {
+          const T* xr = x + (r - ahead) * Ch;
+          T* pj = pw + j * Ch;
+          for (int64_t c = 0; c < Ch; ++c) pj[c] += dpr[c] * xr[c];
+        }
+      }
+      for (int64_t c = 0; c < Ch; ++c) dx[r * Ch + c] = put(dx[r * Ch + c], s[size_t(c)], accumulate);
+    }
+  });
+  // Over the blocks in order, into dw's [Ch, W].
+  for (int64_t c = 0; c < Ch; ++c)
+    for (int64_t j = 0; j < W; ++j) {
+      T sum = 0;
+      for (int64_t b = 0; b < blocks; ++b) sum += partial[size_t((b * W + j) * Ch + c)];
+      dw[c * W + j] += sum;
+    }
 }
 
 template <typename T>
@@ -121,14 +158,27 @@ void kda_l2norm_backward(T* dx, const T* dy, const T* x, int64_t rows, int64_t K
   });
 }
 
+namespace {
+
+// exp(A_log_h): each head's decay rate, once per call.
+template <typename T>
+std::vector<T> head_rates(const T* a_log, int64_t H) {
+  std::vector<T> ea(static_cast<size_t>(H));
+  for (int64_t h = 0; h < H; ++h) ea[size_t(h)] = std::exp(a_log[h]);
+  return ea;
+}
+
+}  // namespace
+
 template <typename T>
 void kda_decay_forward(T* g, const T* f, const T* a_log, const T* dt_bias, int64_t N, int64_t H,
                        int64_t K) {
   const int64_t HK = H * K;
+  const std::vector<T> ea = head_rates(a_log, H);
   row_blocks(N, [&](int64_t, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t c = 0; c < HK; ++c)
-        g[r * HK + c] = -std::exp(a_log[c / K]) * math::softplus(f[r * HK + c] + dt_bias[c]);
+        g[r * HK + c] = -ea[size_t(c / K)] * math::softplus(f[r * HK + c] + dt_bias[c]);
   });
 }
 
@@ -138,10 +188,11 @@ void kda_decay_backward(T* df, T* da_log, T* ddt_bias, const T* dg, const T* f, 
   // g = -e^a softplus(u), u = f + dt_bias: dg/du = -e^a sigmoid(u), dg/da = g.
   const int64_t HK = H * K, blocks = (N + kRows - 1) / kRows;
   std::vector<T> pdt(size_t(blocks * HK), T(0)), pa(size_t(blocks * H), T(0));
+  const std::vector<T> eas = head_rates(a_log, H);
   row_blocks(N, [&](int64_t blk, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t c = 0; c < HK; ++c) {
-        const T ea = std::exp(a_log[c / K]), u = f[r * HK + c] + dt_bias[c];
+        const T ea = eas[size_t(c / K)], u = f[r * HK + c] + dt_bias[c];
         const T d = dg[r * HK + c], du = -d * ea * math::sigmoid(u);
         df[r * HK + c] = put(df[r * HK + c], du, accumulate);
         pdt[size_t(blk * HK + c)] += du;
