@@ -95,6 +95,28 @@ void kda_recurrent_forward(Tensor& o, const Tensor& q, const Tensor& k, const Te
   });
 }
 
+void kda_recurrent_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
+                            const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
+                            Store store) {
+  const char* op = "kda_recurrent_backward";
+  check_inputs(op, q, k, v, g, beta, s);
+  const int64_t N = s.B * s.T;
+  check_arg(op, "dout", dout, q, {N, s.H * s.V});
+  check_arg(op, "dq", dq, q, {N, s.H * s.K});
+  check_arg(op, "dk", dk, q, {N, s.H * s.K});
+  check_arg(op, "dg", dg, q, {N, s.H * s.K});
+  check_arg(op, "dv", dv, q, {N, s.H * s.V});
+  check_arg(op, "dbeta", dbeta, q, {N, s.H});
+  if (q.is_cuda()) fail(op, ": the token-by-token backward is a CPU reference (kda_backward trains)");
+  dispatch_cpu_float(q, op, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::kda_recurrent_backward<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dg.data<T>(),
+                                   dbeta.data<T>(), dout.data<T>(), args<T>(q, k, v, g, beta, s, scale),
+                                   store == Store::Add);
+  });
+}
+
 // ---- the layer's parts ----
 
 namespace {

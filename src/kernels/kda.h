@@ -66,6 +66,14 @@ void kda_recurrent_forward(Tensor& o, const Tensor& q, const Tensor& k, const Te
                            const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
                            Tensor* state = nullptr);
 
+// The recurrence's gradients, token by token backwards from a zero state
+// (kda_backward's arguments): the benchmark's baseline for the chunkwise
+// backward and a second reference for it. CPU only: nothing trains with it.
+void kda_recurrent_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
+                            const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
+                            Store store = Store::Add);
+
 // ---- the layer's per-token parts (docs/model.md "KDA layer", steps 1-4 and 6;
 // kernels/cpu/kda_parts.cpp). Rows are tokens; heads of K channels are
 // consecutive column blocks. Backward functions add into parameter

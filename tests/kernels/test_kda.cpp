@@ -4,7 +4,7 @@
 // the chunk, and under decays whose cumulative log falls far below -88; the
 // library's own recurrence (decoding's) against the same, with its state
 // carried across calls; the chunkwise backward by central finite
-// differences in double; Store::Set against Add; bad arguments.
+// differences in double, and against the token-by-token backward; Store::Set against Add; bad arguments.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -196,6 +196,51 @@ TEST_CASE("kda chunkwise backward matches finite differences", "[kernels][kda]")
                                              << misses[n] << " elements off");
       CHECK(misses[n] == 0);
     }
+  }
+}
+
+TEST_CASE("kda token-by-token backward: finite differences, and = the chunkwise backward",
+          "[kernels][kda]") {
+  // The benchmark's baseline (kda_recurrent_backward) by central differences
+  // of the literal recurrence above (a ragged T over chunks of 16), then
+  // against the chunkwise backward at T = 150 over chunks of 64 (two chunk
+  // boundaries and a ragged end), with decays far below exp's range: two
+  // derivations of the same gradients that share no code.
+  auto zeros5 = [](const Inputs& in) {
+    std::vector<Tensor> d;
+    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.g, &in.beta}) d.push_back(Tensor::zeros(t->shape(), DType::F64));
+    return d;
+  };
+  {
+    KdaShape s{2, 37, 2, 5, 4, 16};
+    Inputs in = make_inputs(s, 71, /*strong=*/true);
+    const Tensor w = randn({s.B * s.T, s.H * s.V}, 72);
+    auto loss = [&]() {
+      const Tensor o = reference(in, 0.7);
+      double l = 0;
+      for (int64_t i = 0; i < o.numel(); ++i) l += at(o, i) * at(w, i);
+      return l;
+    };
+    std::vector<Tensor> d = zeros5(in);
+    kernels::kda_recurrent_backward(d[0], d[1], d[2], d[3], d[4], w, in.q, in.k, in.v, in.g, in.beta, s, 0.7);
+    const std::vector<int64_t> misses =
+        fd_misses(loss, {&in.q, &in.k, &in.v, &in.g, &in.beta}, {&d[0], &d[1], &d[2], &d[3], &d[4]});
+    for (size_t n = 0; n < misses.size(); ++n) {
+      INFO("gradient " << n << " (dq, dk, dv, dg, dbeta): " << misses[n] << " elements off");
+      CHECK(misses[n] == 0);
+    }
+  }
+  KdaShape s{1, 150, 2, 8, 6, 64};
+  const Inputs in = make_inputs(s, 73, /*strong=*/true);
+  const Tensor w = randn({s.B * s.T, s.H * s.V}, 74);
+  std::vector<Tensor> rec = zeros5(in), chunk = zeros5(in);
+  kernels::kda_recurrent_backward(rec[0], rec[1], rec[2], rec[3], rec[4], w, in.q, in.k, in.v, in.g,
+                                  in.beta, s, 0.4);
+  kernels::kda_backward(chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], w, in.q, in.k, in.v, in.g,
+                        in.beta, s, 0.4);
+  for (size_t i = 0; i < rec.size(); ++i) {
+    INFO("gradient " << i << " (dq, dk, dv, dg, dbeta)");
+    CHECK(mismatches(chunk[i], rec[i], 1e-9) == 0);
   }
 }
 

@@ -437,10 +437,134 @@ void kda_recurrent_forward(T* o, const KdaArgs<T>& a, T* state) {
   });
 }
 
+// The recurrence's adjoint, token by token backwards (the benchmark's
+// baseline for the chunkwise pair, and a second reference for its
+// gradients). Per token, with S' = Diag(exp(g)) S_{t-1}, p = S'^T k,
+// u = beta (v - p), S_t = S' + k u^T, o = scale S_t^T q, and dS the adjoint
+// of S_t from the tokens after:
+//   dS += scale q do^T, dq = scale S_t do;  du = dS^T k, dk = dS u;
+//   dbeta = du . (v - p), dv = beta du, dp = -beta du;
+//   dS' = dS + k dp^T, dk += S' dp, dg = rowsums(S' . dS'), dS = Diag(exp(g)) dS'.
+// The states are kept every C tokens and each C-token stretch's states
+// recomputed forward into a work buffer, C K V numbers.
+template <typename T>
+void kda_recurrent_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* dout,
+                            const KdaArgs<T>& a, bool accumulate) {
+  const int64_t K = a.K, V = a.V, C = a.chunk, HK = a.H * K, HV = a.H * V;
+  const int64_t chunks = (a.T_ + C - 1) / C;
+  struct Work {
+    Buf<T> starts, states, dS, dSp, u, du, dp, dec;
+  };
+  const auto make = [&] {
+    const size_t KV = size_t(K * V);
+    return Work{Buf<T>(size_t(chunks) * KV), Buf<T>(size_t(C + 1) * KV), Buf<T>(KV), Buf<T>(KV),
+                Buf<T>(size_t(C * V)), Buf<T>(size_t(V)), Buf<T>(size_t(V)), Buf<T>(size_t(K))};
+  };
+  auto put = [&](T& dst, T v) { dst = (accumulate ? dst : T(0)) + v; };
+  for_heads(a.B, a.H, make, [&](Work& w, int64_t b, int64_t h) {
+    auto row_of = [&](int64_t t) { return b * a.T_ + t; };
+    // One token forward: `to` = the state after token t from `from`, the
+    // state before it; u = beta (v - p) kept.
+    auto step = [&](const T* from, T* to, T* u, int64_t t) {
+      const int64_t row = row_of(t);
+      const T* k = a.k + row * HK + h * K;
+      const T* g = a.g + row * HK + h * K;
+      const T* v = a.v + row * HV + h * V;
+      const T bt = a.beta[row * a.H + h];
+      std::fill(u, u + V, T(0));
+      for (int64_t c = 0; c < K; ++c) {
+        const T d = std::exp(g[c]);
+        for (int64_t e = 0; e < V; ++e) {
+          to[c * V + e] = from[c * V + e] * d;
+          u[e] += to[c * V + e] * k[c];
+        }
+      }
+      for (int64_t e = 0; e < V; ++e) u[e] = bt * (v[e] - u[e]);
+      for (int64_t c = 0; c < K; ++c)
+        for (int64_t e = 0; e < V; ++e) to[c * V + e] += k[c] * u[e];
+    };
+    const int64_t KV = K * V;
+    // The start states of the C-token stretches (ping-pong in states[0, 2)).
+    std::fill(w.starts.begin(), w.starts.begin() + KV, T(0));
+    for (int64_t c = 0; c + 1 < chunks; ++c) {
+      std::copy(&w.starts[size_t(c * KV)], &w.starts[size_t((c + 1) * KV)], w.states.begin());
+      for (int64_t i = 0; i < C; ++i)
+        step(&w.states[size_t((i & 1) * KV)], &w.states[size_t((1 - (i & 1)) * KV)], w.u.data(), c * C + i);
+      const auto last = w.states.begin() + (C & 1) * KV;  // where step C - 1 wrote
+      std::copy(last, last + KV, &w.starts[size_t((c + 1) * KV)]);
+    }
+    std::fill(w.dS.begin(), w.dS.end(), T(0));
+    for (int64_t c = chunks - 1; c >= 0; --c) {
+      const int64_t t0 = c * C, n = std::min(C, a.T_ - t0);
+      // states[i] = S after token t0 + i - 1 (states[0] the stretch's start).
+      std::copy(&w.starts[size_t(c * KV)], &w.starts[size_t((c + 1) * KV)], w.states.begin());
+      for (int64_t i = 0; i < n; ++i)
+        step(&w.states[size_t(i * KV)], &w.states[size_t((i + 1) * KV)], &w.u[size_t(i * V)], t0 + i);
+      for (int64_t i = n - 1; i >= 0; --i) {
+        const int64_t row = row_of(t0 + i);
+        const T* q = a.q + row * HK + h * K;
+        const T* k = a.k + row * HK + h * K;
+        const T* g = a.g + row * HK + h * K;
+        const T* v = a.v + row * HV + h * V;
+        const T* dor = dout + row * HV + h * V;
+        const T bt = a.beta[row * a.H + h];
+        const T* St = &w.states[size_t((i + 1) * KV)];
+        const T* Sprev = &w.states[size_t(i * KV)];
+        const T* u = &w.u[size_t(i * V)];
+        T *dS = w.dS.data(), *dSp = w.dSp.data(), *du = w.du.data(), *dp = w.dp.data(),
+          *dec = w.dec.data();
+        // o = scale S_t^T q.
+        for (int64_t c = 0; c < K; ++c) {
+          T s = 0;
+          for (int64_t e = 0; e < V; ++e) {
+            dS[c * V + e] += a.scale * q[c] * dor[e];
+            s += St[c * V + e] * dor[e];
+          }
+          put(dq[row * HK + h * K + c], a.scale * s);
+        }
+        // S_t = S' + k u^T.
+        std::fill(du, du + V, T(0));
+        for (int64_t c = 0; c < K; ++c)
+          for (int64_t e = 0; e < V; ++e) du[e] += dS[c * V + e] * k[c];
+        // u = beta (v - p), p = S'^T k (not u / beta: beta may be 0).
+        std::fill(dp, dp + V, T(0));
+        for (int64_t c = 0; c < K; ++c) {
+          dec[c] = std::exp(g[c]);
+          const T dkc = dec[c] * k[c];
+          for (int64_t e = 0; e < V; ++e) dp[e] += Sprev[c * V + e] * dkc;  // p, for now
+        }
+        T db = 0;
+        for (int64_t e = 0; e < V; ++e) {
+          db += du[e] * (v[e] - dp[e]);
+          put(dv[row * HV + h * V + e], bt * du[e]);
+          dp[e] = -bt * du[e];
+        }
+        put(dbeta[row * a.H + h], db);
+        // p = S'^T k, S' = Diag(exp(g)) S_{t-1}.
+        for (int64_t c = 0; c < K; ++c) {
+          const T d = dec[c];
+          T sk = 0, sp = 0, sg = 0;
+          for (int64_t e = 0; e < V; ++e) {
+            const T Sp = Sprev[c * V + e] * d;
+            dSp[c * V + e] = dS[c * V + e] + k[c] * dp[e];
+            sk += dS[c * V + e] * u[e];
+            sp += Sp * dp[e];
+            sg += Sp * dSp[c * V + e];
+          }
+          put(dk[row * HK + h * K + c], sk + sp);
+          put(dg[row * HK + h * K + c], sg);
+          for (int64_t e = 0; e < V; ++e) dS[c * V + e] = d * dSp[c * V + e];
+        }
+      }
+    }
+  });
+}
+
 #define ATTNRES_KDA(T)                                                                          \
   template void kda_forward<T>(T*, const KdaArgs<T>&);                                          \
   template void kda_backward<T>(T*, T*, T*, T*, T*, const T*, const KdaArgs<T>&, bool);         \
-  template void kda_recurrent_forward<T>(T*, const KdaArgs<T>&, T*);
+  template void kda_recurrent_forward<T>(T*, const KdaArgs<T>&, T*);                             \
+  template void kda_recurrent_backward<T>(T*, T*, T*, T*, T*, const T*, const KdaArgs<T>&, bool);
 ATTNRES_KDA(float)
 ATTNRES_KDA(double)
 #undef ATTNRES_KDA

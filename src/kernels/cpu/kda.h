@@ -25,6 +25,11 @@ void kda_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* dout, const Kda
 template <typename T>
 void kda_recurrent_forward(T* o, const KdaArgs<T>& a, T* state);
 
+// The recurrence's gradients, token by token (from a zero state).
+template <typename T>
+void kda_recurrent_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* dout,
+                            const KdaArgs<T>& a, bool accumulate);
+
 // The layer's parts (kda_parts.cpp; see kernels/kda.h). rows = N H for the
 // per-head ops (each head's K channels one row); Ch = the conv's channels.
 template <typename T>
