@@ -79,14 +79,16 @@ void bench_kda(int64_t B, int64_t T, int64_t H, int64_t K, int steps) {
   //  them as GEMMs across sub-chunks), the substitution (n^2 V);
   //  backward: the forward's again (the states and U recomputed) and about 3x
   //  it for the adjoints; the recurrence: 7 K V a token (decay, S^T k, the
-  //  update, S^T q).
+  //  update, S^T q); its backward about 27 K V a token (the adjoint's 17,
+  //  and the state steps, 5 K V each, run twice: the stretches' start
+  //  states, then each stretch again).
   double fwd = 0;
   for (int64_t t0 = 0; t0 < T; t0 += 64) {
     const double n = double(std::min<int64_t>(64, T - t0));
     fwd += 6 * n * K * V + 2 * n * n * V + 2 * n * n * K + n * n * V;
   }
   fwd *= double(B * H);
-  const double bwd = 4 * fwd, rec = 7.0 * double(N * H) * K * V;
+  const double bwd = 4 * fwd, rec = 7.0 * double(N * H) * K * V, rec_bwd = 27.0 * double(N * H) * K * V;
   // Bytes: q, k, g, v, beta in and o out (forward, recurrence); the backward
   // reads those and dout and writes the five gradients.
   const double io = 4.0 * double(N * H) * (3 * K + 2 * V + 1);
@@ -98,6 +100,9 @@ void bench_kda(int64_t B, int64_t T, int64_t H, int64_t K, int steps) {
   }, steps);
   const Tensor o_chunk = o.clone();
   const double t_rec = seconds_of([&] { kernels::kda_recurrent_forward(o, q, k, v, g, beta, s, scale); }, steps);
+  const double t_rec_bwd = seconds_of([&] {
+    kernels::kda_recurrent_backward(dq, dk, dv, dg, db, dout, q, k, v, g, beta, s, scale, kernels::Store::Set);
+  }, steps);
   // The two forms' outputs (the same function; fp32 rounding apart).
   double diff = 0, big = 0;
   for (int64_t i = 0; i < o.numel(); ++i) {
@@ -118,9 +123,11 @@ void bench_kda(int64_t B, int64_t T, int64_t H, int64_t K, int steps) {
   row("chunkwise forward", t_fwd, fwd, io);
   row("chunkwise backward", t_bwd, bwd, io_bwd);
   row("recurrent forward", t_rec, rec, io);
-  std::printf("chunkwise forward + backward: %.3f ms; the recurrent forward alone %.3f ms "
-              "(%.2fx the chunkwise pair's time)\n",
-              (t_fwd + t_bwd) * 1e3, t_rec * 1e3, t_rec / (t_fwd + t_bwd));
+  row("recurrent backward", t_rec_bwd, rec_bwd, io_bwd);
+  std::printf("forward + backward: chunkwise %.3f ms, token by token %.3f ms: the chunkwise pair at "
+              "%.2fx the recurrence's speed (%.2fx at the GEMM ceiling: its FLOP floor)\n",
+              (t_fwd + t_bwd) * 1e3, (t_rec + t_rec_bwd) * 1e3, (t_rec + t_rec_bwd) / (t_fwd + t_bwd),
+              (t_rec + t_rec_bwd) / ((fwd + bwd) / peak));
   std::printf("chunkwise forward against the recurrent forward: %.2fx its speed\n", t_rec / t_fwd);
   std::printf("chunkwise output against the recurrence's: max |difference| %.3g (max |o| %.3g)\n",
               diff, big);

@@ -1,4 +1,5 @@
-// attnres sweep SWEEP.json [--jobs N | --slurm [OPTIONS] | --status] [--dry-run | --report]
+// attnres sweep SWEEP.json [--jobs N | --slurm [OPTIONS] | --status] [--dry-run | --report |
+// --print-config RUN]
 //               [--no-plots] [--out_dir=DIR] [--section.key=value ...]
 // attnres sweep --finish RUN_DIR EXIT_CODE
 //   Scaling-law sweep: trains every run of the grid that is not complete yet
@@ -27,7 +28,7 @@ namespace {
 
 const char* kSweepUsage =
     "usage: attnres sweep SWEEP.json [--jobs N | --slurm [SLURM OPTIONS] | --status]\n"
-    "                     [--dry-run | --report] [--no-plots] [--out_dir=DIR]\n"
+    "                     [--dry-run | --report | --print-config RUN] [--no-plots] [--out_dir=DIR]\n"
     "                     [--section.key=value ...]\n"
     "  Trains the grid sizes x modes x token budgets of SWEEP.json, one run after another\n"
     "  (under mpirun: every run uses all ranks), skipping completed runs and resuming\n"
@@ -52,6 +53,9 @@ const char* kSweepUsage =
     "  --dry-run    validate every run's config and print the plan (with --slurm: the\n"
     "               sbatch scripts); train, submit and write nothing\n"
     "  --report     train nothing: collect the finished runs, fit, write results and plots\n"
+    "  --print-config RUN  print run RUN's config (what the sweep writes to\n"
+    "               runs/RUN/config.json) and exit: a file for train, inspect memory or\n"
+    "               inspect plan (the names: --dry-run's first column)\n"
     "  --no-plots   skip the plotting script\n"
     "  --section.key=value  override a key of the base config of every run\n"
     "                       (e.g. --run.stop_after=100 for time slices; see docs/sweeps.md)\n"
@@ -87,6 +91,7 @@ int cmd_sweep(const Args& args) {
     return train::finish_task(args[1], int_flag("--finish", args[2], 0));
   }
   bool dry_run = false, report = false, plots = true, slurm = false, status = false;
+  std::string print_config;  // --print-config RUN
   int jobs = 0;  // the default: train::SweepOptions::jobs
   train::SlurmOptions sl;
   std::vector<std::string> overrides;
@@ -102,6 +107,7 @@ int cmd_sweep(const Args& args) {
     else if (a == "--no-plots") plots = false;
     else if (a == "--slurm") slurm = true;
     else if (a == "--status") status = true;
+    else if (a == "--print-config") print_config = value();
     else if (a == "--partition") sl.partition = value();
     else if (a == "--account") sl.account = value();
     else if (a == "--time") sl.time = value();
@@ -122,8 +128,23 @@ int cmd_sweep(const Args& args) {
   if (status && (dry_run || report || jobs > 0)) fail("sweep: --status excludes the other modes");
   if (dry_run && report) fail("sweep: --dry-run and --report exclude each other");
 
+  if (!print_config.empty() && (dry_run || report || slurm || status || jobs > 0))
+    fail("sweep: --print-config excludes the other modes");
+
   const train::SweepPlan plan = train::load_sweep(args[0], overrides);
   if (status) return train::print_status(plan);
+  if (!print_config.empty()) {
+    // One run's config, as the sweep writes it to RUN/config.json: what
+    // train, inspect memory and inspect plan take.
+    for (const auto& r : plan.runs)
+      if (r.name == print_config) {
+        std::printf("%s\n", r.config.to_json().dump(2).c_str());
+        return 0;
+      }
+    std::string names;
+    for (const auto& r : plan.runs) names += (names.empty() ? "" : ", ") + r.name;
+    fail("sweep: --print-config: ", args[0], " has no run '", print_config, "'; its runs: ", names);
+  }
   if (slurm) {
     sl.dry_run = dry_run;
     sl.attnres_bin = own_binary();

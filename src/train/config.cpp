@@ -709,6 +709,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   } catch (const json::parse_error& e) {
     fail(path, ": not valid JSON: ", e.what());
   }
+  // A sweep file (configs/sweeps/, docs/sweeps.md) handed to train or
+  // inspect: say what it is and how to get one of its runs' configs, rather
+  // than "unknown config key 'base'".
+  if (j.is_object() && j.contains("base") && (j.contains("sizes") || j.contains("modes")))
+    fail(path, ": this is a sweep file (its keys 'base', 'sizes', 'modes'), not one run's config. "
+         "Run it with `attnres sweep ", path, "`; `attnres sweep ", path,
+         " --dry-run` lists its runs, and `attnres sweep ", path,
+         " --print-config RUN > run.json` writes one run's config, for train, inspect memory "
+         "or inspect plan");
   for (const auto& o : overrides) apply_override(j, o);
   Config c = Config::from_json(j, path);
   c.validate();

@@ -44,6 +44,26 @@ cat > sweep.json <<JSON
 JSON
 runs="a_baseline_384 a_block_s2_384 b_baseline_768 b_block_s2_768"
 
+if [[ -z $part ]]; then
+  # A sweep file handed to train or inspect says what it is and how to get
+  # one run's config; --print-config prints a config those take (the run's
+  # own keys: b's width, Block's S), and names the runs when asked for another.
+  for cmd in "train" "inspect memory" "inspect plan"; do
+    # shellcheck disable=SC2086
+    expect_error "$cmd of a sweep file" "this is a sweep file" "$BIN" $cmd sweep.json
+    grep -qF -- "--print-config RUN > run.json" err.txt || fail "$cmd of a sweep file: no --print-config hint"
+  done
+  "$BIN" sweep sweep.json --print-config b_block_s2_768 > run.json 2>err.txt || { cat err.txt; fail "--print-config"; }
+  /usr/bin/python3 -c 'import json,sys; c=json.load(open("run.json"))["model"]; r=c["residual"]; sys.exit(not (c["d_model"] == 48 and r["mode"] == "block" and r.get("block_size") == 2))' \
+    || { cat run.json; fail "--print-config: not run b_block_s2_768's config"; }
+  "$BIN" inspect memory run.json > mem.txt 2>err.txt || { cat err.txt; fail "inspect memory of a printed run config"; }
+  grep -q "d=48 L=3" mem.txt || { cat mem.txt; fail "inspect memory: not the run's model"; }
+  expect_error "--print-config of no such run" "its runs: a_baseline_384, a_block_s2_384" \
+    "$BIN" sweep sweep.json --print-config nope
+  [[ ! -e out ]] || fail "--print-config wrote into the sweep's out_dir"
+  pass "a sweep file given to train / inspect is named as one; --print-config gives a run's config"
+fi
+
 # run_sweep [flags...]: sweep.json into out/, every run trained, results, fits.
 run_sweep() {
   "$BIN" sweep sweep.json --jobs 1 "$@" > table.txt 2>log.txt || { tail -30 log.txt; fail "sweep $*"; }
