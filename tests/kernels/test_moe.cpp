@@ -140,6 +140,57 @@ TEST_CASE("moe routing equals the rule written out, on random logits, both route
     }
 }
 
+TEST_CASE("moe routing ties: each rule on an input where another rule gives another answer",
+          "[kernels][moe]") {
+  // Where ties only ever meet at the top, "ties to the lower index" cannot be
+  // told from "ties to the later index" or "the first K seen": here the tie
+  // sits at the K-th place and a larger key comes after it, so the kept set
+  // moves while the tie is decided.
+  MoeRouteOptions o;
+  o.top_k = 2;
+  SECTION("a tie for the K-th place, then a larger key (sigmoid)") {
+    // Keys 0.5, 0.5, 0.5, 0.9-ish: expert 3 first, then 0 of the three tied.
+    const Tensor logits = from_rows({{0, 0, 0, 2}, {2, 0, 0, 0}, {0, 2, 0, 0}});
+    const MoeRouting r = route(logits, nullptr, o);
+    CHECK(ints(r.expert) == std::vector<int32_t>{0, 3, 0, 1, 0, 1});
+  }
+  SECTION("a tie across the bias: equal keys from unequal scores") {
+    // Expert 1's score is larger (sigmoid(1) > sigmoid(0)) but its key
+    // s + b equals expert 0's to the last bit: the key decides, and the tie
+    // goes to expert 0; a later expert 3 with the larger key takes first
+    // place. A rule breaking ties by the score would pick 1.
+    const double s0 = sigmoid(0.0), s1 = sigmoid(1.0), b0 = 0.25;
+    double b1 = s0 + b0 - s1;
+    for (int i = 0; i < 8 && s1 + b1 != s0 + b0; ++i)  // round to the exact tie
+      b1 = std::nextafter(b1, s1 + b1 < s0 + b0 ? 1.0 : -1.0);
+    REQUIRE(s1 + b1 == s0 + b0);
+    const Tensor logits = from_rows({{0, 1, -1, 3}});
+    const Tensor bias = from_rows({{b0, b1, 0.0, 0.0}}).reshape({4});
+    o.scale = 2;
+    const MoeRouting r = route(logits, &bias, o);
+    CHECK(ints(r.expert) == std::vector<int32_t>{0, 3});
+    // The gate weights come from the scores alone, not the keys.
+    const double s3 = sigmoid(3.0);
+    CHECK(at(r.gate, 0) == Approx(2 * s0 / (s0 + s3)).epsilon(1e-14));
+    // And the order of the tied pair in the input does not matter: swapped
+    // (the larger score first), the lower index (now the larger score) wins.
+    const Tensor swapped = from_rows({{1, 0, -1, 3}});
+    const Tensor bias_sw = from_rows({{b1, b0, 0.0, 0.0}}).reshape({4});
+    CHECK(ints(route(swapped, &bias_sw, o).expert) == std::vector<int32_t>{0, 3});
+  }
+  SECTION("ties in the softmax router") {
+    // Equal logits give equal softmax scores exactly; the tie at the K-th
+    // place (experts 1, 2, 4) goes to 1, after the larger expert 3.
+    o.router = MoeRouter::Softmax;
+    const Tensor logits = from_rows({{-1, 0.5, 0.5, 2, 0.5}});
+    const MoeRouting r = route(logits, nullptr, o);
+    CHECK(ints(r.expert) == std::vector<int32_t>{1, 3});
+    // K = 3: the two lowest of the three tied.
+    o.top_k = 3;
+    CHECK(ints(route(logits, nullptr, o).expert) == std::vector<int32_t>{1, 2, 3});
+  }
+}
+
 TEST_CASE("moe capacity: slots past an expert's capacity are dropped in token order",
           "[kernels][moe]") {
   // Every token prefers expert 0 then 1 (top-2 of 3): with capacity 2, tokens
@@ -159,6 +210,17 @@ TEST_CASE("moe capacity: slots past an expert's capacity are dropped in token or
   Tensor y = randn({4, 3}, 5), base = randn({4, 3}, 6), out = Tensor::empty({4, 3}, DType::F64);
   kernels::moe_combine(out, y, r, &base);
   for (int64_t i = 6; i < 12; ++i) CHECK(at(out, i) == at(base, i));
+
+  // GShard's rule where renormalising would differ: token 1 loses only its
+  // expert-0 slot (token 0 took expert 0's one place); its expert-2 slot
+  // keeps the weight s_2 / (s_0 + s_2), not 1.
+  const Tensor two = from_rows({{3, 2, -1}, {3, -1, 2}});
+  o.capacity = 1;
+  const MoeRouting r2 = route(two, nullptr, o);
+  CHECK(ints(r2.expert) == std::vector<int32_t>{0, 1, 0, 2});
+  CHECK(r2.dropped == 1);
+  CHECK(at(r2.gate, 2) == 0);
+  CHECK(at(r2.gate, 3) == Approx(sigmoid(2.0) / (sigmoid(3.0) + sigmoid(2.0))).epsilon(1e-14));
 }
 
 TEST_CASE("moe permute, combine and routing backward match finite differences", "[kernels][moe]") {
