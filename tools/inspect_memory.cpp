@@ -98,6 +98,7 @@ int inspect_memory(const Args& args) {
     for (const auto& r : ranks)
       out.push_back({{"stage", r.stage}, {"weights", r.weights}, {"master", r.master},
                      {"grads", r.grads}, {"optimizer", r.optimizer},
+                     {"replica_resident", r.replica_resident},
                      {"kept_per_microbatch", r.kept_per_microbatch}, {"in_flight", r.in_flight},
                      {"activations", r.activations}, {"total", r.total()}});
     std::printf("%s\n", out.dump().c_str());

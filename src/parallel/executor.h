@@ -129,6 +129,9 @@ struct StepStats {
   // during the step (activations, messages, workspace); then, in the
   // runtime, the largest over the ranks.
   int64_t resident_bytes = 0, peak_step_bytes = 0;
+  // In the runtime: every world rank's own resident_bytes (rank = replica P +
+  // stage), so a log can show how ZeRO-1's owners spread the state.
+  std::vector<int64_t> resident_by_rank;
   std::vector<ComputeTime> trace;  // this rank's computes, when tracing (set_trace)
 };
 

@@ -74,6 +74,8 @@ StepStats Runtime::train_step(int M, const DataFn& data, double grad_scale, bool
   double sums[3] = {st.loss_sum, static_cast<double>(st.pp_bytes), st.busy_sec};
   grid_.world().allreduce_sum(sums, 3);
   grid_.world().allreduce_max(&st.wall_sec, 1);
+  for (const auto& r : grid_.world().allgather(std::vector<double>{static_cast<double>(st.resident_bytes)}))
+    st.resident_by_rank.push_back(static_cast<int64_t>(r.at(0)));  // exact: bytes < 2^53
   int64_t mem[2] = {st.resident_bytes, st.peak_step_bytes};
   grid_.world().allreduce_max(mem, 2);
   st.resident_bytes = mem[0];

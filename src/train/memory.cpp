@@ -304,6 +304,7 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
   for (int p = 0; p < P; ++p) {
     RankMemory r;
     r.stage = p;
+    r.replica_resident.assign(static_cast<size_t>(D_all), 0);
     std::map<int, ChunkReplay> replay;
     for (int c : layout.chunks_of(p)) {
       model::ModelParts parts;
@@ -333,7 +334,8 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
       // ZeRO-1: the optimizer keeps the moments (and in a bf16 run the fp32
       // masters) of its slice of each sliced space only (the chunk's over the
       // D replicas, its experts' over the D / EP holding them), and of the
-      // Muon matrices it owns (parallel/zero.h): the largest owner's here.
+      // Muon matrices it owns (parallel/zero.h): each space's largest owner's
+      // in r's fields, and every replica's own in replica_resident.
       for (size_t k = 0; k < 3; ++k) {
         const int D = cfg.parallel.zero == 1 ? static_cast<int>(k == 1 ? D_all / EP : D_all) : 1;
         const bool low = bf16 && k != 2;  // bf16 values, fp32 masters
@@ -351,6 +353,14 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
         r.master += low ? (slice + owned_whole) * 4 : 0;
         r.grads += g[k].n * 4;
         r.optimizer += slice * 8 + owned_whole * 4;
+        // Replica d by itself: member d of the space (d / EP of the experts'
+        // holders; 0 without ZeRO-1).
+        for (int64_t d = 0; d < D_all; ++d) {
+          const int64_t member = D == 1 ? 0 : k == 1 ? d / EP : d;
+          const int64_t own = block.empty() ? 0 : block[static_cast<size_t>(member)];
+          r.replica_resident[static_cast<size_t>(d)] +=
+              g[k].n * (low ? 2 : 4) + g[k].n * 4 + (low ? (slice + own) * 4 : 0) + slice * 8 + own * 4;
+        }
       }
       replay[c] = chunk_model.replay(2 * parts.layer_begin, 2 * parts.layer_end, c == 0,
                                      c == C - 1);

@@ -38,6 +38,10 @@ struct RankMemory {
   // and the most microbatches whose forward of that chunk is held at once.
   std::vector<int64_t> kept_per_microbatch;
   std::vector<int> in_flight;
+  // The resident state of each data-parallel replica d of this stage (with
+  // ZeRO-1 under Muon the matrices' owners differ); the fields above add up
+  // each ZeRO-1 space's largest owner.
+  std::vector<int64_t> replica_resident;
   int64_t activations = 0;      // the step's high-water above the resident state
   std::vector<Buffer> largest;  // the largest single tensors (up to 4), largest first
   int64_t resident() const { return weights + master + grads + optimizer; }

@@ -728,6 +728,14 @@ void Engine::log_step(int64_t first_step, double loss, double lr, double norm, d
                  "optimizer state) + {:.3f} MiB step high-water (activations, messages; "
                  "training.recompute = {})", st.resident_bytes / 1048576.0,
                  st.peak_step_bytes / 1048576.0, model::recompute_name(tc_.recompute));
+  if (state_.step == first_step + 1 && st.resident_by_rank.size() > 1) {
+    std::string by_rank;
+    for (size_t r = 0; r < st.resident_by_rank.size(); ++r)
+      by_rank += fmt::format("{}rank {} (stage {}, replica {}) {:.3f} MiB", r ? " | " : "", r,
+                             r % static_cast<size_t>(grid_.P()), r / static_cast<size_t>(grid_.P()),
+                             st.resident_by_rank[r] / 1048576.0);
+    spdlog::info("resident memory by rank: {}", by_rank);
+  }
   if (state_.step % cfg_.run.log_every == 0 || state_.step == tc_.steps ||
       state_.step == first_step + 1) {
     const double avg = elapsed / static_cast<double>(state_.step - first_step);

@@ -2,8 +2,9 @@
 # `attnres inspect memory` against the trainer's measured memory (the log
 # line "memory per rank (largest): R MiB resident ... + A MiB step
 # high-water"): the activation high-water within 10% and the resident state
-# within 1%, largest rank against largest rank, at two shapes, in the Block
-# and Full modes, without and with recomputation, in one process and under
+# within 1%, largest rank against largest rank, and each rank's resident
+# state (the line "resident memory by rank") against its replica's in the
+# plan; at two shapes, in the Block and Full modes, without and with recomputation, in one process and under
 # mpirun (P = 2 x V = 2, P = 4 x V = 2, P = 2 x D = 2), and with
 # mixture-of-experts layers, expert parallelism included, and in Kimi Linear
 # hybrids (KDA and MLA layers).
@@ -21,15 +22,26 @@ check() {  # check NP ARGS...: one training step measured against the planner
   res=$(sed -E 's/.*\(largest\): ([0-9.]+) MiB resident.*/\1/' <<<"$line")
   act=$(sed -E 's/.* \+ ([0-9.]+) MiB step high-water.*/\1/' <<<"$line")
   "$BIN" inspect memory base.json --json "$@" > plan.json || fail "inspect memory $*"
-  /usr/bin/python3 - "$res" "$act" "$*" <<'PY' || fail "inspect memory disagrees with the measurement: $*"
-import json, sys
-res, act, what = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+  local by_rank; by_rank=$(grep -m1 "resident memory by rank" log.txt || true)
+  [[ $np -eq 1 || -n $by_rank ]] || { cat log.txt; fail "no per-rank memory line: $*"; }
+  /usr/bin/python3 - "$res" "$act" "$*" "$by_rank" <<'PY' || fail "inspect memory disagrees with the measurement: $*"
+import json, re, sys
+res, act, what, by_rank = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 ranks = json.load(open("plan.json"))
 est_act = max(r["activations"] for r in ranks) / 2**20
 est_res = max(r["weights"] + r["master"] + r["grads"] + r["optimizer"] for r in ranks) / 2**20
 ok = abs(est_act - act) <= 0.10 * act and abs(est_res - res) <= 0.01 * res
 print(f"{'ok' if ok else 'FAIL'}: {what}: activations measured {act:.3f} MiB, planned {est_act:.3f} "
       f"({100 * (est_act / act - 1):+.1f}%); resident {res:.3f} MiB, planned {est_res:.3f}")
+# Every rank's own resident state against the plan's replica of its stage
+# (ZeRO-1's slices and Muon's owners differ between replicas): measured,
+# not the planner's rule checked against itself.
+for stage, replica, mib in re.findall(r"stage (\d+), replica (\d+)\) ([0-9.]+) MiB", by_rank):
+    planned = ranks[int(stage)]["replica_resident"][int(replica)] / 2**20
+    good = abs(planned - float(mib)) <= 0.01 * float(mib)
+    ok = ok and good
+    print(f"  {'ok' if good else 'FAIL'}: stage {stage} replica {replica}: resident measured "
+          f"{float(mib):.3f} MiB, planned {planned:.3f}")
 sys.exit(0 if ok else 1)
 PY
 }
