@@ -370,6 +370,10 @@ class MoE(nn.Module):
         self.shared_experts = MLP(d, shared) if shared else None
         self.loads = torch.zeros(self.E, dtype=torch.long)
         self.aux = None
+        # The step's figures that attnres logs (docs/files.md, metrics.jsonl),
+        # from this code's own routing: dropped slots, the auxiliary terms.
+        self.dropped = torch.zeros((), dtype=torch.long)
+        self.aux_terms = []
 
     def forward(self, x):
         B, T, d = x.shape
@@ -390,11 +394,13 @@ class MoE(nn.Module):
             flat = chosen.reshape(-1)
             seen = F.one_hot(flat, E).cumsum(0).gather(-1, flat[:, None]).view(N, K)
             weight = weight * (seen <= capacity)
+            self.dropped = self.dropped.to(seen.device) + (seen > capacity).sum()
         counts = torch.bincount(chosen.reshape(-1), minlength=E)
         self.loads = self.loads.to(counts.device) + counts
         if cfg["balance"] == "aux_loss":  # coef E sum_e f_e P_e, f not differentiated
             P = (s / s.sum(-1, keepdim=True) if cfg["router"] == "sigmoid" else s).mean(0)
             self.aux = cfg["aux_loss_coef"] * E * (counts.float() / (N * K) * P).sum()
+            self.aux_terms.append(self.aux.detach())
         out = self.shared_experts(u).float() if self.shared_experts is not None \
             else torch.zeros(N, d, device=u.device)
         for e, expert in enumerate(self.experts):
@@ -406,12 +412,24 @@ class MoE(nn.Module):
 
     @torch.no_grad()
     def update_bias(self):
-        """After the optimizer step: b_e += bias_rate sign(mean load - load_e)."""
+        """After the optimizer step: b_e += bias_rate sign(mean load - load_e).
+        Returns the step's figures as metrics.jsonl defines them (docs/files.md):
+        the load max/mean, the dropped slots, the mean auxiliary term over the
+        microbatches, the bias range after the update."""
+        loads = self.loads.double()
+        report = {"load": (loads.max() / loads.mean()).item() if loads.sum() > 0 else 0.0,
+                  "dropped": int(self.dropped.item())}
+        if self.aux_terms:
+            report["aux"] = torch.stack(self.aux_terms).double().mean().item()
         if hasattr(self.gate, "e_score_correction_bias"):
-            loads = self.loads.double()
             step = torch.sign(loads.mean() - loads).float() * self.cfg["bias_rate"]
             self.gate.e_score_correction_bias += step.to(self.gate.e_score_correction_bias.device)
+            b = self.gate.e_score_correction_bias
+            report["bias"] = [b.min().item(), b.max().item()]
         self.loads = torch.zeros_like(self.loads)
+        self.dropped = torch.zeros_like(self.dropped)
+        self.aux_terms = []
+        return report
 
 
 def kda_chunked(q, k, v, g, beta, chunk=64):
@@ -909,6 +927,8 @@ def train(args):
             opt.zero_grad(set_to_none=True)
             for moe in model.moe_layers():
                 moe.loads.zero_()
+                moe.dropped.zero_()
+                moe.aux_terms = []
             total = microbatches(k)
         # An expert that no token reached this step has no gradient; attnres
         # steps every parameter (g = 0: AdamW's moments and Muon's momentum
@@ -933,14 +953,20 @@ def train(args):
             g["lr"] = lr
         opt.step()
         opt.zero_grad(set_to_none=True)
-        for moe in model.moe_layers():
-            moe.update_bias()
+        reports = [moe.update_bias() for moe in model.moe_layers()]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
         rate = tokens / times[-1]
-        print(json.dumps({"step": k + 1, "loss": loss, "tokens_per_sec": rate, "lr": lr,
-                          "grad_norm": gnorm}), flush=True)
+        row = {"step": k + 1, "loss": loss, "tokens_per_sec": rate, "lr": lr, "grad_norm": gnorm}
+        if reports:  # metrics.jsonl's MoE fields, recomputed by this code
+            row["moe_load"] = [r["load"] for r in reports]
+            row["moe_dropped"] = [r["dropped"] for r in reports]
+            if "aux" in reports[0]:
+                row["aux_loss"] = sum(r["aux"] for r in reports)
+            if "bias" in reports[0]:
+                row["moe_bias"] = [r["bias"] for r in reports]
+        print(json.dumps(row), flush=True)
     if len(times) > 1:
         note(f"steps 2-{len(times)}: {tokens * (len(times) - 1) / sum(times[1:]):.0f} tokens/s "
              "(the first step, with its warm-up and any compilation, left out)")

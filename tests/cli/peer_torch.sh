@@ -51,6 +51,7 @@ def rel(a, b):
     return d if not math.isnan(d) else math.inf
 worst = {"loss": 0.0, "grad_norm": 0.0}
 bad = []
+moe_checked = set()
 for r, g in zip(ref, got):
     if g["step"] != r["step"]:
         sys.exit(f"FAIL: {name}: peer step {g['step']} against attnres step {r['step']}")
@@ -62,11 +63,26 @@ for r, g in zip(ref, got):
         bad.append(f"step {r['step']} lr: attnres {r['lr']!r}, peer {g['lr']!r}")
     if not g["tokens_per_sec"] > 0:
         bad.append(f"step {r['step']}: tokens_per_sec {g['tokens_per_sec']!r}")
+    # metrics.jsonl's MoE figures, recomputed by the peer from its own
+    # routing (docs/files.md): the same keys, the same values.
+    for key in ("moe_load", "moe_dropped", "aux_loss", "moe_bias"):
+        if (key in r) != (key in g):
+            bad.append(f"step {r['step']} {key}: attnres {'has' if key in r else 'lacks'} it, the peer not")
+            continue
+        if key not in r:
+            continue
+        a, b = r[key], g[key]
+        flat = lambda x: [z for y in x for z in (y if isinstance(y, list) else [y])] if isinstance(x, list) else [x]
+        fa, fb = flat(a), flat(b)
+        if len(fa) != len(fb) or not all(close(x, y, 1e-5, 1e-7) for x, y in zip(fa, fb)):
+            bad.append(f"step {r['step']} {key}: attnres {a!r}, peer {b!r}")
+        moe_checked.add(key)
     print(f"  {name} step {r['step']}: loss attnres {r['loss']:.9f} peer {g['loss']:.9f} "
           f"(rel {rel(r['loss'], g['loss']):.2e}), grad norm {r['grad_norm']:.6f} / "
           f"{g['grad_norm']:.6f}, lr {r['lr']:.3e}")
 print(f"  {name}: max relative difference: loss {worst['loss']:.2e}, grad norm "
-      f"{worst['grad_norm']:.2e} over {len(got)} steps")
+      f"{worst['grad_norm']:.2e} over {len(got)} steps"
+      + (f"; MoE figures equal: {', '.join(sorted(moe_checked))}" if moe_checked else ""))
 if bad:
     sys.exit("FAIL: " + name + ": " + "; ".join(bad))
 PYEOF
