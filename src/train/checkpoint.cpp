@@ -62,7 +62,8 @@ json hf_config(const model::ModelConfig& m) {
   // another function with Llama's tensors plus the Mix queries: labelled
   // "llama", a Llama loader would load them, drop the queries with a warning
   // and compute something else. "attnres" makes such a loader refuse them.
-  const bool llama = !m.attnres() && !m.has_moe();
+  // (A Kimi Linear hybrid is not one either, even in the baseline mode.)
+  const bool llama = !m.attnres() && !m.has_moe() && !m.has_kda() && !m.has_mla();
   json out = {
       {"architectures", {llama ? "LlamaForCausalLM" : "AttnResForCausalLM"}},
       {"model_type", llama ? "llama" : "attnres"},

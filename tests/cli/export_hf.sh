@@ -63,6 +63,11 @@ run_case() {
   done
   # Our own BPE format is not a Hugging Face tokenizers file: not named tokenizer.json.
   [[ ! -e "hf_$name/tokenizer.json" ]] || fail "$name: an attnres-bpe tokenizer exported as tokenizer.json"
+  # Every config.json field against the checkpoint's config (the export's,
+  # and the one the checkpoint itself carries).
+  for dir in "hf_$name" "$ck"; do
+    "$PY" "$SRC/tests/cli/hf_config_check.py" "$ck" "$dir" || fail "$name: $dir/config.json"
+  done
   if [[ $* == *model.kda* || $* == *model.mla* ]]; then
     grep -q '"model_type": "kimi_linear"' "hf_$name/config.json" || fail "$name: model_type"
   else
@@ -109,6 +114,15 @@ run_case moe_full_softmax --model.n_layers=2 --model.n_kv_heads=2 --model.residu
 run_case moe_block_scaled --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 4}' \
   --model.moe='{"experts": 5, "top_k": 3, "expert_d_ff": 8, "routed_scale": 2.5, "balance": "none",
                 "dense_layers": 2}'
+# One export per MoE option the cases above leave at its default, each
+# compared with our logits: a capacity factor that drops slots on every scored
+# text (0.5: half the slots fit) in Block mode; two shared experts with a
+# routed scale other than 1 and softmax routing in the baseline.
+run_case moe_block_capacity --model.n_layers=2 --model.residual='{"mode": "block", "block_size": 2}' \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 16, "capacity_factor": 0.5, "bias_rate": 0.01}'
+run_case moe_baseline_shared_scaled --model.n_layers=2 \
+  --model.moe='{"experts": 4, "top_k": 2, "expert_d_ff": 12, "shared_experts": 2, "routed_scale": 1.7,
+                "router": "softmax", "balance": "none"}'
 "$PY" - hf_moe_baseline_sigmoid <<'PYEOF' || fail "the MoE export's names or bias"
 import json, sys
 sys.path.insert(0, sys.argv[1])
