@@ -54,11 +54,12 @@ void kda_forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, c
   });
 }
 
-void kda_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
-                  const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
-                  Store store) {
-  const char* op = "kda_backward";
+namespace {
+// A backward's inputs and its five gradients (kda_backward's shapes).
+void check_backward(const char* op, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                    const Tensor& dg, const Tensor& dbeta, const Tensor& dout, const Tensor& q,
+                    const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                    const KdaShape& s) {
   check_inputs(op, q, k, v, g, beta, s);
   const int64_t N = s.B * s.T;
   check_arg(op, "dout", dout, q, {N, s.H * s.V});
@@ -67,6 +68,15 @@ void kda_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
   check_arg(op, "dg", dg, q, {N, s.H * s.K});
   check_arg(op, "dv", dv, q, {N, s.H * s.V});
   check_arg(op, "dbeta", dbeta, q, {N, s.H});
+}
+}  // namespace
+
+void kda_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
+                  const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
+                  Store store) {
+  const char* op = "kda_backward";
+  check_backward(op, dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, s);
   ATTNRES_CUDA_DISPATCH(q, op, cuda::kda_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, s,
                                                   scale, store));
   dispatch_cpu_float(q, op, [&](auto tag) {
@@ -100,14 +110,7 @@ void kda_recurrent_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tens
                             const Tensor& g, const Tensor& beta, const KdaShape& s, double scale,
                             Store store) {
   const char* op = "kda_recurrent_backward";
-  check_inputs(op, q, k, v, g, beta, s);
-  const int64_t N = s.B * s.T;
-  check_arg(op, "dout", dout, q, {N, s.H * s.V});
-  check_arg(op, "dq", dq, q, {N, s.H * s.K});
-  check_arg(op, "dk", dk, q, {N, s.H * s.K});
-  check_arg(op, "dg", dg, q, {N, s.H * s.K});
-  check_arg(op, "dv", dv, q, {N, s.H * s.V});
-  check_arg(op, "dbeta", dbeta, q, {N, s.H});
+  check_backward(op, dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, s);
   if (q.is_cuda()) fail(op, ": the token-by-token backward is a CPU reference (kda_backward trains)");
   dispatch_cpu_float(q, op, [&](auto tag) {
     using T = decltype(tag);

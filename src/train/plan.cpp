@@ -418,7 +418,7 @@ std::vector<PlanLayout> candidate_layouts(const Config& cfg, int gpus) {
       if (P * V > cfg.model.n_layers || (V > 1 && (P == 1 || M % P != 0))) continue;
       for (bool cache : {false, true}) {
         if (!cache && (!cfg.model.attnres() || P == 1)) continue;
-        out.push_back({P, V, D, M, cache, EP});
+        out.push_back({P, V, D, M, cache, EP, {}});  // an even split
       }
     }
   }
