@@ -7,14 +7,6 @@
 
 namespace attnres::kernels::math {
 
-// exp and log1p in T's own precision. An unqualified exp(float) on the host
-// is C's double exp (the only exp in the global namespace): slower by 2-3x
-// and not the function the GPU's float overload computes.
-ATTNRES_HD float exp_of(float x) { return expf(x); }
-ATTNRES_HD double exp_of(double x) { return exp(x); }
-ATTNRES_HD float log1p_of(float x) { return log1pf(x); }
-ATTNRES_HD double log1p_of(double x) { return log1p(x); }
-
 // 1/sqrt(mean(x^2) + eps) from a row's sum of squares.
 template <typename T>
 ATTNRES_HD T rstd_from_sum_sq(T sum_sq, long long d, T eps) {
@@ -22,7 +14,7 @@ ATTNRES_HD T rstd_from_sum_sq(T sum_sq, long long d, T eps) {
 }
 
 template <typename T>
-ATTNRES_HD T sigmoid(T x) { return T(1) / (T(1) + exp_of(-x)); }
+ATTNRES_HD T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
 
 template <typename T>
 ATTNRES_HD T silu(T x) { return x * sigmoid(x); }
@@ -37,7 +29,7 @@ ATTNRES_HD T silu_grad(T x) {
 // softplus(x) = log(1 + exp(x)), without overflow for large x (past 20 it is
 // x to the last bit of a double's 1 + exp(-x)); its derivative is sigmoid(x).
 template <typename T>
-ATTNRES_HD T softplus(T x) { return x > T(20) ? x : log1p_of(exp_of(x)); }
+ATTNRES_HD T softplus(T x) { return x > T(20) ? x : log1p(exp(x)); }
 
 // A MoE token's router scores from its E logits r (kernels/moe.h): sigmoid(r_e),
 // or the softmax over the E (its max and sum taken first), one expert at a
@@ -54,10 +46,10 @@ struct MoeScores {
     m = r[0];
     for (long long e = 1; e < E; ++e) m = r[e] > m ? r[e] : m;
     sum = T(0);
-    for (long long e = 0; e < E; ++e) sum += exp_of(r[e] - m);
+    for (long long e = 0; e < E; ++e) sum += exp(r[e] - m);
   }
   ATTNRES_HD T operator()(long long e) const {
-    return sigmoid_router ? sigmoid(r[e]) : exp_of(r[e] - m) / sum;
+    return sigmoid_router ? sigmoid(r[e]) : exp(r[e] - m) / sum;
   }
 };
 
@@ -130,8 +122,8 @@ struct OnlineSoftmax {
   // rescaled (exp(old_m - new_m)), and sets `weight` to exp(x - new_m).
   ATTNRES_HD T push(T x, T& weight) {
     T new_m = x > m ? x : m;
-    T scale = exp_of(m - new_m);
-    weight = exp_of(x - new_m);
+    T scale = exp(m - new_m);
+    weight = exp(x - new_m);
     l = l * scale + weight;
     m = new_m;
     return scale;
@@ -139,8 +131,8 @@ struct OnlineSoftmax {
   // Merge another state; returns {scale for ours, scale for theirs}.
   ATTNRES_HD void merge(const OnlineSoftmax& o, T& scale_self, T& scale_other) {
     T new_m = o.m > m ? o.m : m;
-    scale_self = exp_of(m - new_m);
-    scale_other = exp_of(o.m - new_m);
+    scale_self = exp(m - new_m);
+    scale_other = exp(o.m - new_m);
     l = l * scale_self + o.l * scale_other;
     m = new_m;
   }

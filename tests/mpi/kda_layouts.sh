@@ -37,13 +37,8 @@ same_as_reference 1 0 "--parallel.pipeline=4" \
 
 "$BIN" train base.json --checkpoint.dir=ck_e --run.dir=run_e --optimizer.eps=1e-4 "${kda[@]}" 2>log_e.txt \
   || { cat log_e.txt; fail "single process (eps 1e-4)"; }
-# 3e-5: the losses agree to 1.2e-6, but the decay's per-channel dt_bias
-# gradient (a sum over every token with much cancellation) carries the cached
-# interleaving's summation order into AdamW's first moment at 1.2e-5 relative
-# (an AVX2 AMD EPYC, 2026-12-03, once sigmoid and softplus took float's exp).
-same_as_reference e 3e-5 "--parallel.pipeline=4 --parallel.virtual_stages=2" \
-  -- "${kda[@]}" --optimizer.eps=1e-4
-same_as_reference e 1e-5 "--parallel.data=2 --training.grad_accum=2" \
+same_as_reference e 1e-5 "--parallel.pipeline=4 --parallel.virtual_stages=2" \
+  "--parallel.data=2 --training.grad_accum=2" \
   "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
   -- "${kda[@]}" --optimizer.eps=1e-4
 resume_on e 1e-5 "--parallel.pipeline=2" "" -- "${kda[@]}" --optimizer.eps=1e-4
