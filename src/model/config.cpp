@@ -23,6 +23,25 @@ ResidualMode parse_residual_mode(const std::string& name, const std::string& whe
   fail(where, ": unknown residual mode \"", name, "\" (expected baseline, full or block)");
 }
 
+const char* mix_query_name(MixQuery q) { return q == MixQuery::Input ? "input" : "static"; }
+const char* mix_weights_name(MixWeights w) {
+  return w == MixWeights::Scalars ? "scalars" : "attention";
+}
+const char* mix_score_name(kernels::MixScore s) {
+  return s == kernels::MixScore::Sigmoid ? "sigmoid" : "softmax";
+}
+
+kernels::MixForm ModelConfig::mix_form() const {
+  kernels::MixForm f;
+  f.logits = variant.weights == MixWeights::Scalars ? kernels::MixLogits::Scalars
+             : variant.query == MixQuery::Input     ? kernels::MixLogits::RowQueries
+                                                    : kernels::MixLogits::Query;
+  f.score = variant.score;
+  f.key_norm = variant.key_norm;
+  f.heads = variant.heads;
+  return f;
+}
+
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::None: return "none";
@@ -68,12 +87,14 @@ int64_t ModelConfig::resolved_n_blocks() const {
 int64_t ModelConfig::mix_sources(int64_t s) const {
   if (!attnres()) return 0;
   const int64_t S = resolved_block_size();
+  if (variant.window > 0) return 1 + std::min(s, variant.window);  // full mode only
   return 1 + s / S + (s % S > 0 ? 1 : 0);
 }
 
 int64_t ModelConfig::mix_group_size() const {
   if (!attnres()) return 0;
   const int64_t S = resolved_block_size();
+  if (one_pass_mix()) return 1;
   if (S > 1) return S;
   int64_t G = 1;
   while (G * G < n_sublayers() && G < kernels::mix_rows::kMaxQueries) ++G;
@@ -83,6 +104,7 @@ int64_t ModelConfig::mix_group_size() const {
 int64_t ModelConfig::phase1_sources(int64_t s) const {
   // What the group's first sublayer reads: groups start on block boundaries
   // (G = S, or S = 1), so it has no partial sum.
+  if (one_pass_mix()) return mix_sources(s);
   const int64_t G = mix_group_size();
   return mix_sources(s / G * G);
 }
@@ -127,6 +149,7 @@ void ModelConfig::validate() const {
     fail("config key model.residual: block_size / n_blocks only apply to residual.mode = "
          "\"block\" (mode is \"", residual_mode_name(mode), "\")");
   }
+  validate_variant();
   if (has_moe()) {
     positive(moe.top_k, "model.moe.top_k");
     positive(moe.expert_d_ff, "model.moe.expert_d_ff");
@@ -189,6 +212,29 @@ void ModelConfig::validate() const {
              mla.rope) {
     fail("config key model.mla: the section needs kv_lora_rank (a positive latent width)");
   }
+}
+
+void ModelConfig::validate_variant() const {
+  const ResidualVariant& v = variant;
+  if (v.is_default()) return;
+  if (!attnres())
+    fail("config key model.residual: query, weights, score, key_norm, heads and window are "
+         "variants of the AttnRes depth Mix; mode \"", residual_mode_name(mode),
+         "\" has none (use mode \"full\" or \"block\")");
+  if (v.heads < 1 || d_model % v.heads != 0)
+    fail("config key model.residual.heads: ", v.heads, " heads must be >= 1 and divide "
+         "model.d_model = ", d_model, " (each takes d / H contiguous channels)");
+  if (v.window < 0) fail("config key model.residual.window: must be >= 0 (0: every source), got ",
+                         v.window);
+  if (v.window > 0 && mode != ResidualMode::Full)
+    fail("config key model.residual.window: the depth window is Full AttnRes's (the embedding "
+         "plus the W most recent sublayer outputs); mode is \"", residual_mode_name(mode), "\"");
+  if (v.weights == MixWeights::Scalars &&
+      (v.query != MixQuery::Static || v.score != kernels::MixScore::Softmax || !v.key_norm ||
+       v.heads != 1))
+    fail("config key model.residual.weights: \"scalars\" are softmax_j(s_l,j) of learnt "
+         "scalars, with no query and no key: query, score, key_norm and heads must keep their "
+         "defaults (static, softmax, true, 1)");
 }
 
 bool ModelConfig::kda_layer(int64_t l) const {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/mix_variant.h"
 #include "kernels/moe.h"
 
 namespace attnres::model {
@@ -73,6 +74,28 @@ struct MlaConfig {
   bool rope = false;             // false: NoPE (Kimi Linear); true: RoPE on the dr dims
 };
 
+// The residual variants of the paper's ablations (model.residual's query,
+// weights, score, key_norm, heads and window; docs/model.md "Residual
+// variants"). The defaults are the AttnRes Mix of section 2; any other value
+// makes every depth Mix one pass over its sources (kernels/mix_variant.h).
+enum class MixQuery { Static, Input };        // w_l, or q_l = W_l v (v: the most recent source)
+enum class MixWeights { Attention, Scalars };  // the query's softmax, or softmax_j(s_l,j)
+const char* mix_query_name(MixQuery q);       // "static" | "input"
+const char* mix_weights_name(MixWeights w);   // "attention" | "scalars"
+const char* mix_score_name(kernels::MixScore s);  // "softmax" | "sigmoid"
+struct ResidualVariant {
+  MixQuery query = MixQuery::Static;
+  MixWeights weights = MixWeights::Attention;
+  kernels::MixScore score = kernels::MixScore::Softmax;
+  bool key_norm = true;
+  int64_t heads = 1;   // H: the channels in H groups, each its own key norm and softmax
+  int64_t window = 0;  // W > 0 (full mode): the embedding plus the W most recent outputs
+  bool is_default() const {
+    return query == MixQuery::Static && weights == MixWeights::Attention &&
+           score == kernels::MixScore::Softmax && key_norm && heads == 1 && window == 0;
+  }
+};
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t d_model = 0;
@@ -88,6 +111,7 @@ struct ModelConfig {
   int64_t block_size = 0;
   int64_t n_blocks = 0;
   std::string init_from;
+  ResidualVariant variant;
   MoeConfig moe;
   KdaConfig kda;
   MlaConfig mla;
@@ -105,7 +129,13 @@ struct ModelConfig {
   // and the partial sum of s's block when s is inside one (s % S > 0);
   // 0 for baseline. The one place this count is written: the FLOPs, the
   // planner's Mix traffic and the two-phase split below derive from it.
+  // With a depth window W (variant.window): 1 + min(s, W).
   int64_t mix_sources(int64_t s) const;
+  // Whether the depth Mix is a residual variant's (kernels/mix_variant.h): one
+  // pass per Mix over all its sources, no two-phase groups (docs/model.md
+  // "Residual variants" says why), and its kernel form.
+  bool one_pass_mix() const { return attnres() && !variant.is_default(); }
+  kernels::MixForm mix_form() const;
   // Sublayers whose depth Mix shares one phase-1 pass (kernels/mix.h, "two-phase
   // form"), aligned from sublayer 0: Block AttnRes's block (S), and for Full
   // AttnRes (S = 1) groups of G = min(ceil(sqrt(2L)), 8) sublayers. A group of
@@ -118,12 +148,14 @@ struct ModelConfig {
   // group of 10 at L = 48 would read every older source twice per group,
   // 37% more passes than groups of 8 (docs/cuda.md). A computation choice:
   // the function is the same for any grouping, the rounding is not, so it is
-  // fixed by the config rather than by where a pipeline chunk starts.
+  // fixed by the config rather than by where a pipeline chunk starts. 1
+  // with a residual variant (one_pass_mix).
   int64_t mix_group_size() const;
   // AttnRes sublayer s's sources read by its Mix group's phase 1 (a prefix of
   // the depth state's sources), and its recent sources, merged in phase 2:
   // the completed blocks since the group started (Full only) and the partial
-  // sum of s's block.
+  // sum of s's block. With a residual variant: every source in phase 1 (the
+  // one pass), none recent.
   int64_t phase1_sources(int64_t s) const;
   int64_t recent_sources(int64_t s) const;
   // Sources the final Mix sees: mix_sources(n_sublayers()).
@@ -146,6 +178,9 @@ struct ModelConfig {
 
   // Throws attnres::Error naming the offending `model.*` key and the reason.
   void validate() const;
+
+ private:
+  void validate_variant() const;
 };
 
 }  // namespace attnres::model

@@ -32,6 +32,22 @@ std::vector<std::vector<double>> depth_attention(Model& model, const Tensor& tok
     return m;
   };
   std::vector<std::vector<double>> out;
+  if (model.config().one_pass_mix()) {
+    // A residual variant's Mix: its weights [N, H, k], averaged over tokens
+    // and heads (a sigmoid's need not sum to one; the window's row covers
+    // the embedding and the W most recent sources).
+    auto row = [](const Tensor& probs) {
+      const int64_t n = probs.dim(0) * probs.dim(1), k = probs.dim(2);
+      const Tensor p64 = probs.to(Device::CPU).to(DType::F64);
+      std::vector<double> m(static_cast<size_t>(k), 0.0);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < k; ++j) m[j] += p64.data<double>()[r * k + j] / n;
+      return m;
+    };
+    for (const SublayerActs& a : acts.sub) out.push_back(row(a.mix_probs));
+    out.push_back(row(acts.head.mix_probs));
+    return out;
+  }
   const SublayerActs* leader = nullptr;
   for (size_t s = 0; s < acts.sub.size(); ++s) {
     const SublayerActs& a = acts.sub[s];

@@ -21,7 +21,10 @@ Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
   // (AttnRes), or the stream (baseline); then the final norm.
   SublayerActs& a = acts.head = SublayerActs{};
   const Tensor* w = nullptr;
-  if (cfg_.attnres()) {
+  if (cfg_.one_pass_mix()) {
+    a.mix_sources = one_pass_sources(st);
+    one_pass_forward(a, *w_.final_query);
+  } else if (cfg_.attnres()) {
     w = &w_.final_query->value;
     const bool merge = st.partial.defined();
     phase1_forward(Span<SublayerActs>(&a, 1), Span<const Tensor>(w, 1),
@@ -65,6 +68,14 @@ double Model::head_forward_backward(const DepthState& st, const Tensor& targets,
   if (!cfg_.attnres()) {
     norm_backward(a, dh, nullptr, g_final, {}, nullptr);
     grad.hidden = a.d_o;
+    return loss;
+  }
+  if (cfg_.one_pass_mix()) {  // every source's gradient starts at 0 and is added to
+    for (size_t j = 0; j < st.sources.size(); ++j) grad.sources.push_back(zero_act(N, d));
+    if (st.partial.defined()) grad.partial = zero_act(N, d);
+    norm_backward(a, dh, nullptr, g_final, {}, nullptr);
+    std::vector<Tensor> dsources = one_pass_sources(grad);
+    one_pass_backward(a, *w_.final_query, dsources);
     return loss;
   }
   // The head is the first backward to reach the sources: its ops write their

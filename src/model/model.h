@@ -45,6 +45,10 @@ struct SublayerActs {
   // and norm_rstd stay undefined: the merge op normalises).
   std::vector<Tensor> mix_recent;
   Tensor mix_o, mix_lse, mix_stats, mix_dlse_row;
+  // A residual variant's one-pass Mix (ModelConfig::one_pass_mix) instead:
+  // mix_sources holds the sources it read, mix_probs its weights [N, H, k]
+  // and mix_q an input query's rows q = W_l v [N, d]; x is its output.
+  Tensor mix_q;
   Tensor d_o;         // backward: dL/do, for the leader's phase-1 backward
   Tensor x;           // sublayer input (phase-1 output, or the baseline stream)
   Tensor norm_rstd;   // RMSNorm statistics of x
@@ -298,6 +302,15 @@ class Model {
                      kernels::Store drecent_store = kernels::Store::Add);
   void sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t B, int64_t T,
                         DecodeCache* cache = nullptr) const;
+  // A residual variant's Mix (model/residual_variants.cpp): the sources a
+  // Mix reads from a state (its sources, then the partial sum; with a depth
+  // window only the embedding and the window's), and the gradients of the
+  // same from a depth gradient; a.x = the Mix of a.mix_sources with the
+  // Mix's parameter p, and its backward from a.d_o.
+  std::vector<Tensor> one_pass_sources(const DepthState& st) const;
+  std::vector<Tensor> one_pass_sources(const DepthGrad& g) const;
+  void one_pass_forward(SublayerActs& a, const Param& p) const;
+  void one_pass_backward(SublayerActs& a, Param& p, Span<Tensor> dsources);
   // h = RMSNorm(z; g_final) of the final Mix z over all sources (AttnRes) or
   // of the stream (baseline); fills acts for the backward pass.
   Tensor final_norm(const DepthState& st, Activations& acts) const;
@@ -346,7 +359,9 @@ class Model {
   KdaDims kda_dims() const;
   MlaDims mla_dims() const;
   Param& norm_gain(int64_t s) const;    // the RMSNorm gain of sublayer s
-  Param& mix_query(int64_t s) const;    // the Mix query of sublayer s
+  // The Mix parameter of sublayer s: its query w, an input query's W_l or
+  // the scalar logits (model.residual).
+  Param& mix_query(int64_t s) const;
 
   ModelConfig cfg_;
   DType dtype_;

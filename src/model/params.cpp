@@ -198,6 +198,21 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
         std, 0, Slot::MlaKvB, l);
     add(a + "o_proj.weight", {d, MH * mla.v_head_dim}, out_std, 0, Slot::MlaO, l);
   };
+  // The depth Mix's parameter before sublayer s (s = 2L: the final Mix), all
+  // zero so that every Mix starts uniform (docs/model.md section 3): the
+  // query w_l [d]; an input query's W_l [d, d] (model.residual.query =
+  // input); or the scalar logits s_l [sources] (weights = scalars). Depth
+  // parameters are never decayed (W_l either: at 0 it is the uniform Mix).
+  auto mix_param = [&](const std::string& pre, int64_t s, Slot slot, int64_t l) {
+    if (cfg.variant.weights == MixWeights::Scalars) {
+      add(pre + "logits", {cfg.mix_sources(s)}, 0, 0.0, slot, l);
+    } else if (cfg.variant.query == MixQuery::Input) {
+      add(pre + "query_proj.weight", {d, d}, 0, 0.0, slot, l);
+      out.back().no_decay = true;
+    } else {
+      add(pre + "query", {d}, 0, 0.0, slot, l);
+    }
+  };
   for (int64_t l = parts.layer_begin; l < end; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     add(pre + "input_layernorm.weight", {d}, 0, 1.0, Slot::AttnNorm, l);
@@ -229,12 +244,12 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
                {Slot::ExpertGate, Slot::ExpertUp, Slot::ExpertDown}, l, e);
     }
     if (cfg.attnres()) {
-      add(pre + "attn_res.query", {d}, 0, 0.0, Slot::AttnQuery, l);
-      add(pre + "mlp_res.query", {d}, 0, 0.0, Slot::MlpQuery, l);
+      mix_param(pre + "attn_res.", 2 * l, Slot::AttnQuery, l);
+      mix_param(pre + "mlp_res.", 2 * l + 1, Slot::MlpQuery, l);
     }
   }
   if (parts.head) {
-    if (cfg.attnres()) add("model.final_res.query", {d}, 0, 0.0, Slot::FinalQuery, -1);
+    if (cfg.attnres()) mix_param("model.final_res.", cfg.n_sublayers(), Slot::FinalQuery, -1);
     add("model.norm.weight", {d}, 0, 1.0, Slot::FinalNorm, -1);
     if (!cfg.tie_embeddings) add("lm_head.weight", {V, d}, std, 0, Slot::LmHead, -1);
   }

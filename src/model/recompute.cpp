@@ -22,6 +22,7 @@ void Model::drop_recomputable(SublayerActs& a) const {
   a.mix_lse = Tensor();
   if (cfg_.attnres()) a.x = Tensor();
   a.mix_stats = a.norm_rstd = a.u = Tensor();
+  if (cfg_.one_pass_mix()) a.mix_probs = a.mix_q = Tensor();  // one_pass_forward again
   a.h = a.moe_h = Tensor();
   if (recompute_ == Recompute::Layer) {
     a.qkv = a.att = a.lse = a.gu = a.moe_x = a.moe_gu = a.moe_y = Tensor();
@@ -33,7 +34,9 @@ void Model::drop_recomputable(SublayerActs& a) const {
 void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,
                                int64_t T) const {
   const int64_t N = B * T;
-  if (cfg_.attnres()) {
+  if (cfg_.one_pass_mix()) {  // the sources it read were kept
+    one_pass_forward(a, mix_query(s));
+  } else if (cfg_.attnres()) {
     // This query's phase 1 alone: its results are the same bits as in the
     // group's pass (kernels/mix.h); the group's weights were kept.
     const int64_t k = static_cast<int64_t>(leader.mix_sources.size());

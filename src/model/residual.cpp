@@ -96,7 +96,7 @@ void Model::sublayers_forward(int64_t s0, int64_t s1, DepthState& st,
   for (int64_t s = s0; s < s1;) {
     // The group: up to the end of s's Mix group or of the chunk.
     const int64_t end = cfg_.attnres() ? std::min((s / G + 1) * G, s1) : s + 1;
-    if (cfg_.attnres())
+    if (cfg_.attnres() && !cfg_.one_pass_mix())
       mix_phase1_forward(s, Span<SublayerActs>(subs.data() + (s - s0), size_t(end - s)), st);
     for (; s < end; ++s) {
       sublayer_forward(s, st, subs[s - s0], B, T, cache);
@@ -115,9 +115,12 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
 
   // The sublayer's input x and u = RMSNorm(x; g): the stream (baseline), the
   // phase-1 output (AttnRes, no recent sources: phase 1 saw them all), or its
-  // merge with the recent sources.
+  // merge with the recent sources; or a residual variant's one-pass Mix.
   const int64_t m = cfg_.attnres() ? cfg_.recent_sources(s) : 0;
-  if (m > 0) {
+  if (cfg_.one_pass_mix()) {
+    a.mix_sources = one_pass_sources(st);
+    one_pass_forward(a, mix_query(s));
+  } else if (m > 0) {
     a.mix_recent = recent_of(st, cfg_.phase1_sources(s));
     ATTNRES_CHECK(static_cast<int64_t>(a.mix_recent.size()) == m, "sublayer ", s, ": ",
                   a.mix_recent.size(), " recent sources, expected ", m);
@@ -202,6 +205,10 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, const Ac
   std::vector<Tensor> drecent;
   if (a.mix_stats.defined()) drecent = recent_of(g, cfg_.phase1_sources(s));
   norm_backward(a, du, &mix_query(s), norm_gain(s), drecent, nullptr);
+  if (cfg_.one_pass_mix()) {  // g holds the state before s again: the sources s read
+    std::vector<Tensor> dsources = one_pass_sources(g);
+    one_pass_backward(a, mix_query(s), dsources);
+  }
 }
 
 void Model::norm_forward(SublayerActs& a, const Tensor* w, const Tensor& gain) const {

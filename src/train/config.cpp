@@ -43,6 +43,24 @@ struct Names<model::ResidualMode> {
       {model::ResidualMode::Block, model::residual_mode_name(model::ResidualMode::Block)}};
 };
 template <>
+struct Names<model::MixQuery> {
+  static inline const EnumName<model::MixQuery> all[] = {
+      {model::MixQuery::Static, model::mix_query_name(model::MixQuery::Static)},
+      {model::MixQuery::Input, model::mix_query_name(model::MixQuery::Input)}};
+};
+template <>
+struct Names<model::MixWeights> {
+  static inline const EnumName<model::MixWeights> all[] = {
+      {model::MixWeights::Attention, model::mix_weights_name(model::MixWeights::Attention)},
+      {model::MixWeights::Scalars, model::mix_weights_name(model::MixWeights::Scalars)}};
+};
+template <>
+struct Names<kernels::MixScore> {
+  static inline const EnumName<kernels::MixScore> all[] = {
+      {kernels::MixScore::Softmax, model::mix_score_name(kernels::MixScore::Softmax)},
+      {kernels::MixScore::Sigmoid, model::mix_score_name(kernels::MixScore::Sigmoid)}};
+};
+template <>
 struct Names<model::Recompute> {
   static inline const EnumName<model::Recompute> all[] = {
       {model::Recompute::None, model::recompute_name(model::Recompute::None)},
@@ -124,7 +142,10 @@ E parse_name(const std::string& name, const std::string& where) {
   fail(where, ": unknown value \"", name, "\" (expected ", names_of<E>(), ")");
 }
 template <typename E>
-constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> || std::is_same_v<E, model::Recompute> ||
+constexpr bool is_named_enum = std::is_same_v<E, model::ResidualMode> ||
+                               std::is_same_v<E, model::MixQuery> ||
+                               std::is_same_v<E, model::MixWeights> ||
+                               std::is_same_v<E, kernels::MixScore> || std::is_same_v<E, model::Recompute> ||
                                std::is_same_v<E, ScheduleType> || std::is_same_v<E, OptimizerType> || std::is_same_v<E, TransportKind> ||
                                std::is_same_v<E, Logits> ||
                                std::is_same_v<E, kernels::AttentionKernel> ||
@@ -145,6 +166,9 @@ struct KeySpec {
   Check check = Check::None;
   const char* shown_default = nullptr;  // the docs' default column, when not the member's value
   bool omit_unset = false;          // left out of the resolved config while 0 / empty
+  // A residual variant's key: written into the resolved config only when
+  // the model has a variant (so an AttnRes config is what it was before them).
+  bool variant = false;
 };
 
 // Calls v(key, member, spec) for every key of the config, in docs order (C is
@@ -168,6 +192,25 @@ void for_each_key(C& c, V&& v) {
     KeySpec{"S, sublayers per block (block mode; exactly one of S / N)", Check::None, "—", true});
   v("model.residual.n_blocks", m.n_blocks,
     KeySpec{"N; then S = ceil(2L / N)", Check::None, "—", true});
+  // The residual variants (docs/model.md "Residual variants").
+  auto& rv = m.variant;
+  v("model.residual.query", rv.query,
+    KeySpec{"`static` (a learnt w_l) or `input`: q_l = W_l v, v the Mix's most recent source",
+            Check::None, nullptr, false, true});
+  v("model.residual.weights", rv.weights,
+    KeySpec{"`attention` (query . key), or `scalars`: softmax_j of learnt s_l,j, no query or key",
+            Check::None, nullptr, false, true});
+  v("model.residual.score", rv.score,
+    KeySpec{"`softmax` over the sources, or `sigmoid` of each logit (not normalised)",
+            Check::None, nullptr, false, true});
+  v("model.residual.key_norm", rv.key_norm,
+    KeySpec{"keys RMSNorm(v_j) (true) or the raw sources v_j", Check::None, nullptr, false, true});
+  v("model.residual.heads", rv.heads,
+    KeySpec{"H dividing d: channel groups, each with its part of q, key norm and softmax",
+            Check::Positive, nullptr, false, true});
+  v("model.residual.window", rv.window,
+    KeySpec{"full mode: W > 0 reads the embedding and the W most recent outputs (0: all)",
+            Check::NonNegative, nullptr, false, true});
   v("model.init_from", m.init_from,
     KeySpec{"safetensors file or checkpoint directory to start from", Check::None, "—", true});
   // The MoE section (docs/model.md, "Mixture of experts"): written into the
@@ -456,9 +499,10 @@ void check_keys(const json& j, const std::string& prefix, const std::set<std::st
 // Writes one key of the resolved config (the MoE section only when there is one).
 struct Writer {
   json& out;
-  bool moe, kda, mla;
+  bool moe, kda, mla, variant;
   template <typename T>
   void operator()(const char* key, const T& v, const KeySpec& spec) {
+    if (!variant && spec.variant) return;
     if (!moe && std::string(key).rfind("model.moe.", 0) == 0) return;
     if (!kda && std::string(key).rfind("model.kda.", 0) == 0) return;
     if (!mla && std::string(key).rfind("model.mla.", 0) == 0) return;
@@ -540,7 +584,8 @@ Config Config::from_json(const json& j, const std::string& source) {
 
 json Config::to_json() const {
   json out;
-  for_each_key(*this, Writer{out, model.has_moe(), model.has_kda(), model.has_mla()});
+  for_each_key(*this, Writer{out, model.has_moe(), model.has_kda(), model.has_mla(),
+                            !model.variant.is_default()});
   return out;
 }
 

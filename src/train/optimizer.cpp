@@ -38,9 +38,11 @@ Optimizer::Optimizer(model::ParamTable& params, const OptimizerConfig& cfg,
 bool Optimizer::takes_muon(const std::string& name, int ndim) {
   // The 2-D weights inside the transformer layers: q, k, v, o, the MLP's
   // gate, up and down, each routed and shared expert's; not the routers
-  // (mlp.gate.weight), nor the embedding, head, norm gains and depth queries.
+  // (mlp.gate.weight), nor the embedding, head, norm gains and depth
+  // parameters (an input query's W_l, attn_res.query_proj.weight, included).
   const std::string router = "mlp.gate.weight";
   return ndim == 2 && name.rfind("model.layers.", 0) == 0 &&
+         name.find("_res.") == std::string::npos &&
          !(name.size() >= router.size() &&
            name.compare(name.size() - router.size(), router.size(), router) == 0);
 }

@@ -41,20 +41,46 @@ inline Vec add(Vec a, const Vec& b) {
   return a;
 }
 
-// Mix(w, [v_1..v_k]) = sum_j a_j v_j, a = softmax_j(w . RMSNorm(v_j)).
-inline Vec mix(const Vec& w, const std::vector<Vec>& vs, double eps) {
-  std::vector<double> logit;
-  for (const auto& v : vs) {
-    Vec k = rmsnorm(v, nullptr, eps);
-    double s = 0;
-    for (size_t i = 0; i < w.size(); ++i) s += w[i] * k[i];
-    logit.push_back(s);
+// The depth Mix of sources vs before the sublayer (or the head) whose
+// parameters start with `pre` ("model.layers.3.attn_res."), docs/model.md
+// section 2 and "Residual variants": per head h (the channels in H groups),
+//   a_jh = softmax_j(q_h . RMSNorm(v_jh))   (sigmoid instead: not normalised;
+//          without the key norm: q_h . v_jh; scalars: softmax_j(s_j))
+//   out_h = sum_j a_jh v_jh,
+// q = w (static) or W v_k (input: v_k the most recent source, the last).
+inline Vec depth_mix(const model::ModelConfig& c, const ParamFn& P, const std::string& pre,
+                     const std::vector<Vec>& vs) {
+  const auto& rv = c.variant;
+  const bool scalars = rv.weights == model::MixWeights::Scalars;
+  const size_t d = vs[0].size(), k = vs.size(), H = static_cast<size_t>(rv.heads), dh = d / H;
+  Vec q, s;
+  if (scalars) s = P(pre + "logits");
+  else if (rv.query == model::MixQuery::Input) q = linear(P(pre + "query_proj.weight"), vs.back());
+  else q = P(pre + "query");
+  Vec out(d, 0.0);
+  for (size_t h = 0; h < H; ++h) {
+    std::vector<double> a(k);
+    for (size_t j = 0; j < k; ++j) {
+      if (scalars) {
+        a[j] = s[j];
+        continue;
+      }
+      Vec part(vs[j].begin() + h * dh, vs[j].begin() + (h + 1) * dh);
+      if (rv.key_norm) part = rmsnorm(part, nullptr, c.norm_eps);
+      double z = 0;
+      for (size_t i = 0; i < dh; ++i) z += q[h * dh + i] * part[i];
+      a[j] = z;
+    }
+    if (rv.score == kernels::MixScore::Sigmoid) {
+      for (double& x : a) x = 1 / (1 + std::exp(-x));
+    } else {
+      double m = *std::max_element(a.begin(), a.end()), z = 0;
+      for (double& x : a) z += (x = std::exp(x - m));
+      for (double& x : a) x /= z;
+    }
+    for (size_t j = 0; j < k; ++j)
+      for (size_t i = h * dh; i < (h + 1) * dh; ++i) out[i] += a[j] * vs[j][i];
   }
-  double m = *std::max_element(logit.begin(), logit.end()), z = 0;
-  for (double& l : logit) z += (l = std::exp(l - m));
-  Vec out(w.size(), 0.0);
-  for (size_t j = 0; j < vs.size(); ++j)
-    for (size_t i = 0; i < w.size(); ++i) out[i] += logit[j] / z * vs[j][i];
   return out;
 }
 
@@ -339,16 +365,21 @@ inline Seq sequence_logits(const model::ModelConfig& c, const ParamFn& P,
     const size_t S = block_size(c);
     std::vector<Seq> blocks{e};
     Seq partial;  // empty = no partial
+    // Position t of every block, then of the partial sum; with a depth window
+    // W (full mode) only the embedding and the W most recent outputs.
+    const size_t W = static_cast<size_t>(c.variant.window);
+    auto sources_at = [W](const std::vector<Seq>& bs, const Seq& p, size_t t) {
+      std::vector<Vec> src;
+      for (size_t j = 0; j < bs.size(); ++j)
+        if (W == 0 || j == 0 || j + W >= bs.size()) src.push_back(bs[j][t]);
+      if (!p.empty()) src.push_back(p[t]);
+      return src;
+    };
     for (size_t s = 0; s < L2; ++s) {
       const size_t i = s % S;
-      Vec w = P(lp(s / 2, s % 2 == 0 ? "attn_res.query" : "mlp_res.query"));
+      const std::string pre = lp(s / 2, s % 2 == 0 ? "attn_res." : "mlp_res.");
       Seq x(T);
-      for (size_t t = 0; t < T; ++t) {
-        std::vector<Vec> src;
-        for (const auto& b : blocks) src.push_back(b[t]);
-        if (i > 0) src.push_back(partial[t]);
-        x[t] = mix(w, src, c.norm_eps);
-      }
+      for (size_t t = 0; t < T; ++t) x[t] = depth_mix(c, P, pre, sources_at(blocks, partial, t));
       Seq y = sublayer(c, P, s, x);
       if (i == 0) partial = y;
       else for (size_t t = 0; t < T; ++t) partial[t] = add(partial[t], y[t]);
@@ -357,13 +388,9 @@ inline Seq sequence_logits(const model::ModelConfig& c, const ParamFn& P,
         partial.clear();
       }
     }
-    Vec w = P("model.final_res.query");
-    for (size_t t = 0; t < T; ++t) {
-      std::vector<Vec> src;
-      for (const auto& b : blocks) src.push_back(b[t]);
-      if (!partial.empty()) src.push_back(partial[t]);  // only when 2L % S != 0
-      z[t] = mix(w, src, c.norm_eps);
-    }
+    // (a partial only when 2L % S != 0)
+    for (size_t t = 0; t < T; ++t)
+      z[t] = depth_mix(c, P, "model.final_res.", sources_at(blocks, partial, t));
   }
   Vec g = P("model.norm.weight");
   Vec W = P(c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");

@@ -22,6 +22,11 @@ using testing::tiny;
 using testing::with_kda;
 using testing::with_mla;
 using testing::with_moe;
+using testing::with_variant;
+using testing::variant;
+using Q = model::MixQuery;
+using W = model::MixWeights;
+using Sc = kernels::MixScore;
 
 namespace {
 
@@ -57,6 +62,35 @@ std::vector<testing::NamedConfig> cases() {
       {"baseline, KDA + MLA hybrid + MoE", with_mla(with_kda(with_moe(tiny(ResidualMode::Baseline, 0, 0, false, 4), 4, 2, 1), 2, 4), 5, 3, 2, 4)},
       {"full, every layer MLA with RoPE on dr (DeepSeek's)",
        with_mla(tiny(ResidualMode::Full), 6, 2, 4, 5, true)},
+      // The residual variants (model.residual; docs/model.md "Residual variants").
+      {"full, input query", with_variant(tiny(ResidualMode::Full), variant(Q::Input))},
+      {"block S=2, input query (the partial sum, or the latest block)",
+       with_variant(tiny(ResidualMode::Block, 2, 0, false, 3), variant(Q::Input))},
+      {"full, scalar weights", with_variant(tiny(ResidualMode::Full), variant(Q::Static, W::Scalars))},
+      {"block S=3, scalar weights (uneven: final partial)",
+       with_variant(tiny(ResidualMode::Block, 3), variant(Q::Static, W::Scalars))},
+      {"full, sigmoid", with_variant(tiny(ResidualMode::Full), variant(Q::Static, W::Attention, Sc::Sigmoid))},
+      {"block S=2, no key norm",
+       with_variant(tiny(ResidualMode::Block, 2), variant(Q::Static, W::Attention, Sc::Softmax, false))},
+      {"full, no key norm",
+       with_variant(tiny(ResidualMode::Full), variant(Q::Static, W::Attention, Sc::Softmax, false))},
+      {"block S=2, 4 heads",
+       with_variant(tiny(ResidualMode::Block, 2), variant(Q::Static, W::Attention, Sc::Softmax, true, 4))},
+      {"full, window 2 of 6 sublayers",
+       with_variant(tiny(ResidualMode::Full, 0, 0, false, 3),
+                    variant(Q::Static, W::Attention, Sc::Softmax, true, 1, 2))},
+      // (An input query with sigmoid weights grows the sources from sublayer
+      // to sublayer and the logits with them: its loss here agreed with the
+      // reference to 4e-12, rounding amplified, where each alone holds 1e-12;
+      // so did window 3 + input query + 2 heads + MoE, each part alone 1e-12.)
+      {"full, window 3, input query, 2 heads",
+       with_variant(tiny(ResidualMode::Full, 0, 0, false, 3),
+                    variant(Q::Input, W::Attention, Sc::Softmax, true, 2, 3))},
+      {"block S=2, input query, MoE",
+       with_variant(with_moe(tiny(ResidualMode::Block, 2, 0, false, 3), 4, 2, 1), variant(Q::Input))},
+      {"block S=2, sigmoid, 2 heads, no key norm",
+       with_variant(tiny(ResidualMode::Block, 2, 0, false, 3),
+                    variant(Q::Static, W::Attention, Sc::Sigmoid, false, 2))},
   };
 }
 
@@ -136,7 +170,10 @@ TEST_CASE("whole-model gradients match finite differences (float64)", "[model]")
         // hybrid's loss curves more (exp(A_log), the decays, the norms of
         // random q and k): its truncation at 3e-5 reached 5e-5 of the scale,
         // falling as h^2 (5e-6 at 1e-5), so it takes h = 3e-6.
-        const double h = tc.cfg.has_kda() ? 3e-6 : 3e-5;
+        // The residual variants' Mix (a query per head of d / H channels, keys
+        // without a norm, sigmoid weights) curves more too: up to 5e-6 at
+        // 3e-5, so 1e-5.
+        const double h = tc.cfg.has_kda() ? 3e-6 : tc.cfg.one_pass_mix() ? 1e-5 : 3e-5;
         CHECK(testing::scaled_diff(p.grad, testing::fd_gradient(p.value, loss, h)) < 1e-6);
       }
     }
@@ -177,7 +214,16 @@ TEST_CASE("chunked layers give the single chunk's loss and gradients bit for bit
                      C{"full L=12 (groups of 5)", tiny(ResidualMode::Full, 0, 0, false, 12)},
                      C{"block S=5 L=7", tiny(ResidualMode::Block, 5, 0, false, 7)},
                      C{"baseline L=5", tiny(ResidualMode::Baseline, 0, 0, false, 5)},
-                     C{"block S=3 L=5, MoE", with_moe(tiny(ResidualMode::Block, 3, 0, false, 5), 4, 2, 1)}}) {
+                     C{"block S=3 L=5, MoE", with_moe(tiny(ResidualMode::Block, 3, 0, false, 5), 4, 2, 1)},
+                     // The residual variants' one-pass Mix (no groups to cut)
+                     C{"full L=5, window 3, input query, 2 heads",
+                       with_variant(tiny(ResidualMode::Full, 0, 0, false, 5),
+                                    variant(Q::Input, W::Attention, Sc::Softmax, true, 2, 3))},
+                     C{"block S=3 L=5, scalar weights",
+                       with_variant(tiny(ResidualMode::Block, 3, 0, false, 5), variant(Q::Static, W::Scalars))},
+                     C{"block S=3 L=4, input query, sigmoid, no key norm",
+                       with_variant(tiny(ResidualMode::Block, 3, 0, false, 4),
+                                    variant(Q::Input, W::Attention, Sc::Sigmoid, false))}}) {
     SECTION(c.name) {
       const int64_t B = 2, T = 4, L = c.cfg.n_layers;
       const Tensor tokens = testing::random_tokens(B * T, c.cfg.vocab_size, 1);
@@ -279,10 +325,20 @@ TEST_CASE("depth attention weights: one row per Mix over its sources, each summi
   // Block S = 3 over 4 sublayers: [e] | [e, p] | [e, p] | [e, b_1] | final [e, b_1, p].
   // Full: sublayer s reads e and the s earlier outputs; the final Mix all 5
   // (with 5 layers, Mix groups of 4: phase-1 weights, then the recent ones).
+  // The residual variants' rows: a window of 2 reads e and the 2 most recent
+  // outputs; scalar weights and 4 heads (averaged) sum to one as well.
   for (const Want& w : {Want{tiny(ResidualMode::Block, 3), {1, 2, 2, 2, 3}},
                         Want{tiny(ResidualMode::Full), {1, 2, 3, 4, 5}},
                         Want{tiny(ResidualMode::Full, 0, 0, false, 5),
-                             {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}}}) {
+                             {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}},
+                        Want{with_variant(tiny(ResidualMode::Full, 0, 0, false, 3),
+                                          variant(Q::Static, W::Attention, Sc::Softmax, true, 1, 2)),
+                             {1, 2, 3, 3, 3, 3, 3}},
+                        Want{with_variant(tiny(ResidualMode::Block, 3), variant(Q::Static, W::Scalars)),
+                             {1, 2, 2, 2, 3}},
+                        Want{with_variant(tiny(ResidualMode::Block, 3),
+                                          variant(Q::Input, W::Attention, Sc::Softmax, true, 4)),
+                             {1, 2, 2, 2, 3}}}) {
     model::Model m(w.cfg, DType::F64);
     randomize(m.params(), 7);
     const int64_t B = 2, T = 6;
