@@ -277,12 +277,39 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-class DepthQuery(nn.Module):
-    """The pseudo-query w of one depth Mix (`*.attn_res.query` and the like)."""
+def mix_variant(m):
+    """model.residual's variant keys (the resolved config writes them only
+    when one is set), the absent ones at their defaults."""
+    v = {"query": "static", "weights": "attention", "score": "softmax", "key_norm": True,
+         "heads": 1, "window": 0}
+    v.update({k: m["residual"][k] for k in v if k in m["residual"]})
+    return v
 
-    def __init__(self, d):
+
+def mix_sources(m, s):
+    """The sources of the Mix before sublayer s (docs/model.md section 2; with
+    a window W: the embedding and the W most recent outputs)."""
+    r, L = m["residual"], m["n_layers"]
+    if mix_variant(m)["window"] > 0:
+        return 1 + min(s, mix_variant(m)["window"])
+    S = 1 if r["mode"] == "full" else r.get("block_size") or -(-2 * L // r["n_blocks"])
+    return 1 + s // S + (1 if s % S else 0)
+
+
+class DepthQuery(nn.Module):
+    """The parameter of one depth Mix (`*.attn_res.query` and the like): the
+    pseudo-query w, an input query's W (`query_proj`, q = W v) or the scalar
+    logits, as model.residual says."""
+
+    def __init__(self, m, s):
         super().__init__()
-        self.query = nn.Parameter(torch.zeros(d))
+        variant, d = mix_variant(m), m["d_model"]
+        if variant["weights"] == "scalars":
+            self.logits = nn.Parameter(torch.zeros(mix_sources(m, s)))
+        elif variant["query"] == "input":
+            self.query_proj = nn.Linear(d, d, bias=False)
+        else:
+            self.query = nn.Parameter(torch.zeros(d))
 
 
 def rotate(x, cos, sin):
@@ -591,8 +618,8 @@ class Layer(nn.Module):
         else:
             self.mlp = MoE(d, moe) if moe and l >= moe["dense_layers"] else MLP(d, m["d_ff"])
         if attnres:
-            self.attn_res = DepthQuery(d)
-            self.mlp_res = DepthQuery(d)
+            self.attn_res = DepthQuery(m, 2 * l)
+            self.mlp_res = DepthQuery(m, 2 * l + 1)
 
     def ffn(self):
         return self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
@@ -607,27 +634,41 @@ class Body(nn.Module):
         self.layers = nn.ModuleList(Layer(m, attnres, l, kinds[l], seq_len)
                                     for l in range(m["n_layers"]))
         if attnres:
-            self.final_res = DepthQuery(m["d_model"])
+            self.final_res = DepthQuery(m, 2 * m["n_layers"])
         self.norm = RMSNorm(m["d_model"], m["norm_eps"])
 
 
-def source(v, eps):
-    """A depth source: (v, its key RMSNorm(v) without gain), in float32. The
-    key is computed once, when the source is made, and read by every later Mix."""
+def source(v, eps, variant):
+    """A depth source: (v, its key), in float32: per head group of channels
+    RMSNorm(v) without gain (the raw v without the key norm), [B, T, H, d/H].
+    The key is computed once, when the source is made, and read by every later Mix."""
     v = v.float()
-    return v, v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    vh = v.unflatten(-1, (variant["heads"], -1))
+    if not variant["key_norm"]:
+        return v, vh
+    return v, vh * torch.rsqrt(vh.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def depth_mix(w, sources):
-    """Mix(w, [v_j]) = sum_j softmax_j(w . key_j) v_j, in float32 (elementwise
-    products and sums, which autocast leaves in float32: attnres keeps the
-    Mix's statistics in fp32 in a bf16 run too)."""
-    logits = torch.stack([(key * w).sum(-1) for _, key in sources])  # [n, B, T]
-    a = torch.softmax(logits, dim=0).unsqueeze(-1)
-    out = a[0] * sources[0][0]
+def depth_mix(q, sources, variant):
+    """Mix(q, [v_j]) = sum_j a_j v_j, a_j = softmax_j(q . key_j) per head (or
+    sigmoid, each on its own; or softmax_j of the scalar logits), in float32
+    (elementwise products and sums, which autocast leaves in float32: attnres
+    keeps the Mix's statistics in fp32 in a bf16 run too)."""
+    window = variant["window"]
+    if window and len(sources) > window + 1:  # the embedding and the W most recent
+        sources = [sources[0]] + sources[-window:]
+    if hasattr(q, "logits"):
+        a = torch.softmax(q.logits, dim=0).view(-1, 1, 1, 1, 1)
+    else:
+        w = q.query_proj(sources[-1][0]) if hasattr(q, "query_proj") else q.query
+        w = w.unflatten(-1, (variant["heads"], -1))
+        logits = torch.stack([(key * w).sum(-1, keepdim=True) for _, key in sources])  # [n, B, T, H, 1]
+        a = torch.sigmoid(logits) if variant["score"] == "sigmoid" else torch.softmax(logits, dim=0)
+    heads = a.shape[-2]
+    out = a[0] * sources[0][0].unflatten(-1, (heads, -1))
     for j in range(1, len(sources)):
-        out = out + a[j] * sources[j][0]
-    return out
+        out = out + a[j] * sources[j][0].unflatten(-1, (heads, -1))
+    return out.flatten(-2)
 
 
 class CausalLM(nn.Module):
@@ -638,6 +679,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.mode = m["residual"]["mode"]
         self.eps = m["norm_eps"]
+        self.variant = mix_variant(m)
         L = m["n_layers"]
         if self.mode == "full":
             self.S = 1
@@ -666,7 +708,8 @@ class CausalLM(nn.Module):
         T = inputs.shape[1]
         cos, sin = self.cos[:T], self.sin[:T]
         x = e                            # baseline: the residual stream
-        sources = [source(e, self.eps)]  # AttnRes: e and the completed blocks
+        src = lambda v: source(v, self.eps, self.variant)
+        sources = [src(e)]               # AttnRes: e and the completed blocks
         partial = None                   # the current block's sum of outputs
         s = 0                            # the sublayer: 2l attention, 2l+1 MLP
         for layer in body.layers:
@@ -676,9 +719,9 @@ class CausalLM(nn.Module):
                     u = norm(x)
                 else:
                     i = s % self.S  # position in its block; i > 0 also reads the partial sum
-                    here = sources + ([source(partial, self.eps)] if i > 0 else [])
-                    w = (layer.attn_res if is_attn else layer.mlp_res).query
-                    u = norm(depth_mix(w, here))
+                    here = sources + ([src(partial)] if i > 0 else [])
+                    q = layer.attn_res if is_attn else layer.mlp_res
+                    u = norm(depth_mix(q, here, self.variant))
                 y = layer.self_attn(u, cos, sin) if is_attn else layer.ffn()(u)
                 if self.mode == "baseline":
                     x = x + y
@@ -687,14 +730,14 @@ class CausalLM(nn.Module):
                     # outputs) is under autocast.
                     partial = y.float() if i == 0 else partial + y
                     if i == self.S - 1:  # the block is complete: a source of its own
-                        sources.append(source(partial, self.eps))
+                        sources.append(src(partial))
                         partial = None
                 s += 1
         if self.mode == "baseline":
             z = x
         else:
-            last = [source(partial, self.eps)] if partial is not None else []
-            z = depth_mix(body.final_res.query, sources + last)
+            last = [src(partial)] if partial is not None else []
+            z = depth_mix(body.final_res, sources + last, self.variant)
         h = body.norm(z)
         if self.fp32_logits and torch.is_autocast_enabled():
             # training.logits = "fp32" in a bf16 run: the head in float32.
@@ -755,13 +798,15 @@ def adamw(model, opt_cfg, device):
 
 def decayed(name, p):
     """Weight decay: every tensor of two or more dims but KDA's A_log (4-D,
-    never decayed, as FLA's KDA layer)."""
-    return p.dim() >= 2 and not name.endswith(".A_log")
+    never decayed, as FLA's KDA layer) and an input query's W (a depth
+    parameter, as the queries)."""
+    return p.dim() >= 2 and not name.endswith((".A_log", "_res.query_proj.weight"))
 
 
 def takes_muon(name, p):
-    """optimizer.type = muon: the 2-D weights inside the layers but the routers."""
-    return (p.dim() == 2 and name.startswith("model.layers.")
+    """optimizer.type = muon: the 2-D weights inside the layers but the
+    routers and the depth Mix's (an input query's W)."""
+    return (p.dim() == 2 and name.startswith("model.layers.") and "_res." not in name
             and not name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")))
 
 

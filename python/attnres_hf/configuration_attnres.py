@@ -3,7 +3,10 @@
 # The fields are Hugging Face LlamaConfig's names for the transformer, plus
 # `attn_res`, the residual connections: {"mode": "baseline" | "full" |
 # "block", "block_size": S (sublayers per block; 1 for full), "n_blocks": N
-# (when the training config gave N instead of S)}. A mixture-of-experts model
+# (when the training config gave N instead of S), and a residual variant's
+# "query" ("static" | "input"), "weights" ("attention" | "scalars"), "score"
+# ("softmax" | "sigmoid"), "key_norm", "heads" and "window" (absent: the
+# defaults, static / attention / softmax / true / 1 / 0)}. A mixture-of-experts model
 # adds DeepSeek-V3's fields: n_routed_experts (E), num_experts_per_tok (K),
 # n_shared_experts, moe_intermediate_size (an expert's width),
 # first_k_dense_replace (the leading dense layers), scoring_func ("sigmoid" |
@@ -180,6 +183,24 @@ class AttnResConfig(_Base):
 
     def residual_mode(self):
         return self.attn_res["mode"]
+
+    def residual_variant(self):
+        """The depth Mix's variant: attn_res's query, weights, score, key_norm,
+        heads and window, the absent ones at their defaults."""
+        v = {"query": "static", "weights": "attention", "score": "softmax", "key_norm": True,
+             "heads": 1, "window": 0}
+        v.update({k: self.attn_res[k] for k in v if k in self.attn_res})
+        return v
+
+    def mix_sources(self, s):
+        """The sources the depth Mix before sublayer s reads (s = 2L: the final
+        Mix): the embedding, the completed blocks, the partial sum; with a
+        window W the embedding and the W most recent outputs."""
+        window = self.residual_variant()["window"]
+        if window > 0:
+            return 1 + min(s, window)
+        S = self.residual_block_size()
+        return 1 + s // S + (1 if s % S else 0)
 
     def residual_block_size(self):
         """S, the sublayers per block: 1 for full, block_size or ceil(2L / n_blocks) for block."""

@@ -9,7 +9,10 @@
 #     Mix(w_s, sources), the sources being e, each completed block's sum of
 #     outputs, and (inside a block) the partial sum of the block's earlier
 #     outputs; Mix(w, [v_j]) = sum_j softmax_j(w . RMSNorm(v_j)) v_j, the key
-#     norm without gain, w_s a learned pseudo-query per sublayer.
+#     norm without gain, w_s a learned pseudo-query per sublayer; or one of
+#     the residual variants of attn_res (an input query q = W v, scalar
+#     weights, sigmoid scores, raw keys, H heads, a depth window:
+#     AttnResDepthQuery).
 #   The head reads z = the stream (baseline) or Mix(w_final, all sources):
 #   logits = RMSNorm(z; g_final) W_out^T, W_out = Embed when tied.
 #   Attention is causal with RoPE (rotate-half, angles computed in float64)
@@ -157,21 +160,51 @@ class AttnResRMSNorm(nn.Module):
 
 
 class AttnResDepthQuery(nn.Module):
-    """The pseudo-query w of one depth Mix (`*.attn_res.query`, `*.mlp_res.query`,
-    `model.final_res.query`)."""
+    """The parameter of one depth Mix (`*.attn_res.*`, `*.mlp_res.*`,
+    `model.final_res.*`): the pseudo-query w (`query`), an input query's W
+    (`query_proj.weight`, q = W v with v the most recent source) or the scalar
+    logits (`logits`, one per source), as the config's attn_res variant says."""
 
-    def __init__(self, dim):
+    def __init__(self, config, sources):
         super().__init__()
-        self.query = nn.Parameter(torch.zeros(dim))
+        self.variant = config.residual_variant()
+        self.eps = config.rms_norm_eps
+        d = config.hidden_size
+        if self.variant["weights"] == "scalars":
+            self.logits = nn.Parameter(torch.zeros(sources))
+        elif self.variant["query"] == "input":
+            self.query_proj = nn.Linear(d, d, bias=False)
+        else:
+            self.query = nn.Parameter(torch.zeros(d))
 
+    def forward(self, sources):
+        """Mix([v_1..v_k]): per head h of H (the channels in H groups), a_jh =
+        softmax_j(q_h . RMSNorm(v_jh)) (sigmoid: each on its own; without the
+        key norm the raw v_jh; scalars: softmax_j(s_j)), x_h = sum_j a_jh v_jh;
+        in float32 (docs/model.md, "Residual variants")."""
+        var = self.variant
+        v = torch.stack(sources, dim=0).float()  # [k, B, T, d]
+        k, d, H = v.shape[0], v.shape[-1], var["heads"]
+        if var["weights"] == "scalars":
+            a = torch.softmax(self.logits.float(), dim=0).view(k, 1, 1, 1, 1)
+        else:
+            vh = v.unflatten(-1, (H, d // H))  # [k, B, T, H, d / H]
+            keys = vh * torch.rsqrt(vh.pow(2).mean(-1, keepdim=True) + self.eps) if var["key_norm"] else vh
+            if var["query"] == "input":
+                q = (sources[-1].float() @ self.query_proj.weight.float().t())
+            else:
+                q = self.query.float()
+            logits = (keys * q.unflatten(-1, (H, d // H))).sum(-1, keepdim=True)  # [k, B, T, H, 1]
+            a = torch.sigmoid(logits) if var["score"] == "sigmoid" else torch.softmax(logits, dim=0)
+        x = (a * v.unflatten(-1, (H if var["weights"] != "scalars" else 1, -1))).sum(0)
+        return x.flatten(-2).to(sources[0].dtype)
 
-def depth_mix(query, sources, eps):
-    """Mix(w, [v_1..v_k]) = sum_j a_j v_j with a = softmax_j(w . RMSNorm(v_j)),
-    the key norm without gain; in float32."""
-    v = torch.stack(sources, dim=0).float()  # [k, B, T, d]
-    keys = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
-    a = torch.softmax((keys * query.float()).sum(-1), dim=0)  # [k, B, T]
-    return (a.unsqueeze(-1) * v).sum(0).to(sources[0].dtype)
+    def read(self, blocks, partial):
+        """The sources this Mix reads: the completed blocks, then the partial
+        sum when there is one; with a window the embedding and the W most recent."""
+        sources = blocks + ([partial] if partial is not None else [])
+        W = self.variant["window"]
+        return sources if W == 0 or len(sources) <= W + 1 else [sources[0]] + sources[-W:]
 
 
 def rope_cos_sin(position_ids, head_dim, theta, dtype):
@@ -525,8 +558,8 @@ class AttnResDecoderLayer(nn.Module):
         else:
             self.mlp = AttnResMoE(config)
         if config.residual_mode() != "baseline":
-            self.attn_res = AttnResDepthQuery(config.hidden_size)
-            self.mlp_res = AttnResDepthQuery(config.hidden_size)
+            self.attn_res = AttnResDepthQuery(config, config.mix_sources(2 * layer_idx))
+            self.mlp_res = AttnResDepthQuery(config, config.mix_sources(2 * layer_idx + 1))
 
     def feed_forward(self):
         return self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
@@ -635,8 +668,9 @@ class AttnResPreTrainedModel(_Base):
             module.weight.data.normal_(0.0, std)
         elif isinstance(module, AttnResRMSNorm):
             module.weight.data.fill_(1.0)
-        elif isinstance(module, AttnResDepthQuery):
-            module.query.data.zero_()
+        elif isinstance(module, AttnResDepthQuery):  # every Mix starts uniform
+            for p in module.parameters():
+                p.data.zero_()
         elif isinstance(module, AttnResMoEGate):
             module.weight.data.normal_(0.0, std)
 
@@ -653,7 +687,7 @@ class AttnResModel(AttnResPreTrainedModel):
         self.layers = nn.ModuleList(AttnResDecoderLayer(config, l)
                                     for l in range(config.num_hidden_layers))
         if self.mode != "baseline":
-            self.final_res = AttnResDepthQuery(config.hidden_size)
+            self.final_res = AttnResDepthQuery(config, config.mix_sources(2 * config.num_hidden_layers))
         self.norm = AttnResRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
 
@@ -695,7 +729,6 @@ class AttnResModel(AttnResPreTrainedModel):
         if attention_mask is not None:
             pad = attention_mask[:, None, None, -keys:].to(torch.bool).logical_not()
             mask = mask.expand(B, 1, T, keys).masked_fill(pad, torch.finfo(torch.float32).min)
-        eps = cfg.rms_norm_eps
 
         S = self.block_size
         x = e                         # baseline: the stream
@@ -710,8 +743,7 @@ class AttnResModel(AttnResPreTrainedModel):
                     x = x + f(norm(x))
                 else:
                     i = s % S  # position in its block; i > 0 reads the partial sum too
-                    sources = blocks + ([partial] if i > 0 else [])
-                    y = f(norm(depth_mix(q.query, sources, eps)))
+                    y = f(norm(q(q.read(blocks, partial if i > 0 else None))))
                     partial = y if i == 0 else partial + y
                     if i == S - 1:  # the block is complete: a source of its own
                         blocks.append(partial)
@@ -720,8 +752,7 @@ class AttnResModel(AttnResPreTrainedModel):
         if self.mode == "baseline":
             z = x
         else:
-            z = depth_mix(self.final_res.query,
-                          blocks + ([partial] if partial is not None else []), eps)
+            z = self.final_res(self.final_res.read(blocks, partial))
         hidden = self.norm(z)
         if isinstance(cache, AttnResKVCache):
             cache.seen += T

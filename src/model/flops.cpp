@@ -62,10 +62,16 @@ double training_flops_per_token(const ModelConfig& c, int64_t T) {
   // Every term is a whole number below 2^53, so the sums are exact.
   double f = 3 * forward_flops_per_token(c, T);
   if (c.attnres()) {
-    // Each Mix: k sources x (dot + weighted sum) = 4 k d forward, ~3x with backward.
+    // Each Mix: k sources x (dot + weighted sum) = 4 k d forward, ~3x with
+    // backward; scalar weights have no dot (2 k d forward, 6 k d in all).
+    // Heads split the same dots, a window reads fewer sources (mix_sources).
     double sources = 0;
     for (int64_t s = 0; s <= c.n_sublayers(); ++s) sources += c.mix_sources(s);  // + the final Mix
-    f += 12.0 * sources * c.d_model;
+    const bool scalars = c.variant.weights == MixWeights::Scalars;
+    f += (scalars ? 6.0 : 12.0) * sources * c.d_model;
+    // An input query's q = W v per Mix: a d x d GEMM, 2 d^2 forward, 6 d^2 in all.
+    if (c.variant.query == MixQuery::Input && !scalars)
+      f += 6.0 * static_cast<double>(c.n_sublayers() + 1) * c.d_model * c.d_model;
   }
   return f;
 }

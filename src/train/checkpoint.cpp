@@ -58,6 +58,15 @@ json hf_config(const model::ModelConfig& m) {
   json residual = {{"mode", model::residual_mode_name(m.mode)}};
   if (m.attnres()) residual["block_size"] = m.resolved_block_size();
   if (m.n_blocks > 0) residual["n_blocks"] = m.n_blocks;
+  if (m.one_pass_mix()) {  // the residual variant, under the config keys' names
+    const model::ResidualVariant& v = m.variant;
+    residual["query"] = model::mix_query_name(v.query);
+    residual["weights"] = model::mix_weights_name(v.weights);
+    residual["score"] = model::mix_score_name(v.score);
+    residual["key_norm"] = v.key_norm;
+    residual["heads"] = v.heads;
+    residual["window"] = v.window;
+  }
   // The baseline is a Llama model and says so. Full and Block AttnRes compute
   // another function with Llama's tensors plus the Mix queries: labelled
   // "llama", a Llama loader would load them, drop the queries with a warning

@@ -72,6 +72,13 @@ class ChunkModel {
     const bool ar = m_.attnres();
     const int64_t S = ar ? m_.resolved_block_size() : 0, G = ar ? m_.mix_group_size() : 1;
     const bool mix = r_ != model::Recompute::None, layer = r_ == model::Recompute::Layer;
+    // A residual variant's one-pass Mix (groups of one, nothing merges): its
+    // weights [N, H, k] and an input query's rows [N, d] per sublayer, both
+    // dropped by recomputation and made again.
+    const bool one_pass = m_.one_pass_mix();
+    const int64_t H = one_pass ? m_.variant.heads : 1;
+    const int64_t qrows = one_pass && m_.mix_form().logits == kernels::MixLogits::RowQueries ? Nd : 0;
+    auto one_pass_drop = [&](int64_t s) { return one_pass ? N_ * H * m_.mix_sources(s) * f_ + qrows : 0; };
     ChunkReplay out;
     // The largest single tensors: a sublayer's input/output, an MLP
     // intermediate, and (below) the largest Mix group's softmax weights.
@@ -86,7 +93,7 @@ class ChunkModel {
     auto norm_stats = [&](int64_t s) { return ar && m_.recent_sources(s) > 0 ? N_ * (2 * m_.recent_sources(s) + 2) * f_ : Nf; };
     auto dropped = [&](int64_t s) {  // what drop_recomputable frees
       if (!mix) return int64_t{0};
-      int64_t b = Nd + norm_stats(s) + (ar ? Nd : 0);  // u, stats, phase-1 output
+      int64_t b = Nd + norm_stats(s) + (ar ? Nd : 0) + one_pass_drop(s);  // u, stats, phase-1 output
       if (s % 2 == 1) b += mlp(s / 2).mix_drop;
       if (layer) b += s % 2 == 0 ? attn(s / 2).record : mlp(s / 2).layer_drop;
       return b;
@@ -106,9 +113,9 @@ class ChunkModel {
         bool merges = false;
         for (int64_t q = s; q < end; ++q) merges = merges || m_.recent_sources(q) > 0;
         const int64_t k = m_.phase1_sources(s);
-        const int64_t probs = Q * N_ * k * f_, dlse = merges ? Q * Nf : 0;
+        const int64_t probs = Q * N_ * H * k * f_, dlse = merges ? Q * Nf : 0;
         lse = merges ? Q * Nf : 0;
-        t.alloc(probs + dlse + lse + Q * Nd);  // weights, dlse, lse, the Q phase-1 outputs
+        t.alloc(probs + dlse + lse + Q * (Nd + qrows));  // weights, dlse, lse, the Q phase-1 outputs
         group_kept[static_cast<size_t>(s - s0)] = probs + dlse;
         probs_max = std::max(probs_max, probs);
       }
@@ -132,16 +139,17 @@ class ChunkModel {
       // (every source's, and the partial's), kept to the backward.
       const int64_t k = plan_.sources_after(m_.n_layers);
       const bool merge = plan_.partial_after(m_.n_layers);
-      const int64_t acts = ar ? N_ * k * f_ + (merge ? 2 * Nf : 0) + Nd + Nd +
+      const int64_t acts = one_pass ? N_ * H * m_.final_sources() * f_ + qrows + 2 * Nd + Nf
+                           : ar     ? N_ * k * f_ + (merge ? 2 * Nf : 0) + Nd + Nd +
                                     (merge ? N_ * 4 * f_ : Nf)
-                              : Nd + Nf;  // probs, lse+dlse, o, u, stats | u, rstd
+                                    : Nd + Nf;  // probs, lse+dlse, o, u, stats | u, rstd
       t.alloc(acts);
       t.alloc(Nd);  // dh
       const int64_t grads = ar ? (k + (merge ? 1 : 0)) * Nd : 0;
       out.source_grads = ar ? k * Nd : 0;
       t.alloc(grads + Nd);  // depth gradient, d_o (the baseline's is its gradient)
       t.free(Nd);           // dh
-      if (merge) t.free(Nf);  // lse, read by the merge
+      if (merge && !one_pass) t.free(Nf);  // lse, read by the merge
     }
     // Not the head's chunk: the last y leaves with the message (the
     // baseline's stream is the message; a partial sum is copied into it).
@@ -157,9 +165,10 @@ class ChunkModel {
       const int64_t lead = ar ? std::max(s / G * G, s0) : s;
       if (mix) {  // recompute: phase 1 alone (transient weights), norm, core
         const int64_t again = dropped(s);
-        t.alloc(ar ? N_ * m_.phase1_sources(s) * f_ : 0);
+        const int64_t alone = ar && !one_pass ? N_ * m_.phase1_sources(s) * f_ : 0;
+        t.alloc(alone);
         t.alloc(again);
-        t.free(ar ? N_ * m_.phase1_sources(s) * f_ : 0);
+        t.free(alone);
       }
       // Gradient temporaries of f_s, then du; the norm backward writes d_o.
       const int64_t tmp = s % 2 == 0 ? attn(s / 2).bwd_tmp : mlp(s / 2).bwd_tmp;
@@ -175,7 +184,7 @@ class ChunkModel {
       }
       t.free(Nd);  // du
       // The record goes (all but the leader's phase-1 record and d_o).
-      t.free(Nd + norm_stats(s) + core(s) + (ar ? Nd : 0));
+      t.free(Nd + norm_stats(s) + core(s) + (ar ? Nd + qrows : 0));
       // y of the sublayer before is freed with this record's reference to it
       // (partial sums and the stream; completed blocks stay in the store).
       if (s > s0 && !(ar && (s - 1) % S == S - 1)) t.free(Nd);

@@ -67,6 +67,27 @@ TEST_CASE("training FLOPs per token = hand counts for GPT-2 124M (our MLP)", "[f
   // 325 x 768 = 2,995,200 more: 801,027,072.
   CHECK(model::training_flops_per_token(with_mode(gpt2, model::ResidualMode::Full), T) ==
         801027072.0);
+
+  // The residual variants (docs/model.md "Residual variants"), on Full:
+  // an input query adds q = W v per Mix, 6 x 25 x 768^2 = 88,473,600:
+  // 889,500,672; scalar weights drop the dots, 6 x 325 x 768 = 1,497,600 over
+  // the baseline: 799,529,472; a window of 8 reads 1 + min(s, 8) sources,
+  // 45 + 16 x 9 = 189 in all: 12 x 189 x 768 = 1,741,824 more: 799,773,696;
+  // heads and a sigmoid split or score the same dots: Full's count.
+  const model::ModelConfig full = with_mode(gpt2, model::ResidualMode::Full);
+  using Q = model::MixQuery;
+  using W = model::MixWeights;
+  using Sc = kernels::MixScore;
+  CHECK(model::training_flops_per_token(testing::with_variant(full, testing::variant(Q::Input)), T) ==
+        889500672.0);
+  CHECK(model::training_flops_per_token(
+            testing::with_variant(full, testing::variant(Q::Static, W::Scalars)), T) == 799529472.0);
+  CHECK(model::training_flops_per_token(
+            testing::with_variant(full, testing::variant(Q::Static, W::Attention, Sc::Softmax, true, 1, 8)),
+            T) == 799773696.0);
+  CHECK(model::training_flops_per_token(
+            testing::with_variant(full, testing::variant(Q::Static, W::Attention, Sc::Sigmoid, true, 4)),
+            T) == 801027072.0);
 }
 
 TEST_CASE("training FLOPs per token = hand counts for a Llama-7B shape", "[flops]") {

@@ -63,6 +63,9 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
       {"model.n_kv_heads", 2}, {"model.d_ff", 80}, {"model.norm_eps", 1e-6},
       {"model.rope_theta", 50000.0}, {"model.tie_embeddings", true}, {"model.residual.mode", "block"},
       {"model.residual.block_size", 2}, {"model.residual.n_blocks", 3},
+      {"model.residual.query", "input"}, {"model.residual.weights", "scalars"},
+      {"model.residual.score", "sigmoid"}, {"model.residual.key_norm", false},
+      {"model.residual.heads", 2}, {"model.residual.window", 3},
       {"model.init_from", "init.safetensors"},
       {"model.moe.experts", 8}, {"model.moe.top_k", 2}, {"model.moe.shared_experts", 1},
       {"model.moe.expert_d_ff", 24}, {"model.moe.router", "softmax"}, {"model.moe.routed_scale", 2.5},
@@ -145,6 +148,8 @@ TEST_CASE("a config with every key parses", "[train][backend]") {
   // transport values above need.
   json one = j;
   one["model"]["residual"].erase("n_blocks");
+  one["model"]["residual"].erase("weights");  // scalars have no query, score, key norm or heads
+  one["model"]["residual"].erase("window");   // a full-mode key (this is block)
   one["model"]["kda"].erase("full_attention_every");  // it and the list exclude each other
   one["optimizer"]["type"] = "adamw";  // Muon with ZeRO-1 is refused (not yet: config.cpp)
   const Config valid = Config::from_json(one, "example.json");
@@ -371,6 +376,45 @@ TEST_CASE("training.logits: auto follows the precision, and bf16 only in a bf16 
   CHECK_THAT(config_error(j), Catch::Contains("training.logits") && Catch::Contains("auto, fp32, bf16"));
   j["training"]["logits"] = "bf16";
   CHECK(read_as_cuda_bf16(j).training.logits == train::Logits::BF16);
+}
+
+TEST_CASE("model.residual variants: where each applies, and left out of the config at defaults",
+          "[train]") {
+  auto with = [](const char* mode, const char* variant) {
+    json j = base();  // block S = 2, d = 32
+    j["model"]["residual"] = json::parse(variant);
+    j["model"]["residual"]["mode"] = mode;
+    if (std::string(mode) == "block") j["model"]["residual"]["block_size"] = 2;
+    return config_error(j);
+  };
+  CHECK(with("full", R"({"query": "input", "score": "sigmoid", "heads": 4, "window": 8})").empty());
+  CHECK(with("block", R"({"key_norm": false, "heads": 16})").empty());
+  CHECK(with("full", R"({"weights": "scalars"})").empty());
+  CHECK_THAT(with("baseline", R"({"score": "sigmoid"})"),
+             Catch::Contains("variants of the AttnRes depth Mix; mode \"baseline\""));
+  CHECK_THAT(with("block", R"({"window": 8})"),
+             Catch::Contains("model.residual.window: the depth window is Full AttnRes's"));
+  CHECK_THAT(with("full", R"({"heads": 3})"), Catch::Contains("model.residual.heads: 3 heads"));
+  CHECK_THAT(with("full", R"({"heads": 0})"), Catch::Contains("model.residual.heads"));
+  CHECK_THAT(with("full", R"({"window": -1})"), Catch::Contains("model.residual.window"));
+  for (const char* v : {R"({"weights": "scalars", "query": "input"})",
+                        R"({"weights": "scalars", "score": "sigmoid"})",
+                        R"({"weights": "scalars", "key_norm": false})",
+                        R"({"weights": "scalars", "heads": 2})"})
+    CHECK_THAT(with("full", v), Catch::Contains("model.residual.weights: \"scalars\""));
+  CHECK_THAT(with("full", R"({"score": "tanh"})"),
+             Catch::Contains("unknown value \"tanh\" (expected softmax, sigmoid)"));
+  // The resolved config: no variant keys at the defaults (an AttnRes config
+  // is what it was before them), all of them once one is set.
+  json plain = base();
+  const json r0 = Config::from_json(plain, "a.json").to_json();
+  CHECK(!r0["model"]["residual"].contains("query"));
+  CHECK(!r0["model"]["residual"].contains("window"));
+  plain["model"]["residual"]["key_norm"] = false;
+  const json r1 = Config::from_json(plain, "a.json").to_json();
+  CHECK(r1["model"]["residual"]["key_norm"] == false);
+  CHECK(r1["model"]["residual"]["query"] == "static");
+  CHECK(r1["model"]["residual"]["heads"] == 1);
 }
 
 TEST_CASE("model.kda: bad hybrid settings name the key and the reason", "[train]") {

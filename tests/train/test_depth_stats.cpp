@@ -57,13 +57,13 @@ double loss_with_hook(const ModelConfig& c, const reference::ParamFn& P,
     Seq partial;
     for (size_t s = 0; s < L2; ++s) {
       const size_t i = s % S;
-      const Vec w = P(reference::lp(s / 2, s % 2 == 0 ? "attn_res.query" : "mlp_res.query"));
+      const std::string pre = reference::lp(s / 2, s % 2 == 0 ? "attn_res." : "mlp_res.");
       Seq x(T);
       for (size_t t = 0; t < T; ++t) {
         std::vector<Vec> src;
         for (const auto& b : blocks) src.push_back(b[t]);
         if (i > 0) src.push_back(partial[t]);
-        x[t] = reference::mix(w, src, c.norm_eps);
+        x[t] = reference::depth_mix(c, P, pre, src);
       }
       Seq y = reference::sublayer(c, P, s, x);
       hook(s, y);
@@ -74,12 +74,11 @@ double loss_with_hook(const ModelConfig& c, const reference::ParamFn& P,
         partial.clear();
       }
     }
-    const Vec w = P("model.final_res.query");
     for (size_t t = 0; t < T; ++t) {
       std::vector<Vec> src;
       for (const auto& b : blocks) src.push_back(b[t]);
       if (!partial.empty()) src.push_back(partial[t]);
-      z[t] = reference::mix(w, src, c.norm_eps);
+      z[t] = reference::depth_mix(c, P, "model.final_res.", src);
     }
   }
   const Vec g = P("model.norm.weight");
