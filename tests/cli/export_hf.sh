@@ -101,6 +101,16 @@ run_case block_uneven_tied --model.n_layers=3 --model.n_kv_heads=2 --model.tie_e
 run_case block_nblocks_gqa --model.n_layers=4 --model.n_kv_heads=1 \
   --model.residual='{"mode": "block", "n_blocks": 3}'
 grep -q '"n_blocks": 3' hf_block_nblocks_gqa/config.json || fail "n_blocks missing from config.json"
+# The residual variants (docs/model.md "Residual variants"), each key away
+# from its default in one export at least: an input query with sigmoid
+# weights over 2 heads in Block mode; scalar weights in Full; raw keys with a
+# depth window of 3 over 4 heads in Full.
+run_case variant_block_input_sigmoid_heads --model.n_layers=3 \
+  --model.residual='{"mode": "block", "block_size": 2, "query": "input", "score": "sigmoid", "heads": 2}'
+run_case variant_full_scalars --model.n_layers=2 --model.residual='{"mode": "full", "weights": "scalars"}'
+run_case variant_full_window_raw_keys --model.n_layers=3 --model.n_kv_heads=2 \
+  --model.residual='{"mode": "full", "key_norm": false, "window": 3, "heads": 4}'
+grep -q '"window": 3' hf_variant_full_window_raw_keys/config.json || fail "window missing from config.json"
 # Mixture-of-experts models under DeepSeek-V3's names: sigmoid routing with a
 # shared expert and the aux-free bias (a rate that moves the choice within 40
 # steps: the export must carry the bias and the modeling code use it); softmax

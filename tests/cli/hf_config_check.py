@@ -57,6 +57,12 @@ def expected(m):
         attn_res["block_size"] = S
     if residual.get("n_blocks", 0) > 0:
         attn_res["n_blocks"] = residual["n_blocks"]
+    # A residual variant (the resolved config has its keys only when one is
+    # set): all six, under the config keys' names.
+    variant = ("query", "weights", "score", "key_norm", "heads", "window")
+    if any(k in residual for k in variant):
+        for k in variant:
+            attn_res[k] = residual[k]
     out["attn_res"] = attn_res
     if moe is not None:
         o = dict(MOE_DEFAULTS, **moe)

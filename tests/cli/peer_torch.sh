@@ -106,6 +106,16 @@ run_case block --model.n_layers=3 --model.residual='{"mode": "block", "block_siz
   --schedule.type=wsd --schedule.decay_ratio=0.4 --schedule.warmup_steps=1
 # Full AttnRes, 4 query heads on 1 KV head, cosine down to 0.
 run_case full --model.n_kv_heads=1 --model.residual='{"mode": "full"}' --schedule.min_lr_ratio=0
+# The residual variants (docs/model.md "Residual variants"), one each, and
+# an input query under Muon (its W is AdamW's in both, never decayed).
+run_case variant_input_query --model.residual='{"mode": "full", "query": "input"}'
+run_case variant_scalars --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 4, "weights": "scalars"}'
+run_case variant_sigmoid --model.residual='{"mode": "full", "score": "sigmoid"}'
+run_case variant_raw_keys --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 2, "key_norm": false}'
+run_case variant_heads --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 4, "heads": 4}'
+run_case variant_window --model.n_layers=3 --model.residual='{"mode": "full", "window": 2}'
+run_case variant_input_query_muon --optimizer.type=muon --optimizer.momentum=0.9 \
+  --model.residual='{"mode": "block", "block_size": 2, "query": "input", "heads": 2}'
 # Mixture-of-experts layers, a PyTorch user's loop over experts, in the three
 # modes: sigmoid routing with a shared expert, a capacity that drops slots and
 # an aux-free bias fast enough to change the choice within the 5 steps;
