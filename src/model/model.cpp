@@ -135,6 +135,10 @@ void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad
       recompute_sublayer(s, a, acts.sub[lead - 2 * l0], acts.B, acts.T);
     }
     sublayer_backward(s, a, g, acts);
+    if (cfg_.one_pass_mix()) {  // its Mix's backward is done too: nothing is left to keep
+      a = SublayerActs{};
+      continue;
+    }
     // Free as we go: the group's phase-1 backward (at its leader) needs only
     // the leader's record and every member's d_o and dlse row.
     SublayerActs rest;

@@ -105,4 +105,16 @@ check 4 $shape --model.residual.mode=block --optimizer.type=muon --parallel.pipe
 # shellcheck disable=SC2086
 check 2 $shape --model.residual.mode=block "$moe" --optimizer.type=muon --parallel.data=2 \
   --training.grad_accum=2 --parallel.zero=1
+# The residual variants' one-pass Mix: its weights [N, H, k] and an input
+# query's rows per sublayer, every recompute mode; a window; a pipeline.
+for rc in none mix layer; do
+  # shellcheck disable=SC2086
+  check 1 $shape --model.residual='{"mode": "block", "block_size": 3, "query": "input", "heads": 4}' \
+    --training.recompute=$rc
+  # shellcheck disable=SC2086
+  check 1 $shape --model.residual='{"mode": "full", "score": "sigmoid", "window": 4}' --training.recompute=$rc
+done
+# shellcheck disable=SC2086
+check 4 $shape --model.residual='{"mode": "full", "weights": "scalars"}' --parallel.pipeline=4 \
+  --parallel.virtual_stages=2
 pass "inspect memory within 10% of the measured activation high-water, 1% of the resident state"
