@@ -98,6 +98,21 @@ int inspect_attention(const Args& args) {
   json out = {{"mode", model::residual_mode_name(cfg.model.mode)},
               {"block_size", cfg.model.resolved_block_size()},
               {"rows", mean}};
+  // A depth window reads the embedding and the W most recent outputs: which
+  // ones, per row, as indices into [b_0 = embedding, b_1 = y_0, ...]. (Sigmoid
+  // weights need not sum to one; heads are averaged.)
+  const model::ResidualVariant& v = cfg.model.variant;
+  if (v.window > 0) {
+    json sources = json::array();
+    for (int64_t s = 0; s <= cfg.model.n_sublayers(); ++s) {
+      json row = {0};
+      for (int64_t j = std::max<int64_t>(1, s - v.window + 1); j <= s; ++j) row.push_back(j);
+      sources.push_back(row);
+    }
+    out["window"] = v.window;
+    out["sources"] = sources;
+  }
+  if (cfg.model.one_pass_mix()) out["score"] = model::mix_score_name(v.score);
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }
