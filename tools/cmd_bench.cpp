@@ -10,6 +10,7 @@
 // largest the GPU holds (--batch auto, sized by the memory planner). A default
 // S or N larger than the model's 2L sublayers is cut to 2L, so --layers alone
 // always gives a model that runs.
+#include <functional>
 #include <omp.h>
 
 #include <algorithm>
@@ -179,7 +180,7 @@ const char* kHelp =
     "  [--batch 8|auto] [--grad-accum 1] [--block-size 4 | --n-blocks N]\n"
     "  [--recompute none|mix|layer|all] [--logits auto|fp32|bf16] [--attention own|auto|cudnn]\n"
     "  [--cuda-graphs] [--kernels [--only TEXT]] [--moe E,K,Fe[,shared]] [--optimizer adamw|muon]\n"
-    "  [--hybrid H,K[,conv] [--mla r,dn,dr,dv]]\n"
+    "  [--hybrid H,K[,conv] [--mla r,dn,dr,dv]] [--variants]\n"
     "  [--gpu-memory GiB] [--plan]\n"
     "       attnres bench --kda [--batch 1] [--seq-len 512] [--heads 4] [--head-dim 128] [--steps 5]\n"
     "Training throughput (forward, backward, AdamW) on synthetic tokens, one row per residual\n"
@@ -189,6 +190,10 @@ const char* kHelp =
     "attention in every 4th layer and the last (GQA, or MLA of latent r, dims dn + dr, dv with --mla).\n"
     "--moe: every layer's MLP a mixture of E experts of width Fe, K per token, plus `shared`\n"
     "shared experts (model.moe, dense_layers 0): the activated MLP of --d-ff (K + shared) Fe.\n"
+    "--variants: the residual variants of the paper's Table 4 (model.residual) instead of the\n"
+    "modes: Full, then Full with an input query, scalar weights, sigmoid, raw keys and a window\n"
+    "of 8; Block S, with 16 heads (or the most that divide d) and with raw keys; \"vs base\" is\n"
+    "against Full (the first row).\n"
     "--optimizer: optimizer.type (muon: Muon for the layers' matrices); a line after the table\n"
     "gives each row's optimizer update (Newton-Schulz included) as its share of the step.\n"
     "--kernels times each CUDA op at the model's shapes against its floors\n"
@@ -211,6 +216,38 @@ const char* kHelp =
     "--kda times the KDA core on the CPU (kernels/kda.h): the chunkwise forward and backward\n"
     "and the token-by-token recurrence, each against its FLOP and byte floors.";
 
+// --variants: Full and each of its Table 4 variants, then Block S and its
+// own (heads: the paper's 16 where they divide d, else the most that do).
+std::vector<RunSpec> variant_runs(const model::ModelConfig& c, int64_t S, model::Recompute r,
+                                  train::OptimizerType optimizer) {
+  using model::MixQuery;
+  using model::MixWeights;
+  std::vector<RunSpec> runs;
+  auto add = [&](const std::string& label, model::ResidualMode mode,
+                 const std::function<void(model::ResidualVariant&)>& set) {
+    model::ModelConfig mc = c;
+    mc.mode = mode;
+    if (mode == model::ResidualMode::Block) mc.block_size = S;
+    set(mc.variant);
+    mc.validate();
+    runs.push_back({label, mc, r, optimizer});
+  };
+  int64_t H = 16;
+  while (c.d_model % H != 0) --H;
+  const std::string block = "block S=" + std::to_string(S);
+  add("full", model::ResidualMode::Full, [](model::ResidualVariant&) {});
+  add("full + input query", model::ResidualMode::Full, [](auto& v) { v.query = MixQuery::Input; });
+  add("full + scalar weights", model::ResidualMode::Full, [](auto& v) { v.weights = MixWeights::Scalars; });
+  add("full + sigmoid", model::ResidualMode::Full, [](auto& v) { v.score = kernels::MixScore::Sigmoid; });
+  add("full, raw keys", model::ResidualMode::Full, [](auto& v) { v.key_norm = false; });
+  add("full, window 8", model::ResidualMode::Full, [](auto& v) { v.window = 8; });
+  add(block, model::ResidualMode::Block, [](model::ResidualVariant&) {});
+  add(block + " + " + std::to_string(H) + " heads", model::ResidualMode::Block,
+      [H](auto& v) { v.heads = H; });
+  add(block + ", raw keys", model::ResidualMode::Block, [](auto& v) { v.key_norm = false; });
+  return runs;
+}
+
 }  // namespace
 
 int cmd_bench(const Args& args) {
@@ -220,7 +257,7 @@ int cmd_bench(const Args& args) {
            "preset", "only", "recompute", "logits", "attention", "gpu-memory", "moe", "optimizer",
            "hybrid", "mla",
            "head-dim"},
-          {"help", "kernels", "plan", "cuda-graphs", "kda"});
+          {"help", "kernels", "plan", "cuda-graphs", "kda", "variants"});
   if (f.has("help")) {
     std::puts(kHelp);
     return 0;
@@ -346,8 +383,13 @@ int cmd_bench(const Args& args) {
   const bool all = which == "all";
   const model::ResidualMode only = all ? model::ResidualMode::Baseline
                                        : model::parse_residual_mode(which, "bench: --mode (or all)");
+  if (f.has("variants")) {
+    if (f.has("mode")) fail("bench: --variants runs Full and Block with their variants; drop --mode");
+    runs = variant_runs(c, S, recomputes.front(), optimizer);
+  }
   for (const model::ResidualMode mode :
        {model::ResidualMode::Baseline, model::ResidualMode::Block, model::ResidualMode::Full}) {
+    if (f.has("variants")) break;
     if (!all && mode != only) continue;
     model::ModelConfig mc = c;
     mc.mode = mode;
@@ -488,7 +530,7 @@ int cmd_bench(const Args& args) {
   }
 
   // "vs base": against the first row (the baseline with --mode all; the
-  // mode without recomputation with --recompute all).
+  // mode without recomputation with --recompute all; Full with --variants).
   const double base_ms = results.size() > 1 ? results[0].sec * 1e3 : 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
