@@ -44,12 +44,16 @@ void write_outputs(const SweepPlan& plan, const SweepOptions& opt) {
   const std::string csv = (fs::path(plan.out_dir) / "results.csv").string();
   const std::string fits_path = (fs::path(plan.out_dir) / "fits.json").string();
   write_text_file_atomic(csv, results_csv(plan, outcomes));
-  const json fits = fit_sweep(plan, outcomes);
+  json fits = fit_sweep(plan, outcomes);
+  if (!plan.ablation_reference.empty()) fits["ablation"] = ablation_sweep(plan, outcomes);
   write_text_file_atomic(fits_path, fits.dump(2) + "\n");
   const auto done = std::count_if(outcomes.begin(), outcomes.end(),
                                   [](const RunOutcome& o) { return o.status == "done"; });
   spdlog::info("sweep: {} of {} runs complete; wrote {} and {}", done, plan.runs.size(), csv, fits_path);
-  std::printf("%s", fits_table(fits).c_str());
+  // An ablation sweep compares its modes at one point: its table, not the
+  // power laws (which need several points per mode).
+  std::printf("%s", fits.contains("ablation") ? ablation_table(fits["ablation"]).c_str()
+                                              : fits_table(fits).c_str());
   std::fflush(stdout);
   if (!opt.plots || done == 0) return;
   if (!fs::exists(plan.plot_script)) {

@@ -7,6 +7,8 @@
 #include <map>
 #include <sstream>
 
+#include <boost/math/distributions/students_t.hpp>
+
 #include "core/error.h"
 #include "train/fit.h"
 
@@ -241,6 +243,148 @@ std::string fits_table(const json& fits) {
     os << "  " << it.key() << ": " << fmt_g(s["geomean_multiplier_measured"].get<double>(), 3)
        << "x (geometric mean over " << s["points"].get<int>() << " points), 95% interval "
        << interval(s.value("ci95", json())) << ": " << s["verdict"].get<std::string>() << "\n";
+  }
+  return os.str();
+}
+
+namespace {
+// The mean of xs and its 95% Student-t interval (none below two values).
+struct MeanInterval {
+  double mean = NAN, lo = NAN, hi = NAN;
+  size_t n = 0;
+};
+MeanInterval t_interval(const std::vector<double>& xs) {
+  MeanInterval m;
+  m.n = xs.size();
+  if (xs.empty()) return m;
+  double sum = 0;
+  for (double x : xs) sum += x;
+  m.mean = sum / static_cast<double>(xs.size());
+  if (xs.size() < 2) return m;
+  double ss = 0;
+  for (double x : xs) ss += (x - m.mean) * (x - m.mean);
+  const double n = static_cast<double>(xs.size());
+  const boost::math::students_t t(n - 1);
+  const double half = boost::math::quantile(boost::math::complement(t, 0.025)) *
+                      std::sqrt(ss / (n - 1) / n);
+  m.lo = m.mean - half;
+  m.hi = m.mean + half;
+  return m;
+}
+
+json interval_json(const MeanInterval& m) {
+  return std::isfinite(m.lo) ? json::array({m.lo, m.hi}) : json(nullptr);
+}
+
+// Row minus `other`, seed by seed over the seeds both completed.
+json paired_difference(const std::map<int64_t, double>& row, const std::map<int64_t, double>& other,
+                       const std::string& other_name, double paper_row, double paper_other) {
+  std::vector<double> d;
+  for (const auto& [seed, loss] : row)
+    if (auto it = other.find(seed); it != other.end()) d.push_back(loss - it->second);
+  const MeanInterval m = t_interval(d);
+  json out = {{"of", other_name}, {"pairs", m.n}, {"diff", finite_or_null(m.mean)},
+              {"ci95", interval_json(m)}};
+  out["verdict"] = !std::isfinite(m.lo) ? "no interval (fewer than two paired seeds)"
+                   : m.hi < 0           ? "ahead of " + other_name + " at 95%"
+                   : m.lo > 0           ? "behind " + other_name + " at 95%"
+                                        : "not distinguishable from " + other_name + " at 95%";
+  if (std::isfinite(paper_row) && std::isfinite(paper_other)) out["paper_diff"] = paper_row - paper_other;
+  return out;
+}
+}  // namespace
+
+json ablation_sweep(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes) {
+  ATTNRES_CHECK(outcomes.size() == plan.runs.size(), "ablation_sweep: one outcome per run");
+  std::map<std::string, std::map<int64_t, double>> losses;  // mode -> seed -> final loss
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    const double loss = run_loss(plan, outcomes[i]);
+    if (outcomes[i].status == "done" && std::isfinite(loss))
+      losses[plan.runs[i].mode][plan.runs[i].seed] = loss;
+  }
+  auto paper = [&](const std::string& mode) {
+    const auto it = plan.paper.find(mode);
+    return it == plan.paper.end() ? NAN : it->second;
+  };
+  const std::string& ref = plan.ablation_reference;
+  const std::string& base = plan.baseline_mode;
+  json out = {{"loss", plan.fit_loss == "val" ? "val_loss" : "train_loss"},
+              {"reference", ref},
+              {"baseline", base},
+              {"interval", "95%, Student t over seeds; differences paired by seed"},
+              {"rows", json::array()}};
+  for (const std::string& mode : plan.modes) {
+    const auto& mine = losses[mode];
+    std::vector<double> xs;
+    for (const auto& [seed, loss] : mine) xs.push_back(loss);
+    const MeanInterval m = t_interval(xs);
+    json row = {{"mode", mode}, {"seeds", m.n}, {"loss", finite_or_null(m.mean)},
+                {"ci95", interval_json(m)}, {"paper", finite_or_null(paper(mode))}};
+    if (mode != ref) row["vs_reference"] = paired_difference(mine, losses[ref], ref, paper(mode), paper(ref));
+    if (!base.empty() && mode != base)
+      row["vs_baseline"] = paired_difference(mine, losses[base], base, paper(mode), paper(base));
+    out["rows"].push_back(row);
+  }
+  return out;
+}
+
+std::string ablation_table(const json& a) {
+  std::ostringstream os;
+  const std::string ref = a["reference"].get<std::string>(), base = a["baseline"].get<std::string>();
+  os << "ablation table (final " << a["loss"].get<std::string>() << "; " << a["interval"].get<std::string>()
+     << "; verdicts: lower loss = ahead)\n";
+  auto num = [](const json& j, const char* k) {
+    return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN;
+  };
+  auto interval = [](const json& ci) {
+    if (!ci.is_array()) return std::string("-");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%+.4f..%+.4f", ci[0].get<double>(), ci[1].get<double>());
+    return std::string(buf);
+  };
+  auto signed4 = [](double v) {
+    if (!std::isfinite(v)) return std::string("-");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%+.4f", v);
+    return std::string(buf);
+  };
+  auto verdict = [](const json& d) {
+    const std::string v = d["verdict"].get<std::string>();
+    return v.rfind("ahead", 0) == 0 ? "ahead" : v.rfind("behind", 0) == 0 ? "behind"
+                                             : v.rfind("not", 0) == 0      ? "n.d."
+                                                                           : "-";
+  };
+  put(os, "  %-22s %5s %8s %17s | %8s %17s %6s %8s | %8s %17s %6s %8s | %6s\n", "row", "seeds",
+      "loss", "95% interval", ("- " + ref).c_str(), "95% interval", "", "paper",
+      ("- " + base).c_str(), "95% interval", "", "paper", "paper");
+  for (const json& r : a["rows"]) {
+    const double loss = num(r, "loss");
+    std::string lo_hi = "-";
+    if (r["ci95"].is_array()) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.4f..%.4f", r["ci95"][0].get<double>(), r["ci95"][1].get<double>());
+      lo_hi = buf;
+    }
+    std::string cols[2][4];
+    const char* keys[2] = {"vs_reference", "vs_baseline"};
+    for (int c = 0; c < 2; ++c) {
+      if (!r.contains(keys[c])) {
+        for (auto& x : cols[c]) x = "";
+        cols[c][0] = "-";
+        continue;
+      }
+      const json& d = r[keys[c]];
+      cols[c][0] = signed4(num(d, "diff"));
+      cols[c][1] = interval(d["ci95"]);
+      cols[c][2] = verdict(d);
+      cols[c][3] = signed4(num(d, "paper_diff"));
+    }
+    put(os, "  %-22s %5lld %8s %17s | %8s %17s %6s %8s | %8s %17s %6s %8s | %6s\n",
+        r["mode"].get<std::string>().c_str(), (long long)r["seeds"].get<int64_t>(),
+        std::isfinite(loss) ? fmt_g(loss, 5).c_str() : "-", lo_hi.c_str(), cols[0][0].c_str(),
+        cols[0][1].c_str(), cols[0][2].c_str(), cols[0][3].c_str(), cols[1][0].c_str(),
+        cols[1][1].c_str(), cols[1][2].c_str(), cols[1][3].c_str(),
+        std::isfinite(num(r, "paper")) ? fmt_g(num(r, "paper"), 4).c_str() : "-");
   }
   return os.str();
 }

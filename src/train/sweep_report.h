@@ -21,6 +21,17 @@ nlohmann::json fit_sweep(const SweepPlan& plan, const std::vector<RunOutcome>& o
 // fits.json rendered as the table `attnres sweep` prints.
 std::string fits_table(const nlohmann::json& fits);
 
+// An ablation sweep (SweepPlan::ablation_reference; docs/sweeps.md, "The
+// ablation table"): per mode in file order, its final loss's mean over its
+// completed seeds with a 95% Student-t interval, and its differences from the
+// reference mode and from the baseline, paired by seed (the same seed: the
+// same initial draw and data order), each with a 95% t-interval and a
+// verdict (ahead: lower loss; behind; not distinguishable), with the row's
+// published loss and the published differences beside them.
+nlohmann::json ablation_sweep(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes);
+// The same as the table `attnres sweep` prints (the paper's Table 4 layout).
+std::string ablation_table(const nlohmann::json& ablation);
+
 // results.csv: one row per run (docs/sweeps.md lists the columns).
 std::string results_csv(const SweepPlan& plan, const std::vector<RunOutcome>& outcomes);
 // The plan as a table (attnres sweep --dry-run).

@@ -100,12 +100,25 @@ struct ModeSpec {
   json residual;          // model.residual of its runs
   bool baseline = false;  // residual mode "baseline"
   json config = json::object();  // more config keys of its runs (e.g. optimizer.type)
+  double paper = NAN;     // "paper": the published loss of the row (the ablation table's)
 };
+
+// model.residual's keys a mode may set besides mode, block_size and n_blocks:
+// the residual variants (docs/model.md "Residual variants"), checked by the
+// config's own validation.
+const std::vector<std::string> kModeResidualKeys = {"query", "weights", "score",
+                                                    "key_norm", "heads", "window"};
 
 ModeSpec parse_mode(const json& m, size_t i, const std::string& source) {
   const std::string where = "modes[" + std::to_string(i) + "]";
-  check_keys(m, where, {"name", "mode", "block_size", "n_blocks", "config"}, source);
+  std::set<std::string> keys = {"name", "mode", "block_size", "n_blocks", "config", "paper"};
+  keys.insert(kModeResidualKeys.begin(), kModeResidualKeys.end());
+  check_keys(m, where, keys, source);
   ModeSpec spec;
+  if (m.contains("paper")) {
+    if (!m["paper"].is_number()) fail(source, ": '", where, ".paper' must be a number (a loss), got ", m["paper"].dump());
+    spec.paper = m["paper"].get<double>();
+  }
   if (m.contains("config")) {
     if (!m["config"].is_object()) fail(source, ": '", where, ".config' must be an object");
     if (find_path(m["config"], "model.residual"))
@@ -129,6 +142,8 @@ ModeSpec parse_mode(const json& m, size_t i, const std::string& source) {
       fail(source, ": '", where, "': block_size / n_blocks apply to block mode only");
     spec.name = mode;
   }
+  for (const std::string& k : kModeResidualKeys)
+    if (m.contains(k)) spec.residual[k] = m[k];
   spec.name = get_string(m, "name", where, source, spec.name, false);
   check_name(spec.name, where + ".name", source);
   return spec;
@@ -213,7 +228,7 @@ SweepRun make_run(const SweepPlan& plan, const RunSpec& spec, double warmup_frac
 SweepPlan parse_sweep(const json& j, const std::string& source,
                       const std::vector<std::string>& overrides) {
   check_keys(j, "", {"description", "out_dir", "base", "sizes", "modes", "tokens", "seeds",
-                     "warmup_fraction", "fit", "plots"}, source);
+                     "warmup_fraction", "fit", "plots", "ablation"}, source);
   SweepPlan plan;
   plan.source = source;
   plan.out_dir = get_string(j, "out_dir", "", source, "", true);
@@ -266,6 +281,7 @@ SweepPlan parse_sweep(const json& j, const std::string& source,
         fail(source, ": 'modes[", i, "]': two modes are named \"", modes.back().name,
              "\" (give one a \"name\")");
     plan.modes.push_back(modes.back().name);
+    if (std::isfinite(modes.back().paper)) plan.paper[modes.back().name] = modes.back().paper;
   }
 
   // Fit settings.
@@ -283,6 +299,14 @@ SweepPlan parse_sweep(const json& j, const std::string& source,
       fail(source, ": 'fit.baseline' = \"", baseline, "\" is not one of the modes' names");
   }
   plan.baseline_mode = baseline;
+  if (j.contains("ablation")) {
+    const json& a = j["ablation"];
+    check_keys(a, "ablation", {"reference"}, source);
+    plan.ablation_reference = get_string(a, "reference", "ablation", source, "", true);
+    if (std::find(plan.modes.begin(), plan.modes.end(), plan.ablation_reference) == plan.modes.end())
+      fail(source, ": 'ablation.reference' = \"", plan.ablation_reference,
+           "\" is not one of the modes' names");
+  }
   if (j.contains("plots")) {
     const json& p = j["plots"];
     check_keys(p, "plots", {"python", "script"}, source);
@@ -341,6 +365,13 @@ SweepPlan parse_sweep(const json& j, const std::string& source,
         }
   }
   if (!seeded) plan.seeds = {plan.runs.front().seed};
+  // The ablation table compares one point per mode (one size, one budget):
+  // equal compute, the seeds its replicates.
+  if (!plan.ablation_reference.empty() &&
+      plan.runs.size() != plan.modes.size() * plan.seeds.size())
+    fail(source, ": 'ablation' compares the modes at one point (one size and one token budget, "
+         "the same for every mode); this sweep has ", plan.runs.size() / plan.modes.size() / plan.seeds.size(),
+         " points per mode");
   return plan;
 }
 

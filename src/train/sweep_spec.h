@@ -10,6 +10,7 @@
 //   <out_dir>/results.csv, fits.json, plots/*.png
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,12 @@ struct SweepPlan {
   int bootstrap = 2000;              // bootstrap replicates for the multipliers' intervals
   std::vector<std::string> modes;    // mode names in file order
   std::string baseline_mode;         // the mode the multipliers are relative to ("" = none)
+  // An ablation sweep ("ablation": {"reference": MODE}): the report's table
+  // of each mode's loss and its differences from the reference and the
+  // baseline mode (sweep_report.h, ablation_table), with each mode's
+  // published loss ("paper") beside it.
+  std::string ablation_reference;
+  std::map<std::string, double> paper;
   std::string fit_loss = "val";      // "val" or "train": which final loss the fits use
   std::string python = "/usr/bin/python3", plot_script = "scripts/plot_sweep.py";
 };

@@ -442,6 +442,82 @@ TEST_CASE("seeds: every point once per seed, fits and multipliers on the seeds' 
   CHECK_THAT(csv, Contains("\na_full_320_s9,a_full_320,a,full,9,full,"));
 }
 
+TEST_CASE("ablation: one point per mode, t-intervals, paired differences, the paper beside",
+          "[sweep]") {
+  TempDir d;
+  json j = tiny_sweep(d);
+  j["base"]["training"].erase("seed");
+  j["seeds"] = {1, 2, 3};
+  j["sizes"] = json::parse(R"([{"name": "a", "model": {"d_model": 16, "n_layers": 2, "d_ff": 32},
+                               "tokens": [320]}])");
+  j["modes"] = json::parse(R"([{"mode": "baseline", "paper": 1.766},
+                               {"name": "full", "mode": "full", "paper": 1.737},
+                               {"name": "full_sigmoid", "mode": "full", "score": "sigmoid", "paper": 1.741},
+                               {"name": "swa", "mode": "full", "window": 2}])");
+  j["ablation"] = {{"reference", "full"}};
+  const SweepPlan plan = parse_sweep(j, "sweep.json");
+  REQUIRE(plan.runs.size() == 4 * 3);
+  CHECK(plan.runs[6].config.model.variant.score == kernels::MixScore::Sigmoid);
+  CHECK(plan.runs[9].config.model.variant.window == 2);
+  CHECK(plan.paper.at("full_sigmoid") == 1.741);
+  // Per seed: full 2.0 + (0, 0.01, 0.02); baseline 0.1 above full, seed by
+  // seed, plus (0, 0.001, -0.001); full_sigmoid full's plus 0.0005 - its
+  // seed's noise, swa one seed only.
+  const double noise[] = {0.0, 0.01, 0.02};
+  std::vector<RunOutcome> out(plan.runs.size());
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    const auto& r = plan.runs[i];
+    const double full = 2.0 + noise[i % 3];
+    out[i].status = "done";
+    out[i].val_loss = r.mode == "baseline" ? full + 0.1 + (i % 3 == 1 ? 0.001 : i % 3 == 2 ? -0.001 : 0)
+                      : r.mode == "full_sigmoid" ? full + 0.0005 - 0.01 * (i % 3 == 1)
+                                                 : full;
+  }
+  out[10].status = out[11].status = "partial";  // swa: seed 1 alone
+  const json a = ablation_sweep(plan, out);
+  REQUIRE(a["rows"].size() == 4);
+  const json& base = a["rows"][0];
+  CHECK(base["seeds"] == 3);
+  CHECK(base["loss"].get<double>() == Approx(2.11).epsilon(1e-12));
+  // mean +- t(0.975, 2) s / sqrt(3), s = 0.01 (values 2.1, 2.111, 2.119: by hand 0.009539)
+  const double s = std::sqrt((0.01 * 0.01 + 0.001 * 0.001 + 0.009 * 0.009) / 2);
+  CHECK(base["ci95"][1].get<double>() - 2.11 == Approx(4.302652729911275 * s / std::sqrt(3.0)).epsilon(1e-9));
+  const json& vs = base["vs_reference"];  // 0.1, 0.101, 0.099: behind full
+  CHECK(vs["pairs"] == 3);
+  CHECK(vs["diff"].get<double>() == Approx(0.1).epsilon(1e-12));
+  CHECK_THAT(vs["verdict"].get<std::string>(), Contains("behind full at 95%"));
+  CHECK(vs["paper_diff"].get<double>() == Approx(0.029).epsilon(1e-9));
+  CHECK(!a["rows"][1].contains("vs_reference"));  // full itself
+  CHECK_THAT(a["rows"][1]["vs_baseline"]["verdict"].get<std::string>(), Contains("ahead of baseline"));
+  // full_sigmoid: 0.0005, -0.0095, 0.0005 against full: not distinguishable.
+  CHECK_THAT(a["rows"][2]["vs_reference"]["verdict"].get<std::string>(),
+             Contains("not distinguishable from full"));
+  const json& swa = a["rows"][3];
+  CHECK(swa["seeds"] == 1);
+  CHECK(swa["ci95"].is_null());
+  CHECK(swa["paper"].is_null());
+  CHECK_THAT(swa["vs_reference"]["verdict"].get<std::string>(), Contains("no interval"));
+  const std::string table = ablation_table(a);
+  CHECK_THAT(table, Contains("full_sigmoid") && Contains("behind") && Contains("n.d.") &&
+                        Contains("1.766") && Contains("+0.0290"));
+
+  // Errors: a reference that is no mode; more than one point per mode; a bad paper value.
+  json bad = j;
+  bad["ablation"]["reference"] = "nope";
+  CHECK_THROWS_WITH(parse_sweep(bad, "s.json"), Contains("'ablation.reference' = \"nope\""));
+  bad = j;
+  bad["sizes"][0]["tokens"] = {320, 640};
+  CHECK_THROWS_WITH(parse_sweep(bad, "s.json"), Contains("2 points per mode"));
+  bad = j;
+  bad["modes"][0]["paper"] = "low";
+  CHECK_THROWS_WITH(parse_sweep(bad, "s.json"), Contains("'modes[0].paper' must be a number"));
+  bad = j;
+  bad["modes"][3]["window"] = 2;
+  bad["modes"][3]["mode"] = "block";
+  bad["modes"][3]["block_size"] = 2;
+  CHECK_THROWS_WITH(parse_sweep(bad, "s.json"), Contains("model.residual.window"));
+}
+
 TEST_CASE("a started run whose config the sweep file now changes is reported", "[sweep]") {
   TempDir d;
   const SweepPlan plan = parse_sweep(tiny_sweep(d), "sweep.json");
