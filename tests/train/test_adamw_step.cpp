@@ -166,8 +166,8 @@ bool close(double got, double want, double tol, double scale) {
 // or D with one ZeroShard each, every replica on its own copy of the table
 // as ZeRO-1's data-parallel ranks are) and the reference; after each step,
 // compares every element each replica owns: weight, first and second moment.
-void run_scenario(DType dt, const train::OptimizerConfig& oc, int D) {
-  const model::ModelConfig cfg = tiny_config();
+void run_scenario(DType dt, const train::OptimizerConfig& oc, int D,
+                  const model::ModelConfig& cfg = tiny_config()) {
   const int replicas = D == 0 ? 1 : D;
 
   // The reference's tensors: random weights (the gains and queries too, which
@@ -179,7 +179,10 @@ void run_scenario(DType dt, const train::OptimizerConfig& oc, int D) {
     for (size_t i = 0; i < shape_of.all().size(); ++i) {
       const model::Param& p = shape_of.all()[i];
       const Tensor w = randn({p.value.numel()}, 77 + i, DType::F64, 0.5);
-      RefTensor r{p.name, p.value.shape().size() >= 2, {}, {}, {}, {}};
+      // Decayed: two or more dims, but the depth Mix's parameters (an input
+      // query's W_l [d, d], docs/model.md "Residual variants").
+      const bool depth = p.name.find("_res.") != std::string::npos;
+      RefTensor r{p.name, p.value.shape().size() >= 2 && !depth, {}, {}, {}, {}};
       for (int64_t j = 0; j < w.numel(); ++j)
         r.p.push_back(dt == DType::F32 ? double(float(at(w, j))) : at(w, j));
       r.m.assign(r.p.size(), 0.0);
@@ -193,7 +196,7 @@ void run_scenario(DType dt, const train::OptimizerConfig& oc, int D) {
   int n_gains = 0, n_queries = 0, n_matrices = 0;
   for (const auto& r : ref) {
     const bool gain = r.name.find("layernorm.weight") != std::string::npos || r.name == "model.norm.weight";
-    const bool query = r.name.find(".query") != std::string::npos;
+    const bool query = r.name.find(".query") != std::string::npos;  // w_l, or W_l (query_proj)
     n_gains += gain;
     n_queries += query;
     n_matrices += r.decay;
@@ -202,6 +205,10 @@ void run_scenario(DType dt, const train::OptimizerConfig& oc, int D) {
   REQUIRE(n_gains == 3);
   REQUIRE(n_queries == 3);
   REQUIRE(n_matrices == 9);
+  const bool input_query = cfg.variant.query == model::MixQuery::Input;
+  REQUIRE(std::count_if(ref.begin(), ref.end(), [](const RefTensor& r) {
+            return r.name.find("query_proj.weight") != std::string::npos;
+          }) == (input_query ? 3 : 0));
 
   // The replicas: each its own table with the same starting weights.
   std::vector<model::ParamTable> tables;
@@ -318,6 +325,17 @@ TEST_CASE("AdamW step = clip_grad_norm_ + torch.optim.AdamW written out in doubl
       INFO(dtype_name(dt) << ", " << name);
       run_scenario(dt, oc, 0);
     }
+}
+
+TEST_CASE("AdamW with an input query: its W_l [d, d] is a depth parameter, never decayed",
+          "[adamw]") {
+  model::ModelConfig cfg = tiny_config();
+  cfg.variant.query = model::MixQuery::Input;
+  cfg.validate();
+  for (const auto& [name, oc] : settings()) {
+    INFO(name);
+    run_scenario(DType::F64, oc, 0, cfg);
+  }
 }
 
 TEST_CASE("AdamW with ZeRO-1 shards: each replica's slice = the reference on its elements",
