@@ -75,7 +75,7 @@ int inspect_attention(const Args& args) {
   Flags f(args, "inspect attention", {"checkpoint", "data", "batches"});
   const std::string dir = f.required("checkpoint", "inspect attention");
   train::Config cfg = train::config_from_checkpoint(dir);
-  if (!cfg.model.attnres())
+  if (!cfg.model.depth_sources())
     fail("inspect attention: the checkpoint's model uses baseline residuals (no depth attention)");
   const int64_t B = cfg.training.micro_batch_size, T = cfg.training.seq_len;
   data::TokenLoader loader(data::resolve_data_spec(f.required("data", "inspect attention"), "--data"),
@@ -113,6 +113,9 @@ int inspect_attention(const Args& args) {
     out["sources"] = sources;
   }
   if (cfg.model.one_pass_mix()) out["score"] = model::mix_score_name(v.score);
+  // DenseFormer: its learnt weights (no tokens involved), a row per average:
+  // before layers 1 .. L-1 over X_0 .. X_l, then the head's over X_0 .. X_L.
+  if (cfg.model.denseformer()) out["rows_are"] = "depth-weighted average weights before layers 1..L-1, then the head's";
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

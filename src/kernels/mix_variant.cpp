@@ -27,8 +27,8 @@ Dims check(const char* op, const Tensor& query, Span<const Tensor> sources, cons
     check_arg(op, ("sources[" + std::to_string(j) + "]").c_str(), sources[j], s0, {dims.N, dims.d});
   if (f.heads < 1 || dims.d % f.heads != 0)
     fail(op, ": ", f.heads, " heads do not divide d = ", dims.d);
-  if (f.logits == MixLogits::Scalars && f.heads != 1)
-    fail(op, ": scalar weights have one head, got ", f.heads);
+  const bool scalars = f.logits == MixLogits::Scalars || f.logits == MixLogits::Weights;
+  if (scalars && f.heads != 1) fail(op, ": scalar weights have one head, got ", f.heads);
   const Shape qshape = f.logits == MixLogits::Query        ? Shape{dims.d}
                        : f.logits == MixLogits::RowQueries ? Shape{dims.N, dims.d}
                                                            : Shape{dims.k};

@@ -9,6 +9,8 @@
 //                                 per row [N, d] (RowQueries: an input query)
 //            = s_j                Scalars: k learnt logits, no query, no key
 //   a_jh     = softmax_j(logit_jh)   or sigmoid(logit_jh), not normalised
+//            = s_j                Weights: the k learnt values are the weights
+//                                 (DenseFormer's depth-weighted average; no score)
 //   out_h    = sum_j a_jh v_jh
 //
 // With the defaults (Query, Softmax, key_norm, one head) this is the Mix of
@@ -23,25 +25,25 @@
 
 namespace attnres::kernels {
 
-enum class MixLogits { Query, RowQueries, Scalars };
+enum class MixLogits { Query, RowQueries, Scalars, Weights };
 enum class MixScore { Softmax, Sigmoid };
 
 struct MixForm {
   MixLogits logits = MixLogits::Query;
   MixScore score = MixScore::Softmax;
   bool key_norm = true;
-  int64_t heads = 1;  // H, dividing d; 1 with Scalars
+  int64_t heads = 1;  // H, dividing d; 1 with Scalars and Weights
 };
 
 // out [N, d]; weights [N, H, k] (statistics' dtype; saved for the backward);
-// query: [d] (Query), [N, d] (RowQueries) or [k] (Scalars); sources: k >= 1
+// query: [d] (Query), [N, d] (RowQueries) or [k] (Scalars, Weights); sources: k >= 1
 // tensors [N, d]; eps: the key norm's.
 void mix_variant_forward(Tensor& out, Tensor& weights, const Tensor& query,
                          Span<const Tensor> sources, const MixForm& form, float eps);
 
 // From dout = dL/dout: dsources[j] += dL/dv_j (through the weights and, with
 // key_norm, through the key's rstd; they may alias each other), dquery +=
-// dL/dquery (its shape; the row sums of Query and Scalars in a fixed order,
+// dL/dquery (its shape; the row sums of Query, Scalars and Weights in a fixed order,
 // whatever the thread count).
 void mix_variant_backward(Span<Tensor> dsources, Tensor& dquery, const Tensor& dout,
                           const Tensor& query, Span<const Tensor> sources, const Tensor& weights,

@@ -13,14 +13,16 @@ const char* residual_mode_name(ResidualMode m) {
     case ResidualMode::Baseline: return "baseline";
     case ResidualMode::Full: return "full";
     case ResidualMode::Block: return "block";
+    case ResidualMode::DenseFormer: return "denseformer";
   }
   return "?";
 }
 
 ResidualMode parse_residual_mode(const std::string& name, const std::string& where) {
-  for (ResidualMode m : {ResidualMode::Baseline, ResidualMode::Full, ResidualMode::Block})
+  for (ResidualMode m : {ResidualMode::Baseline, ResidualMode::Full, ResidualMode::Block,
+                         ResidualMode::DenseFormer})
     if (name == residual_mode_name(m)) return m;
-  fail(where, ": unknown residual mode \"", name, "\" (expected baseline, full or block)");
+  fail(where, ": unknown residual mode \"", name, "\" (expected baseline, full, block or denseformer)");
 }
 
 const char* mix_query_name(MixQuery q) { return q == MixQuery::Input ? "input" : "static"; }
@@ -33,6 +35,10 @@ const char* mix_score_name(kernels::MixScore s) {
 
 kernels::MixForm ModelConfig::mix_form() const {
   kernels::MixForm f;
+  if (denseformer()) {  // the depth-weighted average: its weights as they are
+    f.logits = kernels::MixLogits::Weights;
+    return f;
+  }
   f.logits = variant.weights == MixWeights::Scalars ? kernels::MixLogits::Scalars
              : variant.query == MixQuery::Input     ? kernels::MixLogits::RowQueries
                                                     : kernels::MixLogits::Query;
@@ -69,7 +75,8 @@ int64_t ModelConfig::moe_capacity(int64_t N) const {
 
 int64_t ModelConfig::resolved_block_size() const {
   switch (mode) {
-    case ResidualMode::Baseline: return 0;
+    case ResidualMode::Baseline:
+    case ResidualMode::DenseFormer: return 0;
     case ResidualMode::Full: return 1;
     case ResidualMode::Block:
       if (block_size > 0) return block_size;

@@ -9,8 +9,11 @@
 
 namespace attnres::model {
 
-enum class ResidualMode { Baseline, Full, Block };
-const char* residual_mode_name(ResidualMode m);  // "baseline" | "full" | "block"
+// DenseFormer (Pagliardini et al. 2024; docs/model.md "DenseFormer"): the
+// PreNorm stream inside each layer, and between layers a learnt weighted
+// average of the embedding and every earlier layer's output.
+enum class ResidualMode { Baseline, Full, Block, DenseFormer };
+const char* residual_mode_name(ResidualMode m);  // "baseline" | "full" | "block" | "denseformer"
 // The mode of that name; an error naming `where` (a key or flag) otherwise.
 ResidualMode parse_residual_mode(const std::string& name, const std::string& where);
 
@@ -118,7 +121,13 @@ struct ModelConfig {
 
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t n_sublayers() const { return 2 * n_layers; }
-  bool attnres() const { return mode != ResidualMode::Baseline; }
+  // The AttnRes modes (Full and Block: a softmax Mix before every sublayer).
+  bool attnres() const { return mode == ResidualMode::Full || mode == ResidualMode::Block; }
+  bool denseformer() const { return mode == ResidualMode::DenseFormer; }
+  // Whether the depth state between layers is a list of sources (AttnRes'
+  // b_0 = e and the completed blocks; DenseFormer's X_0 = e and the layers'
+  // outputs X_1 ..), rather than one stream: what the pipeline moves.
+  bool depth_sources() const { return attnres() || denseformer(); }
   // Sublayers per block S: 1 for full, block_size or ceil(2L / n_blocks) for block.
   int64_t resolved_block_size() const;
   // Blocks the 2L sublayers form, the last one possibly partial: ceil(2L / S)
@@ -135,6 +144,8 @@ struct ModelConfig {
   // pass per Mix over all its sources, no two-phase groups (docs/model.md
   // "Residual variants" says why), and its kernel form.
   bool one_pass_mix() const { return attnres() && !variant.is_default(); }
+  // The form of the one-pass Mix: a residual variant's, or DenseFormer's
+  // depth-weighted average (MixLogits::Weights).
   kernels::MixForm mix_form() const;
   // Sublayers whose depth Mix shares one phase-1 pass (kernels/mix.h, "two-phase
   // form"), aligned from sublayer 0: Block AttnRes's block (S), and for Full

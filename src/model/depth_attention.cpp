@@ -6,7 +6,8 @@ namespace attnres::model {
 
 std::vector<std::vector<double>> depth_attention(Model& model, const Tensor& tokens, int64_t B,
                                                  int64_t T) {
-  ATTNRES_CHECK(model.config().attnres(), "depth attention exists only in the AttnRes modes");
+  ATTNRES_CHECK(model.config().depth_sources(),
+                "depth attention exists only in the AttnRes modes and DenseFormer");
   DepthState st;
   Activations acts;
   model.embed_forward(tokens, B, T, st, acts);
@@ -32,6 +33,16 @@ std::vector<std::vector<double>> depth_attention(Model& model, const Tensor& tok
     return m;
   };
   std::vector<std::vector<double>> out;
+  if (model.config().denseformer()) {  // its learnt weights: one row per layer l >= 1, then the head's
+    auto row = [](const Tensor& probs) {
+      const Tensor p64 = probs.to(Device::CPU).to(DType::F64);
+      return std::vector<double>(p64.data<double>(), p64.data<double>() + probs.dim(2));
+    };
+    for (const SublayerActs& a : acts.sub)
+      if (a.mix_probs.defined()) out.push_back(row(a.mix_probs));
+    out.push_back(row(acts.head.mix_probs));
+    return out;
+  }
   if (model.config().one_pass_mix()) {
     // A residual variant's Mix: its weights [N, H, k], averaged over tokens
     // and heads (a sigmoid's need not sum to one; the window's row covers

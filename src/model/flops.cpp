@@ -61,6 +61,13 @@ double forward_flops_per_token(const ModelConfig& c, int64_t T, const ModelParts
 double training_flops_per_token(const ModelConfig& c, int64_t T) {
   // Every term is a whole number below 2^53, so the sums are exact.
   double f = 3 * forward_flops_per_token(c, T);
+  if (c.denseformer()) {
+    // The depth-weighted average before layer l >= 1 and the head's: l + 1
+    // sources, a weighted add each, 2 d forward and 6 d with the backward.
+    double sources = 0;
+    for (int64_t l = 1; l <= c.n_layers; ++l) sources += static_cast<double>(l + 1);
+    f += 6.0 * sources * c.d_model;
+  }
   if (c.attnres()) {
     // Each Mix: k sources x (dot + weighted sum) = 4 k d forward, ~3x with
     // backward; scalar weights have no dot (2 k d forward, 6 k d in all).

@@ -21,7 +21,7 @@ Tensor Model::final_norm(const DepthState& st, Activations& acts) const {
   // (AttnRes), or the stream (baseline); then the final norm.
   SublayerActs& a = acts.head = SublayerActs{};
   const Tensor* w = nullptr;
-  if (cfg_.one_pass_mix()) {
+  if (cfg_.one_pass_mix() || cfg_.denseformer()) {  // (DenseFormer: the average of X_0 .. X_L)
     a.mix_sources = one_pass_sources(st);
     one_pass_forward(a, *w_.final_query);
   } else if (cfg_.attnres()) {
@@ -65,12 +65,12 @@ double Model::head_forward_backward(const DepthState& st, const Tensor& targets,
   grad = DepthGrad{};
   SublayerActs& a = acts.head;
   Param& g_final = *w_.final_norm;
-  if (!cfg_.attnres()) {
+  if (!cfg_.depth_sources()) {
     norm_backward(a, dh, nullptr, g_final, {}, nullptr);
     grad.hidden = a.d_o;
     return loss;
   }
-  if (cfg_.one_pass_mix()) {  // every source's gradient starts at 0 and is added to
+  if (cfg_.one_pass_mix() || cfg_.denseformer()) {  // every source's gradient starts at 0 and is added to
     for (size_t j = 0; j < st.sources.size(); ++j) grad.sources.push_back(zero_act(N, d));
     if (st.partial.defined()) grad.partial = zero_act(N, d);
     norm_backward(a, dh, nullptr, g_final, {}, nullptr);

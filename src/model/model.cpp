@@ -94,8 +94,8 @@ void Model::embed_forward(const Tensor& tokens, int64_t B, int64_t T, DepthState
   Tensor e = new_act(B * T, cfg_.d_model);
   kern::embedding_forward(e, w_.embedding->value, acts.tokens);
   st = DepthState{};
-  if (cfg_.attnres()) {
-    // b_0 = e: the embedding is always a source of its own.
+  if (cfg_.depth_sources()) {
+    // b_0 = e (DenseFormer's X_0): the embedding is always a source of its own.
     Tensor rstd = new_stat({B * T});
     kern::mix_source_rstd(rstd, e, static_cast<float>(cfg_.norm_eps));
     st.sources.push_back(e);
@@ -106,8 +106,8 @@ void Model::embed_forward(const Tensor& tokens, int64_t B, int64_t T, DepthState
 }
 
 void Model::embed_backward(const Activations& acts, DepthGrad& g) {
-  const Tensor& de = cfg_.attnres() ? g.sources.at(0) : g.hidden;
-  if (cfg_.attnres())
+  const Tensor& de = cfg_.depth_sources() ? g.sources.at(0) : g.hidden;
+  if (cfg_.depth_sources())
     ATTNRES_CHECK(g.sources.size() == 1 && !g.partial.defined(),
                   "embed_backward: depth gradient should hold only b_0, has ", g.sources.size());
   kern::embedding_backward(w_.embedding->grad, de, acts.tokens);
@@ -135,7 +135,7 @@ void Model::layers_backward(int64_t l0, int64_t l1, Activations& acts, DepthGrad
       recompute_sublayer(s, a, acts.sub[lead - 2 * l0], acts.B, acts.T);
     }
     sublayer_backward(s, a, g, acts);
-    if (cfg_.one_pass_mix()) {  // its Mix's backward is done too: nothing is left to keep
+    if (cfg_.one_pass_mix() || cfg_.denseformer()) {  // its Mix's backward is done too: nothing is left to keep
       a = SublayerActs{};
       continue;
     }

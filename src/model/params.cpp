@@ -107,6 +107,7 @@ void ParamTable::init(uint64_t seed) {
           const double dt = std::max(1e-4, std::exp(lo + (hi - lo) * random_uniform(seed, stream, static_cast<uint64_t>(i))));
           return dt + std::log(-std::expm1(-dt));  // softplus of it is dt
         }
+        case ParamInit::LastOne: return i == n - 1 ? 1.0 : 0.0;
         case ParamInit::Default: break;
       }
       return p.init_std == 0 ? p.init_value : p.init_std * random_normal(seed, stream, i);
@@ -213,6 +214,13 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
       add(pre + "query", {d}, 0, 0.0, slot, l);
     }
   };
+  // DenseFormer's depth-weighted average before layer i (i = L: the head's),
+  // over X_0 .. X_i (the embedding and layers 0 .. i-1's outputs): i + 1
+  // weights, a_{i,i} = 1 and the rest 0 (the PreNorm stream at the start).
+  auto dwa = [&](const std::string& name, int64_t i, Slot slot, int64_t l) {
+    add(name, {i + 1}, 0, 0.0, slot, l);
+    out.back().init = ParamInit::LastOne;
+  };
   for (int64_t l = parts.layer_begin; l < end; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     add(pre + "input_layernorm.weight", {d}, 0, 1.0, Slot::AttnNorm, l);
@@ -247,9 +255,11 @@ std::vector<ParamShape> param_shapes(const ModelConfig& cfg, const ModelParts& p
       mix_param(pre + "attn_res.", 2 * l, Slot::AttnQuery, l);
       mix_param(pre + "mlp_res.", 2 * l + 1, Slot::MlpQuery, l);
     }
+    if (cfg.denseformer() && l > 0) dwa(pre + "attn_res.dwa", l, Slot::AttnQuery, l);
   }
   if (parts.head) {
     if (cfg.attnres()) mix_param("model.final_res.", cfg.n_sublayers(), Slot::FinalQuery, -1);
+    if (cfg.denseformer()) dwa("model.final_res.dwa", cfg.n_layers, Slot::FinalQuery, -1);
     add("model.norm.weight", {d}, 0, 1.0, Slot::FinalNorm, -1);
     if (!cfg.tie_embeddings) add("lm_head.weight", {V, d}, std, 0, Slot::LmHead, -1);
   }

@@ -17,7 +17,8 @@ namespace attnres::model {
 // section 3), each element a pure function of (seed, the name, its index):
 // KDA's A_log = log U(1, 16) and dt_bias = the inverse softplus of a dt
 // log-uniform in [1e-3, 1e-1] (at least 1e-4), as FLA's KDA layer.
-enum class ParamInit : uint8_t { Default, LogUniform1to16, InverseSoftplusDt };
+// LastOne: 1 at the last element, 0 elsewhere (DenseFormer's weights: a_{i,i} = 1).
+enum class ParamInit : uint8_t { Default, LogUniform1to16, InverseSoftplusDt, LastOne };
 
 // Mixed precision (docs/model.md section 4): a bf16 run computes with bf16 `value`
 // and keeps the fp32 `master` copy that the optimizer updates and checkpoints

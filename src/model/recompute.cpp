@@ -20,9 +20,10 @@ void Model::drop_recomputable(SublayerActs& a) const {
   // without a merge) is recomputed.
   a.mix_o = Tensor();
   a.mix_lse = Tensor();
-  if (cfg_.attnres()) a.x = Tensor();
+  const bool dwa = cfg_.denseformer() && !a.mix_sources.empty();  // a DenseFormer average
+  if (cfg_.attnres() || dwa) a.x = Tensor();
   a.mix_stats = a.norm_rstd = a.u = Tensor();
-  if (cfg_.one_pass_mix()) a.mix_probs = a.mix_q = Tensor();  // one_pass_forward again
+  if (cfg_.one_pass_mix() || cfg_.denseformer()) a.mix_probs = a.mix_q = Tensor();  // one_pass_forward again
   a.h = a.moe_h = Tensor();
   if (recompute_ == Recompute::Layer) {
     a.qkv = a.att = a.lse = a.gu = a.moe_x = a.moe_gu = a.moe_y = Tensor();
@@ -34,7 +35,7 @@ void Model::drop_recomputable(SublayerActs& a) const {
 void Model::recompute_sublayer(int64_t s, SublayerActs& a, const SublayerActs& leader, int64_t B,
                                int64_t T) const {
   const int64_t N = B * T;
-  if (cfg_.one_pass_mix()) {  // the sources it read were kept
+  if (cfg_.one_pass_mix() || (cfg_.denseformer() && !a.mix_sources.empty())) {  // its sources were kept
     one_pass_forward(a, mix_query(s));
   } else if (cfg_.attnres()) {
     // This query's phase 1 alone: its results are the same bits as in the

@@ -117,7 +117,18 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   // phase-1 output (AttnRes, no recent sources: phase 1 saw them all), or its
   // merge with the recent sources; or a residual variant's one-pass Mix.
   const int64_t m = cfg_.attnres() ? cfg_.recent_sources(s) : 0;
-  if (cfg_.one_pass_mix()) {
+  if (cfg_.denseformer()) {
+    // The layer's stream h' (MLP), X_0 = e (layer 0's attention), or the
+    // depth-weighted average of X_0 .. X_l (layer l's attention).
+    if (s % 2 == 1) {
+      a.x = st.hidden;
+    } else if (s == 0) {
+      a.x = st.sources.at(0);
+    } else {
+      a.mix_sources = st.sources;
+      one_pass_forward(a, mix_query(s));
+    }
+  } else if (cfg_.one_pass_mix()) {
     a.mix_sources = one_pass_sources(st);
     one_pass_forward(a, mix_query(s));
   } else if (m > 0) {
@@ -133,7 +144,10 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
   // x_{s+1} = x_s + y_s, a block's partial p + y_s), f_s's last projection
   // adds it there itself (on the GPU in the GEMM's epilogue: no pass of its
   // own); the old sum stays saved (the stream as a.x, p as a Mix source).
-  const Tensor* sum_into = !cfg_.attnres() ? &st.hidden : (i > 0 ? &st.partial : nullptr);
+  // (DenseFormer: the stream inside the layer, x + y.)
+  const Tensor* sum_into = cfg_.denseformer() ? &a.x
+                           : !cfg_.attnres()  ? &st.hidden
+                                              : (i > 0 ? &st.partial : nullptr);
   Tensor out = new_act(N, d);
   if (is_attn) attention_forward(l, a, out, B, T, cache, sum_into);
   else mlp_forward(l, a, out, sum_into);
@@ -150,6 +164,17 @@ void Model::sublayer_forward(int64_t s, DepthState& st, SublayerActs& a, int64_t
     depth_stats_->output_count.at(s) += static_cast<double>(y.numel());
   }
 
+  if (cfg_.denseformer()) {  // h' = x + y, or the layer's output X_{l+1} = h' + y: a source
+    st.hidden = out;
+    if (s % 2 == 1) {
+      Tensor rstd = new_stat({N});
+      kern::mix_source_rstd(rstd, out, eps);  // unread, but every source has one (depth_state.h)
+      st.sources.push_back(out);
+      st.source_rstd.push_back(rstd);
+      st.hidden = Tensor();
+    }
+    return;
+  }
   if (!cfg_.attnres()) {
     st.hidden = out;
     return;
@@ -171,7 +196,17 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, const Ac
   const int64_t i = cfg_.attnres() ? s % S : 0;
 
   Tensor dy;  // gradient of this sublayer's output y_s
-  if (!cfg_.attnres()) {
+  if (cfg_.denseformer()) {
+    // The layer's output X_{l+1} = h' + y was the last source: its gradient
+    // is the stream's (h''s and y's) from here down to the attention.
+    if (s % 2 == 1) {
+      ATTNRES_CHECK(!g.hidden.defined() && !g.sources.empty(), "sublayer ", s,
+                    ": depth gradient out of step");
+      g.hidden = g.sources.back();
+      g.sources.pop_back();
+    }
+    dy = g.hidden;
+  } else if (!cfg_.attnres()) {
     // x_{s+1} = x_s + y_s: dy = dx_{s+1}, and dx_s = dx_{s+1} + f_s'(dy).
     dy = g.hidden;
   } else {
@@ -198,6 +233,15 @@ void Model::sublayer_backward(int64_t s, SublayerActs& a, DepthGrad& g, const Ac
       is_attn ? attention_backward(l, a, dy, B, T) : mlp_backward(l, a, dy, acts.loss_scale);
   if (!cfg_.attnres()) {  // dx_s = dx_{s+1} + RMSNorm'(du), in place
     norm_backward(a, du, nullptr, norm_gain(s), {}, &g.hidden);
+    if (cfg_.denseformer() && s % 2 == 0) {  // x = e, or the average of X_0 .. X_l
+      if (a.mix_sources.empty()) {
+        kern::add_(g.sources.at(0), g.hidden);
+      } else {
+        a.d_o = g.hidden;
+        one_pass_backward(a, mix_query(s), Span<Tensor>(g.sources.data(), g.sources.size()));
+      }
+      g.hidden = Tensor();
+    }
     return;
   }
   // The recent sources' gradients, as in the forward: sources past phase 1's,

@@ -2,7 +2,8 @@
 // key_norm, heads, window; docs/model.md "Residual variants"): each Mix is
 // one pass over all its sources (kernels/mix_variant.h), before its sublayer's
 // RMSNorm as the two-phase Mix's output is. residual.cpp, head.cpp and
-// recompute.cpp call these where ModelConfig::one_pass_mix() holds.
+// recompute.cpp call these where ModelConfig::one_pass_mix() holds, and for
+// DenseFormer's depth-weighted averages (the same pass with its weights).
 #include "model/model.h"
 
 #include "kernels/matmul.h"
@@ -40,6 +41,9 @@ void Model::one_pass_forward(SublayerActs& a, const Param& p) const {
   const int64_t N = src.at(0).dim(0), k = static_cast<int64_t>(src.size());
   ATTNRES_CHECK(form.logits != kern::MixLogits::Scalars || p.value.numel() == k,
                 "a Mix of ", k, " sources with ", p.value.numel(), " scalar logits (", p.name, ")");
+  ATTNRES_CHECK(form.logits != kern::MixLogits::Weights || p.value.numel() == k,
+                "a depth-weighted average of ", k, " sources with ", p.value.numel(), " weights (",
+                p.name, ")");
   const Tensor* query = &p.value;
   if (form.logits == kern::MixLogits::RowQueries) {  // q = W_l v, v the most recent source
     a.mix_q = new_act(N, cfg_.d_model);

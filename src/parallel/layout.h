@@ -50,13 +50,15 @@ class PipelineLayout {
 
 // The depth state at a layer boundary, for the AttnRes modes (block size S;
 // full = S 1): the completed sources are b_0 (embedding) .. b_{n-1}, and a
-// partial sum exists when the boundary falls inside a block.
+// partial sum exists when the boundary falls inside a block. DenseFormer's
+// is its sources X_0 (embedding) .. X_l, one a layer: blocks of S = 2 to the
+// pipeline (never a partial at a layer boundary).
 struct DepthPlan {
-  bool attnres = false;
+  bool attnres = false;  // the state is a list of sources (ModelConfig::depth_sources)
   int64_t S = 0;  // sublayers per block (0 for baseline)
 
   static DepthPlan of(const model::ModelConfig& cfg) {
-    return {cfg.attnres(), cfg.attnres() ? cfg.resolved_block_size() : 0};
+    return {cfg.depth_sources(), cfg.attnres() ? cfg.resolved_block_size() : cfg.denseformer() ? 2 : 0};
   }
   // Completed sources after the first `layer` layers: b_0 plus 2*layer / S blocks.
   int64_t sources_after(int64_t layer) const { return attnres ? 1 + (2 * layer) / S : 0; }

@@ -72,7 +72,8 @@ json hf_config(const model::ModelConfig& m) {
   // "llama", a Llama loader would load them, drop the queries with a warning
   // and compute something else. "attnres" makes such a loader refuse them.
   // (A Kimi Linear hybrid is not one either, even in the baseline mode.)
-  const bool llama = !m.attnres() && !m.has_moe() && !m.has_kda() && !m.has_mla();
+  const bool llama = m.mode == model::ResidualMode::Baseline && !m.has_moe() && !m.has_kda() &&
+                     !m.has_mla();
   json out = {
       {"architectures", {llama ? "LlamaForCausalLM" : "AttnResForCausalLM"}},
       {"model_type", llama ? "llama" : "attnres"},

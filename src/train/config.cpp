@@ -40,7 +40,8 @@ struct Names<model::ResidualMode> {
   static inline const EnumName<model::ResidualMode> all[] = {
       {model::ResidualMode::Baseline, model::residual_mode_name(model::ResidualMode::Baseline)},
       {model::ResidualMode::Full, model::residual_mode_name(model::ResidualMode::Full)},
-      {model::ResidualMode::Block, model::residual_mode_name(model::ResidualMode::Block)}};
+      {model::ResidualMode::Block, model::residual_mode_name(model::ResidualMode::Block)},
+      {model::ResidualMode::DenseFormer, model::residual_mode_name(model::ResidualMode::DenseFormer)}};
 };
 template <>
 struct Names<model::MixQuery> {
@@ -187,7 +188,7 @@ void for_each_key(C& c, V&& v) {
   v("model.norm_eps", m.norm_eps, KeySpec{"RMSNorm epsilon (also used by the AttnRes key norm)", Check::PositiveReal});
   v("model.rope_theta", m.rope_theta, KeySpec{"RoPE base", Check::PositiveReal});
   v("model.tie_embeddings", m.tie_embeddings, KeySpec{"LM head reuses the embedding matrix"});
-  v("model.residual.mode", m.mode, KeySpec{"`baseline`, `full` or `block`"});
+  v("model.residual.mode", m.mode, KeySpec{"`baseline`, `full`, `block` or `denseformer`"});
   v("model.residual.block_size", m.block_size,
     KeySpec{"S, sublayers per block (block mode; exactly one of S / N)", Check::None, "—", true});
   v("model.residual.n_blocks", m.n_blocks,

@@ -80,10 +80,16 @@ double ring_sum(const parallel::LinkCost& link, int n, double bytes) {
 }
 
 // Values the AttnRes Mix reads per token over the chunk's sublayers, in units
-// of d: every source (and the partial sum) it attends over, plus its output.
+// of d: every source (and the partial sum) it attends over, plus its output;
+// DenseFormer's averages before the chunk's layers (but the first) likewise.
 double chunk_mix_reads(const model::ModelConfig& m, const model::ModelParts& parts) {
-  if (!m.attnres()) return 0;
   double n = 0;
+  if (m.denseformer()) {
+    for (int64_t l = std::max<int64_t>(1, parts.layer_begin); l < parts.layer_end; ++l)
+      n += static_cast<double>(l + 1) + 1;
+    return n;
+  }
+  if (!m.attnres()) return 0;
   for (int64_t s = 2 * parts.layer_begin; s < 2 * parts.layer_end; ++s)
     n += static_cast<double>(m.mix_sources(s)) + 1;
   return n;
@@ -417,7 +423,7 @@ std::vector<PlanLayout> candidate_layouts(const Config& cfg, int gpus) {
     for (int V : {1, 2, 4}) {
       if (P * V > cfg.model.n_layers || (V > 1 && (P == 1 || M % P != 0))) continue;
       for (bool cache : {false, true}) {
-        if (!cache && (!cfg.model.attnres() || P == 1)) continue;
+        if (!cache && (!cfg.model.depth_sources() || P == 1)) continue;
         out.push_back({P, V, D, M, cache, EP, {}});  // an even split
       }
     }

@@ -37,7 +37,7 @@ std::vector<Tensor> sources_of(int64_t k, int64_t N, int64_t d, uint64_t seed,
 Shape query_shape(const MixForm& f, int64_t N, int64_t d, int64_t k) {
   if (f.logits == MixLogits::Query) return {d};
   if (f.logits == MixLogits::RowQueries) return {N, d};
-  return {k};
+  return {k};  // Scalars, Weights
 }
 
 struct Out {
@@ -61,11 +61,12 @@ std::vector<MixForm> all_forms() {
           if (l == MixLogits::Scalars && (H != 1 || !norm)) continue;
           out.push_back(MixForm{l, s, norm, H});
         }
+  out.push_back(MixForm{MixLogits::Weights});  // DenseFormer's: no score
   return out;
 }
 
 std::string name_of(const MixForm& f) {
-  const char* l[] = {"query", "row queries", "scalars"};
+  const char* l[] = {"query", "row queries", "scalars", "weights"};
   return std::string(l[static_cast<int>(f.logits)]) +
          (f.score == MixScore::Sigmoid ? ", sigmoid" : ", softmax") +
          (f.key_norm ? ", key norm" : ", raw keys") + ", heads " + std::to_string(f.heads);
@@ -122,12 +123,14 @@ TEST_CASE("variant mix forward matches an explicit per-row, per-head transcripti
             const double qc = f.logits == MixLogits::RowQueries ? at(q, n * d + c) : at(q, c);
             dot += qc * at(src[j], n * d + c) * r;
           }
-          z[j] = f.logits == MixLogits::Scalars ? at(q, j) : dot;
+          z[j] = f.logits == MixLogits::Scalars || f.logits == MixLogits::Weights ? at(q, j) : dot;
         }
         double sum = 0;
         for (int64_t j = 0; j < k; ++j) sum += std::exp(z[j]);
         for (int64_t j = 0; j < k; ++j) {
-          a[j] = f.score == MixScore::Sigmoid ? 1 / (1 + std::exp(-z[j])) : std::exp(z[j]) / sum;
+          a[j] = f.logits == MixLogits::Weights ? z[j]
+                 : f.score == MixScore::Sigmoid ? 1 / (1 + std::exp(-z[j]))
+                                                : std::exp(z[j]) / sum;
           REQUIRE(at(o.weights, (n * H + h) * k + j) == Approx(a[j]).epsilon(1e-13));
         }
         for (int64_t c = h * dh; c < (h + 1) * dh; ++c) {
@@ -169,6 +172,7 @@ TEST_CASE("variant mix: zero query or logits start at today's uniform weights, s
   std::vector<Tensor> src = sources_of(k, N, d, 70);
   for (const MixForm& f : all_forms()) {
     INFO(name_of(f));
+    if (f.logits == MixLogits::Weights) continue;  // zero weights: a zero output (DenseFormer starts at 1 0 .. 0)
     const Out o = run(Tensor::zeros(query_shape(f, N, d, k), DType::F64), src, f);
     const double want = f.score == MixScore::Sigmoid ? 0.5 : 1.0 / k;
     for (int64_t i = 0; i < o.weights.numel(); ++i) REQUIRE(at(o.weights, i) == Approx(want));

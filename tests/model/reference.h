@@ -353,7 +353,30 @@ inline Seq sequence_logits(const model::ModelConfig& c, const ParamFn& P,
   for (size_t t = 0; t < T; ++t) e[t] = Vec(E.begin() + tokens[t] * d, E.begin() + (tokens[t] + 1) * d);
 
   Seq z(T);
-  if (c.mode == model::ResidualMode::Baseline) {
+  // DenseFormer: X_0 = e; layer l's input is X_0 (l = 0) or sum_{j <= l}
+  // a_{l,j} X_j, its PreNorm stream inside; X_{l+1} its output; z the head's
+  // average over X_0 .. X_L (docs/model.md "DenseFormer").
+  auto dwa = [&](const Vec& a, const std::vector<Seq>& X, size_t t) {
+    Vec out(d, 0.0);
+    for (size_t j = 0; j < X.size(); ++j)
+      for (size_t i = 0; i < d; ++i) out[i] += a[j] * X[j][t][i];
+    return out;
+  };
+  if (c.mode == model::ResidualMode::DenseFormer) {
+    std::vector<Seq> X{e};
+    for (size_t l = 0; l < static_cast<size_t>(c.n_layers); ++l) {
+      Seq h(T);
+      const Vec a = l > 0 ? P(lp(l, "attn_res.dwa")) : Vec{};
+      for (size_t t = 0; t < T; ++t) h[t] = l == 0 ? e[t] : dwa(a, X, t);
+      for (size_t s = 2 * l; s < 2 * l + 2; ++s) {
+        const Seq y = sublayer(c, P, s, h);
+        for (size_t t = 0; t < T; ++t) h[t] = add(h[t], y[t]);
+      }
+      X.push_back(h);
+    }
+    const Vec a = P("model.final_res.dwa");
+    for (size_t t = 0; t < T; ++t) z[t] = dwa(a, X, t);
+  } else if (c.mode == model::ResidualMode::Baseline) {
     Seq x = e;  // x_s = e + sum_{i<s} y_i
     for (size_t s = 0; s < L2; ++s) {
       Seq y = sublayer(c, P, s, x);

@@ -62,6 +62,10 @@ std::vector<testing::NamedConfig> cases() {
       {"baseline, KDA + MLA hybrid + MoE", with_mla(with_kda(with_moe(tiny(ResidualMode::Baseline, 0, 0, false, 4), 4, 2, 1), 2, 4), 5, 3, 2, 4)},
       {"full, every layer MLA with RoPE on dr (DeepSeek's)",
        with_mla(tiny(ResidualMode::Full), 6, 2, 4, 5, true)},
+      // DenseFormer (docs/model.md "DenseFormer").
+      {"denseformer", tiny(ResidualMode::DenseFormer)},
+      {"denseformer, 4 layers, tied", tiny(ResidualMode::DenseFormer, 0, 0, true, 4)},
+      {"denseformer, MoE", with_moe(tiny(ResidualMode::DenseFormer, 0, 0, false, 3), 4, 2, 1)},
       // The residual variants (model.residual; docs/model.md "Residual variants").
       {"full, input query", with_variant(tiny(ResidualMode::Full), variant(Q::Input))},
       {"block S=2, input query (the partial sum, or the latest block)",
@@ -215,6 +219,7 @@ TEST_CASE("chunked layers give the single chunk's loss and gradients bit for bit
                      C{"block S=5 L=7", tiny(ResidualMode::Block, 5, 0, false, 7)},
                      C{"baseline L=5", tiny(ResidualMode::Baseline, 0, 0, false, 5)},
                      C{"block S=3 L=5, MoE", with_moe(tiny(ResidualMode::Block, 3, 0, false, 5), 4, 2, 1)},
+                     C{"denseformer L=5", tiny(ResidualMode::DenseFormer, 0, 0, false, 5)},
                      // The residual variants' one-pass Mix (no groups to cut)
                      C{"full L=5, window 3, input query, 2 heads",
                        with_variant(tiny(ResidualMode::Full, 0, 0, false, 5),
@@ -354,6 +359,51 @@ TEST_CASE("depth attention weights: one row per Mix over its sources, each summi
       }
       CHECK(sum == Approx(1.0).epsilon(1e-12));
     }
+  }
+}
+
+TEST_CASE("depth attention of DenseFormer: its learnt weights, a row per average", "[model]") {
+  // L = 3: the averages before layers 1 and 2 (over X_0..X_1, X_0..X_2) and
+  // the head's (X_0..X_3); each row is the parameter itself, whatever the tokens.
+  const ModelConfig c = tiny(ResidualMode::DenseFormer, 0, 0, false, 3);
+  model::Model m(c, DType::F64);
+  randomize(m.params(), 7);
+  const auto rows = model::depth_attention(m, testing::random_tokens(12, c.vocab_size, 3), 2, 6);
+  const char* names[] = {"model.layers.1.attn_res.dwa", "model.layers.2.attn_res.dwa",
+                         "model.final_res.dwa"};
+  REQUIRE(rows.size() == 3);
+  for (size_t r = 0; r < 3; ++r) {
+    INFO(names[r]);
+    const Tensor& w = m.params().get(names[r]).value;
+    REQUIRE(rows[r].size() == static_cast<size_t>(w.numel()));
+    REQUIRE(rows[r].size() == r + 2);
+    for (size_t j = 0; j < rows[r].size(); ++j) CHECK(rows[r][j] == testing::at(w, static_cast<int64_t>(j)));
+  }
+  // Initialised, every average is X_l itself: a_{l,l} = 1, the rest 0.
+  model::Model fresh(c, DType::F64);
+  fresh.params().init(5);
+  for (const char* n : names) {
+    const Tensor& w = fresh.params().get(n).value;
+    for (int64_t j = 0; j < w.numel(); ++j) CHECK(testing::at(w, j) == (j == w.numel() - 1 ? 1.0 : 0.0));
+  }
+}
+
+TEST_CASE("DenseFormer at its initial weights is the PreNorm baseline, bit for bit", "[model]") {
+  // a_{l,l} = 1 and 0 elsewhere: every average is X_l exactly (0 x X_j adds
+  // zeros), so the same other weights give the baseline's loss and gradients.
+  ModelConfig dc = tiny(ResidualMode::DenseFormer, 0, 0, false, 3), bc = tiny(ResidualMode::Baseline, 0, 0, false, 3);
+  model::Model dense(dc, DType::F32), base(bc, DType::F32);
+  dense.params().init(3);
+  randomize(base.params(), 11);
+  for (auto& p : base.params().all()) dense.params().get(p.name).value.copy_from(p.value);
+  const testing::Microbatch mb = testing::random_microbatch(2, 5, dc.vocab_size, 1);
+  dense.params().zero_grads();
+  base.params().zero_grads();
+  CHECK(dense.forward_backward(mb.tokens, mb.targets, mb.B, mb.T, 1.0) ==
+        base.forward_backward(mb.tokens, mb.targets, mb.B, mb.T, 1.0));
+  for (auto& p : base.params().all()) {
+    INFO(p.name);
+    CHECK(testing::same_bits(dense.params().get(p.name).grad, p.grad));
   }
 }
 

@@ -25,10 +25,10 @@ T dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
-// The query of row n, head h (none for Scalars).
+// The query of row n, head h (none for Scalars and Weights).
 template <typename T>
 const T* query_of(const T* query, const MixForm& f, int64_t n, int64_t h, int64_t d, int64_t dh) {
-  if (f.logits == MixLogits::Scalars) return nullptr;
+  if (f.logits == MixLogits::Scalars || f.logits == MixLogits::Weights) return nullptr;
   return query + (f.logits == MixLogits::RowQueries ? n * d : 0) + h * dh;
 }
 
@@ -54,7 +54,9 @@ void mix_variant_forward(T* out, T* weights, const T* query, const T* const* sou
         a[j] = q ? dot(q, v, dh) * key_rstd(v, dh, f, eps) : query[j];
         m = std::max(m, a[j]);
       }
-      if (f.score == MixScore::Sigmoid) {
+      if (f.logits == MixLogits::Weights) {
+        // the weights as they are
+      } else if (f.score == MixScore::Sigmoid) {
         for (int64_t j = 0; j < k; ++j) a[j] = math::sigmoid(a[j]);
       } else {  // max subtracted: k == 1 gives a_0 = 1 exactly
         T l = 0;
@@ -77,7 +79,8 @@ void mix_variant_forward(T* out, T* weights, const T* query, const T* const* sou
 //   da_j     = g . v_j
 //   dlogit_j = a_j (da_j - sum_i a_i da_i)     softmax
 //            = a_j (1 - a_j) da_j              sigmoid
-//   Scalars:  ds_j += dlogit_j;  dv_j += a_j g
+//            = da_j                        Weights (no score)
+//   Scalars, Weights: ds_j += dlogit_j;  dv_j += a_j g
 //   else, with r_j the key's rstd (1 without the norm), qv = q . v_j:
 //            dv_j += a_j g + dlogit_j r_j q - dlogit_j r_j^3 qv / dh v_j
 //                    (the last term only with the key norm: dr/dv = -r^3 v / dh)
@@ -90,7 +93,7 @@ void mix_variant_backward(T* const* dsources, T* dquery, const T* dout, const T*
   // A shared query's and the scalars' gradients sum over rows: per-chunk
   // partials in double, combined in chunk order.
   const bool shared = f.logits != MixLogits::RowQueries;
-  const int64_t width = f.logits == MixLogits::Scalars ? k : d;
+  const int64_t width = f.logits == MixLogits::Scalars || f.logits == MixLogits::Weights ? k : d;
   const int64_t n_chunks = (N + kRowChunk - 1) / kRowChunk;
   std::vector<double> partial(shared ? static_cast<size_t>(n_chunks * width) : 0, 0.0);
 #pragma omp parallel if (N * d * k >= kParallelMin)
@@ -118,7 +121,9 @@ void mix_variant_backward(T* const* dsources, T* dquery, const T* dout, const T*
           }
           for (int64_t j = 0; j < k; ++j) {
             const T aj = a[j];
-            const T dz = f.score == MixScore::Sigmoid ? aj * (T(1) - aj) * da[j] : aj * (da[j] - s);
+            const T dz = f.logits == MixLogits::Weights   ? da[j]
+                         : f.score == MixScore::Sigmoid ? aj * (T(1) - aj) * da[j]
+                                                        : aj * (da[j] - s);
             const T* v = sources[j] + n * d + h * dh;
             T* dv = dsources[j] + n * d + h * dh;
             if (!q) {
