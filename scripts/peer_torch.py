@@ -312,6 +312,21 @@ class DepthQuery(nn.Module):
             self.query = nn.Parameter(torch.zeros(d))
 
 
+class DWA(nn.Module):
+    """DenseFormer's depth-weighted average (`*.attn_res.dwa`,
+    `model.final_res.dwa`): sum_j a_j X_j, a learnt weight per source."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.dwa = nn.Parameter(torch.zeros(k))
+
+    def forward(self, X):
+        out = self.dwa[0] * X[0]
+        for j in range(1, len(X)):
+            out = out + self.dwa[j] * X[j]
+        return out
+
+
 def rotate(x, cos, sin):
     """Hugging Face's rotate-half RoPE: the pair (x[i], x[i + hd/2]) turned by
     the angle of its position and frequency."""
@@ -617,7 +632,10 @@ class Layer(nn.Module):
             self.block_sparse_moe = MoE(d, moe, kimi=True)
         else:
             self.mlp = MoE(d, moe) if moe and l >= moe["dense_layers"] else MLP(d, m["d_ff"])
-        if attnres:
+        if m["residual"]["mode"] == "denseformer":
+            if l > 0:
+                self.attn_res = DWA(l + 1)
+        elif attnres:
             self.attn_res = DepthQuery(m, 2 * l)
             self.mlp_res = DepthQuery(m, 2 * l + 1)
 
@@ -634,7 +652,8 @@ class Body(nn.Module):
         self.layers = nn.ModuleList(Layer(m, attnres, l, kinds[l], seq_len)
                                     for l in range(m["n_layers"]))
         if attnres:
-            self.final_res = DepthQuery(m, 2 * m["n_layers"])
+            self.final_res = (DWA(m["n_layers"] + 1) if m["residual"]["mode"] == "denseformer"
+                              else DepthQuery(m, 2 * m["n_layers"]))
         self.norm = RMSNorm(m["d_model"], m["norm_eps"])
 
 
@@ -712,7 +731,16 @@ class CausalLM(nn.Module):
         sources = [src(e)]               # AttnRes: e and the completed blocks
         partial = None                   # the current block's sum of outputs
         s = 0                            # the sublayer: 2l attention, 2l+1 MLP
+        X = [e]                          # DenseFormer: e and the layers' outputs
         for layer in body.layers:
+            if self.mode == "denseformer":
+                # The average of X_0 .. X_l (X_0 = e before layer 0), then the
+                # layer's PreNorm stream; its output a source of the next.
+                h = layer.attn_res(X) if hasattr(layer, "attn_res") else e
+                h = h + layer.self_attn(layer.input_layernorm(h), cos, sin)
+                h = h + layer.ffn()(layer.post_attention_layernorm(h))
+                X.append(h)
+                continue
             for is_attn in (True, False):
                 norm = layer.input_layernorm if is_attn else layer.post_attention_layernorm
                 if self.mode == "baseline":
@@ -735,6 +763,8 @@ class CausalLM(nn.Module):
                 s += 1
         if self.mode == "baseline":
             z = x
+        elif self.mode == "denseformer":
+            z = body.final_res(X)
         else:
             last = [src(partial)] if partial is not None else []
             z = depth_mix(body.final_res, sources + last, self.variant)
@@ -912,7 +942,7 @@ def train(args):
     kinds = ["kda" if l + 1 in kda_layers else "mla" if "mla" in m else "gqa"
              for l in range(m["n_layers"])]
     model = CausalLM(m, T, fp32_logits, kinds)
-    if model.mode != "baseline" and export_cfg["attn_res"]["block_size"] != model.S:
+    if model.mode in ("full", "block") and export_cfg["attn_res"]["block_size"] != model.S:
         raise InputError(f"block size {model.S} here, {export_cfg['attn_res']['block_size']} in "
                          "the export")
     model.load_state_dict(weights, strict=True)

@@ -2,7 +2,7 @@
 #
 # The fields are Hugging Face LlamaConfig's names for the transformer, plus
 # `attn_res`, the residual connections: {"mode": "baseline" | "full" |
-# "block", "block_size": S (sublayers per block; 1 for full), "n_blocks": N
+# "block" | "denseformer", "block_size": S (sublayers per block; 1 for full), "n_blocks": N
 # (when the training config gave N instead of S), and a residual variant's
 # "query" ("static" | "input"), "weights" ("attention" | "scalars"), "score"
 # ("softmax" | "sigmoid"), "key_norm", "heads" and "window" (absent: the
@@ -37,7 +37,7 @@ try:
 except ImportError:
     _PretrainedConfig = None
 
-RESIDUAL_MODES = ("baseline", "full", "block")
+RESIDUAL_MODES = ("baseline", "full", "block", "denseformer")
 # DeepSeek-V3's mixture-of-experts fields and attnres's capacity, with the
 # values of a dense model (no experts).
 MOE_DEFAULTS = {"n_routed_experts": 0, "num_experts_per_tok": 0, "n_shared_experts": 0,

@@ -207,6 +207,21 @@ class AttnResDepthQuery(nn.Module):
         return sources if W == 0 or len(sources) <= W + 1 else [sources[0]] + sources[-W:]
 
 
+class AttnResDWA(nn.Module):
+    """DenseFormer's depth-weighted average (attn_res.mode "denseformer";
+    `*.attn_res.dwa`, `model.final_res.dwa`): sum_j a_j X_j over the embedding
+    and the earlier layers' outputs, a learnt weight each (1 for the most
+    recent and 0 for the rest at the start); in float32."""
+
+    def __init__(self, sources):
+        super().__init__()
+        self.dwa = nn.Parameter(torch.zeros(sources))
+
+    def forward(self, sources):
+        v = torch.stack(sources, dim=0).float()  # [k, B, T, d]
+        return (self.dwa.float().view(-1, 1, 1, 1) * v).sum(0).to(sources[0].dtype)
+
+
 def rope_cos_sin(position_ids, head_dim, theta, dtype):
     """cos/sin [B, 1, T, head_dim] of Hugging Face's rotate-half RoPE: angle
     t * theta^(-2i/hd) for i < hd/2, in float64 and rounded once."""
@@ -557,7 +572,10 @@ class AttnResDecoderLayer(nn.Module):
             self.block_sparse_moe = AttnResMoE(config)
         else:
             self.mlp = AttnResMoE(config)
-        if config.residual_mode() != "baseline":
+        if config.residual_mode() == "denseformer":
+            if layer_idx > 0:  # the average of X_0 .. X_l before the layer
+                self.attn_res = AttnResDWA(layer_idx + 1)
+        elif config.residual_mode() != "baseline":
             self.attn_res = AttnResDepthQuery(config, config.mix_sources(2 * layer_idx))
             self.mlp_res = AttnResDepthQuery(config, config.mix_sources(2 * layer_idx + 1))
 
@@ -671,6 +689,9 @@ class AttnResPreTrainedModel(_Base):
         elif isinstance(module, AttnResDepthQuery):  # every Mix starts uniform
             for p in module.parameters():
                 p.data.zero_()
+        elif isinstance(module, AttnResDWA):  # DenseFormer starts as the PreNorm stream
+            module.dwa.data.zero_()
+            module.dwa.data[-1] = 1.0
         elif isinstance(module, AttnResMoEGate):
             module.weight.data.normal_(0.0, std)
 
@@ -686,7 +707,9 @@ class AttnResModel(AttnResPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(AttnResDecoderLayer(config, l)
                                     for l in range(config.num_hidden_layers))
-        if self.mode != "baseline":
+        if self.mode == "denseformer":
+            self.final_res = AttnResDWA(config.num_hidden_layers + 1)
+        elif self.mode != "baseline":
             self.final_res = AttnResDepthQuery(config, config.mix_sources(2 * config.num_hidden_layers))
         self.norm = AttnResRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
@@ -735,6 +758,15 @@ class AttnResModel(AttnResPreTrainedModel):
         blocks, partial = [e], None   # AttnRes: completed sources, the block's partial sum
         s = 0                         # the sublayer
         for layer in self.layers:
+            if self.mode == "denseformer":
+                # X_0 = e, or the average of X_0 .. X_l; the PreNorm stream
+                # inside the layer; its output X_{l+1} a source of the next.
+                attn = layer.token_mixer(cos, sin, rope, mask, keep, cache)
+                h = layer.attn_res(blocks) if hasattr(layer, "attn_res") else e
+                h = h + attn(layer.input_layernorm(h))
+                h = h + layer.feed_forward()(layer.post_attention_layernorm(h))
+                blocks.append(h)
+                continue
             attn = layer.token_mixer(cos, sin, rope, mask, keep, cache)
             for norm, f, q in ((layer.input_layernorm, attn, getattr(layer, "attn_res", None)),
                                (layer.post_attention_layernorm, layer.feed_forward(),
@@ -751,6 +783,8 @@ class AttnResModel(AttnResPreTrainedModel):
                 s += 1
         if self.mode == "baseline":
             z = x
+        elif self.mode == "denseformer":
+            z = self.final_res(blocks)
         else:
             z = self.final_res(self.final_res.read(blocks, partial))
         hidden = self.norm(z)

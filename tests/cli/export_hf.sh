@@ -111,6 +111,10 @@ run_case variant_full_scalars --model.n_layers=2 --model.residual='{"mode": "ful
 run_case variant_full_window_raw_keys --model.n_layers=3 --model.n_kv_heads=2 \
   --model.residual='{"mode": "full", "key_norm": false, "window": 3, "heads": 4}'
 grep -q '"window": 3' hf_variant_full_window_raw_keys/config.json || fail "window missing from config.json"
+# DenseFormer (docs/model.md "DenseFormer"), its averages trained away from
+# their start, with GQA and tied embeddings.
+run_case denseformer_tied --model.n_layers=3 --model.n_kv_heads=2 --model.tie_embeddings=true \
+  --model.residual='{"mode": "denseformer"}'
 # Mixture-of-experts models under DeepSeek-V3's names: sigmoid routing with a
 # shared expert and the aux-free bias (a rate that moves the choice within 40
 # steps: the export must carry the bias and the modeling code use it); softmax

@@ -48,7 +48,7 @@ def expected(m):
         "rope_theta": m["rope_theta"], "tie_word_embeddings": m["tie_embeddings"],
     })
     attn_res = {"mode": mode}
-    if mode != "baseline":
+    if mode in ("full", "block"):  # the AttnRes modes (DenseFormer has no blocks)
         S = residual.get("block_size", 0)
         if mode == "full":
             S = 1

@@ -114,6 +114,7 @@ run_case variant_sigmoid --model.residual='{"mode": "full", "score": "sigmoid"}'
 run_case variant_raw_keys --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 2, "key_norm": false}'
 run_case variant_heads --model.n_layers=3 --model.residual='{"mode": "block", "block_size": 4, "heads": 4}'
 run_case variant_window --model.n_layers=3 --model.residual='{"mode": "full", "window": 2}'
+run_case denseformer --model.n_layers=3 --model.residual='{"mode": "denseformer"}'
 run_case variant_input_query_muon --optimizer.type=muon --optimizer.momentum=0.9 \
   --model.residual='{"mode": "block", "block_size": 2, "query": "input", "heads": 2}'
 # Mixture-of-experts layers, a PyTorch user's loop over experts, in the three

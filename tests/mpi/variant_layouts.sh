@@ -42,4 +42,21 @@ rm -rf ck_1 run_1
 same_as_reference 1 0 "--parallel.pipeline=4 --parallel.virtual_stages=2 --parallel.cache_blocks=false" \
   "--parallel.pipeline=2 --parallel.layers_per_chunk=[3,5]" -- "${full[@]}"
 resume_on 1 0 "" "--parallel.pipeline=2" -- "${full[@]}"
+
+# DenseFormer: its sources X_0 .. X_l cross the boundaries (one a layer, as
+# Block AttnRes with S = 2 to the pipeline); each average reads them all.
+dense=(--model.residual='{"mode": "denseformer"}')
+rm -rf ck_1 run_1 ck_e run_e
+"$BIN" train base.json --checkpoint.dir=ck_1 --run.dir=run_1 "${dense[@]}" 2>log_1.txt \
+  || { cat log_1.txt; fail "single process, denseformer"; }
+grep -q 'model.layers.7.attn_res.dwa' <("$BIN" inspect checkpoint ck_1/step_00000008) \
+  || fail "no depth-weighted averages in the checkpoint"
+same_as_reference 1 0 "--parallel.pipeline=4" \
+  "--parallel.pipeline=2 --parallel.virtual_stages=2 --parallel.cache_blocks=false" -- "${dense[@]}"
+"$BIN" train base.json --checkpoint.dir=ck_e --run.dir=run_e --optimizer.eps=1e-4 "${dense[@]}" 2>log_e.txt \
+  || { cat log_e.txt; fail "single process (eps 1e-4), denseformer"; }
+same_as_reference e 1e-5 "--parallel.pipeline=2 --parallel.virtual_stages=2" \
+  "--parallel.pipeline=2 --parallel.data=2 --training.grad_accum=2 --parallel.zero=1" \
+  -- "${dense[@]}" --optimizer.eps=1e-4
+resume_on e 1e-5 "--parallel.pipeline=2" "" -- "${dense[@]}" --optimizer.eps=1e-4
 echo "all residual-variant layout checks passed"
