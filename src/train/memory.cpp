@@ -79,6 +79,11 @@ class ChunkModel {
     const int64_t H = one_pass ? m_.variant.heads : 1;
     const int64_t qrows = one_pass && m_.mix_form().logits == kernels::MixLogits::RowQueries ? Nd : 0;
     auto one_pass_drop = [&](int64_t s) { return one_pass ? N_ * H * m_.mix_sources(s) * f_ + qrows : 0; };
+    // DenseFormer: the average before layer l >= 1 (its output and weights
+    // [N, 1, l + 1]), dropped by recomputation; each layer's output a source.
+    const bool dense = m_.denseformer();
+    auto dwa_bytes = [&](int64_t s) { return dense && s % 2 == 0 && s > 0 ? N_ * (s / 2 + 1) * f_ + Nd : 0; };
+    auto completes_source = [&](int64_t s) { return (ar && s % S == S - 1) || (dense && s % 2 == 1); };
     ChunkReplay out;
     // The largest single tensors: a sublayer's input/output, an MLP
     // intermediate, and (below) the largest Mix group's softmax weights.
@@ -93,7 +98,7 @@ class ChunkModel {
     auto norm_stats = [&](int64_t s) { return ar && m_.recent_sources(s) > 0 ? N_ * (2 * m_.recent_sources(s) + 2) * f_ : Nf; };
     auto dropped = [&](int64_t s) {  // what drop_recomputable frees
       if (!mix) return int64_t{0};
-      int64_t b = Nd + norm_stats(s) + (ar ? Nd : 0) + one_pass_drop(s);  // u, stats, phase-1 output
+      int64_t b = Nd + norm_stats(s) + (ar ? Nd : 0) + one_pass_drop(s) + dwa_bytes(s);  // u, stats, phase-1 output
       if (s % 2 == 1) b += mlp(s / 2).mix_drop;
       if (layer) b += s % 2 == 0 ? attn(s / 2).record : mlp(s / 2).layer_drop;
       return b;
@@ -102,8 +107,8 @@ class ChunkModel {
       out.buffers.push_back({"[N K, d] MoE expert rows", moe_rows() * d * e_});
 
     // ---- forward ----
-    if (embed) t.alloc(Nd + (ar ? Nf : 0));  // e (b_0) and its rstd
-    if (embed && ar) out.sources += Nd + Nf;
+    if (embed) t.alloc(Nd + (ar || dense ? Nf : 0));  // e (b_0) and its rstd
+    if (embed && (ar || dense)) out.sources += Nd + Nf;
     std::vector<int64_t> group_kept(static_cast<size_t>(s1 - s0), 0);  // leader's records
     for (int64_t s = s0; s < s1;) {
       const int64_t end = ar ? std::min((s / G + 1) * G, s1) : s + 1;
@@ -120,12 +125,13 @@ class ChunkModel {
         probs_max = std::max(probs_max, probs);
       }
       for (; s < end; ++s) {
+        t.alloc(dwa_bytes(s));                        // DenseFormer's average
         t.alloc(Nd + norm_stats(s));                  // u and its statistics
         t.alloc(core(s));                             // f_s up to its last projection
         t.alloc(fwd_tmp(s));                          // and its transient (MoE: the permuted rows)
         t.free(fwd_tmp(s));
         t.alloc(Nd);                                  // y (the new partial sum or stream)
-        if (ar && s % S == S - 1) {                   // a completed block, and its rstd
+        if (completes_source(s)) {                    // a completed block, and its rstd
           t.alloc(Nf);
           out.sources += Nd + Nf;
         }
@@ -139,21 +145,22 @@ class ChunkModel {
       // (every source's, and the partial's), kept to the backward.
       const int64_t k = plan_.sources_after(m_.n_layers);
       const bool merge = plan_.partial_after(m_.n_layers);
-      const int64_t acts = one_pass ? N_ * H * m_.final_sources() * f_ + qrows + 2 * Nd + Nf
+      const int64_t acts = dense      ? N_ * (m_.n_layers + 1) * f_ + 2 * Nd + Nf
+                           : one_pass ? N_ * H * m_.final_sources() * f_ + qrows + 2 * Nd + Nf
                            : ar     ? N_ * k * f_ + (merge ? 2 * Nf : 0) + Nd + Nd +
                                     (merge ? N_ * 4 * f_ : Nf)
                                     : Nd + Nf;  // probs, lse+dlse, o, u, stats | u, rstd
       t.alloc(acts);
       t.alloc(Nd);  // dh
-      const int64_t grads = ar ? (k + (merge ? 1 : 0)) * Nd : 0;
-      out.source_grads = ar ? k * Nd : 0;
+      const int64_t grads = ar ? (k + (merge ? 1 : 0)) * Nd : dense ? (m_.n_layers + 1) * Nd : 0;
+      out.source_grads = ar ? k * Nd : dense ? (m_.n_layers + 1) * Nd : 0;
       t.alloc(grads + Nd);  // depth gradient, d_o (the baseline's is its gradient)
       t.free(Nd);           // dh
       if (merge && !one_pass) t.free(Nf);  // lse, read by the merge
     }
     // Not the head's chunk: the last y leaves with the message (the
     // baseline's stream is the message; a partial sum is copied into it).
-    if (!head && (!ar || plan_.partial_after(s1 / 2))) t.free(Nd);
+    if (!head && !dense && (!ar || plan_.partial_after(s1 / 2))) t.free(Nd);
     if (probs_max > 0) out.buffers.push_back({"[Q, N, k] Mix softmax weights", probs_max});
     out.fwd_peak = t.peak();
     out.kept = t.live();
@@ -184,10 +191,10 @@ class ChunkModel {
       }
       t.free(Nd);  // du
       // The record goes (all but the leader's phase-1 record and d_o).
-      t.free(Nd + norm_stats(s) + core(s) + (ar ? Nd + qrows : 0));
+      t.free(Nd + norm_stats(s) + core(s) + (ar ? Nd + qrows : 0) + dwa_bytes(s));
       // y of the sublayer before is freed with this record's reference to it
       // (partial sums and the stream; completed blocks stay in the store).
-      if (s > s0 && !(ar && (s - 1) % S == S - 1)) t.free(Nd);
+      if (s > s0 && !completes_source(s - 1)) t.free(Nd);
       if (ar && s == lead) {
         t.free(group_kept[static_cast<size_t>(s - s0)] + pending_d_o);
         pending_d_o = 0;

@@ -88,6 +88,11 @@ TEST_CASE("training FLOPs per token = hand counts for GPT-2 124M (our MLP)", "[f
   CHECK(model::training_flops_per_token(
             testing::with_variant(full, testing::variant(Q::Static, W::Attention, Sc::Sigmoid, true, 4)),
             T) == 801027072.0);
+  // DenseFormer: the averages before layers 1 .. 11 and the head's read
+  // 2 + 3 + ... + 13 = 90 sources, a weighted add each: 6 x 90 x 768 =
+  // 414,720 over the baseline: 798,446,592.
+  CHECK(model::training_flops_per_token(with_mode(gpt2, model::ResidualMode::DenseFormer), T) ==
+        798446592.0);
 }
 
 TEST_CASE("training FLOPs per token = hand counts for a Llama-7B shape", "[flops]") {

@@ -117,4 +117,11 @@ done
 # shellcheck disable=SC2086
 check 4 $shape --model.residual='{"mode": "full", "weights": "scalars"}' --parallel.pipeline=4 \
   --parallel.virtual_stages=2
+# DenseFormer: each layer's output a source, the averages' outputs and weights.
+for rc in none mix layer; do
+  # shellcheck disable=SC2086
+  check 1 $shape --model.residual='{"mode": "denseformer"}' --training.recompute=$rc
+done
+# shellcheck disable=SC2086
+check 4 $shape --model.residual='{"mode": "denseformer"}' --parallel.pipeline=4 --parallel.virtual_stages=2
 pass "inspect memory within 10% of the measured activation high-water, 1% of the resident state"

@@ -402,6 +402,14 @@ TEST_CASE("model.residual variants: where each applies, and left out of the conf
                         R"({"weights": "scalars", "key_norm": false})",
                         R"({"weights": "scalars", "heads": 2})"})
     CHECK_THAT(with("full", v), Catch::Contains("model.residual.weights: \"scalars\""));
+  CHECK(with("denseformer", R"({})").empty());
+  CHECK_THAT(with("denseformer", R"({"heads": 2})"),
+             Catch::Contains("variants of the AttnRes depth Mix; mode \"denseformer\""));
+  {
+    json j = base();
+    j["model"]["residual"] = {{"mode", "denseformer"}, {"block_size", 2}};
+    CHECK_THAT(config_error(j), Catch::Contains("block_size / n_blocks only apply"));
+  }
   CHECK_THAT(with("full", R"({"score": "tanh"})"),
              Catch::Contains("unknown value \"tanh\" (expected softmax, sigmoid)"));
   // The resolved config: no variant keys at the defaults (an AttnRes config
