@@ -113,7 +113,8 @@ check_shipped_sweeps() {
     || { cat cpu_plan.txt; fail "configs/sweeps/cpu_small.json does not validate"; }
   grep -q "27 runs" cpu_plan.txt || { cat cpu_plan.txt; fail "cpu_small: expected 27 runs"; }
   local name count plan
-  for name_count in "gpu_paper 15" "gpu_paper_dense 15" "gpu_paper_kimi 15" "gpu_h100 18" "cpu_kimi 18"; do
+  for name_count in "gpu_paper 15" "gpu_paper_dense 15" "gpu_paper_kimi 15" "gpu_h100 18" "cpu_kimi 18" \
+                    "cpu_ablation 33" "gpu_ablation 11"; do
     read -r name count <<<"$name_count"
     plan=(sweep "$SRC/configs/sweeps/$name.json" --dry-run)
     if ! "$BIN" "${plan[@]}" > "${name}_plan.txt" 2>&1; then
@@ -131,7 +132,11 @@ check_shipped_sweeps() {
            if ($7 < 0.97 * want || $7 > 1.03 * want) { print "FAIL: " FILENAME ": " $1 " has " $7 " activated parameters"; bad = 1 } }
          END { exit bad || n != 15 }' "$f" || fail "$f: activated parameters off Table 2's"
   done
-  pass "configs/sweeps/cpu_small.json (27 runs), gpu_paper.json (15, MoE), gpu_paper_dense.json (15), gpu_paper_kimi.json (15, Kimi Linear hybrids), gpu_h100.json (18) and cpu_kimi.json (18) validate"
+  # The ablation sweep at the paper's scale also plans its Slurm jobs.
+  plan=(sweep "$SRC/configs/sweeps/gpu_ablation.json" --slurm --dry-run --partition p --time 24:00:00)
+  "$BIN" "${plan[@]}" > ablation_slurm.txt 2>&1 || "$BIN" "${plan[@]}" --training.device=cpu \
+    --training.precision=fp32 > ablation_slurm.txt 2>&1 || { cat ablation_slurm.txt; fail "gpu_ablation --slurm --dry-run"; }
+  pass "configs/sweeps/cpu_small.json (27 runs), gpu_paper.json (15, MoE), gpu_paper_dense.json (15), gpu_paper_kimi.json (15, Kimi Linear hybrids), gpu_h100.json (18), cpu_kimi.json (18), cpu_ablation.json (33) and gpu_ablation.json (11; and --slurm --dry-run) validate"
 }
 if [[ $part == cuda ]]; then
   check_cuda_jobs
