@@ -1,5 +1,4 @@
 // Residual-variant depth Mix dispatcher: argument checks and dtype dispatch.
-// (On CUDA: not yet; the message says so.)
 #include "kernels/mix_variant.h"
 
 #include <string>
@@ -7,6 +6,10 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/mix_variant.h"
+#include "kernels/dispatch.h"
+#if ATTNRES_HAVE_CUDA
+#include "kernels/cuda/mix_variant.h"
+#endif
 
 namespace attnres::kernels {
 
@@ -45,9 +48,7 @@ void mix_variant_forward(Tensor& out, Tensor& weights, const Tensor& query,
   check_arg(op, "out", out, sources[0], {m.N, m.d});
   check_arg(op, "weights", weights, sources[0].device(), stat_dtype(sources[0].dtype()),
             {m.N, form.heads, m.k});
-  if (sources[0].is_cuda())
-    fail(op, ": the residual variants (model.residual query / weights / score / key_norm / "
-             "heads / window) run on the CPU only so far");
+  ATTNRES_CUDA_DISPATCH(sources[0], op, cuda::mix_variant_forward(out, weights, query, sources, form, eps));
   dispatch_cpu_float(sources[0], op, [&](auto tag) {
     using T = decltype(tag);
     std::vector<const T*> src;
@@ -63,7 +64,10 @@ void mix_variant_backward(Span<Tensor> dsources, Tensor& dquery, const Tensor& d
   const char* op = "mix_variant_backward";
   const Dims m = check(op, query, sources, form);
   check_arg(op, "dout", dout, sources[0], {m.N, m.d});
-  check_arg(op, "dquery", dquery, query, query.shape());
+  // A row query's gradient has the rows' dtype; a parameter's its gradient
+  // dtype (fp32 for bf16 weights).
+  const DType gdt = form.logits == MixLogits::RowQueries ? query.dtype() : grad_dtype(query.dtype());
+  check_arg(op, "dquery", dquery, query.device(), gdt, query.shape());
   check_arg(op, "weights", weights, sources[0].device(), stat_dtype(sources[0].dtype()),
             {m.N, form.heads, m.k});
   if (dsources.size() != sources.size())
@@ -71,8 +75,9 @@ void mix_variant_backward(Span<Tensor> dsources, Tensor& dquery, const Tensor& d
   for (size_t j = 0; j < dsources.size(); ++j)
     check_arg(op, ("dsources[" + std::to_string(j) + "]").c_str(), dsources[j], sources[0],
               {m.N, m.d});
-  if (sources[0].is_cuda())
-    fail(op, ": the residual variants run on the CPU only so far");
+  ATTNRES_CUDA_DISPATCH(sources[0], op,
+                        cuda::mix_variant_backward(dsources, dquery, dout, query, sources, weights,
+                                                   form, eps));
   dispatch_cpu_float(sources[0], op, [&](auto tag) {
     using T = decltype(tag);
     std::vector<const T*> src;

@@ -63,7 +63,20 @@ std::vector<Case> cases() {
            testing::with_mla(testing::with_kda(small(ResidualMode::Block, 2), 2, 16, 3, 2), 16, 8,
                              8, 12)},
           {"full, every layer MLA with RoPE",
-           testing::with_mla(small(ResidualMode::Full), 16, 8, 8, 12, true)}};
+           testing::with_mla(small(ResidualMode::Full), 16, 8, 8, 12, true)},
+          // The residual variants and DenseFormer (kernels/cuda/mix_variant.cu).
+          {"full, input query, sigmoid, 4 heads, window 3",
+           testing::with_variant(small(ResidualMode::Full),
+                                 testing::variant(model::MixQuery::Input, model::MixWeights::Attention,
+                                                  kernels::MixScore::Sigmoid, true, 4, 3))},
+          {"block S=2, scalar weights",
+           testing::with_variant(small(ResidualMode::Block, 2),
+                                 testing::variant(model::MixQuery::Static, model::MixWeights::Scalars))},
+          {"block S=4, raw keys", testing::with_variant(small(ResidualMode::Block, 4),
+                                                        testing::variant(model::MixQuery::Static,
+                                                                         model::MixWeights::Attention,
+                                                                         kernels::MixScore::Softmax, false))},
+          {"denseformer", small(ResidualMode::DenseFormer)}};
 }
 
 // Per-step losses of `steps` AdamW steps with A microbatches of B x T tokens.
