@@ -13,6 +13,7 @@
 
 #include "gpu_testing.h"
 #include "kernels/mix_variant.h"
+#include "mix_forms.h"
 
 using namespace attnres;
 namespace gt = attnres::gpu_testing;
@@ -25,38 +26,15 @@ namespace {
 
 constexpr float kEps = 1e-5f;
 
-std::vector<MixForm> forms() {
-  std::vector<MixForm> out;
-  for (MixLogits l : {MixLogits::Query, MixLogits::RowQueries})
-    for (MixScore s : {MixScore::Softmax, MixScore::Sigmoid})
-      for (bool norm : {true, false})
-        for (int64_t H : {int64_t(1), int64_t(4)}) out.push_back(MixForm{l, s, norm, H});
-  out.push_back(MixForm{MixLogits::Scalars});
-  out.push_back(MixForm{MixLogits::Weights});
-  return out;
-}
-
-std::string name_of(const MixForm& f) {
-  const char* l[] = {"query", "row queries", "scalars", "weights"};
-  return std::string(l[static_cast<int>(f.logits)]) + (f.score == MixScore::Sigmoid ? ", sigmoid" : "") +
-         (f.key_norm ? "" : ", raw keys") + ", heads " + std::to_string(f.heads);
-}
-
-Shape query_shape(const MixForm& f, int64_t N, int64_t d, int64_t k) {
-  if (f.logits == MixLogits::Query) return {d};
-  if (f.logits == MixLogits::RowQueries) return {N, d};
-  return {k};
-}
-
 void check_form(const MixForm& f, int64_t N, int64_t d, int64_t k, DType dt, uint64_t seed) {
-  INFO(name_of(f) << ", N " << N << ", d " << d << ", k " << k << ", " << dtype_name(dt));
+  INFO(testing::mix_form_name(f) << ", N " << N << ", d " << d << ", k " << k << ", " << dtype_name(dt));
   const bool row_q = f.logits == MixLogits::RowQueries;
   std::vector<Tensor> src_h, src_d;
   for (int64_t j = 0; j < k; ++j) {
     src_h.push_back(gt::randn_f32({N, d}, seed + j, 0.5 + 0.4 * (j % 5)));
     src_d.push_back(gt::to_device(src_h.back(), dt));
   }
-  Tensor q_h = gt::randn_f32(query_shape(f, N, d, k), seed + 100, 2.0 / std::sqrt(double(d)));
+  Tensor q_h = gt::randn_f32(testing::mix_query_shape(f, N, d, k), seed + 100, 2.0 / std::sqrt(double(d)));
   const Tensor q_d = gt::to_device(q_h, dt);  // rows, or a parameter's value (bf16 in a bf16 run)
   std::vector<Tensor> src64;
   for (const Tensor& t : src_h) src64.push_back(t.to(DType::F64));
@@ -115,7 +93,7 @@ void check_form(const MixForm& f, int64_t N, int64_t d, int64_t k, DType dt, uin
 
 TEST_CASE("cuda variant mix matches the CPU in every form", "[gpu][mix][variants]") {
   for (DType dt : {DType::F32, DType::BF16})
-    for (const MixForm& f : forms()) check_form(f, 37, 96, 5, dt, 11);
+    for (const MixForm& f : testing::mix_forms()) check_form(f, 37, 96, 5, dt, 11);
 }
 
 TEST_CASE("cuda variant mix: wide rows, 64 sources, and aliased gradients", "[gpu][mix][variants]") {

@@ -13,6 +13,7 @@
 
 #include "kernels/mix.h"
 #include "kernels/mix_variant.h"
+#include "mix_forms.h"
 #include "testing.h"
 
 using namespace attnres;
@@ -34,12 +35,6 @@ std::vector<Tensor> sources_of(int64_t k, int64_t N, int64_t d, uint64_t seed,
   return v;
 }
 
-Shape query_shape(const MixForm& f, int64_t N, int64_t d, int64_t k) {
-  if (f.logits == MixLogits::Query) return {d};
-  if (f.logits == MixLogits::RowQueries) return {N, d};
-  return {k};  // Scalars, Weights
-}
-
 struct Out {
   Tensor out, weights;
 };
@@ -48,28 +43,6 @@ Out run(const Tensor& q, const std::vector<Tensor>& src, const MixForm& f) {
   Out o{Tensor::empty({N, d}, src[0].dtype()), Tensor::empty({N, f.heads, k}, src[0].dtype())};
   kern::mix_variant_forward(o.out, o.weights, q, src, f, kEps);
   return o;
-}
-
-// Every valid form: Scalars take one head, and their score and key norm are
-// today's (no query, no key).
-std::vector<MixForm> all_forms() {
-  std::vector<MixForm> out;
-  for (MixLogits l : {MixLogits::Query, MixLogits::RowQueries, MixLogits::Scalars})
-    for (MixScore s : {MixScore::Softmax, MixScore::Sigmoid})
-      for (bool norm : {true, false})
-        for (int64_t H : {int64_t(1), int64_t(4)}) {
-          if (l == MixLogits::Scalars && (H != 1 || !norm)) continue;
-          out.push_back(MixForm{l, s, norm, H});
-        }
-  out.push_back(MixForm{MixLogits::Weights});  // DenseFormer's: no score
-  return out;
-}
-
-std::string name_of(const MixForm& f) {
-  const char* l[] = {"query", "row queries", "scalars", "weights"};
-  return std::string(l[static_cast<int>(f.logits)]) +
-         (f.score == MixScore::Sigmoid ? ", sigmoid" : ", softmax") +
-         (f.key_norm ? ", key norm" : ", raw keys") + ", heads " + std::to_string(f.heads);
 }
 
 }  // namespace
@@ -106,10 +79,10 @@ TEST_CASE("variant mix on the defaults is the Mix of kernels/mix.h, forward and 
 TEST_CASE("variant mix forward matches an explicit per-row, per-head transcription",
           "[kernels][variants]") {
   const int64_t N = 5, d = 8, k = 3;
-  for (const MixForm& f : all_forms()) {
-    INFO(name_of(f));
+  for (const MixForm& f : mix_forms()) {
+    INFO(mix_form_name(f));
     std::vector<Tensor> src = sources_of(k, N, d, 50);
-    const Tensor q = randn(query_shape(f, N, d, k), 51, DType::F64, 0.7);
+    const Tensor q = randn(mix_query_shape(f, N, d, k), 51, DType::F64, 0.7);
     const Out o = run(q, src, f);
     const int64_t H = f.heads, dh = d / H;
     for (int64_t n = 0; n < N; ++n)
@@ -147,10 +120,10 @@ TEST_CASE("variant mix forward matches an explicit per-row, per-head transcripti
 
 TEST_CASE("variant mix gradients match finite differences in every form", "[kernels][variants]") {
   const int64_t N = 5, d = 8, k = 3;
-  for (const MixForm& f : all_forms()) {
-    INFO(name_of(f));
+  for (const MixForm& f : mix_forms()) {
+    INFO(mix_form_name(f));
     std::vector<Tensor> src = sources_of(k, N, d, 60);
-    Tensor q = randn(query_shape(f, N, d, k), 61, DType::F64, 0.7);
+    Tensor q = randn(mix_query_shape(f, N, d, k), 61, DType::F64, 0.7);
     const Tensor wt = randn({N, d}, 62);
     auto loss = [&] { return weighted_sum(run(q, src, f).out, wt); };
     const Out o = run(q, src, f);
@@ -170,10 +143,10 @@ TEST_CASE("variant mix: zero query or logits start at today's uniform weights, s
           "[kernels][variants]") {
   const int64_t N = 4, d = 8, k = 3;
   std::vector<Tensor> src = sources_of(k, N, d, 70);
-  for (const MixForm& f : all_forms()) {
-    INFO(name_of(f));
+  for (const MixForm& f : mix_forms()) {
+    INFO(mix_form_name(f));
     if (f.logits == MixLogits::Weights) continue;  // zero weights: a zero output (DenseFormer starts at 1 0 .. 0)
-    const Out o = run(Tensor::zeros(query_shape(f, N, d, k), DType::F64), src, f);
+    const Out o = run(Tensor::zeros(mix_query_shape(f, N, d, k), DType::F64), src, f);
     const double want = f.score == MixScore::Sigmoid ? 0.5 : 1.0 / k;
     for (int64_t i = 0; i < o.weights.numel(); ++i) REQUIRE(at(o.weights, i) == Approx(want));
   }
@@ -184,9 +157,9 @@ TEST_CASE("variant mix backward adds into aliased gradients and is thread-count 
   const int64_t N = 700, d = 16, k = 3;  // three row chunks of the query's reduction
   for (const MixForm& f : {MixForm{MixLogits::Query, MixScore::Sigmoid, false, 2},
                            MixForm{MixLogits::Scalars, MixScore::Softmax, true, 1}}) {
-    INFO(name_of(f));
+    INFO(mix_form_name(f));
     std::vector<Tensor> src = sources_of(k, N, d, 80, DType::F32);
-    const Tensor q = randn(query_shape(f, N, d, k), 81, DType::F32, 0.5);
+    const Tensor q = randn(mix_query_shape(f, N, d, k), 81, DType::F32, 0.5);
     const Tensor dout = randn({N, d}, 82, DType::F32);
     const Out o = run(q, src, f);
     auto grads = [&](int threads, bool alias) {

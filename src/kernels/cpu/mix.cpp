@@ -11,26 +11,15 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/mix_common.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/math.h"
 
 namespace attnres::kernels::cpu {
 
-namespace {
-// Rows per dw partial sum. Fixed (not "one chunk per thread") so that the
-// reduction order does not depend on the thread count.
-constexpr int64_t kRowChunk = 256;
-// Below this many multiply-adds, thread start-up costs more than the work.
-constexpr int64_t kParallelMin = 1 << 15;
-
-template <typename T>
-T dot(const T* a, const T* b, int64_t d) {
-  T s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < d; ++c) s += a[c] * b[c];
-  return s;
-}
-}  // namespace
+using mix::dot;
+using mix::kParallelMin;
+using mix::kRowChunk;
 
 template <typename T>
 void mix_source_rstd(T* rstd, const T* v, int64_t N, int64_t d, T eps) {

@@ -8,22 +8,17 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/mix_common.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/math.h"
 
 namespace attnres::kernels::cpu {
 
-namespace {
-constexpr int64_t kRowChunk = 256;
-constexpr int64_t kParallelMin = 1 << 15;
+using mix::dot;
+using mix::kParallelMin;
+using mix::kRowChunk;
 
-template <typename T>
-T dot(const T* a, const T* b, int64_t n) {
-  T s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < n; ++c) s += a[c] * b[c];
-  return s;
-}
+namespace {
 
 // The query of row n, head h (none for Scalars and Weights).
 template <typename T>
