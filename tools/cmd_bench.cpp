@@ -192,8 +192,8 @@ const char* kHelp =
     "shared experts (model.moe, dense_layers 0): the activated MLP of --d-ff (K + shared) Fe.\n"
     "--variants: the residual variants of the paper's Table 4 (model.residual) instead of the\n"
     "modes: Full, then Full with an input query, scalar weights, sigmoid, raw keys and a window\n"
-    "of 8; Block S, with 16 heads (or the most that divide d) and with raw keys; \"vs base\" is\n"
-    "against Full (the first row).\n"
+    "of 8; Block S, with 16 heads (or the most that divide d) and with raw keys; DenseFormer;\n"
+    "\"vs base\" is against Full (the first row).\n"
     "--optimizer: optimizer.type (muon: Muon for the layers' matrices); a line after the table\n"
     "gives each row's optimizer update (Newton-Schulz included) as its share of the step.\n"
     "--kernels times each CUDA op at the model's shapes against its floors\n"
@@ -217,7 +217,8 @@ const char* kHelp =
     "and the token-by-token recurrence, each against its FLOP and byte floors.";
 
 // --variants: Full and each of its Table 4 variants, then Block S and its
-// own (heads: the paper's 16 where they divide d, else the most that do).
+// own (heads: the paper's 16 where they divide d, else the most that do),
+// then DenseFormer.
 std::vector<RunSpec> variant_runs(const model::ModelConfig& c, int64_t S, model::Recompute r,
                                   train::OptimizerType optimizer) {
   using model::MixQuery;
@@ -245,6 +246,7 @@ std::vector<RunSpec> variant_runs(const model::ModelConfig& c, int64_t S, model:
   add(block + " + " + std::to_string(H) + " heads", model::ResidualMode::Block,
       [H](auto& v) { v.heads = H; });
   add(block + ", raw keys", model::ResidualMode::Block, [](auto& v) { v.key_norm = false; });
+  add("denseformer", model::ResidualMode::DenseFormer, [](model::ResidualVariant&) {});
   return runs;
 }
 

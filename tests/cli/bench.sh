@@ -48,6 +48,14 @@ pass "bench: the optimizer update's share of the step, AdamW $a%, Muon $m%"
 grep -q "KDA 2x16 conv=4 in 3 of 4 layers MLA r=16 dn=8 dr=4 dv=8" hy.txt && grep -qE "^full " hy.txt \
   || { cat hy.txt; fail "bench --hybrid: no hybrid model line or rows"; }
 pass "bench --hybrid 2,16 --mla 16,8,4,8: a KDA + MLA hybrid's rows"
+# --variants: Full, the Table 4 variants and DenseFormer, each against Full.
+"$BIN" bench "${small[@]}" --layers 3 --variants >var.txt 2>err.txt || { cat err.txt; fail "bench --variants"; }
+for row in "full" "full + input query" "full + scalar weights" "full + sigmoid" "full, raw keys" \
+           "full, window 8" "block S=4" "block S=4 + 16 heads" "block S=4, raw keys" "denseformer"; do
+  grep -qE "^$(sed 's/[+.]/\\&/g' <<<"$row") +[0-9.]+ " var.txt || { cat var.txt; fail "bench --variants: no row '$row'"; }
+done
+pass "bench --variants: Full, 8 variants and DenseFormer"
+expect_error "--variants with --mode" "drop --mode" "$BIN" bench "${small[@]}" --variants --mode full
 expect_error "bad --hybrid" "--hybrid takes H,K[,conv_size]" "$BIN" bench "${small[@]}" --hybrid 2
 expect_error "bad --mla" "--mla takes r,dn,dr,dv" "$BIN" bench "${small[@]}" --mla 1,2,x,4
 expect_error "unknown optimizer" "--optimizer must be adamw or muon" "$BIN" bench "${small[@]}" --optimizer sgd
