@@ -54,7 +54,7 @@ TEST_CASE("one GPU: the step is its FLOPs at the profile's efficiency, plus the 
           "[plan]") {
   const Config c = gpu_config(model::ResidualMode::Baseline);
   const HardwareProfile h100 = hardware_profile("h100");
-  const Prediction p = predict(c, {1, 1, 1, 32, true}, h100);
+  const Prediction p = predict(c, {1, 1, 1, 32, true, 1, {}}, h100);
   const double flops = model::training_flops_per_token(c.model, 2048) * 32 * 8 * 2048;
   CHECK(p.sim.makespan == Approx(flops / (h100.peak_flops * h100.efficiency)).epsilon(0.01));
   CHECK(p.step_time > p.sim.makespan);  // + AdamW
@@ -71,9 +71,9 @@ TEST_CASE("pipelines: cached blocks never lose to naive ones, and AttnRes costs 
   const HardwareProfile h100 = hardware_profile("h100");
   for (int V : {1, 2, 4}) {
     INFO("V=" << V);
-    const Prediction naive = predict(block, {4, V, 2, 16, false}, h100);
-    const Prediction cached = predict(block, {4, V, 2, 16, true}, h100);
-    const Prediction b = predict(base, {4, V, 2, 16, true}, h100);
+    const Prediction naive = predict(block, {4, V, 2, 16, false, 1, {}}, h100);
+    const Prediction cached = predict(block, {4, V, 2, 16, true, 1, {}}, h100);
+    const Prediction b = predict(base, {4, V, 2, 16, true, 1, {}}, h100);
     CHECK(cached.step_time <= naive.step_time * (1 + 1e-12));
     CHECK(cached.exposed_comm <= naive.exposed_comm + 1e-12);
     CHECK(cached.step_time > b.step_time);
@@ -96,13 +96,13 @@ TEST_CASE("cpu profile: chunk times measured through the executor, then simulate
     CHECK(t.update[i] > 0);
   }
   const HardwareProfile cpu = hardware_profile("cpu");
-  const Prediction p = predict(c, {2, 2, 1, 4, true}, cpu, &t);
+  const Prediction p = predict(c, {2, 2, 1, 4, true, 1, {}}, cpu, &t);
   CHECK_FALSE(p.sim.deadlock);
   double work = 0;
   for (size_t i = 0; i < 4; ++i) work += 4 * (t.fwd[i] + t.bwd[i]);
   // Two ranks can at best split the work evenly (cores permitting).
   CHECK(p.sim.makespan >= work / std::min(2.0, cpu.cores) * (1 - 1e-9));
-  CHECK_THROWS_WITH(predict(c, {4, 2, 1, 4, true}, cpu, &t), Catch::Contains("8 chunks"));
+  CHECK_THROWS_WITH(predict(c, {4, 2, 1, 4, true, 1, {}}, cpu, &t), Catch::Contains("8 chunks"));
 }
 
 TEST_CASE("balanced stages: a heavy head and costlier layers get fewer layers per chunk", "[plan]") {
@@ -114,7 +114,7 @@ TEST_CASE("balanced stages: a heavy head and costlier layers get fewer layers pe
   c.training.grad_accum = 9;
   const HardwareProfile h100 = hardware_profile("h100");
   for (const int V : {1, 2}) {
-    const PlanLayout even{3, V, 1, 9, true};
+    const PlanLayout even{3, V, 1, 9, true, 1, {}};
     const auto split = balanced_split(c, even, h100);
     INFO("V " << V);
     REQUIRE(split.size() == size_t(3 * V));
